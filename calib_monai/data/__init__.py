@@ -1,0 +1,1 @@
+"""Dataset components that bundle configs name."""

@@ -1,0 +1,1 @@
+"""Ignite handlers that attach calib_monai metrics and updates to MONAI engines."""

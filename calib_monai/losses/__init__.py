@@ -1,0 +1,1 @@
+"""Calibration losses, one per module (see each class docstring for its paper and formula)."""

@@ -1,0 +1,1 @@
+"""Calibration and segmentation metrics."""
