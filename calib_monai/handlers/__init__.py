@@ -1,1 +1,5 @@
 """Ignite handlers that attach calib_monai metrics and updates to MONAI engines."""
+
+from __future__ import annotations
+
+from .training import EpochSummary, TrainingCheckpoint

@@ -1,0 +1,210 @@
+"""Ignite handlers for a bundle's training run: a one-line epoch summary, and checkpoints that resume.
+
+Both attach to the trainer *after* MONAI's ``ValidationHandler`` (bundle configs list them after it), so on
+``EPOCH_COMPLETED`` the evaluator has already run and its metrics are in ``evaluator.state.metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint
+
+__all__ = ["EpochSummary", "TrainingCheckpoint", "save_atomically"]
+
+
+def save_atomically(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the target folder, then rename it over ``path``.
+
+    A run killed mid-write leaves the previous file intact instead of a truncated one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class EpochSummary:
+    """Log one line per epoch: training loss, the evaluator's metrics, learning rate and wall time.
+
+    Example line::
+
+        epoch 3/100  loss 0.4123  val_mean_dice 0.8120  val_ece 0.0710  lr 1.0e-03  time 12.3 s
+
+    Args:
+        evaluator: the validation engine whose ``state.metrics`` are reported (None: training loss only).
+        optimizer: the learning rate of the epoch (first parameter group, read when the epoch starts).
+        metric_names: evaluator metrics to print, in order; default: all of them, sorted.
+        logger_name: logger the line goes to (bundle ``logging.conf`` files configure ``calib_monai``).
+    """
+
+    def __init__(
+        self,
+        evaluator: Engine | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        metric_names: list[str] | None = None,
+        logger_name: str = "calib_monai",
+    ) -> None:
+        self.evaluator = evaluator
+        self.optimizer = optimizer
+        self.metric_names = metric_names
+        self.logger = logging.getLogger(logger_name)
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._epoch_start = 0.0
+        self._epoch_lr: float | None = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, self._start_epoch)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._add_loss)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+
+    def _start_epoch(self, engine: Engine) -> None:
+        self._loss_sum, self._loss_count, self._epoch_start = 0.0, 0, time.perf_counter()
+        # the rate this epoch trained with: schedulers step at EPOCH_COMPLETED, before this line is written
+        self._epoch_lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
+
+    def _add_loss(self, engine: Engine) -> None:
+        output = engine.state.output
+        loss = output[0]["loss"] if isinstance(output, list) else output["loss"]
+        self._loss_sum += float(loss)
+        self._loss_count += 1
+
+    def __call__(self, engine: Engine) -> None:
+        parts = [f"epoch {engine.state.epoch}/{engine.state.max_epochs}"]
+        if self._loss_count:
+            parts.append(f"loss {self._loss_sum / self._loss_count:.4f}")
+        if self.evaluator is not None:
+            metrics = self.evaluator.state.metrics
+            for name in self.metric_names or sorted(metrics):
+                if name in metrics:
+                    parts.append(f"{name} {float(metrics[name]):.4f}")
+        if self._epoch_lr is not None:
+            parts.append(f"lr {self._epoch_lr:.1e}")
+        parts.append(f"time {time.perf_counter() - self._epoch_start:.1f} s")
+        self.logger.info("  ".join(parts))
+
+
+class TrainingCheckpoint:
+    """Best-model and resumable checkpoints for a MONAI ``SupervisedTrainer``.
+
+    At every ``EPOCH_COMPLETED`` (after validation) it
+
+    * writes ``best_filename`` (a plain ``state_dict`` of the network, the model-zoo ``models/model.pt``
+      format that ``ckpt_export`` and MONAI Label read) when ``evaluator.state.metrics[metric_name]``
+      improves on the best so far (higher is better for ``mode="max"``, as for DSC in the papers);
+    * writes ``latest_filename`` with network, optimizer, scheduler, trainer state (epoch, iteration)
+      and the best value so far, so that a stopped run resumes exactly where it stopped.
+
+    Both files are written atomically. At ``STARTED``, if ``latest_filename`` exists, everything is loaded
+    back and training continues at the next epoch; ``resume=False`` ignores (and later overwrites) it.
+
+    Args:
+        save_dir: folder of both files.
+        network, optimizer, lr_scheduler, trainer: the objects to save and restore.
+        evaluator: validation engine holding ``metric_name`` (None: no best model, only the latest state).
+        metric_name: evaluator metric that selects the best model.
+        mode: ``"max"`` (higher is better) or ``"min"`` (e.g. for ECE).
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        network: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any = None,
+        evaluator: Engine | None = None,
+        metric_name: str = "val_mean_dice",
+        mode: str = "max",
+        best_filename: str = "model.pt",
+        latest_filename: str = "checkpoint_latest.pt",
+        resume: bool = True,
+        logger_name: str = "calib_monai",
+    ) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"TrainingCheckpoint mode must be 'max' or 'min', got {mode!r}.")
+        self.save_dir = Path(save_dir)
+        self.network = network
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.evaluator = evaluator
+        self.metric_name = metric_name
+        self.mode = mode
+        self.best_path = self.save_dir / best_filename
+        self.latest_path = self.save_dir / latest_filename
+        self.resume = resume
+        self.logger = logging.getLogger(logger_name)
+        self.best_metric = -math.inf if mode == "max" else math.inf
+        self.best_metric_epoch = -1
+        self._trainer: Engine | None = None
+
+    def attach(self, engine: Engine) -> None:
+        self._trainer = engine
+        engine.add_event_handler(Events.STARTED, self.load_latest)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+        engine.add_event_handler(Events.COMPLETED, self._report)
+
+    def _report(self, engine: Engine) -> None:
+        if self.best_metric_epoch > 0:
+            self.logger.info(
+                f"training finished: best {self.metric_name} {self.best_metric:.4f} at epoch {self.best_metric_epoch}; "
+                f"best model {self.best_path}, resumable state {self.latest_path}"
+            )
+
+    def _objects(self) -> dict[str, Any]:
+        objects: dict[str, Any] = {"network": self.network, "optimizer": self.optimizer}
+        if self.lr_scheduler is not None:
+            objects["lr_scheduler"] = self.lr_scheduler
+        if self._trainer is not None:
+            objects["trainer"] = self._trainer
+        return objects
+
+    def load_latest(self, engine: Engine) -> None:
+        if not self.resume or not self.latest_path.is_file():
+            return
+        max_epochs = engine.state.max_epochs
+        checkpoint = torch.load(self.latest_path, map_location="cpu", weights_only=False)
+        Checkpoint.load_objects(to_load=self._objects(), checkpoint=checkpoint)
+        self.best_metric = checkpoint["best_metric"]
+        self.best_metric_epoch = checkpoint["best_metric_epoch"]
+        # the command line may ask for more (or fewer) epochs than the stopped run had
+        engine.state.max_epochs = max_epochs
+        if engine.state.epoch >= max_epochs:
+            self.logger.info(
+                f"{self.latest_path} already holds epoch {engine.state.epoch} of {max_epochs}: nothing left to train "
+                "(raise --epochs to continue, or delete the file to start over)."
+            )
+            engine.terminate()
+            return
+        self.logger.info(
+            f"resuming from {self.latest_path}: epoch {engine.state.epoch} done, best {self.metric_name} "
+            f"{self.best_metric:.4f} at epoch {self.best_metric_epoch}"
+        )
+
+    def _improved(self, value: float) -> bool:
+        return value > self.best_metric if self.mode == "max" else value < self.best_metric
+
+    def __call__(self, engine: Engine) -> None:
+        if self.evaluator is not None and self.metric_name in self.evaluator.state.metrics:
+            value = float(self.evaluator.state.metrics[self.metric_name])
+            if math.isfinite(value) and self._improved(value):
+                self.best_metric, self.best_metric_epoch = value, engine.state.epoch
+                save_atomically(self.network.state_dict(), self.best_path)
+                self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}")
+        state = {name: obj.state_dict() for name, obj in self._objects().items()}
+        state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch)
+        save_atomically(state, self.latest_path)
