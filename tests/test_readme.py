@@ -1,0 +1,33 @@
+"""README's two commands stay true: CI runs the test command verbatim, and the main command names real files."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO_ROOT
+
+
+def _commands() -> list[str]:
+    readme = (REPO_ROOT / "README.md").read_text()
+    return re.findall(r"```bash\n(python3 -m venv .venv && [^\n]+)\n```", readme)
+
+
+def test_readme_has_the_two_set_up_commands_first():
+    main, tests = _commands()[:2]
+    assert "monai.bundle run training" in main
+    assert "pytest" in tests
+    for command in (main, tests):
+        # torch pinned before anything that depends on it
+        assert command.index("torch==2.13.0") < command.index("pip install -q -e")
+
+
+def test_ci_runs_readme_test_command_verbatim():
+    tests = _commands()[1]
+    ci_lines = (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci_lines
+
+
+def test_main_command_config_files_exist():
+    main = _commands()[0]
+    for path in re.findall(r"bundles/[\w/]+\.json", main):
+        assert (REPO_ROOT / path).is_file(), path
