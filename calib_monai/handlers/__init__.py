@@ -2,4 +2,5 @@
 
 from __future__ import annotations
 
+from .alm import ALMUpdateHandler
 from .training import EpochSummary, TrainingCheckpoint

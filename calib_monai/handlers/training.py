@@ -119,6 +119,8 @@ class TrainingCheckpoint:
         evaluator: validation engine holding ``metric_name`` (None: no best model, only the latest state).
         metric_name: evaluator metric that selects the best model.
         mode: ``"max"`` (higher is better) or ``"min"`` (e.g. for ECE).
+        extra: more objects with ``state_dict``/``load_state_dict`` to save and restore in the latest checkpoint,
+            e.g. ``{"loss": crac_loss}`` so that CRaC's multipliers survive a restart.
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class TrainingCheckpoint:
         best_filename: str = "model.pt",
         latest_filename: str = "checkpoint_latest.pt",
         resume: bool = True,
+        extra: dict[str, Any] | None = None,
         logger_name: str = "calib_monai",
     ) -> None:
         if mode not in ("max", "min"):
@@ -147,6 +150,7 @@ class TrainingCheckpoint:
         self.best_path = self.save_dir / best_filename
         self.latest_path = self.save_dir / latest_filename
         self.resume = resume
+        self.extra = dict(extra or {})
         self.logger = logging.getLogger(logger_name)
         self.best_metric = -math.inf if mode == "max" else math.inf
         self.best_metric_epoch = -1
@@ -166,7 +170,7 @@ class TrainingCheckpoint:
             )
 
     def _objects(self) -> dict[str, Any]:
-        objects: dict[str, Any] = {"network": self.network, "optimizer": self.optimizer}
+        objects: dict[str, Any] = {**self.extra, "network": self.network, "optimizer": self.optimizer}
         if self.lr_scheduler is not None:
             objects["lr_scheduler"] = self.lr_scheduler
         if self._trainer is not None:

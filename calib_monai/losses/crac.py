@@ -1,0 +1,169 @@
+"""CRaC: class- and region-adaptive constraints, learned with an Augmented Lagrangian (PHR penalty)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.loss import _Loss
+
+from calib_monai.losses._inputs import check_choice, prepare_inputs
+from calib_monai.losses.priors import boundary_mask, class_proportion_prior
+
+__all__ = ["CRaCLoss", "phr", "phr_derivative", "REGIONS"]
+
+REGIONS = ("inner", "boundary")  # column order of the (K, 2) multiplier tables
+
+
+def phr(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """PHR penalty-Lagrangian (CRaC Eq. 10): ``lam z + rho z^2 / 2`` if ``lam + rho z >= 0``, else ``-lam^2 / (2 rho)``."""
+    active = lam + rho * z >= 0
+    return torch.where(active, lam * z + 0.5 * rho * z * z, -lam * lam / (2 * rho))
+
+
+def phr_derivative(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """``dPHR/dz = max(lam + rho z, 0)``: the new multiplier of the outer update (CRaC Eq. 6/8)."""
+    return torch.clamp(lam + rho * z, min=0)
+
+
+class CRaCLoss(_Loss):
+    """Cross-entropy plus class- and region-wise PHR penalties on NACL's logit constraint.
+
+    Murugesan, Silva-Rodriguez, Ben Ayed, Dolz, "Class and Region-Adaptive Constraints for Network Calibration",
+    MICCAI 2024 (CRaC). For pixel ``i``, class ``k`` and the region ``r(i)`` of ``i``:
+
+    * ``tau_ik``: the NACL mean prior, class proportions of the labels in the ``k^dim`` patch around ``i``
+      (:func:`calib_monai.losses.priors.class_proportion_prior`, pixels outside the image count as background);
+    * region: "inner" if the patch holds a single class, else "boundary", decided exactly from the labels
+      (window max != window min; :func:`~calib_monai.losses.priors.boundary_mask`);
+    * constraint ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
+      ``m = inner_margin``. ``m = 1`` (default) is the paper's Eq. 3/7; the authors' released configuration uses
+      ``m = 5``, i.e. it pulls inner logits towards 5 instead of 1.
+
+    Loss (Eq. 7, averaged rather than summed so that it does not scale with image size):
+
+        ``L = CE + mean_{i,k} PHR(h_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
+
+    with the PHR penalty of Eq. 10 (:func:`phr`). ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns
+    :data:`REGIONS`) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after
+    each epoch on the validation set (:meth:`outer_update`). Being buffers, they are saved in the module's
+    ``state_dict`` and so in checkpoints.
+
+    Args:
+        classes: number of classes ``K``.
+        dim: spatial dims of the logits (2 or 3); the patch is ``kernel_size^dim``.
+        kernel_size: odd patch size (3, as in the paper).
+        inner_margin: ``m`` above.
+        lambda_init: initial multipliers (1e-6, the authors' README).
+        rho_init: initial and minimum penalty parameter ``rho0`` (0.1, the authors' README).
+        rho_max: largest ``rho`` (10).
+        gamma: factor of a ``rho`` increase (1.2).
+        tau_alm: a ``(k, r)`` whose mean constraint did not fall below ``tau_alm`` times its previous value gets a
+            larger ``rho`` (0.9).
+        rho_interval: epochs between two ``rho`` checks (10).
+        multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (default:
+            the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms) or
+            ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels, as the authors' code
+            does; boundary multipliers then shrink with the boundary's share of the image).
+    """
+
+    def __init__(
+        self,
+        classes: int,
+        dim: int = 2,
+        kernel_size: int = 3,
+        inner_margin: float = 1.0,
+        lambda_init: float = 1e-6,
+        rho_init: float = 0.1,
+        rho_max: float = 10.0,
+        gamma: float = 1.2,
+        tau_alm: float = 0.9,
+        rho_interval: int = 10,
+        multiplier_average: str = "region",
+    ) -> None:
+        super().__init__()
+        if classes < 2:
+            raise ValueError(f"classes must be >= 2, got {classes!r}.")
+        if dim not in (2, 3):
+            raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
+        if not 0 < rho_init <= rho_max:
+            raise ValueError(f"need 0 < rho_init <= rho_max, got rho_init={rho_init!r}, rho_max={rho_max!r}.")
+        if lambda_init < 0 or gamma < 1 or rho_interval < 1:
+            raise ValueError(
+                f"need lambda_init >= 0, gamma >= 1, rho_interval >= 1; got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
+            )
+        self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
+        self.inner_margin = float(inner_margin)
+        self.rho_init, self.rho_max, self.gamma, self.tau_alm = float(rho_init), float(rho_max), float(gamma), tau_alm
+        self.rho_interval = rho_interval
+        self.multiplier_average = check_choice("multiplier_average", multiplier_average, ("region", "all"))
+        self.register_buffer("lambdas", torch.full((classes, 2), float(lambda_init), dtype=torch.float64))
+        self.register_buffer("rhos", torch.full((classes, 2), float(rho_init), dtype=torch.float64))
+        # mean constraint per (k, r) at the previous outer step (nan: none yet), and the number of outer steps done
+        self.register_buffer("previous_constraint", torch.full((classes, 2), float("nan"), dtype=torch.float64))
+        self.register_buffer("outer_steps", torch.zeros((), dtype=torch.int64))
+
+    def constraints(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h`` ``(B, K, *spatial)`` and the boundary mask ``(B, 1, *spatial)`` for checked ``int64`` labels ``(B, *spatial)``."""
+        tau = class_proportion_prior(labels, self.classes, self.kernel_size, "mean", "background", dtype=logits.dtype)
+        boundary = boundary_mask(labels, self.kernel_size, "background")
+        if self.inner_margin != 1.0:
+            tau = torch.where(boundary, tau, self.inner_margin * tau)
+        return (tau - logits).abs(), boundary
+
+    def _per_pixel_tables(self, boundary: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Broadcast a ``(K, 2)`` table to ``(B, K, *spatial)`` by each pixel's region."""
+        shape = (1, self.classes) + (1,) * self.dim
+        inner, outer = (table[:, r].to(dtype).reshape(shape) for r in range(2))
+        return torch.where(boundary, outer, inner)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits, labels = prepare_inputs(input, target, self.classes, self.dim)
+        h, boundary = self.constraints(logits, labels)
+        lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
+        rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
+        return F.cross_entropy(logits, labels) + phr(h, rho, lam).mean()
+
+    def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Sums for one validation batch, ``(3, K, 2)`` float64: ``sum P'(h)``, ``sum h`` and pixel count per (k, r).
+
+        Sums (not means) so that batches, and DDP ranks, add up before :meth:`outer_update` divides.
+        """
+        with torch.no_grad():
+            logits, labels = prepare_inputs(logits, target, self.classes, self.dim)
+            h, boundary = self.constraints(logits.double(), labels)
+            lam = self._per_pixel_tables(boundary, self.lambdas, torch.float64)
+            rho = self._per_pixel_tables(boundary, self.rhos, torch.float64)
+            grad = phr_derivative(h, rho, lam)
+            stats = torch.zeros(3, self.classes, 2, dtype=torch.float64, device=logits.device)
+            spatial = tuple(range(2, h.ndim))
+            for r, mask in enumerate((~boundary, boundary)):
+                stats[0, :, r] = (grad * mask).sum(dim=(0, *spatial))
+                stats[1, :, r] = (h * mask).sum(dim=(0, *spatial))
+                stats[2, :, r] = mask.sum()
+            return stats
+
+    def outer_update(self, stats: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
+        """One ALM outer step from summed :meth:`validation_statistics` (all batches, all ranks).
+
+        ``lambda_kr <- clamp(mean P'(h_ikr), 1e-6, 1e6)`` (mean as set by ``multiplier_average``); every
+        ``rho_interval`` epochs, ``rho_kr <- min(gamma rho_kr, rho_max)`` where the mean constraint of ``(k, r)`` is
+        not below ``tau_alm`` times its value at the previous outer step (the previous epoch). Returns the new
+        tables and the mean constraints.
+        """
+        stats = stats.to(self.lambdas.device, torch.float64)
+        grad_sum, h_sum, count = stats[0], stats[1], stats[2]
+        region_pixels = count.clamp(min=1)
+        all_pixels = count[0].sum().clamp(min=1)  # every pixel is in exactly one region; same for each class
+        denominator = region_pixels if self.multiplier_average == "region" else all_pixels
+        mean_h = h_sum / region_pixels
+        # a region absent from the validation set keeps its multiplier
+        present = count > 0
+        new_lambdas = torch.where(present, (grad_sum / denominator).clamp(1e-6, 1e6), self.lambdas)
+        previous = self.previous_constraint
+        if epoch % self.rho_interval == 0:
+            grow = present & ~torch.isnan(previous) & (mean_h >= self.tau_alm * previous)
+            self.rhos.copy_(torch.where(grow, self.rhos * self.gamma, self.rhos).clamp(self.rho_init, self.rho_max))
+        self.previous_constraint.copy_(torch.where(present, mean_h, previous))
+        self.lambdas.copy_(new_lambdas)
+        self.outer_steps += 1
+        return {"lambda": self.lambdas.clone(), "rho": self.rhos.clone(), "constraint": mean_h}
