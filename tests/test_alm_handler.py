@@ -1,0 +1,90 @@
+"""ALMUpdateHandler on real engines: one process, and two gloo DDP processes that must agree."""
+
+from __future__ import annotations
+
+import logging
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine
+from monai.inferers import SliceInferer
+from monai.networks.nets import UNet
+
+from calib_monai.handlers import ALMUpdateHandler
+from calib_monai.losses.crac import CRaCLoss
+
+
+def _volumes(n: int = 4) -> list[dict]:
+    """Small labelled volumes (1, 16, 16, 4): blocks of classes 1 and 2 in background, shifted per volume."""
+    items = []
+    for i in range(n):
+        label = torch.zeros(1, 16, 16, 4, dtype=torch.int64)
+        label[:, 2 + i : 9 + i, 3:10, :] = 1
+        label[:, 8:14, 6 + i : 12 + i, 1:] = 2
+        image = label.float() / 2 + 0.1 * torch.randn(label.shape, generator=torch.Generator().manual_seed(i))
+        items.append({"image": image, "label": label})
+    return items
+
+
+def _network() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return UNet(spatial_dims=2, in_channels=1, out_channels=3, channels=(4, 8), strides=(2,))
+
+
+def _handler(loss, net, items):
+    loader = torch.utils.data.DataLoader(items, batch_size=1)
+    return ALMUpdateHandler(loss, net, loader, inferer=SliceInferer(roi_size=(16, 16), spatial_dim=2), device="cpu")
+
+
+def _single_process_lambdas() -> tuple[torch.Tensor, torch.Tensor]:
+    loss = CRaCLoss(classes=3, dim=2)
+    handler = _handler(loss, _network(), _volumes())
+    engine = Engine(lambda e, b: None)
+    engine.state.epoch = 1
+    handler(engine)
+    return loss.lambdas.clone(), loss.rhos.clone()
+
+
+def test_outer_step_on_volumes_changes_lambda_and_logs(caplog):
+    net = _network()
+    net.train()
+    loss = CRaCLoss(classes=3, dim=2)
+    handler = _handler(loss, net, _volumes())
+    engine = Engine(lambda e, b: None)
+    engine.state.epoch = 1
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        handler(engine)
+    assert (loss.lambdas > 1e-6).all()  # an untrained network violates every constraint
+    assert net.training  # the train/eval mode is given back
+    assert "ALM outer step 1 (epoch 1)" in caplog.text and "2/boundary lambda" in caplog.text
+    assert engine.state.metrics["alm_lambda_1_inner"] == float(loss.lambdas[1, 0])
+    # the volumes' statistics equal those of their axial slices fed to the loss directly
+    with torch.no_grad():
+        net.eval()
+        stats = torch.zeros(3, 3, 2, dtype=torch.float64)
+        for item in _volumes():
+            slices = item["image"].movedim(-1, 0)  # (D, 1, H, W)
+            stats += loss.validation_statistics(net(slices), item["label"].movedim(-1, 0))
+    torch.testing.assert_close(handler.collect_statistics(), stats)
+
+
+def _ddp_worker(local_rank: int, out_dir: str) -> None:
+    rank, world = idist.get_rank(), idist.get_world_size()
+    loss = CRaCLoss(classes=3, dim=2)
+    items = _volumes()[rank::world]  # each rank sees half of the validation set
+    handler = _handler(loss, _network(), items)
+    engine = Engine(lambda e, b: None)
+    engine.state.epoch = 1
+    handler(engine)
+    torch.save({"lambdas": loss.lambdas, "rhos": loss.rhos}, f"{out_dir}/rank{rank}.pt")
+
+
+def test_two_gloo_processes_end_with_equal_multipliers(tmp_path):
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=29517) as parallel:
+        parallel.run(_ddp_worker, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert torch.equal(ranks[0]["lambdas"], ranks[1]["lambdas"])
+    assert torch.equal(ranks[0]["rhos"], ranks[1]["rhos"])
+    # and the all-reduced result is the single-process result over the whole validation set
+    lambdas, _ = _single_process_lambdas()
+    torch.testing.assert_close(ranks[0]["lambdas"], lambdas)
