@@ -1,1 +1,34 @@
-"""Dataset components that bundle configs name."""
+"""Dataset components that bundle configs name.
+
+- ``FLARE``: FLARE21/FLARE22 abdominal CT (liver, kidney, spleen, pancreas), synthetic phantoms by default;
+- ``MSDDataset``: any Medical Segmentation Decathlon style task folder;
+- both share ``VolumeSegmentationData`` (datalist -> MONAI preprocessing -> cached volumes -> 2D training slices).
+"""
+
+from __future__ import annotations
+
+from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
+from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
+from calib_monai.data.msd import MSDDataset
+from calib_monai.data.phantoms import generate_phantom, write_phantom_dataset
+from calib_monai.data.transforms import CheckedLoadImaged, CropAroundForegroundd, ValidateSegmentationd
+from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
+
+__all__ = [
+    "FLARE",
+    "FLARE22_TO_FLARE",
+    "FLARE_LABEL_NAMES",
+    "FLARE_LAYOUTS",
+    "CheckedLoadImaged",
+    "CropAroundForegroundd",
+    "MSDDataset",
+    "SliceDataset",
+    "ValidateSegmentationd",
+    "VolumeSegmentationData",
+    "find_flare_cases",
+    "find_msd_cases",
+    "generate_phantom",
+    "split_cases",
+    "split_sizes",
+    "write_phantom_dataset",
+]

@@ -1,0 +1,147 @@
+"""The FLARE abdominal CT component (NACL journal, Murugesan et al.; MbLS, Liu et al.), with a phantom default."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from monai.transforms import ScaleIntensityRanged
+
+from calib_monai.data.layouts import find_flare_cases, read_dataset_json
+from calib_monai.data import phantoms
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["FLARE", "FLARE_LABEL_NAMES", "FLARE22_TO_FLARE"]
+
+logger = logging.getLogger("calib_monai.data")
+
+FLARE_LABEL_NAMES = {"0": "background", "1": "liver", "2": "kidney", "3": "spleen", "4": "pancreas"}
+# FLARE22 (13 organs) -> the four FLARE21 organs: 1 liver, 2 right kidney, 3 spleen, 4 pancreas keep their values,
+# 13 left kidney joins 2 (kidney); 5 aorta, 6 IVC, 7/8 adrenal glands, 9 gallbladder, 10 esophagus, 11 stomach,
+# 12 duodenum become background. On FLARE21 labels (0..4) this mapping is the identity.
+FLARE22_TO_FLARE = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0, 11: 0, 12: 0, 13: 2}
+_FLARE22_NAMES = {1: ("liver",), 2: ("kidney",), 3: ("spleen",), 4: ("pancreas",), 13: ("kidney",)}
+
+
+class FLARE(VolumeSegmentationData):
+    """FLARE abdominal organ segmentation: liver, kidney, spleen, pancreas (plus background: 5 classes).
+
+    Reads the layouts users download (see ``calib_monai.data.layouts.FLARE_LAYOUTS``): FLARE21 ``TrainingImg/`` +
+    ``TrainingMask/`` (labels 0..4) and FLARE22 / MSD-style ``imagesTr/`` + ``labelsTr/`` (FLARE22's 13 organs,
+    mapped by ``FLARE22_TO_FLARE``). Preprocessing follows the NACL journal's FLARE setup ("resampled to the same
+    space and cropped to 192 x 192 x 30, from which 2D slices are obtained"; 240/40/80 split): RAS, resampling to
+    ``spacing``, the CT window ``window`` (HU) scaled to [0, 1] with clipping, ``x' = clip((x - lo) / (hi - lo), 0, 1)``,
+    and a ``roi_size`` window centred on the organs' bounding box. The paper gives neither spacing nor window; the
+    defaults (1.6 x 1.6 x 6 mm, the abdominal soft-tissue window W400/L40 = [-160, 240] HU) fit the organs of a
+    typical adult abdomen (about 270 x 180 x 180 mm) into 192 x 192 x 30 voxels.
+
+    With ``dataset_dir=""`` (the bundle default) it trains on ``num_phantoms`` synthetic abdominal CT phantoms
+    (``calib_monai.data.phantoms``), generated once into ``cache_dir`` in the FLARE22 layout and read back by the
+    same code path as real data.
+
+    Args:
+        dataset_dir: a FLARE download, or "" / None for the phantoms.
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
+        roi_size: preprocessed volume size (H, W, D).
+        spacing: resampling voxel spacing in mm.
+        split: (train, val, test) counts; their ratios when there are not 360 cases.
+        seed: seed of the split.
+        num_phantoms: number of phantoms (when ``dataset_dir`` is empty).
+        phantom_shape: phantom grid size. None (default): the grid that covers the phantom field of view
+            (384 x 384 x 240 mm) at ``spacing``, so resampling is a no-op (fast); given: the field of view is sampled
+            at ``384 / shape`` mm and resampled to ``spacing`` like real data.
+        phantom_seed: seed of the phantom generator.
+        window: CT window (HU) mapped to [0, 1].
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+    """
+
+    def __init__(self, dataset_dir: str | os.PathLike | None = "", output_dir: str | os.PathLike = "",
+                 cache_dir: str | os.PathLike | None = None, roi_size: Sequence[int] = (192, 192, 30),
+                 spacing: Sequence[float] | None = (1.6, 1.6, 6.0), split: Sequence[int] = (240, 40, 80), seed: int = 0,
+                 num_phantoms: int = 24, phantom_shape: Sequence[int] | None = None, phantom_seed: int = 0,
+                 window: Sequence[float] = (-160.0, 240.0), cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
+        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground=True, cache_rate=cache_rate,
+                         num_workers=num_workers)  # fmt: skip
+        self.window = tuple(float(w) for w in window)
+        if len(self.window) != 2 or self.window[0] >= self.window[1]:
+            raise ValueError(f"window must be (low, high) HU with low < high, got {tuple(window)}")
+        self.num_phantoms, self.phantom_seed = int(num_phantoms), int(phantom_seed)
+        if phantom_shape is not None:
+            self.phantom_shape = tuple(int(s) for s in phantom_shape)
+            self.phantom_spacing = phantoms.phantom_spacing(self.phantom_shape)
+        else:
+            self.phantom_spacing = self.spacing or phantoms.phantom_spacing((128, 128, 48))
+            self.phantom_shape = phantoms.phantom_shape(self.phantom_spacing)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else phantoms.default_cache_dir()
+        self.dataset_dir = str(dataset_dir or "")
+        if self.dataset_dir:
+            self.source = "flare"
+            self.layout, self._cases = find_flare_cases(self.dataset_dir)  # fails early on a wrong folder
+            self._check_dataset_json_labels()
+            logger.info("FLARE: %d cases in %s (%s layout)", len(self._cases), self.dataset_dir, self.layout)
+        else:
+            self.source, self.layout, self._cases = "phantom", "flare22", None
+            if self.num_phantoms < 3:
+                raise ValueError(f"num_phantoms must be >= 3 (one case per subset), got {num_phantoms}")
+            logger.info(
+                "FLARE: no dataset_dir given, so training on %d synthetic abdominal CT phantoms (seed %d, %s voxels "
+                "of %s mm), "
+                "cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 (imagesTr/ + labelsTr/)"
+                " or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
+                self.num_phantoms, self.phantom_seed, "x".join(map(str, self.phantom_shape)),
+                "x".join(f"{s:g}" for s in self.phantom_spacing), self.phantom_root,
+            )  # fmt: skip
+
+    @property
+    def phantom_root(self) -> Path:
+        shape = "x".join(str(s) for s in self.phantom_shape)
+        spacing = "x".join(f"{s:g}" for s in self.phantom_spacing)
+        return self.cache_dir / "flare_phantoms" / f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return dict(FLARE_LABEL_NAMES)
+
+    def _dataset_root(self) -> str:
+        return str(Path(self.dataset_dir).expanduser().resolve()) if self.dataset_dir else str(self.phantom_root)
+
+    def _find_cases(self) -> list[dict[str, str]]:
+        if self._cases is None:  # phantoms: generated on first use, reused from the cache afterwards
+            phantoms.write_phantom_dataset(self.phantom_root, self.num_phantoms, self.phantom_seed, self.phantom_shape,
+                                  self.phantom_spacing)  # fmt: skip
+            self._cases = find_flare_cases(self.phantom_root)[1]
+        return self._cases
+
+    def _raw_label_values(self) -> list[int]:
+        return list(range(5)) if self.layout == "flare21" else sorted(FLARE22_TO_FLARE)
+
+    def _label_mapping(self) -> tuple[list[int], list[int]]:
+        return list(FLARE22_TO_FLARE), list(FLARE22_TO_FLARE.values())
+
+    def _label_convention(self) -> str:
+        if self.layout == "flare21":
+            return "FLARE21 labels: 0 background, 1 liver, 2 kidney, 3 spleen, 4 pancreas"
+        return "FLARE22 labels 0..13: 1 liver, 2 right kidney, 3 spleen, 4 pancreas, ..., 13 left kidney"
+
+    def _intensity_transforms(self) -> list[Callable]:
+        low, high = self.window
+        return [ScaleIntensityRanged("image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)]
+
+    def _check_dataset_json_labels(self) -> None:
+        """A dataset.json naming other organs at 1..4 (e.g. AMOS, BTCV) is not FLARE: refuse rather than mislabel."""
+        description = read_dataset_json(self.dataset_dir) if self.layout == "flare22" else None
+        labels = (description or {}).get("labels")
+        if not isinstance(labels, dict):
+            return
+        names = {str(k): str(v).lower() for k, v in labels.items()}
+        if not all(str(k).isdigit() for k in labels):  # nnU-Net v2: name -> value
+            names = {str(v): str(k).lower() for k, v in labels.items()}
+        for value, expected in _FLARE22_NAMES.items():
+            name = names.get(str(value))
+            if name is not None and not any(e in name for e in expected):
+                raise ValueError(f"{Path(self.dataset_dir) / 'dataset.json'} names label {value} {name!r}, but FLARE "
+                                 f"has {expected[0]!r} there: this is not FLARE data; use calib_monai.data.MSDDataset "
+                                 "for other label conventions")  # fmt: skip

@@ -1,0 +1,215 @@
+"""Finding (image, label) pairs in the folder layouts users download, and the seeded train/validation/test split."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "FLARE_LAYOUTS",
+    "find_flare_cases",
+    "find_msd_cases",
+    "read_dataset_json",
+    "read_dataset_json_labels",
+    "split_sizes",
+    "split_cases",
+    "load_or_create_datalist",
+]
+
+logger = logging.getLogger("calib_monai.data")
+
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+FLARE_LAYOUTS = (
+    "FLARE21: <dataset_dir>/TrainingImg/<case>_0000.nii.gz with <dataset_dir>/TrainingMask/<case>.nii.gz",
+    "FLARE22 / nnU-Net: <dataset_dir>/imagesTr/<case>_0000.nii.gz with <dataset_dir>/labelsTr/<case>.nii.gz "
+    "(or images/ + labels/ as in FLARE22_LabeledCase50)",
+    "MSD: <dataset_dir>/imagesTr/<case>.nii.gz with <dataset_dir>/labelsTr/<case>.nii.gz (dataset.json optional)",
+)
+
+
+def _strip_nifti(name: str) -> str | None:
+    for suffix in NIFTI_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
+
+
+def _nifti_files(folder: Path) -> list[Path]:
+    # MSD archives carry macOS "._x.nii.gz" resource forks: skip hidden files
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _strip_nifti(p.name))
+
+
+def _found(dataset_dir: Path) -> str:
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in dataset_dir.iterdir())
+    shown = ", ".join(entries[:12]) + (f", ... ({len(entries)} entries)" if len(entries) > 12 else "")
+    return shown or "nothing (empty folder)"
+
+
+def _layout_error(dataset_dir: Path, problem: str) -> ValueError:
+    expected = "\n  - ".join(FLARE_LAYOUTS)
+    return ValueError(f"dataset_dir {str(dataset_dir)!r} {problem}.\nExpected one of:\n  - {expected}\n"
+                      f"Found: {_found(dataset_dir) if dataset_dir.is_dir() else 'no such folder'}")  # fmt: skip
+
+
+def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
+    """Pair ``<case>_0000.nii.gz`` (nnU-Net/FLARE channel suffix) or ``<case>.nii.gz`` with ``label_dir/<case>.nii*``."""
+    labels = {_strip_nifti(p.name): p for p in _nifti_files(label_dir)}
+    cases = []
+    for image in _nifti_files(image_dir):
+        stem = _strip_nifti(image.name)
+        case = stem[: -len("_0000")] if stem.endswith("_0000") and stem not in labels else stem
+        if case not in labels:
+            raise ValueError(f"image {image} has no label: expected {label_dir / (case + '.nii.gz')}; "
+                             f"add the mask or remove the image from {image_dir}")  # fmt: skip
+        cases.append({"image": str(image), "label": str(labels[case])})
+    return cases
+
+
+def _cases_from_dataset_json(dataset_dir: Path, description: dict) -> list[dict[str, str]] | None:
+    training = description.get("training")
+    if not isinstance(training, list) or not training:
+        return None
+    cases = []
+    for item in training:
+        image, label = (dataset_dir / item[k] for k in ("image", "label"))
+        for path in (image, label):
+            if not path.is_file():
+                raise ValueError(f"{dataset_dir / 'dataset.json'} lists {path}, which does not exist; "
+                                 "fix the 'training' entries or remove dataset.json to pair files by name")  # fmt: skip
+        cases.append({"image": str(image.resolve()), "label": str(label.resolve())})
+    return cases
+
+
+def read_dataset_json(dataset_dir: str | os.PathLike) -> dict | None:
+    path = Path(dataset_dir) / "dataset.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); fix or remove it") from err
+
+
+def read_dataset_json_labels(description: dict, source: str) -> dict[str, str]:
+    """``{"0": "background", ...}`` from an MSD (value -> name) or nnU-Net v2 (name -> value) ``labels`` entry."""
+    labels = description.get("labels")
+    if not isinstance(labels, dict) or not labels:
+        raise ValueError(f"{source} has no 'labels' mapping; expected e.g. {{\"0\": \"background\", \"1\": \"organ\"}}")
+    if all(str(k).lstrip("-").isdigit() for k in labels):
+        out = {str(int(k)): str(v) for k, v in labels.items()}
+    elif all(isinstance(v, int) for v in labels.values()):
+        out = {str(v): str(k) for k, v in labels.items()}
+    else:
+        raise ValueError(f"{source} 'labels' must map integer values to names (MSD) or names to integers (nnU-Net v2), "
+                         f"got {labels}")  # fmt: skip
+    values = sorted(int(k) for k in out)
+    if values != list(range(len(values))):
+        raise ValueError(f"{source} label values must be 0..K-1 without gaps, got {values}")
+    return {str(v): out[str(v)] for v in values}
+
+
+def find_flare_cases(dataset_dir: str | os.PathLike) -> tuple[str, list[dict[str, str]]]:
+    """Return ``(layout, cases)`` for a FLARE download: layout ``"flare21"`` or ``"flare22"`` (imagesTr/images)."""
+    root = Path(dataset_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise _layout_error(root, "does not exist or is not a folder")
+    if (root / "TrainingImg").is_dir() and (root / "TrainingMask").is_dir():
+        layout, cases = "flare21", _pair_by_name(root / "TrainingImg", root / "TrainingMask")
+    else:
+        pairs = [(root / i, root / m) for i, m in (("imagesTr", "labelsTr"), ("images", "labels"))]
+        pairs = [(i, m) for i, m in pairs if i.is_dir() and m.is_dir()]
+        if not pairs:
+            raise _layout_error(root, "is in no known FLARE layout")
+        description = read_dataset_json(root) if pairs[0][0].name == "imagesTr" else None
+        cases = (description and _cases_from_dataset_json(root, description)) or _pair_by_name(*pairs[0])
+        layout = "flare22"
+    if not cases:
+        raise _layout_error(root, "has the folders of a FLARE layout but no .nii/.nii.gz image files in them")
+    return layout, cases
+
+
+def find_msd_cases(dataset_dir: str | os.PathLike) -> tuple[dict, list[dict[str, str]]]:
+    """Return ``(dataset.json contents, cases)`` of an MSD-style task folder (``dataset.json`` is required)."""
+    root = Path(dataset_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise ValueError(f"dataset_dir {str(root)!r} does not exist; expected an MSD task folder with dataset.json, "
+                         "imagesTr/ and labelsTr/")  # fmt: skip
+    description = read_dataset_json(root)
+    if description is None:
+        raise ValueError(f"dataset_dir {str(root)!r} has no dataset.json (found: {_found(root)}); expected an MSD task "
+                         "folder: dataset.json with 'labels' and 'training', imagesTr/, labelsTr/")  # fmt: skip
+    cases = _cases_from_dataset_json(root, description)
+    if cases is None:
+        if not ((root / "imagesTr").is_dir() and (root / "labelsTr").is_dir()):
+            raise ValueError(f"{root / 'dataset.json'} has no 'training' list and {root} has no imagesTr/ + labelsTr/ "
+                             f"(found: {_found(root)})")  # fmt: skip
+        cases = _pair_by_name(root / "imagesTr", root / "labelsTr")
+    if not cases:
+        raise ValueError(f"dataset_dir {str(root)!r} has no training cases (found: {_found(root)})")
+    return description, cases
+
+
+def split_sizes(num_cases: int, split: Sequence[int] = (240, 40, 80)) -> tuple[int, int, int]:
+    """Sizes ``(train, val, test)``: ``split`` itself when it sums to ``num_cases``, else the same ratios.
+
+    Validation and test get ``round(n * s_k / sum(s))`` cases (at least one each), training the rest; e.g. 360 cases
+    -> (240, 40, 80), 361 -> (241, 40, 80), 12 -> (8, 1, 3).
+    """
+    if len(split) != 3 or min(split) < 0 or split[0] <= 0:
+        raise ValueError(f"split must be three non-negative counts (train > 0, val, test), got {tuple(split)}")
+    split = [int(s) for s in split]
+    if sum(split) == num_cases:
+        return split[0], split[1], split[2]
+    if num_cases < sum(1 for s in split if s > 0):
+        raise ValueError(f"{num_cases} case(s) cannot be split {tuple(split)}: need at least one case per subset")
+    sizes = [max(1, round(num_cases * s / sum(split))) if s > 0 else 0 for s in split[1:]]
+    return num_cases - sum(sizes), sizes[0], sizes[1]
+
+
+def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
+    """Seeded shuffle of the cases (sorted by image path first, so the listing order does not matter), then cut."""
+    ordered = sorted(cases, key=lambda c: c["image"])
+    order = np.random.default_rng(int(seed)).permutation(len(ordered))
+    n_train, n_val, _ = split_sizes(len(ordered), split)
+    shuffled = [ordered[i] for i in order]
+    return {"training": shuffled[:n_train], "validation": shuffled[n_train : n_train + n_val],
+            "test": shuffled[n_train + n_val :]}  # fmt: skip
+
+
+def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], split: Sequence[int], seed: int,
+                            info: dict) -> dict[str, list[dict]]:
+    """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
+
+    ``info`` (source, dataset_dir, ...) is stored beside the lists; a stored datalist whose ``dataset_dir`` differs
+    from ``info["dataset_dir"]`` or that names missing files is an error rather than a silently different split.
+    """
+    path = Path(path)
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if stored.get("dataset_dir") != info.get("dataset_dir"):
+            raise ValueError(f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
+                             f"{info.get('dataset_dir')!r}: use a new output_dir or delete {path}")  # fmt: skip
+        for key in ("training", "validation", "test"):
+            for item in stored.get(key, []):
+                if not (Path(item["image"]).is_file() and Path(item["label"]).is_file()):
+                    raise ValueError(f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
+                                     f"restore the data or delete {path} to split again")  # fmt: skip
+        if stored.get("seed") != int(seed) or list(stored.get("split", [])) != [int(s) for s in split]:
+            logger.warning("reusing the split in %s (seed %s, split %s), not seed %s, split %s",
+                           path, stored.get("seed"), stored.get("split"), seed, list(split))  # fmt: skip
+        logger.info("datalist: reusing %s", path)
+        return {k: stored[k] for k in ("training", "validation", "test")}
+    datalist = split_cases(cases, split, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
+    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    sizes = {k: len(v) for k, v in datalist.items()}
+    logger.info("datalist: wrote %s (%s)", path, sizes)
+    return datalist

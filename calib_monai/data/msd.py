@@ -1,0 +1,82 @@
+"""A dataset component for any Medical Segmentation Decathlon style task folder (users' own data)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from monai.transforms import ScaleIntensityd, ScaleIntensityRanged, ScaleIntensityRangePercentilesd
+
+from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["MSDDataset"]
+
+logger = logging.getLogger("calib_monai.data")
+
+
+class MSDDataset(VolumeSegmentationData):
+    """Cases listed by an MSD ``dataset.json`` (``labels`` and ``training``, or ``imagesTr/`` + ``labelsTr/``).
+
+    Classes come from ``dataset.json`` ``labels`` (MSD ``{"0": "background", ...}`` or nnU-Net v2 ``{"background":
+    0, ...}``); label values outside them are an error. Intensities are normalised per volume and per channel, since
+    MSD tasks mix dtypes and scanners (Task04_Hippocampus: uint8 and float32 files, maxima from 112 to 1.7e6):
+
+    - ``"minmax"`` (default): ``x' = (x - min x) / (max x - min x)``;
+    - ``"percentile"``: ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)`` with the volume's 0.5th and 99.5th
+      percentiles, robust to a few hot voxels;
+    - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)`` (CT tasks, in HU).
+
+    Args:
+        dataset_dir: the task folder (holds ``dataset.json``).
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
+            keep every slice, as the Hippocampus reference setup).
+        spacing: resampling voxel spacing in mm, or None to keep the data's.
+        split: (train, val, test) counts, or ratios when they do not sum to the number of cases.
+        seed: seed of the split.
+        intensity: "minmax", "percentile" or a ``(low, high)`` window.
+        crop_foreground: centre the ``roi_size`` window on the label foreground instead of the image centre.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+    """
+
+    source = "msd"
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (64, 64, -1), spacing: Sequence[float] | None = None,
+                 split: Sequence[int] = (70, 10, 20), seed: int = 0, intensity: str | Sequence[float] = "minmax",
+                 crop_foreground: bool = False, cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
+        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground, cache_rate, num_workers)
+        if not dataset_dir:
+            raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
+        self.dataset_dir = Path(dataset_dir).expanduser().resolve()
+        if isinstance(intensity, str):
+            if intensity not in ("minmax", "percentile"):
+                raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
+        elif len(intensity) != 2 or float(intensity[0]) >= float(intensity[1]):
+            raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
+        self.intensity = intensity
+        self.description, self._cases = find_msd_cases(self.dataset_dir)
+        self._label_names = read_dataset_json_labels(self.description, str(self.dataset_dir / "dataset.json"))
+        logger.info("MSD: %d cases in %s, classes %s", len(self._cases), self.dataset_dir, self._label_names)
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return dict(self._label_names)
+
+    def _dataset_root(self) -> str:
+        return str(self.dataset_dir)
+
+    def _find_cases(self) -> list[dict[str, str]]:
+        return self._cases
+
+    def _intensity_transforms(self) -> list[Callable]:
+        if self.intensity == "minmax":
+            return [ScaleIntensityd("image", minv=0.0, maxv=1.0, channel_wise=True)]
+        if self.intensity == "percentile":
+            return [ScaleIntensityRangePercentilesd("image", lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True,
+                                                    channel_wise=True)]  # fmt: skip
+        low, high = (float(v) for v in self.intensity)
+        return [ScaleIntensityRanged("image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)]

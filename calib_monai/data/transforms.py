@@ -1,0 +1,154 @@
+"""Dictionary transforms that turn bad input files into errors naming the case file and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.transforms import InvertibleTransform, LoadImaged, MapTransform
+from monai.transforms.croppad.array import Crop
+from monai.transforms.utils import generate_spatial_bounding_box, is_positive
+
+__all__ = [
+    "CaseDataError",
+    "CheckedLoadImaged",
+    "CropAroundForegroundd",
+    "ValidateSegmentationd",
+    "case_filename",
+    "unwrap_case_error",
+]
+
+
+class CaseDataError(ValueError):
+    """A case file that cannot be used (unreadable, shapes differ, NaN, unexpected labels); the message names it."""
+
+
+def unwrap_case_error(err: BaseException) -> CaseDataError | None:
+    """The ``CaseDataError`` behind MONAI's ``RuntimeError("applying transform ...")`` wrappers, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, CaseDataError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def case_filename(data: Mapping[Hashable, object], key: Hashable) -> str:
+    """The source file of ``data[key]``: its MetaTensor ``filename_or_obj``, or the path string before loading."""
+    value = data.get(key)
+    meta = getattr(value, "meta", None)
+    if isinstance(meta, Mapping) and meta.get("filename_or_obj"):
+        return str(meta["filename_or_obj"])
+    return str(value) if isinstance(value, str) else f"<{key}>"
+
+
+class CheckedLoadImaged(MapTransform):
+    """``monai.transforms.LoadImaged`` per key, re-raising any reader failure as a ValueError that names the file.
+
+    Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
+    worker, with no hint of which of hundreds of cases is broken.
+    """
+
+    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False, **load_kwargs):
+        super().__init__(keys, allow_missing_keys)
+        self.loaders = {key: LoadImaged(key, allow_missing_keys=allow_missing_keys, **load_kwargs) for key in self.keys}
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            try:
+                d = self.loaders[key](d)
+            except Exception as err:  # any reader failure: report the file, keep the original as the cause
+                raise CaseDataError(f"cannot read {key} file {d[key]} ({type(err).__name__}: {err}); the file is "
+                                 "truncated or not NIfTI: re-download or re-convert it, or remove the case") from err  # fmt: skip
+        return d
+
+
+class ValidateSegmentationd(MapTransform):
+    """Check an (image, label) pair after ``EnsureChannelFirstd``; raise a ValueError naming the case file otherwise.
+
+    Checks: same spatial shape; a single label channel; finite image intensities (no NaN/Inf); integer label values
+    within ``allowed_labels``.
+    """
+
+    def __init__(self, image_key: str = "image", label_key: str = "label", allowed_labels: Iterable[int] | None = None,
+                 label_description: str = ""):  # fmt: skip
+        super().__init__([image_key, label_key])
+        self.image_key, self.label_key = image_key, label_key
+        self.allowed = None if allowed_labels is None else sorted({int(v) for v in allowed_labels})
+        self.label_description = label_description
+
+    def __call__(self, data: Mapping[Hashable, object]) -> Mapping[Hashable, object]:
+        image, label = data[self.image_key], data[self.label_key]
+        image_file, label_file = case_filename(data, self.image_key), case_filename(data, self.label_key)
+        if tuple(image.shape[1:]) != tuple(label.shape[1:]):
+            raise CaseDataError(f"image {image_file} has spatial shape {tuple(image.shape[1:])} but its label {label_file} "
+                             f"has {tuple(label.shape[1:])}: they must match voxel for voxel; re-export the mask on "
+                             "the image grid or fix the image/label pairing")  # fmt: skip
+        if label.shape[0] != 1:
+            raise CaseDataError(f"label {label_file} has {label.shape[0]} channels; expected one channel of integer class "
+                             "values (not one-hot)")  # fmt: skip
+        finite = torch.isfinite(torch.as_tensor(image))
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            raise CaseDataError(f"image {image_file} has {bad} NaN/Inf voxel(s); fix or remove the case (e.g. replace them "
+                             "by the background intensity before training)")  # fmt: skip
+        values = np.unique(torch.as_tensor(label).detach().cpu().numpy())
+        if not np.all(values == np.round(values)):
+            raise CaseDataError(f"label {label_file} has non-integer values {values[values != np.round(values)][:5]}; "
+                             "expected integer class values: was the mask resampled with linear interpolation?")  # fmt: skip
+        if self.allowed is not None:
+            unexpected = sorted({int(v) for v in values} - set(self.allowed))
+            if unexpected:
+                raise CaseDataError(f"label {label_file} has values {unexpected} outside the expected set {self.allowed}"
+                                 f"{self.label_description}; check that the data set is the one named, or remap its "
+                                 "labels")  # fmt: skip
+        return data
+
+
+class CropAroundForegroundd(MapTransform, InvertibleTransform):
+    """Crop a fixed ``roi_size`` window centred on the bounding box of ``data[source_key] > 0`` (FLARE: 192x192x30).
+
+    Unlike ``CropForegroundd`` followed by a pad, the window keeps the real image context around the organs: its start
+    along each axis is ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size,
+    ``n`` the image size), so it slides inward at image borders instead of padding. Axes whose ROI size is ``<= 0``
+    or larger than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty foreground
+    centres the window on the image. Invertible (MONAI ``Crop``), so ``Invertd`` can map predictions back.
+    """
+
+    def __init__(self, keys: KeysCollection, source_key: str, roi_size: Iterable[int], allow_missing_keys: bool = False):
+        super().__init__(keys, allow_missing_keys)
+        self.source_key = source_key
+        self.roi_size = [int(r) for r in roi_size]
+        self.cropper = Crop()
+
+    def slices(self, source: torch.Tensor) -> tuple[slice, ...]:
+        shape = source.shape[1:]
+        if len(self.roi_size) != len(shape):
+            raise ValueError(f"roi_size {tuple(self.roi_size)} has {len(self.roi_size)} axes, the image {len(shape)}")
+        start, end = generate_spatial_bounding_box(source, is_positive)
+        out = []
+        for n, r, lo, hi in zip(shape, self.roi_size, start, end):
+            if r <= 0 or r >= n:
+                out.append(slice(0, n))
+                continue
+            centre = (lo + hi) // 2 if hi > lo else n // 2
+            first = int(np.clip(centre - r // 2, 0, n - r))
+            out.append(slice(first, first + r))
+        return tuple(out)
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        slices = self.slices(d[self.source_key])
+        for key in self.key_iterator(d):
+            d[key] = self.cropper(d[key], slices)
+        return d
+
+    def inverse(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.cropper.inverse(d[key])
+        return d

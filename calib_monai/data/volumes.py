@@ -1,0 +1,245 @@
+"""Shared machinery of the dataset components: datalist -> MONAI preprocessing -> cached 3D volumes -> 2D slices.
+
+The papers (NACL, MbLS, CRaC) train 2D networks on axial slices and evaluate on whole volumes. A component therefore
+preprocesses every case once into a 3D volume (``CacheDataset``) and serves
+
+- training: every slice along the last (axial, after RAS orientation) axis of the cached training volumes,
+  ``{"image": (C, H, W) float32, "label": (1, H, W) float32}``;
+- validation/test: whole volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` as MetaTensors that keep the
+  file name, affine and the applied operations (for ``SliceInferer`` and, later, ``Invertd``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from monai.data import CacheDataset, MetaTensor
+from monai.transforms import (
+    Compose,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    MapLabelValued,
+    Orientationd,
+    ResizeWithPadOrCropd,
+    Spacingd,
+)
+from torch.utils.data import Dataset
+
+from calib_monai.data.layouts import load_or_create_datalist
+from calib_monai.data.transforms import (
+    CheckedLoadImaged,
+    CropAroundForegroundd,
+    ValidateSegmentationd,
+    unwrap_case_error,
+)
+
+__all__ = ["SliceDataset", "VolumeSegmentationData"]
+
+logger = logging.getLogger("calib_monai.data")
+
+SUBSETS = ("training", "validation", "test")
+RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))  # MONAI's nibabel-world convention, explicit (default deprecated)
+
+
+class _CaseCheckedCacheDataset(CacheDataset):
+    """``CacheDataset`` that surfaces a bad case as its ``CaseDataError`` (a ValueError naming the file), not as
+    MONAI's generic ``RuntimeError("applying transform ...")`` wrapper around it."""
+
+    def _load_cache_item(self, idx: int):
+        try:
+            return super()._load_cache_item(idx)
+        except RuntimeError as err:
+            raise (unwrap_case_error(err) or err) from None
+
+    def _transform(self, index: int):
+        try:
+            return super()._transform(index)
+        except RuntimeError as err:
+            raise (unwrap_case_error(err) or err) from None
+
+
+def _plain(x) -> torch.Tensor:
+    return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
+
+
+class SliceDataset(Dataset):
+    """All 2D slices along the last axis of the volumes of ``volumes`` (a dataset of 3D ``{"image", "label"}`` dicts).
+
+    Item ``i`` is slice ``k`` of volume ``v`` in volume-major order. Slices are plain tensors (no meta data): the
+    volume's affine does not describe a 2D slice. ``volumes`` should be a ``CacheDataset`` with ``copy_cache=False``
+    so that a slice costs an index, not a volume copy; an uncached volume is recomputed for each of its slices.
+
+    Args:
+        volumes: dataset of preprocessed 3D volumes, image ``(C, H, W, D)`` and label ``(1, H, W, D)``.
+        transform: optional callable applied to each slice dict (e.g. 2D augmentation).
+    """
+
+    def __init__(self, volumes: Dataset, transform: Callable | None = None):
+        self.volumes = volumes
+        self.transform = transform
+        self.index: list[tuple[int, int]] = []
+        for v in range(len(volumes)):
+            depth = int(volumes[v]["image"].shape[-1])
+            self.index.extend((v, k) for k in range(depth))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        v, k = self.index[i]
+        volume = self.volumes[v]
+        # plain tensors: a 2D slice has no meaningful 3D affine, and MetaTensor collation costs time per batch
+        item = {key: _plain(volume[key])[..., k].clone() for key in ("image", "label")}
+        return self.transform(item) if self.transform is not None else item
+
+
+class VolumeSegmentationData:
+    """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
+
+    Preprocessing, in order: load (``CheckedLoadImaged``) -> channel first -> checks (``ValidateSegmentationd``:
+    shapes, NaN, label values) -> optional label remapping (``MapLabelValued``) -> float32 -> RAS orientation ->
+    resampling to ``spacing`` (bilinear image, nearest label; skipped when ``spacing`` is None) -> intensity scaling
+    (subclass) -> optional ``roi_size`` window around the label foreground (``CropAroundForegroundd``) -> centre
+    crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent).
+
+    Subclasses implement ``source``, ``label_names``, ``_find_cases`` (list of ``{"image", "label"}`` paths),
+    ``_dataset_root`` and ``_intensity_transforms``, and may override ``_raw_label_values`` and ``_label_mapping``.
+
+    Args:
+        output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
+        roi_size: spatial size ``(H, W, D)`` of the preprocessed volumes; ``-1`` keeps an axis' size.
+        spacing: voxel spacing (mm) to resample to, or None to keep the data's spacing.
+        split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
+        seed: seed of the split.
+        crop_foreground: centre the ``roi_size`` window on the label foreground (else on the image centre).
+        cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (1.0: all; training slices of
+            uncached volumes are slow, see ``SliceDataset``).
+        num_workers: threads ``CacheDataset`` uses to preprocess.
+    """
+
+    datalist_name = "datalist.json"
+
+    def __init__(self, output_dir: str | os.PathLike, roi_size: Sequence[int], spacing: Sequence[float] | None,
+                 split: Sequence[int], seed: int, crop_foreground: bool, cache_rate: float, num_workers: int):  # fmt: skip
+        if not output_dir:
+            raise ValueError("output_dir must name the run's output folder (the datalist.json of the split goes there)")
+        self.output_dir = Path(output_dir).expanduser()
+        self.roi_size = tuple(int(r) for r in roi_size)
+        if len(self.roi_size) != 3 or any(r == 0 or r < -1 for r in self.roi_size):
+            raise ValueError(f"roi_size must be three positive sizes (or -1 to keep an axis), got {tuple(roi_size)}")
+        self.spacing = None if spacing is None else tuple(float(s) for s in spacing)
+        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
+            raise ValueError(f"spacing must be three positive voxel sizes in mm (or None), got {tuple(spacing)}")
+        self.split = tuple(int(s) for s in split)
+        self.seed = int(seed)
+        self.crop_foreground = bool(crop_foreground)
+        if not 0.0 <= float(cache_rate) <= 1.0:
+            raise ValueError(f"cache_rate must be in [0, 1], got {cache_rate}")
+        self.cache_rate = float(cache_rate)
+        self.num_workers = int(num_workers)
+        self._datalist: dict[str, list[dict]] | None = None
+        self._volumes: dict[str, CacheDataset] = {}
+
+    # ---- subclass hooks -------------------------------------------------------------------------------------------
+    source: str = ""
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _find_cases(self) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def _dataset_root(self) -> str:
+        raise NotImplementedError
+
+    def _intensity_transforms(self) -> list[Callable]:
+        raise NotImplementedError
+
+    def _raw_label_values(self) -> list[int]:
+        """Label values the files may contain (before remapping); others are an error."""
+        return [int(v) for v in self.label_names]
+
+    def _label_mapping(self) -> tuple[list[int], list[int]] | None:
+        """``(original values, target values)`` to remap labels with, or None."""
+        return None
+
+    # ---- public API -----------------------------------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        """Number of classes including background (channels of the network output)."""
+        return len(self.label_names)
+
+    @property
+    def datalist_path(self) -> Path:
+        return self.output_dir / self.datalist_name
+
+    def datalist(self) -> dict[str, list[dict[str, str]]]:
+        """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split."""
+        if self._datalist is None:
+            info = {"source": self.source, "dataset_dir": self._dataset_root()}
+            self._datalist = load_or_create_datalist(self.datalist_path, self._find_cases(), self.split, self.seed, info)
+        return self._datalist
+
+    def preprocessing(self) -> Compose:
+        """The deterministic MONAI transform chain from file paths to preprocessed volumes (see the class docstring)."""
+        keys = ("image", "label")
+        mapping = self._label_mapping()
+        chain: list[Callable] = [
+            CheckedLoadImaged(keys, image_only=True),
+            EnsureChannelFirstd(keys),
+            ValidateSegmentationd("image", "label", allowed_labels=self._raw_label_values(),
+                                  label_description=f" of {self.source} ({self._label_convention()})"),
+        ]  # fmt: skip
+        if mapping is not None:
+            chain.append(MapLabelValued("label", orig_labels=mapping[0], target_labels=mapping[1]))
+        chain += [EnsureTyped(keys, dtype=torch.float32, track_meta=True), Orientationd(keys, axcodes="RAS", labels=RAS_LABELS)]
+        if self.spacing is not None:
+            # float32 resampling (the default is float64: twice the memory and time on CT-sized volumes)
+            chain.append(Spacingd(keys, pixdim=self.spacing, mode=("bilinear", "nearest"), dtype=torch.float32))
+        chain += self._intensity_transforms()
+        if self.crop_foreground:
+            chain.append(CropAroundForegroundd(keys, source_key="label", roi_size=self.roi_size))
+        chain.append(ResizeWithPadOrCropd(keys, spatial_size=self.roi_size))
+        return Compose(chain)
+
+    def volume_dataset(self, subset: str) -> CacheDataset:
+        """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"); built once."""
+        if subset not in SUBSETS:
+            raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
+        if subset not in self._volumes:
+            items = self.datalist()[subset]
+            if not items:
+                raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or another split")
+            logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
+            self._volumes[subset] = _CaseCheckedCacheDataset(
+                items, transform=self.preprocessing(), cache_rate=self.cache_rate,
+                num_workers=max(self.num_workers, 1), progress=False,
+                copy_cache=subset != "training",  # slices index the cache read-only; whole volumes are handed out
+            )  # fmt: skip
+        return self._volumes[subset]
+
+    def train_dataset(self, transform: Callable | None = None) -> SliceDataset:
+        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32."""
+        return SliceDataset(self.volume_dataset("training"), transform=transform)
+
+    def val_dataset(self) -> CacheDataset:
+        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
+        return self.volume_dataset("validation")
+
+    def test_dataset(self) -> CacheDataset:
+        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
+        return self.volume_dataset("test")
+
+    def _label_convention(self) -> str:
+        """How the label files encode classes, for error messages."""
+        return ", ".join(f"{k} {v}" for k, v in self.label_names.items())
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(source={self.source!r}, dataset_dir={self._dataset_root()!r}, "
+                f"num_classes={self.num_classes}, roi_size={self.roi_size}, spacing={self.spacing})")  # fmt: skip

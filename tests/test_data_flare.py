@@ -1,0 +1,211 @@
+"""FLARE component on tiny NIfTI files in the real download layouts: discovery, 13 -> 4 labels, split, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from calib_monai.data import FLARE, find_flare_cases, split_cases, split_sizes
+
+SHAPE = (12, 10, 6)
+AFFINE = np.diag([2.0, 2.0, 5.0, 1.0])
+# FLARE22 label value -> FLARE (liver 1, kidney 2, spleen 3, pancreas 4), written out by hand from the FLARE22 list:
+# 1 liver, 2 right kidney, 3 spleen, 4 pancreas, 5 aorta, 6 IVC, 7 RAG, 8 LAG, 9 gallbladder, 10 esophagus,
+# 11 stomach, 12 duodenum, 13 left kidney
+EXPECTED_FLARE = [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 2]
+
+
+def _save(array: np.ndarray, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(nib.Nifti1Image(array, AFFINE), str(path))
+    return path
+
+
+def _case(rng: np.random.Generator, max_label: int) -> tuple[np.ndarray, np.ndarray]:
+    image = rng.integers(-1000, 1000, SHAPE).astype(np.int16)
+    label = np.zeros(SHAPE, dtype=np.uint8)
+    label[2:10, 2:8, 1:5] = rng.integers(0, max_label + 1, (8, 6, 4))
+    return image, label
+
+
+def _flare21(root: Path, n: int = 3) -> Path:
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        image, label = _case(rng, 4)
+        _save(image, root / "TrainingImg" / f"train_{i:03d}_0000.nii.gz")
+        _save(label, root / "TrainingMask" / f"train_{i:03d}.nii.gz")
+    return root
+
+
+def _flare22(root: Path, n: int = 3, images: str = "imagesTr", labels: str = "labelsTr") -> Path:
+    rng = np.random.default_rng(1)
+    for i in range(1, n + 1):
+        image, label = _case(rng, 13)
+        _save(image, root / images / f"FLARE22_Tr_{i:04d}_0000.nii.gz")
+        _save(label, root / labels / f"FLARE22_Tr_{i:04d}.nii.gz")
+    return root
+
+
+def _raw(path: str) -> np.ndarray:
+    return np.asarray(nib.load(path).dataobj)
+
+
+def _component(root: Path, out: Path, **kwargs) -> FLARE:
+    # no resampling, ROI = whole volume: the preprocessed label must equal the mapped file voxel for voxel
+    options = dict(output_dir=out, roi_size=SHAPE, spacing=None, split=(1, 1, 1), window=(-1000, 1000))
+    return FLARE(str(root), **{**options, **kwargs})
+
+
+def test_flare21_layout_pairs_and_preprocesses(tmp_path):
+    layout, cases = find_flare_cases(_flare21(tmp_path / "FLARE21"))
+    assert layout == "flare21" and len(cases) == 3
+    assert all(Path(c["label"]).name == Path(c["image"]).name.replace("_0000", "") for c in cases)
+    data = _component(tmp_path / "FLARE21", tmp_path / "run")
+    assert data.source == "flare" and data.num_classes == 5
+    train = data.train_dataset()
+    assert len(train) == SHAPE[2]  # every axial slice of the one training volume
+    case = data.datalist()["training"][0]
+    volume = train.volumes[0]
+    np.testing.assert_array_equal(volume["label"][0].numpy(), _raw(case["label"]))  # FLARE21 labels unchanged
+    expected_image = (np.clip(_raw(case["image"]).astype(np.float32), -1000, 1000) + 1000) / 2000
+    np.testing.assert_allclose(volume["image"][0].numpy(), expected_image, atol=1e-6)
+    assert train[3]["image"].shape == (1, 12, 10) and torch.equal(train[3]["label"][0], volume["label"][0, :, :, 3])
+
+
+@pytest.mark.parametrize("images, labels", [("imagesTr", "labelsTr"), ("images", "labels")])
+def test_flare22_layout_maps_13_organs_to_4(tmp_path, images, labels):
+    root = _flare22(tmp_path / "FLARE22", images=images, labels=labels)
+    layout, cases = find_flare_cases(root)
+    assert layout == "flare22" and [Path(c["image"]).name for c in cases][0] == "FLARE22_Tr_0001_0000.nii.gz"
+    data = _component(root, tmp_path / "run")
+    for subset, dataset in (("validation", data.val_dataset()), ("test", data.test_dataset())):
+        raw = _raw(data.datalist()[subset][0]["label"])
+        assert len(np.unique(raw)) >= 12  # the file really holds (nearly) all 13 organs
+        mapped = dataset[0]["label"][0].numpy()
+        np.testing.assert_array_equal(mapped, np.take(EXPECTED_FLARE, raw))
+        assert dataset[0]["label"].meta["filename_or_obj"] == data.datalist()[subset][0]["label"]
+
+
+def test_flare_crop_is_centred_on_the_foreground_and_keeps_context(tmp_path):
+    root = tmp_path / "F"
+    image = np.arange(np.prod(SHAPE), dtype=np.int16).reshape(SHAPE)
+    label = np.zeros(SHAPE, dtype=np.uint8)
+    label[8:11, 0:2, 4:6] = 1  # bounding box x 8..10, y 0..1, z 4..5 -> centres 9, 1, 5 (end-exclusive: (8+11)//2...)
+    for i in range(3):
+        _save(image, root / "imagesTr" / f"c{i}.nii.gz")
+        _save(label, root / "labelsTr" / f"c{i}.nii.gz")
+    data = FLARE(str(root), output_dir=tmp_path / "run", roi_size=(4, 4, 2), spacing=None, split=(1, 1, 1),
+                 window=(0, 10000))  # fmt: skip
+    volume = data.val_dataset()[0]
+    # window start = clip(centre - roi // 2, 0, n - roi): x clip(9-2, 0, 8) = 7; y clip(1-2, 0, 6) = 0; z clip(5-1, 0, 4) = 4
+    np.testing.assert_allclose(volume["image"][0].numpy(), image[7:11, 0:4, 4:6] / 10000.0, rtol=1e-6)
+    assert int(volume["label"].sum()) == int(label.sum())  # the whole foreground is inside the window
+
+
+def test_split_sizes_keep_the_paper_ratio():
+    assert split_sizes(360) == (240, 40, 80)
+    assert split_sizes(361) == (241, 40, 80)
+    assert split_sizes(90) == (60, 10, 20)
+    assert split_sizes(12) == (8, 1, 3)  # round(12 * 40 / 360) = 1, round(12 * 80 / 360) = 3
+    assert split_sizes(3) == (1, 1, 1)
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_sizes(2)
+    cases = [{"image": f"i{k:03d}", "label": f"l{k:03d}"} for k in range(36)]
+    parts = split_cases(cases, (240, 40, 80), seed=7)
+    assert [len(parts[k]) for k in ("training", "validation", "test")] == [24, 4, 8]
+    assert sorted(c["image"] for part in parts.values() for c in part) == [c["image"] for c in cases]  # a partition
+    assert parts == split_cases(list(reversed(cases)), (240, 40, 80), seed=7)  # listing order does not matter
+    assert parts != split_cases(cases, (240, 40, 80), seed=8)
+
+
+def test_datalist_is_written_and_reused(tmp_path):
+    root = _flare21(tmp_path / "FLARE21", n=9)
+    first = _component(root, tmp_path / "run", split=(240, 40, 80), seed=0).datalist()
+    stored = json.loads((tmp_path / "run" / "datalist.json").read_text())
+    assert [len(stored[k]) for k in ("training", "validation", "test")] == [6, 1, 2]
+    assert stored["seed"] == 0 and stored["source"] == "flare" and stored["dataset_dir"] == str(root.resolve())
+    assert {k: stored[k] for k in first} == first
+    # a resumed run (even with another seed) keeps the stored split
+    assert _component(root, tmp_path / "run", split=(240, 40, 80), seed=123).datalist() == first
+    assert _component(root, tmp_path / "fresh", split=(240, 40, 80), seed=123).datalist() != first
+    with pytest.raises(ValueError, match="datalist.json was written for dataset_dir"):
+        _component(_flare21(tmp_path / "other", n=3), tmp_path / "run").datalist()
+    Path(first["test"][0]["image"]).unlink()
+    with pytest.raises(ValueError, match="no longer exist"):
+        _component(root, tmp_path / "run").datalist()
+
+
+def test_dataset_dir_missing_empty_or_unknown_lists_the_layouts(tmp_path):
+    with pytest.raises(ValueError, match=r"does not exist(.|\n)*TrainingImg(.|\n)*imagesTr"):
+        FLARE(str(tmp_path / "nowhere"), output_dir=tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no known FLARE layout(.|\n)*Found: nothing"):
+        FLARE(str(tmp_path / "empty"), output_dir=tmp_path / "run")
+    (tmp_path / "odd" / "scans").mkdir(parents=True)
+    (tmp_path / "odd" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"TrainingMask(.|\n)*Found: notes.txt, scans/"):
+        FLARE(str(tmp_path / "odd"), output_dir=tmp_path / "run")
+    (tmp_path / "bare" / "imagesTr").mkdir(parents=True)
+    (tmp_path / "bare" / "labelsTr").mkdir()
+    with pytest.raises(ValueError, match="no .nii/.nii.gz image files"):
+        FLARE(str(tmp_path / "bare"), output_dir=tmp_path / "run")
+
+
+def test_image_without_label_and_foreign_label_convention_are_errors(tmp_path):
+    root = _flare22(tmp_path / "F")
+    (root / "labelsTr" / "FLARE22_Tr_0002.nii.gz").unlink()
+    with pytest.raises(ValueError, match=r"FLARE22_Tr_0002_0000.nii.gz has no label(.|\n)*FLARE22_Tr_0002.nii.gz"):
+        FLARE(str(root), output_dir=tmp_path / "run")
+    root = _flare22(tmp_path / "AMOS")
+    (root / "dataset.json").write_text(json.dumps({"labels": {"0": "background", "1": "spleen", "2": "kidney right"}}))
+    with pytest.raises(ValueError, match="names label 1 'spleen'(.|\n)*MSDDataset"):
+        FLARE(str(root), output_dir=tmp_path / "run")
+
+
+def _bad_flare21(root: Path, spoil) -> str:
+    """Three good FLARE21 cases, then ``spoil(image_path, label_path)`` on train_001; returns the spoiled file."""
+    _flare21(root)
+    return spoil(root / "TrainingImg" / "train_001_0000.nii.gz", root / "TrainingMask" / "train_001.nii.gz")
+
+
+def _shape_mismatch(image, label):
+    _save(np.zeros((12, 10, 5), np.uint8), label)
+    return image.name
+
+
+def _foreign_label(image, label):
+    array = _raw(str(label)).copy()
+    array[0, 0, 0] = 7
+    _save(array, label)
+    return label.name
+
+
+def _nan_image(image, label):
+    array = _raw(str(image)).astype(np.float32)
+    array[3, 3, 3] = np.nan
+    _save(array, image)
+    return image.name
+
+
+def _truncated(image, label):
+    image.write_bytes(image.read_bytes()[:50])
+    return image.name
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [(_shape_mismatch, r"spatial shape \(12, 10, 6\)(.|\n)*has \(12, 10, 5\)"), (_foreign_label, r"values \[7\] outside"),
+     (_nan_image, "NaN"), (_truncated, "cannot read image")],
+)  # fmt: skip
+def test_bad_input_stops_with_an_error_naming_the_file(tmp_path, spoil, message):
+    name = _bad_flare21(tmp_path / "F", spoil)
+    data = _component(tmp_path / "F", tmp_path / "run")
+    with pytest.raises(ValueError, match=message) as info:
+        for subset in ("training", "validation", "test"):
+            data.volume_dataset(subset)
+    assert name in str(info.value)
