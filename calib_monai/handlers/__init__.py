@@ -3,4 +3,5 @@
 from __future__ import annotations
 
 from .alm import ALMUpdateHandler
+from .calibration import SegmentationCalibration
 from .training import EpochSummary, TrainingCheckpoint

@@ -1,0 +1,56 @@
+"""Ignite handler of ``SegmentationCalibrationMetric``, usable as key or additional metric of MONAI engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from monai.handlers import IgniteMetricHandler
+
+from calib_monai.metrics.calibration_metric import SegmentationCalibrationMetric
+
+__all__ = ["SegmentationCalibration"]
+
+
+class SegmentationCalibration(IgniteMetricHandler):
+    """Calibration error (ECE, CECE, TACE, ACE, NLL or Brier) of segmentation outputs over an evaluation epoch.
+
+    Wraps :class:`calib_monai.metrics.SegmentationCalibrationMetric` like ``monai.handlers.MeanDice`` wraps
+    ``DiceMetric``. Bundle config (evaluator output ``"pred"``: probabilities after softmax, ``"label"``: integer
+    labels ``B,1,...`` or one-hot)::
+
+        "key_val_metric": {"val_ece": {
+            "_target_": "calib_monai.handlers.SegmentationCalibration", "metric_name": "ece", "num_bins": 15,
+            "foreground": "gt", "output_transform": "$monai.handlers.from_engine(['pred', 'label'])"}},
+        "metric_cmp_fn": "$lambda current, best: current < best"
+
+    Calibration errors are lower-is-better: give the evaluator ``metric_cmp_fn`` as above so ``best_metric`` tracks
+    the minimum, and ``CheckpointSaver(..., save_key_metric=True, key_metric_negative_sign=True)`` so the checkpoint
+    with the lowest value is kept.
+
+    Args:
+        metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class.
+        output_transform: extracts ``(y_pred, y)`` from ``engine.state.output``.
+        save_details: store the metric buffer ``[per-volume values (N, 1), per-volume statistics (N, S)]`` in
+            ``engine.state.metric_details[name]``.
+    """
+
+    def __init__(
+        self,
+        metric_name: str = "ece",
+        num_bins: int = 15,
+        foreground: str = "gt",
+        reduction: str = "mean",
+        include_background: bool = True,
+        threshold: float = 1e-3,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = True,
+    ) -> None:
+        metric_fn = SegmentationCalibrationMetric(
+            metric_name=metric_name,
+            num_bins=num_bins,
+            foreground=foreground,
+            reduction=reduction,
+            include_background=include_background,
+            threshold=threshold,
+        )
+        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)

@@ -1,0 +1,57 @@
+"""Rankings of methods over a table of results: sum-rank, mean-case-rank and Friedman rank.
+
+Ranks are 1 for the best method; ties get the average of the ranks they span (``scipy.stats.rankdata``, "average").
+``higher_is_better`` says, per metric, which direction wins (DSC: True; HD, ASD, ECE, CECE, TACE: False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+
+__all__ = ["sum_rank", "mean_case_rank", "friedman_rank", "rank_methods"]
+
+
+def _direction(higher_is_better: bool | Sequence[bool], num_metrics: int) -> np.ndarray:
+    flags = np.broadcast_to(np.asarray(higher_is_better, dtype=bool), (num_metrics,))
+    return np.where(flags, -1.0, 1.0)
+
+
+def rank_methods(scores: np.ndarray, higher_is_better: bool | Sequence[bool]) -> np.ndarray:
+    """Ranks of methods (axis 0) for every column of ``scores (methods, metrics)``; 1 = best, ties averaged.
+
+    NaN scores (a method without a value) rank last.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be a (methods, metrics) table, got shape {scores.shape}.")
+    signed = scores * _direction(higher_is_better, scores.shape[1])[None, :]
+    signed = np.where(np.isnan(signed), np.inf, signed)
+    return rankdata(signed, method="average", axis=0)
+
+
+def sum_rank(scores: np.ndarray, higher_is_better: bool | Sequence[bool]) -> np.ndarray:
+    """Sum over metrics of each method's rank per metric (MRBrainS, Mendrik et al., Comput Intell Neurosci 2015;
+    MbLS Sec. 5): ``scores (methods, metrics)`` of mean values -> ``(methods,)``; lower is better."""
+    return rank_methods(scores, higher_is_better).sum(axis=1)
+
+
+def mean_case_rank(case_scores: np.ndarray, higher_is_better: bool | Sequence[bool]) -> np.ndarray:
+    """Mean-case-rank (ISLES, Maier et al., MedIA 2017; MbLS Sec. 5): for each case rank the methods on every
+    metric, average those ranks over the metrics (the method's rank for that case), then average over cases.
+
+    ``case_scores (methods, cases, metrics)`` -> ``(methods,)``; lower is better.
+    """
+    case_scores = np.asarray(case_scores, dtype=np.float64)
+    if case_scores.ndim != 3:
+        raise ValueError(f"case_scores must be (methods, cases, metrics), got shape {case_scores.shape}.")
+    per_case = [rank_methods(case_scores[:, c, :], higher_is_better).mean(axis=1) for c in range(case_scores.shape[1])]
+    return np.mean(per_case, axis=0)
+
+
+def friedman_rank(scores: np.ndarray, higher_is_better: bool | Sequence[bool]) -> np.ndarray:
+    """Friedman rank (Friedman, JASA 1937; CRaC Appendix B): ``1/m sum_i rank_i`` over the m evaluation settings
+    (metric x dataset columns of ``scores (methods, m)``) -> ``(methods,)``; lower is better."""
+    return rank_methods(scores, higher_is_better).mean(axis=1)

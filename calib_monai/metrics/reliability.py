@@ -1,0 +1,82 @@
+"""Reliability-diagram data (per-bin confidence, accuracy, count) and a PNG writer (matplotlib, optional extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._inputs import check_foreground, check_num_bins, prepare_inputs, select_voxels
+from .calibration import _cece_stats, _ece_stats
+
+__all__ = ["reliability_diagram_data", "save_reliability_diagram"]
+
+
+def reliability_diagram_data(
+    probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", classwise: bool = False
+) -> dict[str, np.ndarray]:
+    """Per-bin statistics of a reliability diagram (Niculescu-Mizil & Caruana, ICML 2005), pooled over volumes.
+
+    Top-label (``classwise=False``): bins of ``max_k p_k``, accuracy = fraction with ``argmax == y``; the ECE is
+    ``sum(count * |accuracy - confidence|) / sum(count)``. Classwise: one row per class k, bins of ``p_k``,
+    accuracy = fraction labelled k (the CECE's bins). Bins are ``(b / M, (b + 1) / M]`` as in ``ece``.
+
+    ``monai.metrics.calibration_binning`` computes the classwise rows for one-hot labels, but on every voxel, with
+    ``[lo, hi)`` (or ``right=True``) float32 edges and float32 counts; this function selects voxels first and counts
+    in int64 (the tests check both agree on small inputs).
+
+    Returns:
+        dict with ``"edges"`` ``(M + 1,)``, ``"confidence"`` and ``"accuracy"`` (NaN for empty bins) and ``"count"``
+        (int64), each ``(M,)`` or ``(C, M)`` for ``classwise=True``.
+    """
+    num_bins = check_num_bins(num_bins)
+    foreground = check_foreground(foreground)
+    p, y = prepare_inputs(probs, labels)
+    stats_fn = _cece_stats if classwise else _ece_stats
+    stats = sum(stats_fn(*select_voxels(p[b], y[b], foreground), num_bins) for b in range(p.shape[0]))
+    count = stats[..., 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        confidence = np.where(count > 0, stats[..., 1] / count, np.nan)
+        accuracy = np.where(count > 0, stats[..., 2] / count, np.nan)
+    return {
+        "edges": np.linspace(0.0, 1.0, num_bins + 1),
+        "confidence": confidence,
+        "accuracy": accuracy,
+        "count": count.astype(np.int64),
+    }
+
+
+def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, title: str | None = None) -> Path:
+    """Write a top-label reliability diagram (accuracy bars per bin, the diagonal, ECE in the legend) as PNG.
+
+    ``data`` is the output of ``reliability_diagram_data(..., classwise=False)``. matplotlib is imported here with
+    the Agg backend (install the ``plots`` extra); the figure is closed after saving.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("save_reliability_diagram needs matplotlib: pip install 'calib-monai[plots]'.") from e
+    if np.ndim(data["count"]) != 1:
+        shape = np.shape(data["count"])
+        raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
+    edges, count = np.asarray(data["edges"]), np.asarray(data["count"])
+    accuracy, confidence = np.nan_to_num(data["accuracy"]), np.nan_to_num(data["confidence"])
+    total = count.sum()
+    ece_value = float((count * np.abs(accuracy - confidence)).sum() / total) if total else float("nan")
+    width = np.diff(edges)
+    fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
+    ax.bar(edges[:-1], accuracy, width=width, align="edge", edgecolor="black", color="tab:blue", label="accuracy")
+    ax.bar(edges[:-1], confidence - accuracy, bottom=accuracy, width=width, align="edge", color="tab:red",
+           alpha=0.35, label="gap to confidence")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title or "Reliability diagram")
+    ax.legend(loc="upper left", title=f"ECE = {ece_value:.4f}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path

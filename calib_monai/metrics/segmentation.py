@@ -1,0 +1,109 @@
+"""Per-volume segmentation metrics through MONAI: Dice (DSC), 95% Hausdorff distance (HD95), average surface distance.
+
+``DiceMetric``, ``HausdorffDistanceMetric(percentile=95)`` and ``SurfaceDistanceMetric`` do the work; this module
+only builds one-hot inputs, passes the voxel spacing (distances in mm when it is known, in voxels otherwise) and
+applies a documented convention for classes absent from the ground truth:
+
+- ``empty_class="nan"`` (default): MONAI's ``ignore_empty`` behaviour made uniform: a class absent from the ground
+  truth gets NaN for every metric (left out of NaN-aware means);
+- ``empty_class="papers"``: the convention of the authors' evaluation (``shape_metrics`` in Bala93/CRac): a class
+  absent from the ground truth gets HD95 = ASD = 0 and DSC = 1 if it is also absent from the prediction (0 if
+  predicted).
+
+In both, a class present in the ground truth but absent from the prediction gets DSC = 0 and HD95 = ASD = inf.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
+from monai.networks.utils import one_hot
+
+__all__ = ["EMPTY_CLASS_CONVENTIONS", "segmentation_metrics_per_volume"]
+
+EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
+
+
+def _to_label_map(x: Any, name: str, num_classes: int | None) -> torch.Tensor:
+    t = torch.as_tensor(x.as_tensor() if hasattr(x, "as_tensor") else x).detach().cpu()
+    if t.ndim < 3:
+        raise ValueError(f"{name} must have shape (B, C, *spatial) or (B, 1, *spatial), got {tuple(t.shape)}.")
+    if t.shape[1] > 1:  # probabilities or one-hot: take the argmax class
+        return t.argmax(dim=1, keepdim=True)
+    if t.is_floating_point() and not torch.equal(t, t.round()):
+        raise ValueError(f"{name} with one channel must hold integer labels, got non-integral values.")
+    return t.long()
+
+
+def segmentation_metrics_per_volume(
+    pred: Any,
+    labels: Any,
+    num_classes: int | None = None,
+    spacing: float | Sequence[float] | Sequence[Sequence[float]] | None = None,
+    include_background: bool = False,
+    empty_class: str = "nan",
+    symmetric_surface_distance: bool = True,
+) -> dict[str, np.ndarray]:
+    """DSC, HD95 and ASD per volume and class.
+
+    Args:
+        pred: probabilities / one-hot ``(B, C, *spatial)`` (argmax taken) or a label map ``(B, 1, *spatial)``.
+        labels: label map ``(B, 1, *spatial)`` or one-hot ``(B, C, *spatial)``.
+        num_classes: C including background; needed when both inputs are label maps (else read from the channels).
+        spacing: voxel size (one value, one per spatial axis, or one sequence per volume) for distances in mm;
+            None measures in voxels. Passed to MONAI's metrics as ``spacing``.
+        include_background: also score class 0.
+        empty_class: ``"nan"`` or ``"papers"`` (see the module docstring).
+        symmetric_surface_distance: ASD averages both directions (ASSD, default) or only prediction -> ground truth.
+
+    Returns:
+        ``{"dice", "hd95", "asd"}``: arrays ``(B, K)`` with K = C (or C - 1 without background), float64.
+    """
+    if empty_class not in EMPTY_CLASS_CONVENTIONS:
+        raise ValueError(f"empty_class must be one of {EMPTY_CLASS_CONVENTIONS}, got {empty_class!r}.")
+    channels = [int(torch.as_tensor(x).shape[1]) for x in (pred, labels) if torch.as_tensor(x).ndim >= 3]
+    if num_classes is None:
+        num_classes = max(channels) if channels and max(channels) > 1 else None
+    if num_classes is None or num_classes < 2:
+        raise ValueError(f"num_classes must be given (>= 2) when pred and labels are label maps, got {num_classes}.")
+    pred_map, label_map = _to_label_map(pred, "pred", num_classes), _to_label_map(labels, "labels", num_classes)
+    if pred_map.shape != label_map.shape:
+        raise ValueError(
+            f"pred and labels describe different volumes: {tuple(pred_map.shape)} vs {tuple(label_map.shape)}."
+        )
+    for name, m in (("pred", pred_map), ("labels", label_map)):
+        if m.numel() and (int(m.min()) < 0 or int(m.max()) >= num_classes):
+            raise ValueError(f"{name} labels must lie in [0, {num_classes - 1}], got [{int(m.min())}, {int(m.max())}].")
+    p1h, y1h = one_hot(pred_map, num_classes), one_hot(label_map, num_classes)
+    kwargs = {} if spacing is None else {"spacing": spacing}
+    with warnings.catch_warnings():  # MONAI warns for every empty class; the convention below handles them
+        warnings.simplefilter("ignore")
+        dice = DiceMetric(include_background=include_background, reduction="none", ignore_empty=False)(p1h, y1h)
+        hd95 = HausdorffDistanceMetric(include_background=include_background, percentile=95, reduction="none")(
+            p1h, y1h, **kwargs
+        )
+        asd = SurfaceDistanceMetric(
+            include_background=include_background, symmetric=symmetric_surface_distance, reduction="none"
+        )(p1h, y1h, **kwargs)
+    first = 0 if include_background else 1
+    dims = tuple(range(2, y1h.ndim))
+    gt_absent = (y1h.sum(dim=dims) == 0)[:, first:].numpy()
+    pred_absent = (p1h.sum(dim=dims) == 0)[:, first:].numpy()
+    out = {k: v.double().cpu().numpy() for k, v in (("dice", dice), ("hd95", hd95), ("asd", asd))}
+    missed = ~gt_absent & pred_absent
+    for k in ("hd95", "asd"):
+        out[k][missed] = np.inf
+    out["dice"][missed] = 0.0
+    if empty_class == "nan":
+        for k in out:
+            out[k][gt_absent] = np.nan
+    else:
+        out["dice"][gt_absent] = np.where(pred_absent[gt_absent], 1.0, 0.0)
+        out["hd95"][gt_absent] = 0.0
+        out["asd"][gt_absent] = 0.0
+    return out
