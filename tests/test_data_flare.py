@@ -9,6 +9,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from monai.transforms import Invertd
 
 from calib_monai.data import FLARE, find_flare_cases, split_cases, split_sizes
 
@@ -20,9 +21,9 @@ AFFINE = np.diag([2.0, 2.0, 5.0, 1.0])
 EXPECTED_FLARE = [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 2]
 
 
-def _save(array: np.ndarray, path: Path) -> Path:
+def _save(array: np.ndarray, path: Path, affine: np.ndarray = AFFINE) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    nib.save(nib.Nifti1Image(array, AFFINE), str(path))
+    nib.save(nib.Nifti1Image(array, affine), str(path))
     return path
 
 
@@ -102,7 +103,8 @@ def test_flare_crop_is_centred_on_the_foreground_and_keeps_context(tmp_path):
     data = FLARE(str(root), output_dir=tmp_path / "run", roi_size=(4, 4, 2), spacing=None, split=(1, 1, 1),
                  window=(0, 10000))  # fmt: skip
     volume = data.val_dataset()[0]
-    # window start = clip(centre - roi // 2, 0, n - roi): x clip(9-2, 0, 8) = 7; y clip(1-2, 0, 6) = 0; z clip(5-1, 0, 4) = 4
+    # window start = clip(centre - roi // 2, 0, n - roi):
+    # x: clip(9 - 2, 0, 8) = 7; y: clip(1 - 2, 0, 6) = 0; z: clip(5 - 1, 0, 4) = 4
     np.testing.assert_allclose(volume["image"][0].numpy(), image[7:11, 0:4, 4:6] / 10000.0, rtol=1e-6)
     assert int(volume["label"].sum()) == int(label.sum())  # the whole foreground is inside the window
 
@@ -192,6 +194,11 @@ def _nan_image(image, label):
     return image.name
 
 
+def _fractional_label(image, label):
+    _save(_raw(str(label)).astype(np.float32) * 0.5, label)
+    return label.name
+
+
 def _truncated(image, label):
     image.write_bytes(image.read_bytes()[:50])
     return image.name
@@ -199,13 +206,35 @@ def _truncated(image, label):
 
 @pytest.mark.parametrize(
     "spoil, message",
-    [(_shape_mismatch, r"spatial shape \(12, 10, 6\)(.|\n)*has \(12, 10, 5\)"), (_foreign_label, r"values \[7\] outside"),
-     (_nan_image, "NaN"), (_truncated, "cannot read image")],
+    [
+        (_shape_mismatch, r"spatial shape \(12, 10, 6\)(.|\n)*has \(12, 10, 5\)"),
+        (_foreign_label, r"values \[7\] outside"),
+        (_nan_image, "NaN"),
+        (_truncated, "cannot read image"),
+        (_fractional_label, "non-integer values"),
+    ],
 )  # fmt: skip
-def test_bad_input_stops_with_an_error_naming_the_file(tmp_path, spoil, message):
+@pytest.mark.parametrize("cache_rate", [1.0, 0.0])
+def test_bad_input_stops_with_an_error_naming_the_file(tmp_path, spoil, message, cache_rate):
     name = _bad_flare21(tmp_path / "F", spoil)
-    data = _component(tmp_path / "F", tmp_path / "run")
+    data = _component(tmp_path / "F", tmp_path / "run", cache_rate=cache_rate)
     with pytest.raises(ValueError, match=message) as info:
         for subset in ("training", "validation", "test"):
-            data.volume_dataset(subset)
+            data.volume_dataset(subset)[0]  # cached: fails while caching; uncached: when the item is read
     assert name in str(info.value)
+
+
+def test_preprocessing_is_invertible_back_to_the_file_grid(tmp_path):
+    root = tmp_path / "F"
+    flipped = np.diag([-2.0, -2.0, 5.0, 1.0])  # stored LPS-like: RAS orientation flips two axes
+    label = np.zeros(SHAPE, dtype=np.uint8)
+    label[3:9, 2:6, 1:4] = 13  # left kidney, inside an 8 x 8 x 4 window
+    for i in range(3):
+        _save(np.full(SHAPE, 40, np.int16), root / "imagesTr" / f"c{i}.nii.gz", flipped)
+        _save(label, root / "labelsTr" / f"c{i}.nii.gz", flipped)
+    data = _component(root, tmp_path / "run", roi_size=(8, 8, 4))
+    volume = data.val_dataset()[0]
+    assert volume["label"].shape == (1, 8, 8, 4) and int((volume["label"] == 2).sum()) == int((label == 13).sum())
+    restored = Invertd("label", transform=data.preprocessing(), orig_keys="label", nearest_interp=True)(dict(volume))
+    np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
+    np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)

@@ -52,7 +52,8 @@ def test_training_slices_have_the_right_shapes_and_labels(hippocampus):
     for i in range(0, len(train), 7):
         item = train[i]
         assert item["image"].shape == (1, 64, 64) and item["label"].shape == (1, 64, 64)
-        assert item["image"].dtype == torch.float32 and 0.0 <= float(item["image"].min()) <= float(item["image"].max()) <= 1.0
+        assert item["image"].dtype == torch.float32
+        assert 0.0 <= float(item["image"].min()) <= float(item["image"].max()) <= 1.0
         labels |= set(item["label"].unique().tolist())
     assert labels == {0.0, 1.0, 2.0}
 
@@ -73,7 +74,7 @@ def test_volumes_are_min_max_normalised_and_padded_symmetrically(hippocampus):
 
 
 def test_percentile_normalisation_clips_to_the_volume_percentiles(few_cases_dir, tmp_path):
-    data = MSDDataset(few_cases_dir, output_dir=tmp_path, split=(4, 1, 1), intensity="percentile", roi_size=(-1, -1, -1))
+    data = MSDDataset(few_cases_dir, tmp_path, roi_size=(-1, -1, -1), split=(4, 1, 1), intensity="percentile")
     case, volume = data.datalist()["test"][0], data.test_dataset()[0]
     raw = np.asarray(nib.load(case["image"]).dataobj).astype(np.float64)
     low, high = np.percentile(raw, [0.5, 99.5])
@@ -88,10 +89,11 @@ def test_one_training_epoch_of_a_2d_unet_over_the_slices(hippocampus):
     losses = []
     trainer = SupervisedTrainer(
         device=torch.device("cpu"), max_epochs=1, train_data_loader=loader, network=network,
-        optimizer=torch.optim.Adam(network.parameters(), 1e-3), loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
+        optimizer=torch.optim.Adam(network.parameters(), 1e-3),
+        loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
         decollate=False,  # keep engine.state.output a dict holding the batch loss
     )  # fmt: skip
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: losses.append(engine.state.output["loss"].item()))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss"].item()))
     trainer.run()
     assert trainer.state.iteration == len(loader) == -(-len(hippocampus.train_dataset()) // 32)
     assert all(np.isfinite(losses)) and losses[0] > 0

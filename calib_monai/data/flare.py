@@ -32,10 +32,11 @@ class FLARE(VolumeSegmentationData):
     ``TrainingMask/`` (labels 0..4) and FLARE22 / MSD-style ``imagesTr/`` + ``labelsTr/`` (FLARE22's 13 organs,
     mapped by ``FLARE22_TO_FLARE``). Preprocessing follows the NACL journal's FLARE setup ("resampled to the same
     space and cropped to 192 x 192 x 30, from which 2D slices are obtained"; 240/40/80 split): RAS, resampling to
-    ``spacing``, the CT window ``window`` (HU) scaled to [0, 1] with clipping, ``x' = clip((x - lo) / (hi - lo), 0, 1)``,
-    and a ``roi_size`` window centred on the organs' bounding box. The paper gives neither spacing nor window; the
-    defaults (1.6 x 1.6 x 6 mm, the abdominal soft-tissue window W400/L40 = [-160, 240] HU) fit the organs of a
-    typical adult abdomen (about 270 x 180 x 180 mm) into 192 x 192 x 30 voxels.
+    ``spacing``, the CT window ``window = (lo, hi)`` (HU) scaled to [0, 1] with clipping,
+    ``x' = clip((x - lo) / (hi - lo), 0, 1)``, and a ``roi_size`` window centred on the organs' bounding box (from
+    the label, for every subset, as the paper's fixed crop). The paper gives neither spacing nor window; the defaults,
+    1.6 x 1.6 x 6 mm and the abdominal soft-tissue window W400/L40 = [-160, 240] HU, fit the organs of a typical
+    adult abdomen (about 270 x 180 x 180 mm) into 192 x 192 x 30 voxels.
 
     With ``dataset_dir=""`` (the bundle default) it trains on ``num_phantoms`` synthetic abdominal CT phantoms
     (``calib_monai.data.phantoms``), generated once into ``cache_dir`` in the FLARE22 layout and read back by the
@@ -99,7 +100,8 @@ class FLARE(VolumeSegmentationData):
     def phantom_root(self) -> Path:
         shape = "x".join(str(s) for s in self.phantom_shape)
         spacing = "x".join(f"{s:g}" for s in self.phantom_spacing)
-        return self.cache_dir / "flare_phantoms" / f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
+        name = f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
+        return self.cache_dir / "flare_phantoms" / name
 
     @property
     def label_names(self) -> dict[str, str]:

@@ -57,7 +57,7 @@ def _layout_error(dataset_dir: Path, problem: str) -> ValueError:
 
 
 def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
-    """Pair ``<case>_0000.nii.gz`` (nnU-Net/FLARE channel suffix) or ``<case>.nii.gz`` with ``label_dir/<case>.nii*``."""
+    """Pair ``<case>_0000.nii.gz`` (nnU-Net/FLARE channel suffix) or ``<case>.nii.gz`` with ``<case>.nii[.gz]``."""
     labels = {_strip_nifti(p.name): p for p in _nifti_files(label_dir)}
     cases = []
     for image in _nifti_files(image_dir):

@@ -122,24 +122,29 @@ def _wobble(rng: np.random.Generator, q: Sequence[np.ndarray], amplitude: float)
         direction = rng.standard_normal(3)
         direction *= rng.uniform(1.5, 3.0) / np.linalg.norm(direction)
         phase = rng.uniform(0, 2 * np.pi)
-        out = out + rng.uniform(0.3, 1.0) * amplitude * np.sin(q[0] * direction[0] + q[1] * direction[1] + q[2] * direction[2] + phase)
+        wave = np.sin(q[0] * direction[0] + q[1] * direction[1] + q[2] * direction[2] + phase)
+        out = out + rng.uniform(0.3, 1.0) * amplitude * wave
     return out
 
 
-def _ellipsoid(canvas: _Canvas, centre, radii, angle: float = 0.0, wobble: float = 0.06, taper: float = 0.0):
+def _ellipsoid(canvas: _Canvas, centre, radii, angle: float = 0.0, wobble: float = 0.06, taper: float = 0.0,
+               extruded: bool = False):  # fmt: skip
     """Approximate signed distance (mm) to a randomly deformed ellipsoid rotated by ``angle`` about z.
 
     ``d = (|q| - 1 - wobble(q)) * mean(radii)`` with ``q = R^T (x - c) / r``; ``taper`` thins the shape along +x
-    (used for the liver's wedge).
+    (used for the liver's wedge). ``extruded``: an elliptic cylinder along z (body, spine, vessels), computed on one
+    axial plane and broadcast, shape ``(nx, ny, 1)``.
     """
     radii = np.asarray(radii, dtype=np.float32)
     box = canvas.box(centre, radii * 1.35)
     x, y, z = canvas.grid(box)
+    if extruded:
+        box, z = (box[0], box[1], slice(None)), np.full((1, 1, 1), centre[2], dtype=np.float32)
     dx, dy, dz = x - centre[0], y - centre[1], z - centre[2]
     cos, sin = np.cos(angle), np.sin(angle)
     qx = (cos * dx + sin * dy) / radii[0]
     qy = (-sin * dx + cos * dy) / radii[1]
-    qz = dz / radii[2] + 0.0 * qx
+    qz = dz / radii[2]
     if taper:
         qy = qy / (1.0 - taper * _sigmoid(3.0 * qx))
     qx, qy, qz = np.broadcast_arrays(qx, qy, qz)
@@ -157,7 +162,8 @@ def _tube(canvas: _Canvas, points: np.ndarray, radius_start: float, radius_end: 
     for p, r in zip(points, radii):
         best = np.minimum(best, np.sqrt((x - p[0]) ** 2 + (y - p[1]) ** 2 + (z - p[2]) ** 2) - r)
     scale = float(np.linalg.norm(hi - lo)) / 2
-    return box, best - wobble_mm * _wobble(canvas.rng, ((x - lo[0]) / scale, (y - lo[1]) / scale, (z - lo[2]) / scale + 0 * best), 1.0)
+    q = np.broadcast_arrays((x - lo[0]) / scale, (y - lo[1]) / scale, (z - lo[2]) / scale)
+    return box, best - wobble_mm * _wobble(canvas.rng, q, 1.0)
 
 
 def phantom_spacing(shape: Sequence[int]) -> tuple[float, float, float]:
@@ -188,10 +194,10 @@ def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48
     shift = np.array([u(-10, 10), u(-10, 10), u(-12, 12)], dtype=np.float32)  # patient position in the scanner
 
     # body: elliptic abdomen, subcutaneous fat rim, visceral fat / bowel texture
-    body_r = np.array([u(150, 170), u(105, 125), 400.0])
-    box, d_body = _ellipsoid(cv, shift, body_r, wobble=0.02)
+    body_r = np.array([u(150, 170), u(105, 125), 100.0])
+    box, d_body = _ellipsoid(cv, shift, body_r, wobble=0.04, extruded=True)
     cv.paint(box, d_body, -100.0 + u(-10, 10), None)
-    texture = smooth_field(rng, cv.shape, coarse=(10, 10, 6))
+    texture = smooth_field(rng, cv.shape, coarse=(16, 16, 8))
     fat_hu, bowel_hu = u(-110, -80), u(25, 45)
     visceral = fat_hu + (bowel_hu - fat_hu) * _sigmoid(6.0 * (texture - u(-0.6, -0.2)))  # soft fat/bowel mix
     inner = _sigmoid(-(d_body + u(12, 20)) / cv.width)  # soft tissue inside the fat rim
@@ -199,12 +205,13 @@ def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48
 
     # vertebral body (bone, unlabelled) and the enhanced vessels (FLARE22 labels 5 aorta, 6 IVC)
     spine_c = shift + [0.0, -body_r[1] + 40.0, 0.0]
-    box, d = _ellipsoid(cv, spine_c, (u(18, 24), u(16, 22), 400.0), wobble=0.02)
+    box, d = _ellipsoid(cv, spine_c, (u(18, 24), u(16, 22), 100.0), wobble=0.02, extruded=True)
     cv.paint(box, d, u(350, 600), None)
     aorta_hu = u(140, 260)
-    box, d = _ellipsoid(cv, shift + [u(10, 20), -body_r[1] + 72.0, 0.0], (u(9, 13), u(9, 13), 400.0), wobble=0.01)
+    aorta_c, ivc_c = shift + [u(10, 20), -body_r[1] + 72.0, 0.0], shift + [u(-28, -18), -body_r[1] + 75.0, 0.0]
+    box, d = _ellipsoid(cv, aorta_c, (u(9, 13), u(9, 13), 100.0), wobble=0.01, extruded=True)
     cv.paint(box, d, aorta_hu, 5)
-    box, d = _ellipsoid(cv, shift + [u(-28, -18), -body_r[1] + 75.0, 0.0], (u(10, 14), u(8, 11), 400.0), wobble=0.03)
+    box, d = _ellipsoid(cv, ivc_c, (u(10, 14), u(8, 11), 100.0), wobble=0.03, extruded=True)
     cv.paint(box, d, aorta_hu - u(30, 80), 6)
 
     # kidneys (FLARE22: 2 right = patient's right = -x in RAS, 13 left), cortex brighter than medulla
@@ -221,7 +228,8 @@ def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48
     liver_hu = u(70, 120)
     box, d = _ellipsoid(cv, liver_c, (u(80, 92), u(68, 80), u(65, 78)), angle=u(-0.15, 0.15), wobble=0.07, taper=0.5)
     cv.paint(box, d, liver_hu + 6.0 * smooth_field(rng, d.shape, (3, 3, 3)), 1)
-    box, d = _ellipsoid(cv, liver_c + [u(20, 35), u(35, 50), u(-55, -40)], (u(14, 20), u(16, 22), u(22, 32)), wobble=0.05)
+    gallbladder_c = liver_c + [u(20, 35), u(35, 50), u(-55, -40)]
+    box, d = _ellipsoid(cv, gallbladder_c, (u(14, 20), u(16, 22), u(22, 32)), wobble=0.05)
     cv.paint(box, d, u(0, 25), 9)
 
     # spleen (3): patient's left, posterior-superior

@@ -123,8 +123,17 @@ class VolumeSegmentationData:
 
     datalist_name = "datalist.json"
 
-    def __init__(self, output_dir: str | os.PathLike, roi_size: Sequence[int], spacing: Sequence[float] | None,
-                 split: Sequence[int], seed: int, crop_foreground: bool, cache_rate: float, num_workers: int):  # fmt: skip
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int],
+        spacing: Sequence[float] | None,
+        split: Sequence[int],
+        seed: int,
+        crop_foreground: bool,
+        cache_rate: float,
+        num_workers: int,
+    ) -> None:
         if not output_dir:
             raise ValueError("output_dir must name the run's output folder (the datalist.json of the split goes there)")
         self.output_dir = Path(output_dir).expanduser()
@@ -143,6 +152,7 @@ class VolumeSegmentationData:
         self.num_workers = int(num_workers)
         self._datalist: dict[str, list[dict]] | None = None
         self._volumes: dict[str, CacheDataset] = {}
+        self._preprocessing: Compose | None = None
 
     # ---- subclass hooks -------------------------------------------------------------------------------------------
     source: str = ""
@@ -183,11 +193,21 @@ class VolumeSegmentationData:
         ``<output_dir>/datalist.json`` so a resumed run uses the same split."""
         if self._datalist is None:
             info = {"source": self.source, "dataset_dir": self._dataset_root()}
-            self._datalist = load_or_create_datalist(self.datalist_path, self._find_cases(), self.split, self.seed, info)
+            cases = self._find_cases()
+            self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed, info)
         return self._datalist
 
     def preprocessing(self) -> Compose:
-        """The deterministic MONAI transform chain from file paths to preprocessed volumes (see the class docstring)."""
+        """The deterministic MONAI transform chain from file paths to preprocessed volumes (see the class docstring).
+
+        Always the same instance, the one the datasets apply, so ``Invertd(keys, transform=data.preprocessing(),
+        orig_keys="label")`` can map a prediction back to the original image grid (MONAI matches transform ids).
+        """
+        if self._preprocessing is None:
+            self._preprocessing = self._build_preprocessing()
+        return self._preprocessing
+
+    def _build_preprocessing(self) -> Compose:
         keys = ("image", "label")
         mapping = self._label_mapping()
         chain: list[Callable] = [
@@ -198,7 +218,10 @@ class VolumeSegmentationData:
         ]  # fmt: skip
         if mapping is not None:
             chain.append(MapLabelValued("label", orig_labels=mapping[0], target_labels=mapping[1]))
-        chain += [EnsureTyped(keys, dtype=torch.float32, track_meta=True), Orientationd(keys, axcodes="RAS", labels=RAS_LABELS)]
+        chain += [
+            EnsureTyped(keys, dtype=torch.float32, track_meta=True),
+            Orientationd(keys, axcodes="RAS", labels=RAS_LABELS),
+        ]
         if self.spacing is not None:
             # float32 resampling (the default is float64: twice the memory and time on CT-sized volumes)
             chain.append(Spacingd(keys, pixdim=self.spacing, mode=("bilinear", "nearest"), dtype=torch.float32))
@@ -215,7 +238,8 @@ class VolumeSegmentationData:
         if subset not in self._volumes:
             items = self.datalist()[subset]
             if not items:
-                raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or another split")
+                raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or a split "
+                                 "with a non-zero count for it")  # fmt: skip
             logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
             self._volumes[subset] = _CaseCheckedCacheDataset(
                 items, transform=self.preprocessing(), cache_rate=self.cache_rate,
