@@ -123,6 +123,13 @@ def check_probabilities(p: np.ndarray) -> None:
         )
 
 
+def _gather_columns(p: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``p[:, index]``; torch's ``index_select`` is faster than numpy's ``take`` (and uses the intra-op threads)."""
+    if p.flags.writeable and all(stride >= 0 for stride in p.strides) and p.dtype in (np.float32, np.float64):
+        return torch.from_numpy(p).index_select(1, torch.from_numpy(index)).numpy()
+    return np.take(p, index, axis=1)
+
+
 def select_voxels(p: np.ndarray, y: np.ndarray, foreground: str) -> tuple[np.ndarray, np.ndarray]:
     """Voxels of one volume used by the calibration metrics: ``p (C, N)``, ``y (N,)`` -> ``(C, n)``, ``(n,)``.
 
@@ -136,7 +143,7 @@ def select_voxels(p: np.ndarray, y: np.ndarray, foreground: str) -> tuple[np.nda
         if foreground == "union":
             mask |= p.argmax(axis=0) != 0
         index = np.flatnonzero(mask)
-        p_sel, y_sel = np.take(p, index, axis=1), y[index]
+        p_sel, y_sel = _gather_columns(p, index), y[index]
     check_probabilities(p_sel)
     # Voxels left out have label 0 in every mode, so checking the selected labels checks them all.
     if y_sel.size:
