@@ -2,12 +2,19 @@
 
 - ``FLARE``: FLARE21/FLARE22 abdominal CT (liver, kidney, spleen, pancreas), synthetic phantoms by default;
 - ``MSDDataset``: any Medical Segmentation Decathlon style task folder;
-- both share ``VolumeSegmentationData`` (datalist -> MONAI preprocessing -> cached volumes -> 2D training slices).
+- ``image_datalist``, ``segmentation_and_confidence``: inference on unlabelled images (bundle ``inference.json``);
+- both components share ``VolumeSegmentationData``: datalist -> MONAI preprocessing -> cached volumes -> 2D slices.
 """
 
 from __future__ import annotations
 
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
+from calib_monai.data.inference import (
+    ConfidenceAndSegmentationd,
+    image_datalist,
+    inference_preprocessing,
+    segmentation_and_confidence,
+)
 from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
 from calib_monai.data.msd import MSDDataset
 from calib_monai.data.phantoms import generate_phantom, write_phantom_dataset
@@ -20,6 +27,7 @@ __all__ = [
     "FLARE_LABEL_NAMES",
     "FLARE_LAYOUTS",
     "CheckedLoadImaged",
+    "ConfidenceAndSegmentationd",
     "CropAroundForegroundd",
     "MSDDataset",
     "SliceDataset",
@@ -28,6 +36,9 @@ __all__ = [
     "find_flare_cases",
     "find_msd_cases",
     "generate_phantom",
+    "image_datalist",
+    "inference_preprocessing",
+    "segmentation_and_confidence",
     "split_cases",
     "split_sizes",
     "write_phantom_dataset",

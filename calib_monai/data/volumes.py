@@ -29,6 +29,7 @@ from monai.transforms import (
 )
 from torch.utils.data import Dataset
 
+from calib_monai.data.inference import inference_preprocessing
 from calib_monai.data.layouts import load_or_create_datalist
 from calib_monai.data.transforms import (
     CheckedLoadImaged,
@@ -230,6 +231,10 @@ class VolumeSegmentationData:
             chain.append(CropAroundForegroundd(keys, source_key="label", roi_size=self.roi_size))
         chain.append(ResizeWithPadOrCropd(keys, spatial_size=self.roi_size))
         return Compose(chain)
+
+    def inference_preprocessing(self) -> Compose:
+        """Image-only preprocessing for unlabelled images (no crop); see ``calib_monai.data.inference``."""
+        return inference_preprocessing(self)
 
     def volume_dataset(self, subset: str) -> CacheDataset:
         """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"); built once."""
