@@ -1,1 +1,30 @@
-"""Calibration losses, one per module (see each class docstring for its paper and formula)."""
+"""Calibration losses, one per module (see each class docstring for its paper and formula).
+
+All take logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``; inputs are
+checked by :func:`calib_monai.losses._inputs.prepare_inputs`. :mod:`calib_monai.losses.priors` holds the shared
+neighbourhood machinery (SVLS kernel, NACL prior, boundary mask).
+"""
+
+from __future__ import annotations
+
+from calib_monai.losses.ce_dice import CEDiceLoss
+from calib_monai.losses.ecp import ECPLoss
+from calib_monai.losses.focal import FocalLoss
+from calib_monai.losses.label_smoothing import LabelSmoothingLoss
+from calib_monai.losses.mbls import MbLSLoss
+from calib_monai.losses.nacl import NACLLoss
+from calib_monai.losses.priors import boundary_mask, class_proportion_prior, svls_kernel
+from calib_monai.losses.svls import SVLSLoss
+
+__all__ = [
+    "CEDiceLoss",
+    "ECPLoss",
+    "FocalLoss",
+    "LabelSmoothingLoss",
+    "MbLSLoss",
+    "NACLLoss",
+    "SVLSLoss",
+    "boundary_mask",
+    "class_proportion_prior",
+    "svls_kernel",
+]

@@ -1,0 +1,147 @@
+"""Input checks shared by every loss of :mod:`calib_monai.losses`.
+
+Every loss takes logits ``(B, C, H, W[, D])`` and integer labels laid out the way MONAI engines pass them,
+``(B, 1, H, W[, D])`` (possibly a float tensor holding integers, possibly a ``MetaTensor``), or ``(B, H, W[, D])``.
+:func:`prepare_inputs` checks both and returns plain tensors: logits unchanged (still in the autograd graph) and
+labels as ``int64`` of shape ``(B, H, W[, D])``. Bad input raises a ``ValueError`` naming what was seen and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["as_plain_tensor", "check_choice", "check_reduction", "prepare_inputs", "reduce_per_voxel"]
+
+
+def as_plain_tensor(x: torch.Tensor) -> torch.Tensor:
+    """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept.
+
+    Losses only need the values; dropping the subclass avoids MetaTensor's per-operation metadata bookkeeping.
+    """
+    return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
+
+
+def check_choice(name: str, value: str, options: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``options``, else raise a ValueError naming both."""
+    if value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}.")
+    return value
+
+
+def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
+    return check_choice("reduction", str(reduction), options)
+
+
+def _check_logits(logits: torch.Tensor, num_classes: int | None, spatial_dims: int | None) -> torch.Tensor:
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor of shape (B, C, H, W[, D]), got {type(logits).__name__}.")
+    logits = as_plain_tensor(logits)
+    if logits.ndim not in (4, 5):
+        raise ValueError(
+            f"logits must have shape (B, C, H, W) or (B, C, H, W, D) (4 or 5 dims), got shape {tuple(logits.shape)}."
+        )
+    if spatial_dims is not None and logits.ndim - 2 != spatial_dims:
+        raise ValueError(
+            f"logits must have {spatial_dims} spatial dims (shape with {spatial_dims + 2} dims), "
+            f"got shape {tuple(logits.shape)} ({logits.ndim - 2} spatial dims)."
+        )
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating point tensor, got dtype {logits.dtype}.")
+    n_channels = logits.shape[1]
+    if num_classes is not None and n_channels != num_classes:
+        raise ValueError(
+            f"logits must have {num_classes} channels (one per class), got {n_channels} channels "
+            f"in shape {tuple(logits.shape)}."
+        )
+    if n_channels < 2:
+        raise ValueError(
+            f"logits must have at least 2 channels (softmax over classes), got shape {tuple(logits.shape)}."
+        )
+    with torch.no_grad():
+        # a sum is non-finite whenever an element is (and, rarely, on overflow): check elements only then
+        if not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all()):
+            bad = logits[~torch.isfinite(logits)]
+            raise ValueError(
+                f"logits must be finite, got {bad.numel()} non-finite value(s) (first: {bad[0].item()}) "
+                f"in shape {tuple(logits.shape)}."
+            )
+    return logits
+
+
+def _check_labels(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    if not isinstance(labels, torch.Tensor):
+        labels = torch.as_tensor(labels)
+    labels = as_plain_tensor(labels).detach()
+    batch, n_classes, *spatial = logits.shape
+    expected = f"(B, 1, *spatial) = {(batch, 1, *spatial)} or (B, *spatial) = {(batch, *spatial)}"
+    if labels.ndim == logits.ndim and labels.shape[0] == batch and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    elif labels.ndim == logits.ndim and labels.shape[1] != 1:
+        raise ValueError(
+            f"labels must be class indices of shape {expected}, got shape {tuple(labels.shape)} "
+            f"(channel dim {labels.shape[1]}, expected 1; one-hot labels are not accepted)."
+        )
+    if tuple(labels.shape) != (batch, *spatial):
+        raise ValueError(
+            f"labels must have shape {expected} to match logits {tuple(logits.shape)}, got shape {tuple(labels.shape)}."
+        )
+    if labels.dtype == torch.bool:
+        labels = labels.long()
+    elif labels.is_floating_point():
+        # MONAI loaders often hand labels over as float tensors holding integers (NaN fails this test too)
+        not_integer = labels != torch.round(labels)
+        if bool(not_integer.any()):
+            bad = labels[not_integer]
+            raise ValueError(
+                f"labels must hold integer class indices, got {bad.numel()} non-integer value(s) "
+                f"(first: {bad[0].item()}) with dtype {labels.dtype}."
+            )
+        labels = labels.long()
+    else:
+        labels = labels.long()
+    if labels.device != logits.device:
+        labels = labels.to(logits.device)
+    lowest, highest = torch.aminmax(labels)
+    lowest_v, highest_v = int(lowest), int(highest)
+    if lowest_v < 0 or highest_v >= n_classes:
+        raise ValueError(
+            f"label values must lie in [0, {n_classes}) for logits with {n_classes} channels, "
+            f"got values in [{lowest_v}, {highest_v}]."
+        )
+    return labels
+
+
+def prepare_inputs(
+    logits: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None, spatial_dims: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check logits and labels and return them as plain tensors.
+
+    Args:
+        logits: ``(B, C, H, W)`` or ``(B, C, H, W, D)`` floating point, finite.
+        labels: class indices in ``[0, C)``, shape ``(B, 1, *spatial)`` or ``(B, *spatial)``; any integer, bool or
+            integer-valued float dtype; a ``MetaTensor`` is accepted.
+        num_classes: if given, the number of channels the logits must have.
+        spatial_dims: if given (2 or 3), the number of spatial dims the logits must have.
+
+    Returns:
+        ``(logits, labels)``: logits as a plain tensor in the autograd graph; labels as ``int64`` ``(B, *spatial)``
+        on the logits' device.
+
+    Raises:
+        ValueError: wrong rank, channel count or shape mismatch, non-integer or out-of-range labels, non-finite
+            logits. The message names the shape or value seen and the one expected.
+    """
+    logits = _check_logits(logits, num_classes, spatial_dims)
+    return logits, _check_labels(labels, logits)
+
+
+def reduce_per_voxel(per_voxel: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Reduce a ``(B, 1, *spatial)`` per-voxel loss map: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` (the map)."""
+    if reduction == "mean":
+        return per_voxel.mean()
+    if reduction == "sum":
+        return per_voxel.sum()
+    return per_voxel

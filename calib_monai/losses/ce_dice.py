@@ -1,0 +1,68 @@
+"""Cross-entropy + Dice, the usual segmentation baseline ("CE+DSC" in the NACL/CRaC papers)."""
+
+from __future__ import annotations
+
+import torch
+from monai.losses import DiceCELoss
+from torch.nn.modules.loss import _Loss
+
+from calib_monai.losses._inputs import check_reduction, prepare_inputs
+
+__all__ = ["CEDiceLoss"]
+
+
+class CEDiceLoss(_Loss):
+    """Cross-entropy plus soft Dice on softmax probabilities, built on ``monai.losses.DiceCELoss``.
+
+    .. math::
+        \\mathcal{L} = \\lambda_{CE} \\, \\mathrm{mean}_n(-\\log p_{n, y_n})
+            + \\lambda_{Dice} \\, \\mathrm{mean}_{b, c}\\left(1 - \\frac{2 \\sum_n p_{bnc} y_{bnc} + s_{nr}}
+            {\\sum_n p_{bnc} + \\sum_n y_{bnc} + s_{dr}}\\right)
+
+    with ``p = softmax(logits)``, ``y`` the one-hot labels, both weights 1 by default (Milletari et al., "V-Net",
+    3DV 2016 for the Dice term; used as the CE+DSC baseline of Murugesan et al., NACL, MICCAI 2023 / MedIA 2024).
+    The authors' code (``Bala93/MarginLoss``, ``calibrate/losses/dice.py``) keeps the background class in the Dice
+    term, hence ``include_background=True`` by default.
+
+    Args:
+        include_background: whether class 0 enters the Dice term (the CE term always covers every class).
+        lambda_dice: weight of the Dice term, >= 0.
+        lambda_ce: weight of the cross-entropy term, >= 0.
+        reduction: ``"mean"`` or ``"sum"`` (passed to ``DiceCELoss``; there is no per-voxel Dice).
+        smooth_nr: Dice numerator smoothing.
+        smooth_dr: Dice denominator smoothing.
+        batch: whether Dice sums over the batch before dividing.
+    """
+
+    def __init__(
+        self,
+        include_background: bool = True,
+        lambda_dice: float = 1.0,
+        lambda_ce: float = 1.0,
+        reduction: str = "mean",
+        smooth_nr: float = 1e-5,
+        smooth_dr: float = 1e-5,
+        batch: bool = False,
+    ) -> None:
+        super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
+        self.include_background = include_background
+        self.dice_ce = DiceCELoss(
+            include_background=include_background,
+            to_onehot_y=True,
+            softmax=True,
+            reduction=reduction,
+            smooth_nr=smooth_nr,
+            smooth_dr=smooth_dr,
+            batch=batch,
+            lambda_dice=lambda_dice,
+            lambda_ce=lambda_ce,
+        )
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            input: logits ``(B, C, H, W[, D])``.
+            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
+        """
+        logits, labels = prepare_inputs(input, target)
+        return self.dice_ce(logits, labels.unsqueeze(1))

@@ -1,0 +1,55 @@
+"""Margin-based label smoothing (MbLS)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.loss import _Loss
+
+from calib_monai.losses._inputs import check_choice, check_reduction, prepare_inputs, reduce_per_voxel
+
+__all__ = ["MbLSLoss"]
+
+
+class MbLSLoss(_Loss):
+    """Cross-entropy plus a hinge penalty on logit distances larger than a margin.
+
+    .. math::
+        \\mathcal{L} = \\mathrm{mean}_n(-\\log p_{n, y_n})
+            + \\alpha \\, \\mathrm{mean}_{n, c} \\, \\phi\\left(\\max_j l_{nj} - l_{nc} - m\\right),
+        \\qquad \\phi(x) = \\max(0, x) \\ (\\text{"l1"}) \\ \\text{or} \\ \\max(0, x)^2 \\ (\\text{"l2"})
+
+    Liu et al., "The Devil is in the Margin: Margin-based Label Smoothing for Network Calibration", CVPR 2022
+    (Eq. 8-9; ``m = 10``, ``alpha = 0.1``, the values of the CRaC experiments).
+
+    ``penalty="l2"`` is the squared hinge, the quadratic penalty of the same inequality constraint
+    ``max_j l_j - l_c <= m``. The reference code's L2 variant (``Bala93/MarginLoss``, ``logit_margin_l2.py``)
+    computes ``relu((d - m)^2) = (d - m)^2`` instead, which is two-sided: it also penalises distances *below* the
+    margin (pulling every distance towards exactly ``m``), which is not the inequality constraint.
+
+    Args:
+        margin: the margin ``m`` on logit distances.
+        alpha: weight of the penalty.
+        penalty: ``"l1"`` (hinge) or ``"l2"`` (squared hinge).
+        reduction: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` for the ``(B, 1, *spatial)`` map.
+    """
+
+    def __init__(self, margin: float = 10.0, alpha: float = 0.1, penalty: str = "l1", reduction: str = "mean") -> None:
+        super().__init__(reduction=check_reduction(reduction))
+        self.margin = float(margin)
+        self.alpha = float(alpha)
+        self.penalty = check_choice("penalty", penalty, ("l1", "l2"))
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            input: logits ``(B, C, H, W[, D])``.
+            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
+        """
+        logits, labels = prepare_inputs(input, target)
+        ce = F.cross_entropy(logits, labels, reduction="none").unsqueeze(1)
+        distance = logits.amax(dim=1, keepdim=True) - logits
+        hinge = F.relu(distance - self.margin)
+        if self.penalty == "l2":
+            hinge = hinge * hinge
+        return reduce_per_voxel(ce + self.alpha * hinge.mean(dim=1, keepdim=True), self.reduction)

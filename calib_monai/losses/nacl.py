@@ -1,0 +1,112 @@
+"""Neighbour-Aware CaLibration loss (NACL)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.loss import _Loss
+
+from calib_monai.losses._inputs import check_choice, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses.priors import BORDER_MODES, KERNEL_OPS, _check_kernel_size, class_proportion_prior
+
+__all__ = ["NACLLoss"]
+
+
+class NACLLoss(_Loss):
+    """Cross-entropy plus a penalty pulling the logits towards the class proportions of each voxel's neighbourhood.
+
+    .. math::
+        \\mathcal{L} = \\mathrm{mean}_n(-\\log p_{n, y_n})
+            + \\alpha \\, \\mathrm{mean}_n \\, \\frac{1}{Z} \\sum_{k=1}^{C} d\\left(\\tau_{nk}, l_{nk}\\right),
+        \\qquad d(a, b) = |a - b| \\ (\\text{"l1"}) \\ \\text{or} \\ (a - b)^2 \\ (\\text{"l2"})
+
+    with ``tau`` the prior of :func:`~calib_monai.losses.priors.class_proportion_prior` (mean over the ``3x3``
+    patch by default), ``l`` the logits (or the softmax with ``space="softmax"``), ``Z = C`` for
+    ``class_reduction="mean"`` (the authors' code and MONAI: a mean over voxels and classes, with ``alpha = 0.1``)
+    or ``Z = 1`` for ``"sum"`` (the paper's ``lambda sum_k |tau_k - l_k|``, Eq. 7 MICCAI / Eq. 9 journal).
+
+    Murugesan et al., "Trust your neighbours: Penalty-based constraints for model calibration", MICCAI 2023;
+    "Neighbor-Aware Calibration of Segmentation Networks with Penalty-Based Constraints", MedIA 2024.
+
+    The signature is a superset of ``monai.losses.NACLLoss``. With ``border="zeros"``, ``space="logits"``,
+    ``class_reduction="mean"`` and ``kernel_ops`` ``"mean"`` or ``"gaussian"`` it gives MONAI's value. Where MONAI
+    differs from the paper:
+
+    * border: MONAI filters the one-hot map with zero padding, so at the image border ``tau`` sums to less than 1
+      (a corner voxel's 3x3 mean sums to 4/9). The default ``border="background"`` counts outside voxels as class 0,
+      as the authors' code does (``nn.Unfold`` zero-pads the *label* map), so ``tau`` sums to 1 everywhere.
+    * ``"gaussian"`` is MONAI's ``GaussianFilter`` (erf-approximated, truncated at 4 sigma: 9 taps per axis for
+      sigma 1) and ignores ``kernel_size``; the authors' "gaussian" prior is the SVLS kernel over the ``k^dim``
+      patch, available here as ``kernel_ops="svls"``.
+    * MONAI accepts only ``(B, H, W[, D])`` integer targets; here MONAI-engine ``(B, 1, ...)`` labels work too.
+
+    The discrete priors ``"max"``, ``"min"``, ``"median"``, ``"mode"`` (MICCAI Table 3) are the one-hot encoding
+    of the largest / smallest / lower-median / most frequent class index in each ``k^dim`` window, as in the
+    authors' code; see :mod:`calib_monai.losses.priors`.
+
+    Args:
+        classes: number of classes ``C``.
+        dim: number of spatial dims, 2 or 3.
+        kernel_size: odd window size of the prior (>= 3 for ``"svls"``; unused by ``"gaussian"``).
+        kernel_ops: ``"mean"``, ``"gaussian"``, ``"svls"``, ``"max"``, ``"min"``, ``"median"`` or ``"mode"``.
+        distance_type: ``"l1"`` or ``"l2"`` (squared difference).
+        alpha: weight of the penalty (``lambda`` in the papers).
+        sigma: Gaussian standard deviation for ``"gaussian"`` and ``"svls"``.
+        border: ``"background"`` (default), ``"zeros"`` (MONAI) or ``"replicate"``.
+        space: constrain the ``"logits"`` (default, the paper) or the ``"softmax"`` probabilities (ablation).
+        class_reduction: ``"mean"`` (default) or ``"sum"`` over classes in the penalty.
+        reduction: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` for the ``(B, 1, *spatial)`` map.
+    """
+
+    def __init__(
+        self,
+        classes: int,
+        dim: int,
+        kernel_size: int = 3,
+        kernel_ops: str = "mean",
+        distance_type: str = "l1",
+        alpha: float = 0.1,
+        sigma: float = 1.0,
+        border: str = "background",
+        space: str = "logits",
+        class_reduction: str = "mean",
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(reduction=check_reduction(reduction))
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
+            raise ValueError(f"classes must be an integer >= 2, got {classes!r}.")
+        if dim not in (2, 3):
+            raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
+        self.kernel_ops = check_choice("kernel_ops", kernel_ops, KERNEL_OPS)
+        _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
+        if kernel_ops in ("gaussian", "svls") and not sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {sigma!r}.")
+        self.nc = classes
+        self.dim = dim
+        self.ks = kernel_size
+        self.distance_type = check_choice("distance_type", distance_type, ("l1", "l2"))
+        self.alpha = float(alpha)
+        self.sigma = float(sigma)
+        self.border = check_choice("border", border, BORDER_MODES)
+        self.space = check_choice("space", space, ("logits", "softmax"))
+        self.class_reduction = check_choice("class_reduction", class_reduction, ("mean", "sum"))
+
+    def get_constr_target(self, labels: torch.Tensor) -> torch.Tensor:
+        """The prior ``tau``, ``(B, C, *spatial)``, from ``(B, *spatial)`` int64 labels (name kept from MONAI)."""
+        return class_proportion_prior(labels, self.nc, self.ks, self.kernel_ops, self.border, self.sigma)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            input: logits ``(B, C, H, W[, D])``.
+            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
+        """
+        logits, labels = prepare_inputs(input, target, num_classes=self.nc, spatial_dims=self.dim)
+        log_p = F.log_softmax(logits, dim=1)
+        ce = -log_p.gather(1, labels.unsqueeze(1))
+        tau = class_proportion_prior(labels, self.nc, self.ks, self.kernel_ops, self.border, self.sigma, logits.dtype)
+        constrained = logits if self.space == "logits" else log_p.exp()
+        gap = constrained - tau
+        distance = gap.abs() if self.distance_type == "l1" else gap * gap
+        penalty = distance.mean(dim=1, keepdim=True) if self.class_reduction == "mean" else distance.sum(1, True)
+        return reduce_per_voxel(ce + self.alpha * penalty, self.reduction)

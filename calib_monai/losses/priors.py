@@ -1,0 +1,268 @@
+"""Neighbourhood machinery shared by the spatially-aware losses (SVLS, NACL, CRaC).
+
+* :func:`svls_kernel` -- the SVLS weights over a ``k^dim`` patch (Islam & Glocker, IPMI 2021).
+* :func:`class_proportion_prior` -- the class-proportion prior ``tau`` of NACL (Murugesan et al., MICCAI 2023 and
+  MedIA 2024), ``(B, C, *spatial)``, for every kernel op and border mode.
+* :func:`boundary_mask` -- ``(B, 1, *spatial)`` bool, True where the ``k^dim`` patch around a voxel holds more than
+  one class (CRaC's "outer" region; Murugesan et al., MICCAI 2024).
+
+All three take labels as ``int64`` class indices of shape ``(B, *spatial)`` (2D or 3D, e.g. from
+:func:`calib_monai.losses._inputs.prepare_inputs`), run under ``torch.no_grad()`` (targets need no gradient) and use
+whole-tensor window reductions (no Python loop over voxels).
+
+Border modes, i.e. what the voxels outside the image count as:
+
+* ``"background"``: class 0, as the authors' code does (``nn.Unfold`` zero-pads the label map). Each ``tau`` then
+  sums to the kernel's total weight (1 for mean and svls) at every voxel, borders included.
+* ``"zeros"``: nothing (MONAI's ``NACLLoss``: the one-hot map is zero-padded), so at the border ``tau`` sums to the
+  in-image part of the kernel, less than 1; for max/min/median/mode the window is the in-image part only.
+* ``"replicate"``: the nearest in-image label (SVLS).
+
+Discrete kernel ops (the priors of NACL MICCAI Table 3 / journal Sec. 4.2.4). The papers give no formula (the
+MICCAI paper defers to its supplement); in the authors' code (``Bala93/MarginLoss``,
+``calibrate/losses/spatial_adaptive_margin.py``) each takes the ``k^dim`` window of *label indices* around a voxel,
+reduces it with ``torch.max``/``min``/``median``/``mode`` and one-hot encodes the result, so ``tau`` is the one-hot of:
+
+* ``"max"``: the largest class index in the window (grey-level dilation of the label map);
+* ``"min"``: the smallest class index (erosion);
+* ``"median"``: the lower median of the window's class indices (``torch.median``: element ``(n - 1) // 2`` of the
+  sorted window, ``n`` its number of voxels);
+* ``"mode"``: the most frequent class, ties going to the smallest class index (as ``torch.mode`` does on CPU).
+
+These treat class indices as ordered, as the authors' code does. Here they are computed from per-class window counts
+and window max/min (separable shifted-view reductions), which give the same result without unfolding every window.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from monai.networks.layers.convutils import gaussian_1d
+
+from calib_monai.losses._inputs import check_choice as _check_option
+
+__all__ = ["BORDER_MODES", "KERNEL_OPS", "boundary_mask", "class_proportion_prior", "svls_kernel"]
+
+KERNEL_OPS = ("mean", "gaussian", "svls", "max", "min", "median", "mode")
+BORDER_MODES = ("background", "zeros", "replicate")
+
+
+def _check_kernel_size(kernel_size: int, minimum: int = 1) -> int:
+    is_int = isinstance(kernel_size, int) and not isinstance(kernel_size, bool)
+    if not is_int or kernel_size < minimum or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be an odd integer >= {minimum}, got {kernel_size!r}.")
+    return kernel_size
+
+
+def _check_dim(dim: int) -> int:
+    if dim not in (2, 3):
+        raise ValueError(f"dim (number of spatial dims) must be 2 or 3, got {dim!r}.")
+    return dim
+
+
+def _check_labels(labels: torch.Tensor) -> int:
+    if labels.ndim not in (3, 4) or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            "labels must be integer class indices of shape (B, H, W) or (B, H, W, D), "
+            f"got dtype {labels.dtype} and shape {tuple(labels.shape)}."
+        )
+    return labels.ndim - 1
+
+
+def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch.Tensor:
+    """The SVLS kernel: a Gaussian over a ``k^dim`` patch whose centre weighs 0.5 and whose neighbours share 0.5.
+
+    .. math::
+        w_c = 1/2, \\qquad w_i = \\frac{1}{2} \\frac{g_i}{\\sum_{j \\ne c} g_j}, \\qquad
+        g_i = \\exp\\left(-\\frac{\\lVert x_i - x_c \\rVert^2}{2 \\sigma^2}\\right)
+
+    Islam & Glocker, "Spatially Varying Label Smoothing: Capturing Uncertainty from Expert Annotations", IPMI 2021.
+    With sigma 1 and k 3 the weights are: 2D edge 0.0778, corner 0.0472; 3D face 0.0308, edge 0.0187, corner 0.0113.
+
+    Args:
+        kernel_size: odd patch size ``k >= 3``.
+        dim: 2 or 3.
+        sigma: Gaussian standard deviation, > 0.
+
+    Returns:
+        float32 tensor of shape ``(k,) * dim`` summing to 1.
+    """
+    _check_kernel_size(kernel_size, minimum=3)
+    _check_dim(dim)
+    if not sigma > 0:
+        raise ValueError(f"sigma must be > 0, got {sigma!r}.")
+    offsets = torch.arange(kernel_size, dtype=torch.float64) - kernel_size // 2
+    grids = torch.meshgrid(*([offsets] * dim), indexing="ij")
+    squared_distance = sum(g**2 for g in grids)
+    weights = torch.exp(-squared_distance / (2.0 * sigma**2))
+    centre = (kernel_size // 2,) * dim
+    weights[centre] = 0.0
+    weights = 0.5 * weights / weights.sum()
+    weights[centre] = 0.5
+    return weights.float()
+
+
+def _one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """``(B, *spatial)`` indices -> contiguous ``(B, C, *spatial)`` one-hot (scatter avoids F.one_hot's permute)."""
+    out = torch.zeros((labels.shape[0], num_classes, *labels.shape[1:]), dtype=dtype, device=labels.device)
+    return out.scatter_(1, labels.unsqueeze(1), 1.0)
+
+
+def _padded_one_hot(
+    labels: torch.Tensor, num_classes: int, radius: int, border: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """One-hot map padded by ``radius`` on every spatial side according to ``border``."""
+    dim = labels.ndim - 1
+    pad = [radius] * (2 * dim)
+    if radius == 0:
+        return _one_hot(labels, num_classes, dtype)
+    if border == "background":
+        return _one_hot(F.pad(labels, pad, value=0), num_classes, dtype)
+    if border == "zeros":
+        return F.pad(_one_hot(labels, num_classes, dtype), pad, value=0.0)
+    return F.pad(_one_hot(labels, num_classes, dtype), pad, mode="replicate")
+
+
+# Window filters below are "valid": the input is pre-padded according to the border mode. Box sums and window
+# max/min are separable passes of shifted-view adds/maxima, several times faster on CPU than stride-1
+# avg_pool/max_pool; weighted kernels use depthwise convolution.
+
+
+def _box_reduce(x: torch.Tensor, kernel_size: int, op: str) -> torch.Tensor:
+    """Sum, max or min over every ``k^dim`` window of a padded ``(B, C, *spatial)`` tensor."""
+    combine = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
+    for axis in range(2, x.ndim):
+        length = x.shape[axis] - kernel_size + 1
+        out = x.narrow(axis, 0, length)
+        for shift in range(1, kernel_size):
+            out = combine(out, x.narrow(axis, shift, length))
+        x = out
+    return x
+
+
+_CONV = {2: F.conv2d, 3: F.conv3d}
+
+
+def _depthwise_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Filter every channel of a padded ``(B, C, *spatial)`` tensor with the same ``kernel`` (valid conv)."""
+    channels, dim = x.shape[1], x.ndim - 2
+    weight = kernel.to(x).reshape(1, 1, *kernel.shape).expand(channels, *([-1] * (dim + 1))).contiguous()
+    return _CONV[dim](x, weight, groups=channels)
+
+
+def _first_argmax(counts: torch.Tensor) -> torch.Tensor:
+    """Argmax over dim 1, ties to the smallest index (a loop over classes: faster than argmax over a strided dim)."""
+    best = counts[:, 0]
+    index = torch.zeros_like(best, dtype=torch.long)
+    for c in range(1, counts.shape[1]):
+        better = counts[:, c] > best
+        index = torch.where(better, c, index)
+        best = torch.maximum(best, counts[:, c])
+    return index
+
+
+def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: str, border: str) -> torch.Tensor:
+    """The class index chosen by a discrete op in every window, ``(B, *spatial)`` int64."""
+    dim, radius = labels.ndim - 1, kernel_size // 2
+    pad = [radius] * (2 * dim)
+    if op in ("max", "min"):
+        x = labels.unsqueeze(1).float()
+        if border == "replicate":
+            x = F.pad(x, pad, mode="replicate")
+        else:
+            # "zeros" ignores outside voxels: pad with a value that can never win
+            fill = 0.0 if border == "background" else (-math.inf if op == "max" else math.inf)
+            x = F.pad(x, pad, value=fill)
+        return _box_reduce(x, kernel_size, op)[:, 0].long()
+    counts = _box_reduce(_padded_one_hot(labels, num_classes, radius, border, torch.float32), kernel_size, "sum")
+    if op == "mode":
+        return _first_argmax(counts)  # ties go to the smallest class
+    # lower median: the smallest class v with #(labels <= v) >= (n - 1) // 2 + 1
+    n_voxels = counts.sum(dim=1, keepdim=True)
+    threshold = torch.div(n_voxels - 1, 2, rounding_mode="floor") + 1
+    return (counts.cumsum(dim=1) < threshold).sum(dim=1)
+
+
+def class_proportion_prior(
+    labels: torch.Tensor,
+    num_classes: int,
+    kernel_size: int = 3,
+    kernel_ops: str = "mean",
+    border: str = "background",
+    sigma: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The NACL prior ``tau``: per-voxel class proportions in the neighbourhood of each voxel.
+
+    For the linear ops ``tau_k(p) = sum_{i in N(p)} w_i y_i^k`` (NACL MICCAI 2023, Sec. "Implementation details":
+    ``tau_k = sum_i y_i^k`` over a 3x3 patch, normalised), with weights ``w``:
+
+    * ``"mean"``: ``1 / k^dim`` over the ``k^dim`` patch (the paper's prior; MONAI's ``MeanFilter / k^dim``);
+    * ``"gaussian"``: MONAI's ``GaussianFilter`` (separable, erf-approximated, truncated at 4 sigma, so
+      ``2 * int(4 sigma + 0.5) + 1`` taps per axis; ``kernel_size`` is not used), as in ``monai.losses.NACLLoss``;
+    * ``"svls"``: :func:`svls_kernel` over the ``k^dim`` patch (what the authors' code calls "gaussian").
+
+    For the discrete ops ``"max"``, ``"min"``, ``"median"``, ``"mode"``, ``tau`` is the one-hot encoding of the class
+    chosen in each ``k^dim`` window (see the module docstring).
+
+    Args:
+        labels: ``(B, H, W)`` or ``(B, H, W, D)`` int64 class indices in ``[0, num_classes)`` (not re-checked).
+        num_classes: number of classes ``C``.
+        kernel_size: odd window size (>= 3 for ``"svls"``).
+        kernel_ops: one of :data:`KERNEL_OPS`.
+        border: one of :data:`BORDER_MODES` (see the module docstring).
+        sigma: Gaussian standard deviation for ``"gaussian"`` and ``"svls"``.
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(B, C, *spatial)`` tensor of ``dtype``, without gradient.
+    """
+    dim = _check_labels(labels)
+    kernel_ops = _check_option("kernel_ops", kernel_ops, KERNEL_OPS)
+    border = _check_option("border", border, BORDER_MODES)
+    _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes!r}.")
+    with torch.no_grad():
+        if kernel_ops in ("max", "min", "median", "mode"):
+            return _one_hot(_window_index(labels, num_classes, kernel_size, kernel_ops, border), num_classes, dtype)
+        if kernel_ops == "gaussian":
+            taps = gaussian_1d(torch.tensor(float(sigma)), truncated=4.0, approx="erf").to(labels.device)
+            x = _padded_one_hot(labels, num_classes, taps.numel() // 2, border, dtype)
+            for axis in range(dim):  # separable: one 1D pass per spatial axis
+                shape = [1] * dim
+                shape[axis] = -1
+                x = _depthwise_conv(x, taps.reshape(shape))
+            return x
+        x = _padded_one_hot(labels, num_classes, kernel_size // 2, border, dtype)
+        if kernel_ops == "mean":
+            return _box_reduce(x, kernel_size, "sum") / kernel_size**dim
+        return _depthwise_conv(x, svls_kernel(kernel_size, dim, sigma))
+
+
+def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "background") -> torch.Tensor:
+    """True where the ``k^dim`` window around a voxel holds more than one class (window max != window min).
+
+    This is CRaC's region split (Murugesan et al., "Class and Region-Adaptive Constraints for Network Calibration",
+    MICCAI 2024): a voxel whose patch holds one class is "inner", otherwise "outer"/boundary. It is decided exactly
+    from the labels (the authors' code tests a floating point sum of deviations from the window mean instead).
+
+    Args:
+        labels: ``(B, H, W)`` or ``(B, H, W, D)`` int64 class indices.
+        kernel_size: odd window size.
+        border: one of :data:`BORDER_MODES`; with ``"background"`` a foreground voxel whose window leaves the image
+            is a boundary voxel, with ``"zeros"`` or ``"replicate"`` outside voxels add no class.
+
+    Returns:
+        ``(B, 1, *spatial)`` bool tensor.
+    """
+    _check_labels(labels)
+    _check_kernel_size(kernel_size)
+    border = _check_option("border", border, BORDER_MODES)
+    with torch.no_grad():
+        # max/min need no class count
+        highest = _window_index(labels, 0, kernel_size, "max", border)
+        lowest = _window_index(labels, 0, kernel_size, "min", border)
+        return (highest != lowest).unsqueeze(1)
