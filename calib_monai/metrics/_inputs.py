@@ -124,10 +124,8 @@ def check_probabilities(p: np.ndarray) -> None:
 
 
 def _gather_columns(p: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``p[:, index]``; torch's ``index_select`` is faster than numpy's ``take`` (and uses the intra-op threads)."""
-    if p.flags.writeable and all(stride >= 0 for stride in p.strides) and p.dtype in (np.float32, np.float64):
-        return torch.from_numpy(p).index_select(1, torch.from_numpy(index)).numpy()
-    return np.take(p, index, axis=1)
+    """``p[:, index]`` for valid sorted indices; ``mode="clip"`` skips the bounds checks (2x faster than "raise")."""
+    return np.take(p, index, axis=1, mode="clip")
 
 
 def select_voxels(p: np.ndarray, y: np.ndarray, foreground: str) -> tuple[np.ndarray, np.ndarray]:
