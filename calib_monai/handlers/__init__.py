@@ -4,4 +4,5 @@ from __future__ import annotations
 
 from .alm import ALMUpdateHandler
 from .calibration import SegmentationCalibration
+from .report import SegmentationReport
 from .training import EpochSummary, TrainingCheckpoint

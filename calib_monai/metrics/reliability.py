@@ -70,8 +70,9 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
     width = np.diff(edges)
     fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
     ax.bar(edges[:-1], accuracy, width=width, align="edge", edgecolor="black", color="tab:blue", label="accuracy")
-    ax.bar(edges[:-1], confidence - accuracy, bottom=accuracy, width=width, align="edge", color="tab:red",
-           alpha=0.35, label="gap to confidence")
+    # the gap between accuracy and mean confidence, over- (confidence above) or under-confident (below)
+    ax.bar(edges[:-1], np.abs(confidence - accuracy), bottom=np.minimum(accuracy, confidence), width=width,
+           align="edge", facecolor="none", edgecolor="tab:red", hatch="//", label="gap to confidence")
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title or "Reliability diagram")
     ax.legend(loc="upper left", title=f"ECE = {ece_value:.4f}")

@@ -1,0 +1,158 @@
+"""Per-volume evaluation report of an evaluator run: CSV, summary and reliability diagram."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ignite.engine import Engine, Events
+
+from calib_monai.metrics import brier, cece, ece, nll, reliability_diagram_data, save_reliability_diagram, tace
+from calib_monai.metrics.segmentation import segmentation_metrics_per_volume
+
+__all__ = ["SegmentationReport"]
+
+CALIBRATION_COLUMNS = {"ece": ece, "cece": cece, "tace": tace}
+
+
+def _case_name(item: dict[str, Any], index: int) -> str:
+    meta = getattr(item.get("image"), "meta", {}) or {}
+    name = meta.get("filename_or_obj")
+    return os.path.basename(str(name)) if name else f"volume_{index:04d}"
+
+
+def _spacing(item: dict[str, Any]) -> list[float] | None:
+    """Voxel size (mm) of the evaluated grid, from the affine of the (preprocessed) image; None when unknown."""
+    affine = getattr(item.get("image"), "affine", None)
+    if affine is None:
+        return None
+    affine = torch.as_tensor(affine, dtype=torch.float64)
+    return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
+
+
+class SegmentationReport:
+    """Evaluate every volume an evaluator sees and write the papers' metrics to ``output_dir``.
+
+    Reads, per volume of ``engine.state.output`` (MONAI evaluators decollate batches into a list of dicts):
+    ``prob_key`` softmax probabilities ``(C, *spatial)``, ``pred_key`` the one-hot or label-map prediction and
+    ``label_key`` the ground truth (one-hot or label map). Writes at the end of the run:
+
+    * ``metrics.csv``: one row per volume: DSC, HD95 and ASD per foreground class (mm when the image affine
+      gives the spacing) and their means; ECE, CECE and TACE on ground-truth foreground voxels (the papers) and on
+      prediction-or-ground-truth foreground voxels (``*_union``, the NACL journal's Sec. 4.2.8); NLL and Brier on
+      ground-truth foreground voxels;
+    * ``summary.json``: mean and standard deviation over volumes of every column (the papers' reduction: the
+      unweighted mean over volumes; NaN entries, e.g. an absent class, are left out), and the settings;
+    * ``reliability.png``: the top-label reliability diagram pooled over all ground-truth foreground voxels.
+
+    Args:
+        output_dir: folder of the three files.
+        label_names: ``{"0": "background", "1": ...}``: class names for the columns.
+        num_bins: bins of the calibration metrics.
+        empty_class: ``"nan"`` or ``"papers"`` (DSC 1 / HD 0 for a class absent from both), see
+            :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        label_names: dict[str, str],
+        num_bins: int = 15,
+        empty_class: str = "nan",
+        prob_key: str = "prob",
+        pred_key: str = "pred",
+        label_key: str = "label",
+        logger_name: str = "calib_monai",
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.class_names = [label_names[k] for k in sorted(label_names, key=int)]
+        self.num_bins = num_bins
+        self.empty_class = empty_class
+        self.keys = (prob_key, pred_key, label_key)
+        self.logger = logging.getLogger(logger_name)
+        self.rows: list[dict[str, Any]] = []
+        self._bins = np.zeros((3, num_bins), dtype=np.float64)  # count, sum of confidence, sum of accuracy
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._reset)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._add_batch)
+        engine.add_event_handler(Events.COMPLETED, self.write)
+
+    def _reset(self, engine: Engine) -> None:
+        self.rows, self._bins = [], np.zeros_like(self._bins)
+
+    def _add_batch(self, engine: Engine) -> None:
+        output = engine.state.output
+        for item in output if isinstance(output, list) else [output]:
+            self.rows.append(self.evaluate_volume(item, len(self.rows)))
+
+    def evaluate_volume(self, item: dict[str, Any], index: int = 0) -> dict[str, Any]:
+        """The CSV row of one volume (and its reliability bins added to the pooled diagram)."""
+        prob_key, pred_key, label_key = self.keys
+        prob = torch.as_tensor(item[prob_key]).detach().cpu().float()[None]
+        label = torch.as_tensor(item[label_key]).detach().cpu()
+        label = label.argmax(0, keepdim=True) if label.shape[0] > 1 else label
+        label = label[None].long()
+        pred = torch.as_tensor(item[pred_key]).detach().cpu()[None]
+        row: dict[str, Any] = {"case": _case_name(item, index)}
+        seg = segmentation_metrics_per_volume(pred, label, num_classes=prob.shape[1], spacing=_spacing(item),
+                                              empty_class=self.empty_class)  # fmt: skip
+        for metric, values in seg.items():
+            for name, value in zip(self.class_names[1:], values[0]):
+                row[f"{metric}_{name}"] = float(value)
+            row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
+        for foreground, suffix in (("gt", ""), ("union", "_union")):
+            for column, fn in CALIBRATION_COLUMNS.items():
+                row[column + suffix] = fn(prob, label, num_bins=self.num_bins, foreground=foreground)
+        row["nll"] = nll(prob, label, foreground="gt")
+        row["brier"] = brier(prob, label, foreground="gt")
+        bins = reliability_diagram_data(prob, label, num_bins=self.num_bins, foreground="gt")
+        count = bins["count"].astype(np.float64)
+        self._bins += np.stack([count, np.nan_to_num(bins["confidence"]) * count, np.nan_to_num(bins["accuracy"]) * count])
+        return row
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        columns = [c for c in self.rows[0] if c != "case"] if self.rows else []
+        out = {}
+        for column in columns:
+            values = np.array([row[column] for row in self.rows], dtype=np.float64)
+            finite = values[np.isfinite(values)]
+            out[column] = {
+                "mean": float(finite.mean()) if finite.size else float("nan"),
+                "std": float(finite.std()) if finite.size else float("nan"),
+                "volumes": int(finite.size),
+            }
+        return out
+
+    def write(self, engine: Engine | None = None) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if not self.rows:
+            self.logger.warning(f"SegmentationReport: no volumes were evaluated; nothing written to {self.output_dir}")
+            return
+        with open(self.output_dir / "metrics.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            writer.writeheader()
+            writer.writerows(self.rows)
+        summary = self.summary()
+        settings = {"volumes": len(self.rows), "num_bins": self.num_bins, "empty_class": self.empty_class,
+                    "classes": self.class_names}  # fmt: skip
+        (self.output_dir / "summary.json").write_text(json.dumps({"settings": settings, "metrics": summary}, indent=2))
+        count, conf_sum, acc_sum = self._bins
+        with np.errstate(invalid="ignore", divide="ignore"):
+            data = {
+                "edges": np.linspace(0.0, 1.0, self.num_bins + 1),
+                "count": count.astype(np.int64),
+                "confidence": np.where(count > 0, conf_sum / count, np.nan),
+                "accuracy": np.where(count > 0, acc_sum / count, np.nan),
+            }
+        save_reliability_diagram(data, self.output_dir / "reliability.png", title=f"Reliability ({len(self.rows)} volumes)")
+        headline = ", ".join(
+            f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace") if k in summary
+        )
+        self.logger.info(f"evaluated {len(self.rows)} volume(s): {headline}; per-volume metrics in {self.output_dir}")
