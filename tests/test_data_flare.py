@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import nibabel as nib
@@ -125,15 +126,19 @@ def test_split_sizes_keep_the_paper_ratio():
     assert parts != split_cases(cases, (240, 40, 80), seed=8)
 
 
-def test_datalist_is_written_and_reused(tmp_path):
+def test_datalist_is_written_and_reused(tmp_path, caplog):
     root = _flare21(tmp_path / "FLARE21", n=9)
     first = _component(root, tmp_path / "run", split=(240, 40, 80), seed=0).datalist()
     stored = json.loads((tmp_path / "run" / "datalist.json").read_text())
     assert [len(stored[k]) for k in ("training", "validation", "test")] == [6, 1, 2]
     assert stored["seed"] == 0 and stored["source"] == "flare" and stored["dataset_dir"] == str(root.resolve())
     assert {k: stored[k] for k in first} == first
-    # a resumed run (even with another seed) keeps the stored split
-    assert _component(root, tmp_path / "run", split=(240, 40, 80), seed=123).datalist() == first
+    # a resumed run (even with another seed, or after cases were added) keeps the stored split, with a warning
+    _save(np.zeros(SHAPE, np.int16), root / "TrainingImg" / "train_100_0000.nii.gz")
+    _save(np.zeros(SHAPE, np.uint8), root / "TrainingMask" / "train_100.nii.gz")
+    with caplog.at_level(logging.WARNING, logger="calib_monai"):
+        assert _component(root, tmp_path / "run", split=(240, 40, 80), seed=123).datalist() == first
+    assert "lists 9 cases but 10 are found" in caplog.text and "seed 0" in caplog.text
     assert _component(root, tmp_path / "fresh", split=(240, 40, 80), seed=123).datalist() != first
     with pytest.raises(ValueError, match="datalist.json was written for dataset_dir"):
         _component(_flare21(tmp_path / "other", n=3), tmp_path / "run").datalist()

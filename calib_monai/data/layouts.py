@@ -199,6 +199,10 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
                 if not (Path(item["image"]).is_file() and Path(item["label"]).is_file()):
                     raise ValueError(f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
                                      f"restore the data or delete {path} to split again")  # fmt: skip
+        stored_images = {item["image"] for key in ("training", "validation", "test") for item in stored.get(key, [])}
+        if stored_images != {case["image"] for case in cases}:
+            logger.warning("%s lists %d cases but %d are found now: reusing the stored split; delete the file to "
+                           "split the current cases", path, len(stored_images), len(cases))  # fmt: skip
         if stored.get("seed") != int(seed) or list(stored.get("split", [])) != [int(s) for s in split]:
             logger.warning("reusing the split in %s (seed %s, split %s), not seed %s, split %s",
                            path, stored.get("seed"), stored.get("split"), seed, list(split))  # fmt: skip

@@ -7,6 +7,7 @@ from collections.abc import Hashable, Iterable, Mapping
 import numpy as np
 import torch
 from monai.config import KeysCollection
+from monai.data import MetaTensor
 from monai.transforms import InvertibleTransform, LoadImaged, MapTransform
 from monai.transforms.croppad.array import Crop
 
@@ -18,6 +19,11 @@ __all__ = [
     "case_filename",
     "unwrap_case_error",
 ]
+
+
+def _plain(x) -> torch.Tensor:
+    """The tensor without MetaTensor tracking: checks need no meta data, and skip its per-operation overhead."""
+    return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
 
 
 class CaseDataError(ValueError):
@@ -96,14 +102,14 @@ class ValidateSegmentationd(MapTransform):
                 f"label {label_file} has {label.shape[0]} channels; expected one channel of integer class values "
                 "(not one-hot)"
             )
-        finite = torch.isfinite(torch.as_tensor(image))
+        finite = torch.isfinite(_plain(image))
         if not bool(finite.all()):
             bad = int((~finite).sum())
             raise CaseDataError(
                 f"image {image_file} has {bad} NaN/Inf voxel(s); fix or remove the case (e.g. replace them by the "
                 "background intensity before training)"
             )
-        labels = torch.as_tensor(label).detach().reshape(-1)
+        labels = _plain(label).detach().reshape(-1)
         rounded = labels.round()
         if not torch.equal(labels, rounded):
             odd = labels[labels != rounded].unique()[:5].tolist()
@@ -146,7 +152,7 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
         shape = source.shape[1:]
         if len(self.roi_size) != len(shape):
             raise ValueError(f"roi_size {tuple(self.roi_size)} has {len(self.roi_size)} axes, the image {len(shape)}")
-        foreground = torch.as_tensor(source).detach().gt(0).any(0)
+        foreground = _plain(source).detach().gt(0).any(0)
         start, end = [], []
         for axis in range(foreground.ndim):  # bounding box from per-axis projections (cheaper than MONAI's generic one)
             hits = foreground.any(dim=[a for a in range(foreground.ndim) if a != axis]).nonzero().reshape(-1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -61,6 +62,21 @@ class _CaseCheckedCacheDataset(CacheDataset):
             return super()._transform(index)
         except RuntimeError as err:
             raise (unwrap_case_error(err) or err) from None
+
+
+@contextmanager
+def _single_threaded_torch():
+    """Run the caching with one intra-op thread, then restore the setting.
+
+    Preprocessing is many small tensor operations; on a busy 2-core machine their thread hand-offs dominate
+    (measured: 0.24 s vs 0.025 s per Hippocampus volume, 0.42 s vs 0.22 s per 240x240x40 phantom).
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _plain(x) -> torch.Tensor:
@@ -246,11 +262,12 @@ class VolumeSegmentationData:
                 raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or a split "
                                  "with a non-zero count for it")  # fmt: skip
             logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
-            self._volumes[subset] = _CaseCheckedCacheDataset(
-                items, transform=self.preprocessing(), cache_rate=self.cache_rate,
-                num_workers=max(self.num_workers, 1), progress=False,
-                copy_cache=subset != "training",  # slices index the cache read-only; whole volumes are handed out
-            )  # fmt: skip
+            with _single_threaded_torch():
+                self._volumes[subset] = _CaseCheckedCacheDataset(
+                    items, transform=self.preprocessing(), cache_rate=self.cache_rate,
+                    num_workers=max(self.num_workers, 1), progress=False,
+                    copy_cache=subset != "training",  # slices index the cache read-only; whole volumes are handed out
+                )  # fmt: skip
         return self._volumes[subset]
 
     def train_dataset(self, transform: Callable | None = None) -> SliceDataset:
