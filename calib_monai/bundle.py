@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["locate_bundle", "log_run_start"]
+__all__ = ["distributed_device", "distributed_network", "init_distributed", "locate_bundle", "log_run_start"]
 
 _REPO_BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 
@@ -48,3 +48,31 @@ def log_run_start(data, epochs: int, device, output_dir: str) -> None:
     datalist = data.datalist()
     sizes = ", ".join(f"{len(datalist.get(k, []))} {k}" for k in ("training", "validation", "test"))
     logger.info(f"data: {data.source} ({sizes} volumes); outputs: {output_dir}; {epochs} epochs on {device}")
+
+
+def init_distributed(backend: str) -> None:
+    """Join the process group that ``torchrun`` set up (``nccl`` on GPUs, ``gloo`` on CPUs); once per process."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+
+
+def distributed_device():
+    """This rank's device: ``cuda:$LOCAL_RANK`` when GPUs are there (and made current), else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def distributed_network(network, device):
+    """``network`` on ``device`` wrapped in ``DistributedDataParallel`` (device_ids only for a GPU)."""
+    import torch
+
+    network = network.to(device)
+    device_ids = [device] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(network, device_ids=device_ids)

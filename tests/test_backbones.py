@@ -11,7 +11,7 @@ from calib_monai.networks import BACKBONES, backbone
 @pytest.mark.parametrize("name", sorted(BACKBONES))
 def test_backbone_trains_one_step(name):
     torch.manual_seed(0)
-    kwargs = {"img_size": (64, 64)} if name == "unetr" else {}
+    kwargs = {"img_size": (64, 64)}  # what a bundle passes to every backbone; only unetr uses it
     if name in ("unetr", "swin_unetr"):  # keep the transformers small for a CPU test
         kwargs.update({"feature_size": 12} if name == "swin_unetr" else {"hidden_size": 96, "mlp_dim": 192, "num_heads": 4})
     net = backbone(name, spatial_dims=2, in_channels=2, out_channels=3, **kwargs)

@@ -8,6 +8,7 @@ neighbourhood machinery (SVLS kernel, NACL prior, boundary mask).
 from __future__ import annotations
 
 from calib_monai.losses.ce_dice import CEDiceLoss
+from calib_monai.losses.crac import CRaCLoss
 from calib_monai.losses.ecp import ECPLoss
 from calib_monai.losses.focal import FocalLoss
 from calib_monai.losses.label_smoothing import LabelSmoothingLoss
@@ -18,6 +19,7 @@ from calib_monai.losses.svls import SVLSLoss
 
 __all__ = [
     "CEDiceLoss",
+    "CRaCLoss",
     "ECPLoss",
     "FocalLoss",
     "LabelSmoothingLoss",

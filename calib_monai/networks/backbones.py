@@ -83,9 +83,13 @@ def backbone(
 ) -> torch.nn.Module:
     """Build the backbone ``name`` (one of ``BACKBONES``) returning logits ``B, out_channels, *spatial``.
 
-    Extra ``kwargs`` go to the MONAI network and replace the defaults above (``img_size`` for ``unetr``).
-    Bundle configs use it as ``{"_target_": "calib_monai.networks.backbone", "name": "dynunet", ...}``.
+    Extra ``kwargs`` go to the MONAI network and replace the defaults above. ``img_size`` (the training patch
+    size) is used by ``unetr`` only, so a bundle config can always pass it and switch backbones by name:
+    ``{"_target_": "calib_monai.networks.backbone", "name": "@backbone", "img_size": [192, 192], ...}``.
     """
     if name not in BACKBONES:
         raise ValueError(f"unknown backbone {name!r}; expected one of {sorted(BACKBONES)}.")
+    img_size = kwargs.pop("img_size", None)
+    if name == "unetr":
+        kwargs["img_size"] = img_size
     return BACKBONES[name](spatial_dims, in_channels, out_channels, **kwargs)

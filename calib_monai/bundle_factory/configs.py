@@ -1,0 +1,328 @@
+"""The bundle configs of one method x data set, as Python dicts (written out as JSON by ``render_bundle``).
+
+``train.json`` is the spine; ``evaluate.json`` and ``multi_gpu_train.json`` are overlays merged on top of it, in the
+model-zoo pattern (``--config_file "['configs/train.json','configs/evaluate.json']"``); ``inference.json`` stands
+alone, so that serving needs no training data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calib_monai.bundle_factory.specs import Dataset, Method
+
+__all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
+
+IMPORTS = [
+    "$import os",
+    "$import torch",
+    "$import monai",
+    "$import calib_monai",
+    "$import calib_monai.bundle",
+    "$import calib_monai.data",
+    "$import calib_monai.handlers",
+    "$import calib_monai.losses",
+    "$import calib_monai.networks",
+]
+
+
+def _common(name: str, dataset: Dataset) -> dict[str, Any]:
+    """Keys shared by training and inference: where things are, and the network."""
+    return {
+        "imports": list(IMPORTS),
+        "bundle_root": f"$calib_monai.bundle.locate_bundle('{name}')",
+        "output_dir": "$@bundle_root + '/models'",
+        "device": "$'cuda' if torch.cuda.is_available() else 'cpu'",
+        "num_classes": dataset.num_classes,
+        "in_channels": dataset.in_channels,
+        "label_names": dict(dataset.label_names),
+        "roi_size": list(dataset.roi_size),
+        "backbone": "unet",
+        "network_def": {
+            "_target_": "calib_monai.networks.backbone",
+            "name": "@backbone",
+            "spatial_dims": 2,
+            "in_channels": "@in_channels",
+            "out_channels": "@num_classes",
+            "img_size": "$@roi_size[:2]",
+        },
+        "network": "$@network_def.to(@device)",
+    }
+
+
+def _validation(dataset: Dataset) -> dict[str, Any]:
+    """Whole volumes through SliceInferer; DSC on the argmax, calibration on the softmax."""
+    return {
+        "dataset": "$@data.val_dataset()",
+        "dataloader": {
+            "_target_": "monai.data.DataLoader",
+            "dataset": "@validate#dataset",
+            "batch_size": 1,
+            "shuffle": False,
+            "num_workers": "@num_workers",
+        },
+        "inferer": {
+            "_target_": "SliceInferer",
+            "roi_size": "$@roi_size[:2]",
+            "sw_batch_size": "@batch_size",
+            "spatial_dim": 2,
+            "progress": False,
+        },
+        "postprocessing": {
+            "_target_": "Compose",
+            "transforms": [
+                {"_target_": "Activationsd", "keys": "pred", "softmax": True},
+                {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
+                {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
+            ],
+        },
+        "handlers": [{"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}],
+        "key_metric": {
+            "val_mean_dice": {
+                "_target_": "MeanDice",
+                "include_background": False,
+                "output_transform": "$monai.handlers.from_engine(['pred', 'label'])",
+            }
+        },
+        "additional_metrics": {
+            "val_ece": {
+                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "metric_name": "ece",
+                "num_bins": 15,
+                "foreground": "gt",
+                "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
+            }
+        },
+        "evaluator": {
+            "_target_": "SupervisedEvaluator",
+            "device": "@device",
+            "val_data_loader": "@validate#dataloader",
+            "network": "@network",
+            "inferer": "@validate#inferer",
+            "postprocessing": "@validate#postprocessing",
+            "key_val_metric": "@validate#key_metric",
+            "additional_metrics": "@validate#additional_metrics",
+            "val_handlers": "@validate#handlers",
+        },
+    }
+
+
+def _train_handlers(method: Method) -> list[dict[str, Any]]:
+    handlers: list[dict[str, Any]] = [
+        {"_target_": "LrScheduleHandler", "lr_scheduler": "@lr_scheduler", "print_lr": False},
+        {"_target_": "ValidationHandler", "validator": "@validate#evaluator", "epoch_level": True, "interval": "@val_interval"},
+    ]
+    if method.alm:
+        handlers.append(
+            {
+                "_target_": "calib_monai.handlers.ALMUpdateHandler",
+                "loss": "@loss",
+                "network": "@network",
+                "val_data_loader": "@validate#dataloader",
+                "inferer": "@validate#inferer",
+                "class_names": "$list(@label_names.values())",
+            }
+        )
+    checkpoint = {
+        "_target_": "calib_monai.handlers.TrainingCheckpoint",
+        "save_dir": "@output_dir",
+        "network": "@network",
+        "optimizer": "@optimizer",
+        "lr_scheduler": "@lr_scheduler",
+        "evaluator": "@validate#evaluator",
+        "metric_name": "val_mean_dice",
+    }
+    if method.alm:
+        checkpoint["extra"] = {"loss": "@loss"}  # the ALM multipliers are the loss's buffers
+    handlers += [
+        {
+            "_target_": "calib_monai.handlers.EpochSummary",
+            "evaluator": "@validate#evaluator",
+            "optimizer": "@optimizer",
+            "metric_names": ["val_mean_dice", "val_ece"],
+        },
+        checkpoint,
+        # last, so that multi_gpu_train.json can drop it on ranks > 0
+        {
+            "_target_": "TensorBoardStatsHandler",
+            "log_dir": "$@output_dir + '/tensorboard'",
+            "tag_name": "train_loss",
+            "output_transform": "$monai.handlers.from_engine(['loss'], first=True)",
+        },
+    ]
+    return handlers
+
+
+def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
+    """``configs/train.json``: the papers' protocol (2D slices, Adam 1e-3 then 1e-4 at half time, batch 16)."""
+    config = _common(name, dataset)
+    config.update(
+        {
+            "dataset_dir": "",
+            "seed": 0,
+            "epochs": method.epochs,
+            "lr": 0.001,
+            "lr_milestone": "$@epochs // 2",
+            "batch_size": 16,
+            "num_workers": 0,
+            "val_interval": 1,
+            "loss": dict(method.loss),
+            "optimizer": {"_target_": "torch.optim.Adam", "params": "$@network.parameters()", "lr": "@lr"},
+            "lr_scheduler": {
+                "_target_": "torch.optim.lr_scheduler.MultiStepLR",
+                "optimizer": "@optimizer",
+                "milestones": ["@lr_milestone"],
+                "gamma": 0.1,
+            },
+            "data": {
+                "_target_": dataset.component,
+                "dataset_dir": "@dataset_dir",
+                "output_dir": "@output_dir",
+                "roi_size": "@roi_size",
+                "seed": "@seed",
+                "num_workers": "@num_workers",
+                **dataset.args,
+            },
+            "train": {
+                "dataset": "$@data.train_dataset()",
+                "dataloader": {
+                    "_target_": "monai.data.DataLoader",
+                    "dataset": "@train#dataset",
+                    "batch_size": "@batch_size",
+                    "shuffle": True,
+                    "num_workers": "@num_workers",
+                },
+                "inferer": {"_target_": "monai.inferers.SimpleInferer"},
+                "handlers": _train_handlers(method),
+                "trainer": {
+                    "_target_": "SupervisedTrainer",
+                    "device": "@device",
+                    "max_epochs": "@epochs",
+                    "train_data_loader": "@train#dataloader",
+                    "network": "@network",
+                    "optimizer": "@optimizer",
+                    "loss_function": "@loss",
+                    "inferer": "@train#inferer",
+                    "train_handlers": "@train#handlers",
+                },
+            },
+            "validate": _validation(dataset),
+            "initialize": [
+                "$monai.utils.set_determinism(seed=@seed)",
+                "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+            ],
+            "run": ["$@train#trainer.run()"],
+            "training": ["$@train#trainer.run()"],
+        }
+    )
+    return config
+
+
+def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
+    """``configs/evaluate.json`` (over train.json): the best model on the 3D test volumes, per-volume CSV and plots."""
+    return {
+        "eval_dir": "$@bundle_root + '/eval'",
+        "validate#dataset": "$@data.test_dataset()",
+        "validate#handlers": [
+            {
+                "_target_": "CheckpointLoader",
+                "load_path": "$@output_dir + '/model.pt'",
+                "load_dict": {"model": "@network"},
+                "map_location": "@device",
+            },
+            {
+                "_target_": "calib_monai.handlers.SegmentationReport",
+                "output_dir": "@eval_dir",
+                "label_names": "@label_names",
+            },
+        ],
+        "validate#key_metric": {
+            "test_mean_dice": {
+                "_target_": "MeanDice",
+                "include_background": False,
+                "output_transform": "$monai.handlers.from_engine(['pred', 'label'])",
+            }
+        },
+        "validate#additional_metrics": {
+            "test_ece": {
+                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "metric_name": "ece",
+                "num_bins": 15,
+                "foreground": "gt",
+                "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
+            }
+        },
+        "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
+        "run": ["$@validate#evaluator.run()"],
+        "evaluating": ["$@validate#evaluator.run()"],
+    }
+
+
+def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
+    """``configs/multi_gpu_train.json`` (over train.json): torchrun + DDP + DistributedSampler, any backend."""
+    return {
+        "backend": "$'nccl' if torch.cuda.is_available() else 'gloo'",
+        "device": "$calib_monai.bundle.distributed_device()",
+        "network": "$calib_monai.bundle.distributed_network(@network_def, @device)",
+        "train#sampler": {"_target_": "DistributedSampler", "dataset": "@train#dataset", "even_divisible": True, "shuffle": True},
+        "train#dataloader#sampler": "@train#sampler",
+        "train#dataloader#shuffle": False,
+        "train#trainer#train_handlers": "$@train#handlers[: -1 if torch.distributed.get_rank() > 0 else None]",
+        "validate#sampler": {"_target_": "DistributedSampler", "dataset": "@validate#dataset", "even_divisible": False, "shuffle": False},
+        "validate#dataloader#sampler": "@validate#sampler",
+        "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
+        "initialize": [
+            "$calib_monai.bundle.init_distributed(@backend)",
+            "$monai.utils.set_determinism(seed=@seed)",
+            "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+        ],
+        "run": ["$@train#sampler.set_epoch(0)", "$@train#trainer.run()"],
+        "training": ["$@train#trainer.run()"],
+        "finalize": ["$torch.distributed.is_initialized() and torch.distributed.destroy_process_group()"],
+    }
+
+
+def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
+    """``configs/inference.json``: images of ``dataset_dir`` in, segmentation and confidence NIfTI out, in the input
+    geometry."""
+    config = _common(name, dataset)
+    config.update(
+        {
+            "dataset_dir": "",  # a folder of images (NIfTI), or one image file
+            "output_dir": "$@bundle_root + '/inference'",
+            "model_path": "$@bundle_root + '/models/model.pt'",
+            "batch_size": 16,
+            "data": {"_target_": dataset.component, "dataset_dir": None, "output_dir": "@output_dir", "roi_size": "@roi_size", **dataset.args},
+            "dataset": {
+                "_target_": "monai.data.Dataset",
+                "data": "$calib_monai.data.image_datalist(@dataset_dir, @data)",
+                "transform": "@preprocessing",
+            },
+            "preprocessing": "$calib_monai.data.inference_preprocessing(@data)",
+            "dataloader": {"_target_": "monai.data.DataLoader", "dataset": "@dataset", "batch_size": 1, "num_workers": 0},
+            "inferer": {
+                "_target_": "SliceInferer",
+                "roi_size": "$@roi_size[:2]",
+                "sw_batch_size": "@batch_size",
+                "spatial_dim": 2,
+                "progress": False,
+            },
+            "postprocessing": "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
+            "handlers": [
+                {"_target_": "CheckpointLoader", "load_path": "@model_path", "load_dict": {"model": "@network"}, "map_location": "@device"},
+            ],
+            "evaluator": {
+                "_target_": "SupervisedEvaluator",
+                "device": "@device",
+                "val_data_loader": "@dataloader",
+                "network": "@network",
+                "inferer": "@inferer",
+                "postprocessing": "@postprocessing",
+                "val_handlers": "@handlers",
+            },
+            "initialize": [],
+            "run": ["$@evaluator.run()"],
+            "inferring": ["$@evaluator.run()"],
+        }
+    )
+    return config
