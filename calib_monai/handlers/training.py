@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
@@ -85,6 +86,8 @@ class EpochSummary:
         self._loss_count += 1
 
     def __call__(self, engine: Engine) -> None:
+        if idist.get_rank() > 0:  # one line per epoch, not one per DDP rank
+            return
         parts = [f"epoch {engine.state.epoch}/{engine.state.max_epochs}"]
         if self._loss_count:
             parts.append(f"loss {self._loss_sum / self._loss_count:.4f}")
@@ -110,7 +113,7 @@ class TrainingCheckpoint:
     * writes ``latest_filename`` with network, optimizer, scheduler, trainer state (epoch, iteration)
       and the best value so far, so that a stopped run resumes exactly where it stopped.
 
-    Both files are written atomically. At ``STARTED``, if ``latest_filename`` exists, everything is loaded
+    Both files are written atomically, by DDP rank 0 only (every rank loads them). At ``STARTED``, if ``latest_filename`` exists, everything is loaded
     back and training continues at the next epoch; ``resume=False`` ignores (and later overwrites) it.
 
     Args:
@@ -203,6 +206,8 @@ class TrainingCheckpoint:
         return value > self.best_metric if self.mode == "max" else value < self.best_metric
 
     def __call__(self, engine: Engine) -> None:
+        if idist.get_rank() > 0:  # DDP: every rank holds the same weights; rank 0 writes them
+            return
         if self.evaluator is not None and self.metric_name in self.evaluator.state.metrics:
             value = float(self.evaluator.state.metrics[self.metric_name])
             if math.isfinite(value) and self._improved(value):
