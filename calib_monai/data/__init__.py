@@ -2,12 +2,17 @@
 
 - ``FLARE``: FLARE21/FLARE22 abdominal CT (liver, kidney, spleen, pancreas), synthetic phantoms by default;
 - ``MSDDataset``: any Medical Segmentation Decathlon style task folder;
+- the papers' other data sets: ``ACDC``, ``BraTS`` (with ``brats_regions``), ``Prostate``, ``PROMISE12``, ``KiTS``,
+  ``MRBrainS``, ``Hippocampus``, ``BUSI``;
 - ``image_datalist``, ``segmentation_and_confidence``: inference on unlabelled images (bundle ``inference.json``);
 - both components share ``VolumeSegmentationData``: datalist -> MONAI preprocessing -> cached volumes -> 2D slices.
 """
 
 from __future__ import annotations
 
+from calib_monai.data.acdc import ACDC
+from calib_monai.data.brats import BRATS_REGIONS, BraTS, brats_regions
+from calib_monai.data.busi import BUSI
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
 from calib_monai.data.inference import (
     ConfidenceAndSegmentationd,
@@ -16,12 +21,27 @@ from calib_monai.data.inference import (
     segmentation_and_confidence,
 )
 from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
+from calib_monai.data.kits import KiTS
+from calib_monai.data.mrbrains import MRBRAINS18_TO_TISSUE, MRBrainS
 from calib_monai.data.msd import MSDDataset
+from calib_monai.data.msd_tasks import Hippocampus, Prostate
 from calib_monai.data.phantoms import generate_phantom, write_phantom_dataset
+from calib_monai.data.promise12 import PROMISE12
 from calib_monai.data.transforms import CheckedLoadImaged, CropAroundForegroundd, ValidateSegmentationd
 from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
 
 __all__ = [
+    "ACDC",
+    "BRATS_REGIONS",
+    "BUSI",
+    "BraTS",
+    "Hippocampus",
+    "KiTS",
+    "MRBRAINS18_TO_TISSUE",
+    "MRBrainS",
+    "PROMISE12",
+    "Prostate",
+    "brats_regions",
     "FLARE",
     "FLARE22_TO_FLARE",
     "FLARE_LABEL_NAMES",

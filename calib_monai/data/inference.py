@@ -62,6 +62,10 @@ def inference_preprocessing(component) -> Compose:
     cached = getattr(component, "_inference_preprocessing", None)
     if cached is not None:
         return cached
+    custom = getattr(component, "_image_only_transforms", None)  # components whose files are not NIfTI (BUSI PNGs)
+    if callable(custom):
+        component._inference_preprocessing = Compose(custom())
+        return component._inference_preprocessing
     chain = [
         CheckedLoadImaged("image", image_only=True),
         EnsureChannelFirstd("image"),
@@ -70,6 +74,8 @@ def inference_preprocessing(component) -> Compose:
     ]
     if component.spacing is not None:
         chain.append(Spacingd("image", pixdim=component.spacing, mode="bilinear", dtype=torch.float32))
+    spatial = getattr(component, "_spatial_transforms", None)
+    chain += spatial(("image",)) if callable(spatial) else []
     chain += component._intensity_transforms()
     component._inference_preprocessing = Compose(chain)
     return component._inference_preprocessing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,8 @@ __all__ = [
     "split_sizes",
     "split_cases",
     "load_or_create_datalist",
+    "layout_error",
+    "split_groups",
 ]
 
 logger = logging.getLogger("calib_monai.data")
@@ -50,10 +52,24 @@ def _found(dataset_dir: Path) -> str:
     return shown or "nothing (empty folder)"
 
 
-def _layout_error(dataset_dir: Path, problem: str) -> ValueError:
-    expected = "\n  - ".join(FLARE_LAYOUTS)
+def _layout_error(dataset_dir: Path, problem: str, layouts: Sequence[str] = FLARE_LAYOUTS) -> ValueError:
+    expected = "\n  - ".join(layouts)
     return ValueError(f"dataset_dir {str(dataset_dir)!r} {problem}.\nExpected one of:\n  - {expected}\n"
                       f"Found: {_found(dataset_dir) if dataset_dir.is_dir() else 'no such folder'}")  # fmt: skip
+
+
+def layout_error(dataset_dir: str | os.PathLike, problem: str, layouts: Sequence[str]) -> ValueError:
+    """A ValueError saying ``dataset_dir`` ``problem``, listing the expected ``layouts`` and what the folder holds."""
+    return _layout_error(Path(dataset_dir), problem, layouts)
+
+
+def _paths(value) -> list[str]:
+    """The file(s) of a datalist entry: one path, or a list of paths (multi-modal images stacked as channels)."""
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _case_key(case: dict) -> str:
+    return _paths(case["image"])[0]
 
 
 def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
@@ -173,7 +189,7 @@ def split_sizes(num_cases: int, split: Sequence[int] = (240, 40, 80)) -> tuple[i
 
 def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
     """Seeded shuffle of the cases (sorted by image path first, so the listing order does not matter), then cut."""
-    ordered = sorted(cases, key=lambda c: c["image"])
+    ordered = sorted(cases, key=_case_key)
     order = np.random.default_rng(int(seed)).permutation(len(ordered))
     n_train, n_val, _ = split_sizes(len(ordered), split)
     shuffled = [ordered[i] for i in order]
@@ -181,12 +197,36 @@ def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[
             "test": shuffled[n_train + n_val :]}  # fmt: skip
 
 
+def split_groups(cases: Sequence[dict], groups: Sequence[str], split: Sequence[int],
+                 seed: int) -> dict[str, list[dict]]:
+    """Seeded split of whole groups (e.g. patients), so that all cases of a group land in the same subset.
+
+    ``groups[i]`` names the group of ``cases[i]``; the sorted group names are shuffled with ``seed`` and cut by
+    ``split_sizes(number of groups, split)``; each subset lists its cases sorted by image path.
+    """
+    if len(groups) != len(cases):
+        raise ValueError(f"split_groups needs one group name per case, got {len(groups)} for {len(cases)} cases")
+    names = sorted(set(groups))
+    order = np.random.default_rng(int(seed)).permutation(len(names))
+    n_train, n_val, _ = split_sizes(len(names), split)
+    shuffled = [names[i] for i in order]
+    subset_of = {g: "training" for g in shuffled[:n_train]}
+    subset_of.update({g: "validation" for g in shuffled[n_train : n_train + n_val]})
+    subset_of.update({g: "test" for g in shuffled[n_train + n_val :]})
+    out: dict[str, list[dict]] = {"training": [], "validation": [], "test": []}
+    for case, group in sorted(zip(cases, groups), key=lambda cg: _case_key(cg[0])):
+        out[subset_of[group]].append(case)
+    return out
+
+
 def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], split: Sequence[int], seed: int,
-                            info: dict) -> dict[str, list[dict]]:
+                            info: dict, splitter: Callable | None = None) -> dict[str, list[dict]]:
     """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
 
-    ``info`` (source, dataset_dir, ...) is stored beside the lists; a stored datalist whose ``dataset_dir`` differs
-    from ``info["dataset_dir"]`` or that names missing files is an error rather than a silently different split.
+    ``info`` (source, dataset_dir, ...) is stored beside the lists; a stored datalist whose ``dataset_dir`` (or any
+    other ``info`` entry it also stores, e.g. a cross-validation ``fold``) differs from ``info`` or that names missing
+    files is an error rather than a silently different split. ``splitter(cases, split, seed)`` makes the split
+    (default ``split_cases``); image entries may be lists of paths (modalities stacked as channels).
     """
     path = Path(path)
     if path.is_file():
@@ -194,13 +234,17 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
         if stored.get("dataset_dir") != info.get("dataset_dir"):
             raise ValueError(f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
                              f"{info.get('dataset_dir')!r}: use a new output_dir or delete {path}")  # fmt: skip
+        for name, value in info.items():
+            if name not in ("source", "dataset_dir") and name in stored and stored[name] != value:
+                raise ValueError(f"{path} was written for {name} {stored[name]!r}, not {value!r}: use a new "
+                                 f"output_dir or delete {path}")  # fmt: skip
         for key in ("training", "validation", "test"):
             for item in stored.get(key, []):
-                if not (Path(item["image"]).is_file() and Path(item["label"]).is_file()):
+                if not all(Path(f).is_file() for f in _paths(item["image"]) + _paths(item["label"])):
                     raise ValueError(f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
                                      f"restore the data or delete {path} to split again")  # fmt: skip
-        stored_images = {item["image"] for key in ("training", "validation", "test") for item in stored.get(key, [])}
-        if stored_images != {case["image"] for case in cases}:
+        stored_images = {_case_key(item) for key in ("training", "validation", "test") for item in stored.get(key, [])}
+        if stored_images != {_case_key(case) for case in cases}:
             logger.warning("%s lists %d cases but %d are found now: reusing the stored split; delete the file to "
                            "split the current cases", path, len(stored_images), len(cases))  # fmt: skip
         if stored.get("seed") != int(seed) or list(stored.get("split", [])) != [int(s) for s in split]:
@@ -208,7 +252,7 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
                            path, stored.get("seed"), stored.get("split"), seed, list(split))  # fmt: skip
         logger.info("datalist: reusing %s", path)
         return {k: stored[k] for k in ("training", "validation", "test")}
-    datalist = split_cases(cases, split, seed)
+    datalist = (splitter or split_cases)(cases, split, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
     tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")

@@ -31,7 +31,7 @@ from monai.transforms import (
 from torch.utils.data import Dataset
 
 from calib_monai.data.inference import inference_preprocessing
-from calib_monai.data.layouts import load_or_create_datalist
+from calib_monai.data.layouts import load_or_create_datalist, split_cases
 from calib_monai.data.transforms import (
     CheckedLoadImaged,
     CropAroundForegroundd,
@@ -93,15 +93,23 @@ class SliceDataset(Dataset):
     Args:
         volumes: dataset of preprocessed 3D volumes, image ``(C, H, W, D)`` and label ``(1, H, W, D)``.
         transform: optional callable applied to each slice dict (e.g. 2D augmentation).
+        drop_empty: keep only the slices whose label has foreground (BraTS: "slices containing only background are
+            removed from the training").
     """
 
-    def __init__(self, volumes: Dataset, transform: Callable | None = None):
+    def __init__(self, volumes: Dataset, transform: Callable | None = None, drop_empty: bool = False):
         self.volumes = volumes
         self.transform = transform
+        self.drop_empty = bool(drop_empty)
         self.index: list[tuple[int, int]] = []
         for v in range(len(volumes)):
-            depth = int(volumes[v]["image"].shape[-1])
-            self.index.extend((v, k) for k in range(depth))
+            volume = volumes[v]
+            if self.drop_empty:
+                label = _plain(volume["label"])
+                keep = label.reshape(-1, label.shape[-1]).gt(0).any(0).nonzero().reshape(-1).tolist()
+                self.index.extend((v, int(k)) for k in keep)
+            else:
+                self.index.extend((v, k) for k in range(int(volume["image"].shape[-1])))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -123,8 +131,11 @@ class VolumeSegmentationData:
     (subclass) -> optional ``roi_size`` window around the label foreground (``CropAroundForegroundd``) -> centre
     crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent).
 
-    Subclasses implement ``source``, ``label_names``, ``_find_cases`` (list of ``{"image", "label"}`` paths),
-    ``_dataset_root`` and ``_intensity_transforms``, and may override ``_raw_label_values`` and ``_label_mapping``.
+    Subclasses implement ``source``, ``label_names``, ``_find_cases`` (list of ``{"image", "label"}`` paths; an
+    image may be a list of paths, one per modality, stacked as channels), ``_dataset_root`` and
+    ``_intensity_transforms``, and may override ``_raw_label_values``, ``_label_mapping``, ``_spatial_transforms``
+    (e.g. a fixed resize after resampling), ``_split_cases`` (e.g. by patient) and ``_datalist_info``; a subclass
+    with ``drop_empty_training_slices = True`` trains on the slices with foreground only.
 
     Args:
         output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
@@ -139,6 +150,7 @@ class VolumeSegmentationData:
     """
 
     datalist_name = "datalist.json"
+    drop_empty_training_slices = False
 
     def __init__(
         self,
@@ -195,6 +207,19 @@ class VolumeSegmentationData:
         """``(original values, target values)`` to remap labels with, or None."""
         return None
 
+    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
+        """Extra spatial transforms after resampling, for ``keys`` ``("image", "label")`` or ``("image",)``
+        (inference); e.g. a fixed-size resize (bilinear image, nearest label)."""
+        return []
+
+    def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
+        """The train/validation/test split of ``cases`` (default: a seeded shuffle of the cases)."""
+        return split_cases(cases, split, seed)
+
+    def _datalist_info(self) -> dict:
+        """Entries stored in ``datalist.json`` beside the lists; a stored datalist that disagrees is an error."""
+        return {"source": self.source, "dataset_dir": self._dataset_root()}
+
     # ---- public API -----------------------------------------------------------------------------------------------
     @property
     def num_classes(self) -> int:
@@ -209,9 +234,9 @@ class VolumeSegmentationData:
         """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
         ``<output_dir>/datalist.json`` so a resumed run uses the same split."""
         if self._datalist is None:
-            info = {"source": self.source, "dataset_dir": self._dataset_root()}
             cases = self._find_cases()
-            self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed, info)
+            self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed,
+                                                     self._datalist_info(), splitter=self._split_cases)  # fmt: skip
         return self._datalist
 
     def preprocessing(self) -> Compose:
@@ -242,6 +267,7 @@ class VolumeSegmentationData:
         if self.spacing is not None:
             # float32 resampling (the default is float64: twice the memory and time on CT-sized volumes)
             chain.append(Spacingd(keys, pixdim=self.spacing, mode=("bilinear", "nearest"), dtype=torch.float32))
+        chain += self._spatial_transforms(keys)
         chain += self._intensity_transforms()
         if self.crop_foreground:
             chain.append(CropAroundForegroundd(keys, source_key="label", roi_size=self.roi_size))
@@ -272,7 +298,8 @@ class VolumeSegmentationData:
 
     def train_dataset(self, transform: Callable | None = None) -> SliceDataset:
         """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32."""
-        return SliceDataset(self.volume_dataset("training"), transform=transform)
+        return SliceDataset(self.volume_dataset("training"), transform=transform,
+                            drop_empty=self.drop_empty_training_slices)
 
     def val_dataset(self) -> CacheDataset:
         """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""

@@ -1,0 +1,143 @@
+"""The ACDC cardiac cine-MRI component (NACL journal and MbLS, Murugesan et al.)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from calib_monai.data.helpers import existing_root, intensity_scaling, resize
+from calib_monai.data.layouts import layout_error, split_groups
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["ACDC", "ACDC_LABEL_NAMES", "ACDC_LAYOUTS"]
+
+logger = logging.getLogger("calib_monai.data")
+
+ACDC_LABEL_NAMES = {"0": "background", "1": "RV", "2": "Myo", "3": "LV"}
+ACDC_LAYOUTS = (
+    "ACDC: <dataset_dir>/database/training/patientNNN/patientNNN_frameNN.nii.gz with patientNNN_frameNN_gt.nii.gz "
+    "(or <dataset_dir>/training/patientNNN/... or <dataset_dir>/patientNNN/...); optional "
+    "<dataset_dir>/splits/{train,val,test}.list of patient ids",
+)
+_GT = re.compile(r"^(patient\d+)_frame(\d+)_gt\.nii(\.gz)?$")
+_SPLIT_FILES = {"training": "train.list", "validation": "val.list", "test": "test.list"}
+
+
+class ACDC(VolumeSegmentationData):
+    """ACDC (Automated Cardiac Diagnosis Challenge 2017): right ventricle (RV 1), myocardium (Myo 2), left ventricle
+    (LV 3) in short-axis cine-MRI; 4 classes with background, 1 input channel.
+
+    Layout (``ACDC_LAYOUTS``): ``database/training/patientNNN/patientNNN_frameNN.nii.gz`` and ``..._gt.nii.gz``;
+    every annotated frame (end-diastole and end-systole) of a patient is a case, ``patientNNN_4d.nii.gz`` is ignored.
+    The split is by PATIENT, so both frames of a patient are in the same subset: ``splits/{train,val,test}.list``
+    (one patient id per line) when present and ``use_split_lists``, else a seeded 70/10/20 patient split.
+
+    Preprocessing (NACL journal: "we extract 2D slices, which are resized to 224x224"): RAS orientation, in-plane
+    resize of every slice to ``resize`` (bilinear, anti-aliased; nearest for labels; the number of slices is kept),
+    per-volume min-max scaling to [0, 1], then centre crop/pad to ``roi_size``. The authors' loader
+    (github.com/Bala93/MarginLoss) then crops the central 192x192 (``[16:208, 16:208]``): pass
+    ``roi_size=(192, 192, -1)`` for that. No resampling: the shared copy stores a 1 mm placeholder spacing.
+
+    Citation: Bernard O. et al., "Deep learning techniques for automatic MRI cardiac multi-structures segmentation
+    and diagnosis: is the problem solved?", IEEE TMI 37(11), 2018.
+
+    Args:
+        dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``).
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: final size (H, W, D) after the resize; ``-1`` keeps the slices of each volume.
+        seed: seed of the patient split (when no split lists are used).
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        resize: in-plane size (H, W) every slice is resized to.
+        split: (train, val, test) patient counts, or their ratios for another number of patients.
+        use_split_lists: use ``splits/*.list`` when the folder has them.
+    """
+
+    source = "acdc"
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (224, 224, -1), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, resize: Sequence[int] = (224, 224), split: Sequence[int] = (70, 10, 20),
+                 use_split_lists: bool = True):  # fmt: skip
+        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
+                         num_workers=num_workers)  # fmt: skip
+        self.resize = tuple(int(s) for s in resize)
+        if len(self.resize) != 2 or min(self.resize) <= 0:
+            raise ValueError(f"resize must be the in-plane size (H, W), two positive ints, got {tuple(resize)}")
+        self.root = existing_root(dataset_dir, ACDC_LAYOUTS)
+        self.patients_dir = next((d for d in (self.root / "database" / "training", self.root / "training", self.root)
+                                  if d.is_dir() and any(d.glob("patient*"))), None)  # fmt: skip
+        if self.patients_dir is None:
+            raise layout_error(self.root, "has no patientNNN folders", ACDC_LAYOUTS)
+        self.split_lists = self._read_split_lists() if use_split_lists else None
+        self._cases = self._pair_frames()
+        logger.info("ACDC: %d annotated frames of %d patients in %s (%s split)", len(self._cases),
+                    len({self._patient(c) for c in self._cases}), self.patients_dir,
+                    "splits/*.list" if self.split_lists else "seeded")  # fmt: skip
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return dict(ACDC_LABEL_NAMES)
+
+    def _dataset_root(self) -> str:
+        return str(self.root)
+
+    def _find_cases(self) -> list[dict[str, str]]:
+        return self._cases
+
+    def _datalist_info(self) -> dict:
+        return {**super()._datalist_info(), "split_by": "splits/*.list" if self.split_lists else "seeded patients"}
+
+    @staticmethod
+    def _patient(case: dict) -> str:
+        return Path(case["image"]).parent.name
+
+    def _pair_frames(self) -> list[dict[str, str]]:
+        cases = []
+        for folder in sorted(p for p in self.patients_dir.iterdir() if p.is_dir() and p.name.startswith("patient")):
+            for gt in sorted(folder.iterdir()):
+                match = _GT.match(gt.name)
+                if not match or match.group(1) != folder.name:
+                    continue
+                image = gt.with_name(gt.name.replace("_gt.nii", ".nii"))
+                if not image.is_file():
+                    raise ValueError(f"ACDC label {gt} has no image: expected {image}; restore it or remove the label")
+                cases.append({"image": str(image), "label": str(gt)})
+        if not cases:
+            raise layout_error(self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels",
+                               ACDC_LAYOUTS)  # fmt: skip
+        return cases
+
+    def _read_split_lists(self) -> dict[str, list[str]] | None:
+        folder = self.root / "splits"
+        files = {k: folder / name for k, name in _SPLIT_FILES.items()}
+        if not all(f.is_file() for f in files.values()):
+            return None
+        return {k: [line.strip() for line in f.read_text().splitlines() if line.strip()] for k, f in files.items()}
+
+    def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
+        patients = [self._patient(c) for c in cases]
+        if self.split_lists is None:
+            return split_groups(cases, patients, split, seed)
+        subset_of = {p: k for k, names in self.split_lists.items() for p in names}
+        unlisted = sorted(set(patients) - set(subset_of))
+        if unlisted:
+            raise ValueError(f"{self.root / 'splits'} lists no subset for patient(s) {unlisted[:5]}"
+                             f"{' ...' if len(unlisted) > 5 else ''}: add them to train/val/test.list or pass "
+                             "use_split_lists=False for a seeded patient split")  # fmt: skip
+        absent = sorted(set(subset_of) - set(patients))
+        if absent:
+            logger.warning("ACDC: %d patient(s) of %s are not in %s (e.g. %s)", len(absent), self.root / "splits",
+                           self.patients_dir, absent[0])  # fmt: skip
+        out: dict[str, list[dict]] = {"training": [], "validation": [], "test": []}
+        for case, patient in sorted(zip(cases, patients), key=lambda cp: cp[0]["image"]):
+            out[subset_of[patient]].append(case)
+        return out
+
+    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
+        return resize(keys, (*self.resize, -1))
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return intensity_scaling("minmax")

@@ -1,0 +1,143 @@
+"""The BraTS 2019 multi-modal brain tumour component (NACL journal, MbLS), and the ET/TC/WT evaluation regions."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from calib_monai.data.helpers import CheckChannelsd, existing_root, intensity_scaling, require_file, resize
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["BRATS_LABEL_NAMES", "BRATS_LAYOUTS", "BRATS_MODALITIES", "BRATS_REGIONS", "BraTS", "brats_regions"]
+
+logger = logging.getLogger("calib_monai.data")
+
+BRATS_MODALITIES = ("flair", "t1", "t1ce", "t2")
+# BraTS files: 1 necrotic / non-enhancing tumour core (NCR/NET), 2 peritumoral edema (ED), 4 GD-enhancing tumour (ET);
+# 4 becomes 3 so that the classes are 0..3
+BRATS_LABEL_NAMES = {"0": "background", "1": "NCR/NET", "2": "ED", "3": "ET"}
+BRATS_REGIONS = ("ET", "TC", "WT")
+BRATS_LAYOUTS = (
+    "BraTS 2019: <dataset_dir>/MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_{flair,t1,t1ce,t2,seg}.nii.gz "
+    "(dataset_dir may also be MICCAI_BraTS_2019_Data_Training itself)",
+)
+
+
+def brats_regions(label, enhancing: int = 3, dim: int = 0):
+    """The BraTS evaluation regions of a class-index map, as boolean masks ``[ET, TC, WT]`` along ``dim``.
+
+    ET (enhancing tumour) = ``enhancing``; TC (tumour core) = NCR/NET (1) + ET; WT (whole tumour) = 1 + ED (2) + ET.
+    ``label`` (torch or numpy) has a channel axis of size 1 at ``dim`` (``(1, H, W, D)``, or ``(B, 1, H, W, D)`` with
+    ``dim=1``), e.g. a preprocessed label or an ``argmax(keepdim=True)`` prediction; the output has 3 channels
+    there. ``enhancing=4`` reads raw BraTS files (ET stored as 4); the default 3 is this component's training label.
+    """
+    if label.shape[dim] != 1:
+        raise ValueError(f"label must have a channel axis of size 1 at dim {dim} (class indices, not one-hot), "
+                         f"got shape {tuple(label.shape)}")  # fmt: skip
+    et = label == enhancing
+    tc = (label == 1) | et
+    wt = tc | (label == 2)
+    if isinstance(label, torch.Tensor):
+        return torch.cat([et, tc, wt], dim=dim)
+    return np.concatenate([et, tc, wt], axis=dim)
+
+
+class BraTS(VolumeSegmentationData):
+    """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes background, NCR/NET (1),
+    ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``brats_regions``).
+
+    Layout (``BRATS_LAYOUTS``): ``MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_<modality>.nii.gz`` as
+    downloaded (335 cases: 259 HGG, 76 LGG), split at random 235/35/65 (NACL journal).
+
+    Preprocessing (NACL: "each volume of dimension 155x240x240 is resampled to 128x192x192"; "all available
+    modalities are concatenated"; "slices containing only background are removed from the training"): the four
+    modalities stacked as channels, labels 4 -> 3, RAS orientation, resize to ``resize`` (H, W, D) = 192x192x128
+    (trilinear, anti-aliased; nearest for labels), per-volume and per-channel min-max scaling to [0, 1], and only
+    the training slices with tumour are served (``train_dataset``). Validation/test volumes are whole.
+
+    Citations: Menze B.H. et al., "The multimodal brain tumor image segmentation benchmark (BRATS)", IEEE TMI 34,
+    2015; Bakas S. et al., "Advancing The Cancer Genome Atlas glioma MRI collections with expert segmentation labels
+    and radiomic features", Sci. Data 4, 2017; Bakas S. et al., arXiv:1811.02629, 2018.
+
+    Args:
+        dataset_dir: the BraTS 2019 training folder (or its parent).
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: final size (H, W, D), a centre crop/pad after the resize.
+        seed: seed of the split.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        resize: size (H, W, D) every volume is resized to.
+        split: (train, val, test) counts, or their ratios for another number of cases.
+        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
+    """
+
+    source = "brats"
+    drop_empty_training_slices = True
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (192, 192, 128), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, resize: Sequence[int] = (192, 192, 128), split: Sequence[int] = (235, 35, 65),
+                 intensity: str | Sequence[float] = "minmax"):  # fmt: skip
+        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
+                         num_workers=num_workers)  # fmt: skip
+        self.resize = tuple(int(s) for s in resize)
+        if len(self.resize) != 3 or min(self.resize) <= 0:
+            raise ValueError(f"resize must be (H, W, D), three positive ints, got {tuple(resize)}")
+        self.intensity = intensity
+        intensity_scaling(intensity)  # fails early on a bad value
+        root = existing_root(dataset_dir, BRATS_LAYOUTS)
+        inner = root / "MICCAI_BraTS_2019_Data_Training"
+        self.root = inner if not any((root / g).is_dir() for g in ("HGG", "LGG")) and inner.is_dir() else root
+        self._cases = self._collect()
+        logger.info("BraTS: %d cases in %s", len(self._cases), self.root)
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return dict(BRATS_LABEL_NAMES)
+
+    def _dataset_root(self) -> str:
+        return str(self.root)
+
+    def _find_cases(self) -> list[dict]:
+        return self._cases
+
+    def _collect(self) -> list[dict]:
+        grades = [self.root / g for g in ("HGG", "LGG") if (self.root / g).is_dir()]
+        if not grades:
+            raise layout_error(self.root, "has no HGG/ or LGG/ folder", BRATS_LAYOUTS)
+        cases = []
+        for grade in grades:
+            for folder in sorted(p for p in grade.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                files = {m: self._modality_file(folder, m) for m in (*BRATS_MODALITIES, "seg")}
+                cases.append({"image": [files[m] for m in BRATS_MODALITIES], "label": files["seg"]})
+        if not cases:
+            raise layout_error(self.root, "has HGG/LGG folders but no case folders in them", BRATS_LAYOUTS)
+        return cases
+
+    @staticmethod
+    def _modality_file(folder: Path, modality: str) -> str:
+        for suffix in (".nii.gz", ".nii"):
+            path = folder / f"{folder.name}_{modality}{suffix}"
+            if path.is_file():
+                return str(path)
+        return require_file(folder / f"{folder.name}_{modality}.nii.gz", f"BraTS {modality} file")
+
+    def _raw_label_values(self) -> list[int]:
+        return [0, 1, 2, 4]
+
+    def _label_mapping(self) -> tuple[list[int], list[int]]:
+        return [0, 1, 2, 4], [0, 1, 2, 3]
+
+    def _label_convention(self) -> str:
+        return "BraTS labels: 0 background, 1 NCR/NET, 2 edema, 4 enhancing tumour"
+
+    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
+        return resize(keys, self.resize)
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return [CheckChannelsd("image", BRATS_MODALITIES, "BraTS"), *intensity_scaling(self.intensity)]

@@ -1,0 +1,172 @@
+"""The BUSI breast ultrasound component (MbLS, Murugesan et al.): 2D PNG images served as depth-1 volumes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+from monai.data import MetaTensor
+from monai.transforms import Compose, EnsureTyped, LoadImage, MapTransform, ResizeWithPadOrCropd
+
+from calib_monai.data.helpers import existing_root, intensity_scaling, resize
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.transforms import CaseDataError, ValidateSegmentationd
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["BUSI", "BUSI_LAYOUTS", "LoadBUSId"]
+
+logger = logging.getLogger("calib_monai.data")
+
+BUSI_LAYOUTS = (
+    "BUSI: <dataset_dir>/Dataset_BUSI_with_GT/{benign,malignant}/<name> (N).png with <name> (N)_mask.png (and "
+    "optional <name> (N)_mask_1.png, ...); dataset_dir may also be Dataset_BUSI_with_GT itself",
+)
+BUSI_CLASSES = ("benign", "malignant")
+_MASK = re.compile(r"_mask(_\d+)?$")
+
+
+class LoadBUSId(MapTransform):
+    """Read a BUSI image and the union of its masks as depth-1 volumes ``(1, H, W, 1)`` (PNG via MONAI's PILReader).
+
+    RGB(A) images become grey (mean of R, G, B; BUSI stores grey ultrasound as RGB); mask pixels > 0 in any of the
+    ``label`` files (one path or a list) get ``lesion_value`` (1), or 2 for a case under ``malignant/`` when
+    ``malignant_value=2`` (benign/malignant classes). A reader failure is a ``CaseDataError`` naming the file.
+    """
+
+    def __init__(self, image_key: str = "image", label_key: str | None = "label", malignant_value: int = 1):
+        super().__init__([k for k in (image_key, label_key) if k])
+        self.image_key, self.label_key, self.malignant_value = image_key, label_key, int(malignant_value)
+        self.reader = LoadImage(reader="PILReader", image_only=True, reverse_indexing=False)  # (H, W) as in the PNG
+
+    def _read(self, path: str) -> MetaTensor:
+        try:
+            array = self.reader(path)
+        except Exception as err:  # any reader failure: name the file, keep the cause
+            raise CaseDataError(f"cannot read {path} ({type(err).__name__}: {err}); the PNG is truncated or not an "
+                                "image: re-download it or remove the case") from err  # fmt: skip
+        if array.ndim == 3:
+            array = array[..., :3].float().mean(-1)
+        return array
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = dict(data)
+        image_path = str(d[self.image_key])
+        image = self._read(image_path)
+        d[self.image_key] = MetaTensor(image[None, ..., None].float(), meta={"filename_or_obj": image_path})
+        if self.label_key and self.label_key in d:
+            paths = d[self.label_key] if isinstance(d[self.label_key], (list, tuple)) else [d[self.label_key]]
+            union = torch.zeros(image.shape, dtype=torch.bool)
+            for path in paths:
+                mask = self._read(str(path))
+                if tuple(mask.shape) != tuple(image.shape):
+                    raise CaseDataError(f"mask {path} is {tuple(mask.shape)} pixels but its image {image_path} is "
+                                        f"{tuple(image.shape)}: they must match; fix the mask or remove the case")
+                union |= mask.as_tensor() > 0
+            value = self.malignant_value if Path(image_path).parent.name == "malignant" else 1
+            d[self.label_key] = MetaTensor((union.float() * value)[None, ..., None], meta={"filename_or_obj": paths[0]})
+        return d
+
+
+class BUSI(VolumeSegmentationData):
+    """BUSI (Breast UltraSound Images, Al-Dhabyani et al.): breast lesions in 2D ultrasound; benign and malignant
+    images only (normal images, without lesions, are excluded: 437 + 210 = 647), 1 input channel.
+
+    Classes: MbLS reports BUSI as one "Tumor" class, so by default the label is background 0 / lesion 1
+    (``classes="lesion"``, 2 classes); ``classes="type"`` gives background 0 / benign 1 / malignant 2 (3 classes).
+
+    Layout (``BUSI_LAYOUTS``): ``<class>/<name> (N).png`` with ``<name> (N)_mask.png``; a few images have more masks
+    (``_mask_1.png``, ...), whose union is the label.
+
+    Preprocessing (MbLS: "resized to a resolution of 256x256"; 445/65/137 images): PNG read with MONAI's PILReader,
+    grey, each image a volume of depth 1, ``(1, H, W, 1)``, so that the 2D-slice / 3D-volume machinery and
+    ``SliceInferer`` work unchanged; resize to 256x256 (bilinear, anti-aliased; nearest for labels); per-image
+    min-max scaling to [0, 1]. No orientation or spacing: PNGs carry none.
+
+    Citation: Al-Dhabyani W., Gomaa M., Khaled H., Fahmy A., "Dataset of breast ultrasound images", Data in Brief 28,
+    104863, 2020.
+
+    Args:
+        dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent).
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: preprocessed size (H, W, 1).
+        seed: seed of the split.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        split: (train, val, test) image counts, or their ratios for another number of images.
+        classes: "lesion" (background / lesion) or "type" (background / benign / malignant).
+    """
+
+    source = "busi"
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (256, 256, 1), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, split: Sequence[int] = (445, 65, 137), classes: str = "lesion"):  # fmt: skip
+        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
+                         num_workers=num_workers)  # fmt: skip
+        if self.roi_size[2] != 1:
+            raise ValueError(f"BUSI images are 2D: roi_size must be (H, W, 1), got {self.roi_size}")
+        if classes not in ("lesion", "type"):
+            raise ValueError(f"classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), "
+                             f"got {classes!r}")  # fmt: skip
+        self.classes = classes
+        root = existing_root(dataset_dir, BUSI_LAYOUTS)
+        inner = root / "Dataset_BUSI_with_GT"
+        self.root = inner if inner.is_dir() and not (root / "benign").is_dir() else root
+        self._cases = self._collect()
+        logger.info("BUSI: %d benign/malignant images in %s", len(self._cases), self.root)
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        if self.classes == "type":
+            return {"0": "background", "1": "benign", "2": "malignant"}
+        return {"0": "background", "1": "lesion"}
+
+    def _dataset_root(self) -> str:
+        return str(self.root)
+
+    def _find_cases(self) -> list[dict]:
+        return self._cases
+
+    def _collect(self) -> list[dict]:
+        folders = [self.root / c for c in BUSI_CLASSES if (self.root / c).is_dir()]
+        if not folders:
+            raise layout_error(self.root, "has no benign/ or malignant/ folder", BUSI_LAYOUTS)
+        cases = []
+        for folder in folders:
+            pngs = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".png" and not p.name.startswith("."))
+            masks: dict[str, list[str]] = {}
+            for p in pngs:
+                match = _MASK.search(p.stem)
+                if match:
+                    masks.setdefault(p.stem[: match.start()], []).append(str(p))
+            for image in (p for p in pngs if not _MASK.search(p.stem)):
+                if image.stem not in masks:
+                    raise ValueError(f"BUSI image {image} has no mask: expected {image.with_name(image.stem)}_mask.png;"
+                                     " add it or remove the image")  # fmt: skip
+                cases.append({"image": str(image), "label": sorted(masks[image.stem])})
+        if not cases:
+            raise layout_error(self.root, "has benign/malignant folders but no <name> (N).png images", BUSI_LAYOUTS)
+        return cases
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return intensity_scaling("minmax")
+
+    def _build_preprocessing(self) -> Compose:
+        keys = ("image", "label")
+        return Compose([
+            LoadBUSId("image", "label", malignant_value=2 if self.classes == "type" else 1),
+            ValidateSegmentationd("image", "label", allowed_labels=[int(v) for v in self.label_names],
+                                  label_description=f" of BUSI ({self._label_convention()})"),
+            EnsureTyped(keys, dtype=torch.float32, track_meta=True),
+            *resize(keys, self.roi_size[:2] + (1,)),
+            *self._intensity_transforms(),
+            ResizeWithPadOrCropd(keys, spatial_size=self.roi_size),
+        ])  # fmt: skip
+
+    def _image_only_transforms(self) -> list[Callable]:
+        """Inference on unlabelled PNGs (used by ``calib_monai.data.inference_preprocessing``)."""
+        return [LoadBUSId("image", None), EnsureTyped("image", dtype=torch.float32, track_meta=True),
+                *resize(("image",), self.roi_size[:2] + (1,)), *self._intensity_transforms()]  # fmt: skip

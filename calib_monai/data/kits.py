@@ -1,0 +1,104 @@
+"""The KiTS19 kidney tumour CT component (NACL journal, following Islam and Glocker's SVLS setup)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+import nibabel as nib
+
+from calib_monai.data.helpers import existing_root, intensity_scaling
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["KITS_LAYOUTS", "KiTS"]
+
+logger = logging.getLogger("calib_monai.data")
+
+KITS_LAYOUTS = (
+    "KiTS19: <dataset_dir>/case_NNNNN/imaging.nii.gz with segmentation.nii.gz (or <dataset_dir>/data/case_NNNNN/...)"
+    " as in github.com/neheller/kits19",
+)
+
+
+class KiTS(VolumeSegmentationData):
+    """KiTS19 (Kidney Tumor Segmentation challenge 2019): kidney (1) and tumour (2) in contrast-enhanced abdominal
+    CT; 3 classes with background, 1 input channel.
+
+    Layout (``KITS_LAYOUTS``): ``case_NNNNN/imaging.nii.gz`` + ``segmentation.nii.gz``; cases without a
+    segmentation (the challenge's test cases 210-299) are skipped. KiTS19 stores arrays as (slices, H, W), with an
+    affine that maps the FIRST array axis to the superior-inferior direction; RAS orientation therefore moves the
+    slices to the last axis and the 2D training slices are axial. A file whose affine does not map axis 0 to S/I
+    (a re-saved copy that lost it) is refused, since its slices would be sagittal.
+
+    Preprocessing (NACL journal, following Islam and Glocker, 2021: "resampled ... to a common resolution of
+    3.22x1.62x1.62 mm and center crop to image size 80x160x160"): RAS orientation, resampling to
+    ``spacing`` = (1.62, 1.62, 3.22) mm in (x, y, z) order, the CT ``window`` (HU) scaled to [0, 1] with clipping,
+    and an image-centre crop/pad to ``roi_size`` = (160, 160, 80). The paper gives no window; the default
+    [-79, 304] HU is nnU-Net's KiTS19 foreground range (Isensee et al., Nat. Methods 2021).
+
+    Split: 150/25/40 (NACL); the public release has 210 labelled cases, so the ratios give 147/24/39.
+
+    Citation: Heller N. et al., "The KiTS19 challenge data: 300 kidney tumor cases with clinical context, CT semantic
+    segmentations, and surgical outcomes", arXiv:1904.00445, 2019.
+
+    Args:
+        dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent).
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: preprocessed size (H, W, D).
+        seed: seed of the split.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        spacing: resampling voxel spacing in mm (x, y, z after RAS orientation).
+        split: (train, val, test) counts, or their ratios for another number of cases.
+        window: CT window (HU) mapped to [0, 1].
+    """
+
+    source = "kits19"
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (160, 160, 80), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
+                 split: Sequence[int] = (150, 25, 40), window: Sequence[float] = (-79.0, 304.0)):  # fmt: skip
+        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground=False, cache_rate=cache_rate,
+                         num_workers=num_workers)  # fmt: skip
+        self.window = tuple(float(w) for w in window)
+        intensity_scaling(self.window)  # fails early on a bad window
+        root = existing_root(dataset_dir, KITS_LAYOUTS)
+        self.root = root / "data" if not any(root.glob("case_*")) and (root / "data").is_dir() else root
+        folders = sorted(p for p in self.root.glob("case_*") if p.is_dir())
+        if not folders:
+            raise layout_error(self.root, "has no case_NNNNN folders", KITS_LAYOUTS)
+        self._cases = []
+        for folder in folders:
+            image, label = folder / "imaging.nii.gz", folder / "segmentation.nii.gz"
+            if not image.is_file():
+                raise ValueError(f"KiTS19 case folder {folder} has no imaging.nii.gz; restore it or remove the folder")
+            if label.is_file():
+                self._check_slice_axis(image)
+                self._cases.append({"image": str(image), "label": str(label)})
+        if not self._cases:
+            raise layout_error(self.root, "has case folders but no segmentation.nii.gz in them", KITS_LAYOUTS)
+        logger.info("KiTS19: %d labelled cases in %s", len(self._cases), self.root)
+
+    @staticmethod
+    def _check_slice_axis(image) -> None:
+        """KiTS19's affine maps array axis 0 (slices) to S/I; without it the "axial" slices would not be axial."""
+        codes = nib.aff2axcodes(nib.load(str(image)).affine)
+        if codes[0] not in ("S", "I"):
+            raise ValueError(f"{image} has orientation {''.join(codes)}: KiTS19 stores (slices, H, W) with array axis 0"
+                             " along S/I, and this affine puts it along another axis, so the training slices would "
+                             "not be axial; use the original KiTS19 files (github.com/neheller/kits19)")  # fmt: skip
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return {"0": "background", "1": "kidney", "2": "tumor"}
+
+    def _dataset_root(self) -> str:
+        return str(self.root)
+
+    def _find_cases(self) -> list[dict[str, str]]:
+        return self._cases
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return intensity_scaling(self.window)

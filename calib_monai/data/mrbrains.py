@@ -1,0 +1,123 @@
+"""The MRBrainS18 brain tissue component (NACL journal, MbLS): GM, WM, CSF with leave-one-subject-out folds."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from calib_monai.data.helpers import CheckChannelsd, existing_root, intensity_scaling, require_file
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData
+
+__all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]
+
+logger = logging.getLogger("calib_monai.data")
+
+MRBRAINS_MODALITIES = ("reg_T1.nii.gz", "FLAIR.nii.gz", "reg_IR.nii.gz")  # T1, T2-FLAIR, T1-IR (registered to FLAIR)
+# MRBrainS18 labels (segm.nii.gz): 0 background, 1 cortical gray matter, 2 basal ganglia, 3 white matter, 4 white
+# matter lesions, 5 cerebrospinal fluid in the extracerebral space, 6 ventricles, 7 cerebellum, 8 brain stem,
+# 9 infarction, 10 other. The challenge's 3-tissue evaluation merges 1+2 -> GM, 3+4 -> WM, 5+6 -> CSF and leaves out
+# cerebellum, brain stem, infarction and other, which therefore become background here.
+MRBRAINS18_TO_TISSUE = {0: 0, 1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3, 7: 0, 8: 0, 9: 0, 10: 0}
+MRBRAINS_LAYOUTS = (
+    "MRBrainS18: <dataset_dir>/training/<id>/pre/{reg_T1.nii.gz, reg_IR.nii.gz, FLAIR.nii.gz} with "
+    "<dataset_dir>/training/<id>/segm.nii.gz (dataset_dir may also be training/ itself)",
+)
+
+
+def _subject_order(name: str) -> tuple[int, str]:
+    return (int(name), name) if name.isdigit() else (1 << 30, name)
+
+
+class MRBrainS(VolumeSegmentationData):
+    """MRBrainS18 brain tissue segmentation: gray matter (GM 1), white matter (WM 2), cerebrospinal fluid (CSF 3);
+    4 classes with background; T1, T2-FLAIR and T1-IR as 3 input channels; 7 subjects, leave-one-subject-out.
+
+    Layout (``MRBRAINS_LAYOUTS``): ``training/<id>/pre/`` (the pre-processed, FLAIR-registered scans) and
+    ``training/<id>/segm.nii.gz``. The 10 labels of the release are reduced to the three tissues of the challenge's
+    evaluation with ``MRBRAINS18_TO_TISSUE``: cortical GM + basal ganglia -> GM, WM + WM lesions -> WM, extracerebral
+    CSF + ventricles -> CSF, cerebellum, brain stem, infarction and other -> background.
+
+    Folds (NACL: "leave-one-out-cross-validation"): subjects sorted by id, ``fold`` k holds out subject k for
+    testing, one other subject (chosen with ``seed``) validates, the rest (5) train. ``datalist.json`` records the
+    fold; reusing an output_dir with another fold is an error.
+
+    Preprocessing: the three modalities stacked as channels (T1, FLAIR, IR: the paper's "T1, T2 and T1-IR"; the
+    release's T2 is a T2-FLAIR), RAS orientation, no resampling (240x240x48 at 0.96x0.96x3 mm), per-volume and
+    per-channel min-max scaling to [0, 1], centre crop/pad to ``roi_size`` = (240, 240, 48).
+
+    Citation: Mendrik A.M. et al., "MRBrainS challenge: online evaluation framework for brain image segmentation in
+    3T MRI scans", Computational Intelligence and Neuroscience, 2015; MRBrainS18: https://mrbrains18.isi.uu.nl.
+
+    Args:
+        dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself).
+        output_dir: the run's output folder (``datalist.json`` of the fold's split).
+        roi_size: preprocessed size (H, W, D).
+        seed: seed of the choice of the validation subject.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        fold: index (0..n-1) of the held-out test subject in id order.
+        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
+    """
+
+    source = "mrbrains18"
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (240, 240, 48), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, fold: int = 0, intensity: str | Sequence[float] = "minmax"):  # fmt: skip
+        root = existing_root(dataset_dir, MRBRAINS_LAYOUTS)
+        self.root = root / "training" if (root / "training").is_dir() else root
+        subjects = sorted((p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
+                          key=lambda p: _subject_order(p.name))  # fmt: skip
+        if len(subjects) < 3:
+            raise layout_error(self.root, f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-out "
+                               "needs at least 3 (training, validation, test)", MRBRAINS_LAYOUTS)  # fmt: skip
+        if not 0 <= int(fold) < len(subjects):
+            raise ValueError(f"fold must be in 0..{len(subjects) - 1} (one per subject: "
+                             f"{[p.name for p in subjects]}), got {fold}")  # fmt: skip
+        self.fold = int(fold)
+        super().__init__(output_dir, roi_size, None, (len(subjects) - 2, 1, 1), seed, crop_foreground=False,
+                         cache_rate=cache_rate, num_workers=num_workers)  # fmt: skip
+        self.intensity = intensity
+        intensity_scaling(intensity)  # fails early on a bad value
+        self.subjects = [p.name for p in subjects]
+        self._cases = [{"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
+                        "label": require_file(p / "segm.nii.gz", "MRBrainS18 label")} for p in subjects]  # fmt: skip
+        logger.info("MRBrainS18: %d subjects in %s, fold %d tests subject %s", len(subjects), self.root, self.fold,
+                    self.subjects[self.fold])  # fmt: skip
+
+    @property
+    def label_names(self) -> dict[str, str]:
+        return {"0": "background", "1": "GM", "2": "WM", "3": "CSF"}
+
+    def _dataset_root(self) -> str:
+        return str(self.root)
+
+    def _find_cases(self) -> list[dict]:
+        return self._cases
+
+    def _datalist_info(self) -> dict:
+        return {**super()._datalist_info(), "fold": self.fold, "test_subject": self.subjects[self.fold]}
+
+    def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
+        by_subject = {Path(c["label"]).parent.name: c for c in cases}
+        test = self.subjects[self.fold]
+        rest = [s for s in self.subjects if s != test]
+        validation = rest[int(np.random.default_rng(int(seed)).integers(len(rest)))]
+        return {"training": [by_subject[s] for s in rest if s != validation],
+                "validation": [by_subject[validation]], "test": [by_subject[test]]}  # fmt: skip
+
+    def _raw_label_values(self) -> list[int]:
+        return list(MRBRAINS18_TO_TISSUE)
+
+    def _label_mapping(self) -> tuple[list[int], list[int]]:
+        return list(MRBRAINS18_TO_TISSUE), list(MRBRAINS18_TO_TISSUE.values())
+
+    def _label_convention(self) -> str:
+        return "MRBrainS18 labels 0..10: 1 cortical GM, 2 basal ganglia, 3 WM, 4 WM lesions, 5 CSF, 6 ventricles, ..."
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return [CheckChannelsd("image", ("T1", "FLAIR", "IR"), "MRBrainS18"), *intensity_scaling(self.intensity)]

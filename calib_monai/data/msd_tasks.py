@@ -1,0 +1,105 @@
+"""The MSD tasks of the papers: Hippocampus (Task04, MbLS "HPC") and Prostate (Task05, NACL "PROSTATE")."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from calib_monai.data.helpers import CheckChannelsd
+from calib_monai.data.msd import MSDDataset
+
+__all__ = ["Hippocampus", "Prostate"]
+
+
+class _MSDTask(MSDDataset):
+    """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities."""
+
+    task = ""
+    expected_labels: dict[str, str] = {}
+    modalities: tuple[str, ...] = ()
+
+    def _check_description(self) -> None:
+        where = self.dataset_dir / "dataset.json"
+        names = {k: v.lower() for k, v in self._label_names.items()}
+        expected = {k: v.lower() for k, v in self.expected_labels.items()}
+        if names != expected:
+            raise ValueError(f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
+                             "this is not that data set; use calib_monai.data.MSDDataset for other tasks")  # fmt: skip
+        modality = self.description.get("modality")
+        if isinstance(modality, dict) and len(modality) != len(self.modalities):
+            raise ValueError(f"{where} lists modalities {modality}, but {self.task} has {len(self.modalities)} "
+                             f"({', '.join(self.modalities)})")  # fmt: skip
+
+    def _intensity_transforms(self) -> list[Callable]:
+        return [CheckChannelsd("image", self.modalities, self.task), *super()._intensity_transforms()]
+
+
+class Hippocampus(_MSDTask):
+    """MSD Task04_Hippocampus (the MbLS paper's HPC): anterior (1) and posterior (2) hippocampus in T1 MRI crops;
+    3 classes with background, 1 input channel.
+
+    Layout: the MSD task folder (``dataset.json``, ``imagesTr/``, ``labelsTr/``), 260 labelled cases, split at
+    random 185/25/50 (MbLS). Preprocessing: RAS orientation (1 mm isotropic, no resampling), per-volume min-max
+    scaling to [0, 1] (the files mix uint8 and float32 with maxima from 112 to 1.7e6), axial slices padded (centre)
+    to 64x64 with every slice kept (``roi_size=(64, 64, -1)``).
+
+    Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022; Simpson A.L.
+    et al., arXiv:1902.09063, 2019.
+
+    Args:
+        dataset_dir: the Task04_Hippocampus folder.
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
+        seed: seed of the split.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        split: (train, val, test) counts, or their ratios for another number of cases.
+    """
+
+    source = "hippocampus"
+    task = "Task04_Hippocampus"
+    expected_labels = {"0": "background", "1": "Anterior", "2": "Posterior"}
+    modalities = ("T1 MRI",)
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (64, 64, -1), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, split: Sequence[int] = (185, 25, 50)):  # fmt: skip
+        super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=None, split=split, seed=seed,
+                         intensity="minmax", crop_foreground=False, cache_rate=cache_rate, num_workers=num_workers)
+        self._check_description()
+
+
+class Prostate(_MSDTask):
+    """MSD Task05_Prostate (the NACL journal's PROSTATE): peripheral zone (PZ 1) and transition zone (TZ 2) in
+    multi-parametric MRI; T2 and ADC as 2 input channels; 3 classes with background.
+
+    Layout: the MSD task folder (``dataset.json``, ``imagesTr/prostate_NN.nii.gz`` 4D with the two modalities last,
+    ``labelsTr/``), 32 labelled cases, split at random 22/3/7 (NACL). Preprocessing: channels first, RAS
+    orientation, per-volume and per-channel min-max scaling to [0, 1], axial slices centre cropped/padded to
+    ``roi_size`` (320x320, every slice kept). The paper gives no resampling; the volumes share an in-plane spacing
+    of about 0.6 mm, so ``spacing`` defaults to None (pass e.g. (0.625, 0.625, 3.6) to resample).
+
+    Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022.
+
+    Args:
+        dataset_dir: the Task05_Prostate folder.
+        output_dir: the run's output folder (``datalist.json`` of the split).
+        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
+        seed: seed of the split.
+        cache_rate, num_workers: see ``VolumeSegmentationData``.
+        split: (train, val, test) counts, or their ratios for another number of cases.
+        spacing: resampling voxel spacing in mm, or None.
+        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
+    """
+
+    source = "prostate"
+    task = "Task05_Prostate"
+    expected_labels = {"0": "background", "1": "PZ", "2": "TZ"}
+    modalities = ("T2", "ADC")
+
+    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                 roi_size: Sequence[int] = (320, 320, -1), seed: int = 0, cache_rate: float = 1.0,
+                 num_workers: int = 0, split: Sequence[int] = (22, 3, 7), spacing: Sequence[float] | None = None,
+                 intensity: str | Sequence[float] = "minmax"):  # fmt: skip
+        super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=spacing, split=split, seed=seed,
+                         intensity=intensity, crop_foreground=False, cache_rate=cache_rate, num_workers=num_workers)
+        self._check_description()
