@@ -1,0 +1,383 @@
+"""Benchmark calib_monai's calibration metrics and losses against their peers; prints Markdown tables.
+
+Part 1, metrics: on synthetic segmentation outputs (default 10 volumes of 192x192x30, 5 classes; probabilities are
+the softmax of smooth random logits that follow organ-like blobs, so ~10-20% of voxels are ground-truth foreground)
+time ``calib_monai.metrics.ece`` / ``cece`` / ``tace`` (15 bins, ``foreground="gt"``) against
+
+- torchmetrics ``MulticlassCalibrationError(norm="l1", n_bins=15, ignore_index=0)`` (ignore_index=0 selects exactly
+  the ground-truth foreground, like ours), with and without its argument validation;
+- netcal ``ECE(bins=15).measure`` on the foreground voxels (selection and float64 conversion are timed with it);
+- a plain per-bin Python loop in float64 (for each bin: mask, mean), the exactness reference.
+
+Every tool gets the same ``(B, C, H, W, D)`` float32 probabilities and ``(B, 1, H, W, D)`` int64 labels and its
+own voxel selection is inside its timing, as ours is. Each tool's ECE value is printed next to ours.
+
+Part 2, losses: training-step time (forward + loss + backward + Adam step) of a MONAI 2D UNet (batch 16, 96x96,
+5 classes, ``torch.set_num_threads(2)``) for each loss of ``calib_monai.losses`` and ``monai.losses.NACLLoss``,
+against plain cross-entropy. Every loss trains its own copy of the same initial model. The loss alone (forward +
+backward to fixed logits) is timed too: its extra cost over CE divided by the fastest CE step is the "implied"
+step ratio, a number that machine noise hardly moves (steps of a 2-thread run on a busy 2-core machine can slow
+down 10x when a thread is descheduled; ``OMP_WAIT_POLICY=PASSIVE`` softens that).
+
+Timing: warm-up calls, then ``repeats`` rounds; in each round every tool runs once, in an order rotated from round
+to round so that machine noise hits all of them alike. Reported: the median time, the spread (min-max) across
+rounds, and the median of the per-round ratios with their min-max (the resolution of the ratio).
+
+Run: ``python scripts/benchmark_calibration.py --volumes 10 --repeats 5`` (``--quick`` for a tiny smoke run,
+``--profile`` to also print where the time goes in our metrics and in losses that miss their target).
+"""
+
+from __future__ import annotations
+
+import copy
+import cProfile
+import gc
+import inspect
+import io
+import os
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+NUM_CLASSES = 5
+NUM_BINS = 15
+METRIC_TARGET = 10.0  # ours must be >= 10x faster than torchmetrics
+LOSS_TARGET = 1.10  # every loss step must be <= 1.10x the CE step
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# synthetic data
+
+
+def smooth_field(gen: torch.Generator, shape: tuple[int, ...], coarse: int = 5) -> torch.Tensor:
+    """Unit-scale random field, smooth on the scale of ``shape / coarse``: coarse noise upsampled (bi/trilinear)."""
+    small = torch.randn((1, 1, *[min(coarse, s) for s in shape]), generator=gen)
+    mode = "bilinear" if len(shape) == 2 else "trilinear"
+    return F.interpolate(small, size=shape, mode=mode, align_corners=True)[0, 0]
+
+
+def blob_case(gen: torch.Generator, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One case: ``(logits (C, *shape) float32, labels (*shape) int64)`` with one deformed ellipsoid per organ.
+
+    Labels are the deformed blobs; logits follow the undeformed blobs plus smooth noise, so the "network" is
+    confident inside organs and far from them, unsure and sometimes wrong near boundaries (as real models are).
+    """
+    axes = torch.meshgrid(*[torch.linspace(-1.0, 1.0, s) for s in shape], indexing="ij")
+    labels = torch.zeros(shape, dtype=torch.int64)
+    logits = torch.empty((NUM_CLASSES, *shape))
+    logits[0] = 0.0
+    for k in range(1, NUM_CLASSES):
+        centre = torch.rand(len(shape), generator=gen) - 0.5
+        radius = (0.35 if len(shape) == 3 else 0.2) + 0.2 * torch.rand(len(shape), generator=gen)  # fg ~10-20%
+        r2 = sum(((a - c) / r) ** 2 for a, c, r in zip(axes, centre, radius))
+        labels[r2 * (1.0 + 0.2 * smooth_field(gen, shape)) < 1.0] = k
+        logits[k] = (6.0 * (1.0 - r2.sqrt())).clamp_(-6.0, 6.0)
+    for k in range(NUM_CLASSES):
+        logits[k] += smooth_field(gen, shape)  # smooth "model error": boundaries shift, some voxels flip
+    return logits, labels
+
+
+def make_volumes(volumes: int, shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``probs (B, C, *shape)`` float32 (filled in place: one big tensor, no stacking copies), labels ``(B, 1, *shape)``."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.empty((volumes, NUM_CLASSES, *shape))
+    labels = torch.empty((volumes, 1, *shape), dtype=torch.int64)
+    for b in range(volumes):
+        logits, labels[b, 0] = blob_case(gen, shape)
+        torch.softmax(logits, dim=0, out=probs[b])
+    return probs, labels
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timing
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> tuple[dict, dict]:
+    """Run every fn ``warmup`` times, then ``repeats`` rounds in rotated order; returns (times per name, last result)."""
+    results = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            results[name] = fn()
+    names, times = list(fns), {name: [] for name in fns}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            gc.disable()  # a collection inside one tool's window would be charged to it alone
+            t0 = time.perf_counter()
+            results[name] = fns[name]()
+            times[name].append(time.perf_counter() - t0)
+            gc.enable()
+    return times, results
+
+
+def ratio_text(num: list[float], den: list[float]) -> str:
+    """Median of per-round ratios ``num/den`` with their min-max: the ratio and its resolution."""
+    ratios = [a / b for a, b in zip(num, den)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def best_ratio(num: list[float], den: list[float]) -> str:
+    """Ratio of the fastest rounds: under machine contention noise only adds time, so minima are the cleanest."""
+    return f"{min(num) / min(den):.2f}x"
+
+
+def time_text(ts: list[float]) -> str:
+    return f"{statistics.median(ts):.4f} ({min(ts):.4f}-{max(ts):.4f})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# part 1: metrics
+
+
+def loop_ece(probs: torch.Tensor, labels: torch.Tensor, num_bins: int = NUM_BINS) -> float:
+    """Reference top-label ECE on ground-truth foreground voxels: per bin ``(lo, hi]``, mask and mean, float64."""
+    conf, pred = probs.max(dim=1)
+    fg = labels[:, 0] > 0
+    conf = conf[fg].double()
+    correct = (pred[fg] == labels[:, 0][fg]).double()
+    edges = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64)
+    total = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        in_bin = (conf > lo) & (conf <= hi)
+        if lo == 0.0:
+            in_bin |= conf == 0.0  # a confidence of exactly 0 cannot occur with C >= 2, kept for completeness
+        n = int(in_bin.sum())
+        if n:
+            total += n * abs(float(correct[in_bin].mean()) - float(conf[in_bin].mean()))
+    return total / conf.numel()
+
+
+def netcal_ece(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    from netcal.metrics import ECE
+
+    fg = labels[:, 0] > 0
+    x = probs.movedim(1, -1)[fg].double().numpy()  # (N, C) float64: netcal then works in float64 too
+    return float(ECE(bins=NUM_BINS).measure(x, labels[:, 0][fg].numpy()))
+
+
+def edge_hits(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, int]:
+    """How many foreground confidences sit exactly on a bin edge (where (lo,hi] and [lo,hi) bins disagree)."""
+    conf = probs.max(dim=1).values[labels[:, 0] > 0].numpy()
+    e32 = np.linspace(0, 1, NUM_BINS + 1, dtype=np.float32)  # torchmetrics compares float32 to float32 edges
+    e64 = np.linspace(0, 1, NUM_BINS + 1)
+    return {
+        "float32 edges": int(np.isin(conf, e32).sum()),
+        "float64 edges": int(np.isin(conf.astype(np.float64), e64).sum()),
+        "conf == 1": int((conf == 1.0).sum()),
+        "foreground voxels": int(conf.size),
+    }
+
+
+def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup: int, seed: int, profile: bool) -> bool:
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    from calib_monai.metrics import cece, ece, tace
+
+    probs, labels = make_volumes(volumes, shape, seed)
+    fg_frac = float((labels > 0).float().mean())
+    print(f"\n## Calibration metrics: {volumes} volumes of {'x'.join(map(str, shape))}, {NUM_CLASSES} classes, "
+          f"{NUM_BINS} bins, ground-truth foreground = {100 * fg_frac:.1f}% of voxels, "
+          f"probs {probs.nbytes / 2**20:.0f} MiB, torch threads {torch.get_num_threads()}\n")
+
+    tm_checked = MulticlassCalibrationError(num_classes=NUM_CLASSES, n_bins=NUM_BINS, norm="l1", ignore_index=0)
+    tm_fast = MulticlassCalibrationError(
+        num_classes=NUM_CLASSES, n_bins=NUM_BINS, norm="l1", ignore_index=0, validate_args=False
+    )
+
+    def run_tm(metric):
+        metric.reset()
+        metric.update(probs, labels[:, 0])
+        return float(metric.compute())
+
+    kw = {"num_bins": NUM_BINS, "foreground": "gt"}
+    fns = {
+        "ours ECE": lambda: ece(probs, labels, **kw),
+        "ours CECE": lambda: cece(probs, labels, **kw),
+        "ours TACE": lambda: tace(probs, labels, **kw),
+        "torchmetrics MulticlassCalibrationError": lambda: run_tm(tm_checked),
+        "torchmetrics, validate_args=False": lambda: run_tm(tm_fast),
+        "netcal ECE": lambda: netcal_ece(probs, labels),
+        "per-bin Python loop (float64)": lambda: loop_ece(probs, labels),
+    }
+    times, values = interleaved(fns, repeats, warmup)
+    ours = times["ours ECE"]
+    ours_all = [a + b + c for a, b, c in zip(ours, times["ours CECE"], times["ours TACE"])]
+    ref = values["ours ECE"]
+
+    print("| tool | value | value - ours ECE | time s: median (min-max) | peer / ours ECE: median (min-max) "
+          "| best / best | peer / ours ECE+CECE+TACE |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("ours ECE", "ours CECE", "ours TACE"):
+        print(f"| {name} | {values[name]:.10f} | - | {time_text(times[name])} | - | - | - |")
+    print(f"| ours ECE+CECE+TACE | - | - | {time_text(ours_all)} | - | - | - |")
+    for name in list(fns)[3:]:
+        print(f"| {name} | {values[name]:.10f} | {values[name] - ref:+.2e} | {time_text(times[name])} "
+              f"| {ratio_text(times[name], ours)} | {best_ratio(times[name], ours)} | {ratio_text(times[name], ours_all)} |")
+
+    hits = edge_hits(probs, labels)
+    print(f"\nBin-edge hits among foreground confidences: {hits}.")
+    print("Definitions: all four compute top-label ECE = sum_b n_b/N |acc_b - conf_b| over the same voxels "
+          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on exact edges k/15: "
+          "float32 conf * 15 is exact in float64; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
+          "float32 with conf == 1 in an extra 16th bin; netcal [lo, hi) with the last bin closed and confidences "
+          "clipped to [eps, 1 - eps]. They can differ only through voxels on an edge (counted above) and float32 "
+          "sums (torchmetrics, ~1e-6).")
+
+    tm_ratio = statistics.median([a / b for a, b in zip(times["torchmetrics MulticlassCalibrationError"], ours)])
+    exact = abs(ref - values["per-bin Python loop (float64)"]) < 1e-12
+    met = tm_ratio >= METRIC_TARGET and exact
+    print(f"\nTarget ours >= {METRIC_TARGET:.0f}x faster than torchmetrics and exact: speed {tm_ratio:.2f}x, "
+          f"|ours - float64 loop| = {abs(ref - values['per-bin Python loop (float64)']):.1e} -> "
+          f"{'MET' if met else 'MISSED'}")
+    if profile:
+        for name in ("ours ECE", "ours CECE", "ours TACE", "torchmetrics MulticlassCalibrationError"):
+            prof = cProfile.Profile()
+            prof.runcall(fns[name])
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(8)
+            print(f"\n### profile of {name} (top by own time)\n```\n{out.getvalue().strip()}\n```")
+    del probs, labels
+    return met
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# part 2: losses
+
+
+def build(cls: type, **known) -> torch.nn.Module:
+    """Construct a loss passing only the class-count / spatial-dims arguments its signature names."""
+    aliases = {"classes": "nc", "num_classes": "nc", "n_classes": "nc", "dim": "dim", "spatial_dims": "dim"}
+    params = inspect.signature(cls.__init__).parameters
+    return cls(**{p: known[aliases[p]] for p in params if p in aliases})
+
+
+def loss_zoo() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """name -> fn(logits (B, C, H, W), labels (B, 1, H, W) int64); defaults of each loss, 5 classes, 2D."""
+    import monai.losses
+
+    from calib_monai import losses
+
+    ce = torch.nn.CrossEntropyLoss()
+    zoo = {"plain CE (torch)": lambda lg, y: ce(lg, y[:, 0])}
+    for name in ("CEDiceLoss", "FocalLoss", "ECPLoss", "LabelSmoothingLoss", "SVLSLoss", "MbLSLoss", "NACLLoss"):
+        zoo[name] = build(getattr(losses, name), nc=NUM_CLASSES, dim=2)
+    monai_nacl = monai.losses.NACLLoss(classes=NUM_CLASSES, dim=2)
+    zoo["monai.losses.NACLLoss (peer)"] = lambda lg, y: monai_nacl(lg, y[:, 0])  # MONAI's wants (B, H, W)
+    return zoo
+
+
+def benchmark_losses(batch: int, size: int, repeats: int, warmup: int, steps: int, seed: int, profile: bool) -> bool:
+    from monai.networks.nets import UNet
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    cases = [blob_case(gen, (size, size)) for _ in range(batch)]
+    labels = torch.stack([c[1] for c in cases])[:, None]
+    image = labels.float() / NUM_CLASSES + 0.3 * torch.randn(labels.shape, generator=gen)  # noisy organ intensities
+    base = UNet(spatial_dims=2, in_channels=1, out_channels=NUM_CLASSES, channels=(16, 32, 64, 128, 256),
+                strides=(2, 2, 2, 2), num_res_units=2)
+    zoo = loss_zoo()
+    print(f"\n## Training step: MONAI 2D UNet, batch {batch}, {size}x{size}, {NUM_CLASSES} classes, torch threads "
+          f"{torch.get_num_threads()}, {steps} step(s) per timing, {repeats} rounds; ground-truth foreground = "
+          f"{100 * float((labels > 0).float().mean()):.1f}%\n")
+
+    def make_step(loss_fn):
+        model = copy.deepcopy(base).train()  # same initial weights for every loss, own optimizer state
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def run():
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(image), labels)
+                loss.backward()
+                opt.step()
+            return float(loss.detach())
+
+        return run
+
+    def make_alone(loss_fn):
+        # the loss by itself, forward + backward to the logits: what it adds to a step, free of the UNet's noise
+        def run():
+            for _ in range(5):
+                leaf = logits.detach().requires_grad_(True)
+                loss_fn(leaf, labels).backward()
+
+        return run
+
+    with torch.no_grad():
+        logits = base(image)  # realistic (untrained) network outputs
+    alone, _ = interleaved({name: make_alone(fn) for name, fn in zoo.items()}, repeats, warmup)
+    fns = {name: make_step(fn) for name, fn in zoo.items()}
+    times, values = interleaved(fns, repeats, warmup)
+    ce, ce_alone = times["plain CE (torch)"], min(alone["plain CE (torch)"]) / 5
+    print(f"| loss | last loss value | step s: median (min-max) | step / CE step: median (min-max) | best / best "
+          f"| loss fwd+bwd alone ms, best (minus CE's) | implied step / CE | <= {LOSS_TARGET:.2f}x |")
+    print("|---|---|---|---|---|---|---|---|")
+    all_met, missed = True, []
+    for name in fns:
+        per_step = [t / steps for t in times[name]]
+        ratio = statistics.median([a / b for a, b in zip(times[name], ce)])
+        ok = ratio <= LOSS_TARGET
+        if name != "plain CE (torch)" and not ok:
+            missed.append(name)
+            all_met &= "peer" in name  # the MONAI peer is reported, not held to our target
+        mark = "-" if name == "plain CE (torch)" else ("yes" if ok else f"NO (+{100 * (ratio - LOSS_TARGET):.1f} pts)")
+        own = min(alone[name]) / 5  # short calls: the fastest round is the one contention missed
+        print(f"| {name} | {values[name]:.4f} | {time_text(per_step)} | {ratio_text(times[name], ce)} "
+              f"| {best_ratio(times[name], ce)} | {1e3 * own:.1f} ({1e3 * (own - ce_alone):+.1f}) "
+              f"| {1 + (own - ce_alone) / (min(ce) / steps):.3f}x | {mark} |")
+    print(f"\nTarget every loss <= {LOSS_TARGET:.2f}x the CE step: {'MET' if all_met else 'MISSED'}"
+          + (f" (over: {', '.join(missed)})" if missed else ""))
+    if profile:
+        for name in ["plain CE (torch)"] + missed:
+            with torch.profiler.profile() as prof:
+                fns[name]()
+            print(f"\n### torch.profiler of {name} ({steps} step(s), top ops by self CPU time)\n```\n"
+                  f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=12)}\n```")
+    return all_met
+
+
+def load_text() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main(
+    volumes: int = 10,
+    repeats: int = 5,
+    warmup: int = 1,
+    height: int = 192,
+    depth: int = 30,
+    batch: int = 16,
+    size: int = 96,
+    steps: int = 2,
+    threads: int = 2,
+    seed: int = 0,
+    quick: bool = False,
+    profile: bool = False,
+    skip_metrics: bool = False,
+    skip_losses: bool = False,
+) -> None:
+    """Print the metric and loss benchmark tables (Markdown). ``--quick``: tiny sizes, a smoke run of seconds."""
+    if quick:
+        volumes, repeats, warmup, height, depth, batch, size, steps = 2, 2, 1, 32, 8, 2, 32, 1
+    torch.set_num_threads(threads)
+    print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
+          f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
+    print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
+    if not skip_metrics:
+        benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
+    if not skip_losses:
+        benchmark_losses(batch, size, repeats, warmup + 1, steps, seed, profile)
+    print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
+
+
+if __name__ == "__main__":
+    import fire
+
+    fire.Fire(main)

@@ -1,0 +1,51 @@
+"""scripts/benchmark_calibration.py: its data generator, reference ECE and tables run on tiny sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_calibration.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmark_calibration", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_volumes_are_probabilities_with_blobs(bench):
+    probs, labels = bench.make_volumes(2, (32, 32, 8), seed=0)
+    assert probs.shape == (2, 5, 32, 32, 8) and probs.dtype == torch.float32
+    assert labels.shape == (2, 1, 32, 32, 8) and labels.dtype == torch.int64
+    torch.testing.assert_close(probs.sum(1), torch.ones(2, 32, 32, 8))
+    assert 0.02 < float((labels > 0).float().mean()) < 0.5
+    again, _ = bench.make_volumes(2, (32, 32, 8), seed=0)
+    assert torch.equal(probs, again)  # fixed seeds
+
+
+def test_loop_ece_matches_netcal_and_ours(bench):
+    probs, labels = bench.make_volumes(2, (32, 32, 8), seed=1)
+    ref = bench.loop_ece(probs, labels)
+    assert 0.0 < ref < 1.0
+    assert bench.netcal_ece(probs, labels) == pytest.approx(ref, abs=1e-12)
+    metrics = pytest.importorskip("calib_monai.metrics")
+    assert metrics.ece(probs, labels, num_bins=15, foreground="gt") == pytest.approx(ref, abs=1e-12)
+
+
+def test_interleaved_and_ratio_text(bench):
+    times, results = bench.interleaved({"a": lambda: 1, "b": lambda: 2}, repeats=3, warmup=1)
+    assert results == {"a": 1, "b": 2} and all(len(t) == 3 for t in times.values())
+    assert bench.ratio_text([2.0, 4.0], [1.0, 1.0]) == "3.00x (2.00-4.00)"
+
+
+def test_quick_run_prints_tables(bench, capsys):
+    pytest.importorskip("calib_monai.metrics")
+    bench.main(quick=True, skip_losses=True)
+    out = capsys.readouterr().out
+    assert "| ours ECE |" in out and "torchmetrics" in out and "netcal ECE" in out
