@@ -45,7 +45,8 @@ class ACDC(VolumeSegmentationData):
     and diagnosis: is the problem solved?", IEEE TMI 37(11), 2018.
 
     Args:
-        dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``).
+        dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``); None: no data set, a
+            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: final size (H, W, D) after the resize; ``-1`` keeps the slices of each volume.
         seed: seed of the patient split (when no split lists are used).
@@ -57,7 +58,7 @@ class ACDC(VolumeSegmentationData):
 
     source = "acdc"
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (224, 224, -1), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, resize: Sequence[int] = (224, 224), split: Sequence[int] = (70, 10, 20),
                  use_split_lists: bool = True):  # fmt: skip
@@ -67,6 +68,9 @@ class ACDC(VolumeSegmentationData):
         if len(self.resize) != 2 or min(self.resize) <= 0:
             raise ValueError(f"resize must be the in-plane size (H, W), two positive ints, got {tuple(resize)}")
         self.root = existing_root(dataset_dir, ACDC_LAYOUTS)
+        self.patients_dir, self.split_lists, self._cases = None, None, []
+        if self.root is None:  # preprocessing only
+            return
         self.patients_dir = next((d for d in (self.root / "database" / "training", self.root / "training", self.root)
                                   if d.is_dir() and any(d.glob("patient*"))), None)  # fmt: skip
         if self.patients_dir is None:
@@ -80,9 +84,6 @@ class ACDC(VolumeSegmentationData):
     @property
     def label_names(self) -> dict[str, str]:
         return dict(ACDC_LABEL_NAMES)
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases

@@ -66,7 +66,8 @@ class BraTS(VolumeSegmentationData):
     and radiomic features", Sci. Data 4, 2017; Bakas S. et al., arXiv:1811.02629, 2018.
 
     Args:
-        dataset_dir: the BraTS 2019 training folder (or its parent).
+        dataset_dir: the BraTS 2019 training folder (or its parent); None: no data set, a preprocessing-only
+            component for inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: final size (H, W, D), a centre crop/pad after the resize.
         seed: seed of the split.
@@ -79,7 +80,7 @@ class BraTS(VolumeSegmentationData):
     source = "brats"
     drop_empty_training_slices = True
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (192, 192, 128), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, resize: Sequence[int] = (192, 192, 128), split: Sequence[int] = (235, 35, 65),
                  intensity: str | Sequence[float] = "minmax"):  # fmt: skip
@@ -91,6 +92,9 @@ class BraTS(VolumeSegmentationData):
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
         root = existing_root(dataset_dir, BRATS_LAYOUTS)
+        self._cases = []
+        if root is None:  # preprocessing only
+            return
         inner = root / "MICCAI_BraTS_2019_Data_Training"
         self.root = inner if not any((root / g).is_dir() for g in ("HGG", "LGG")) and inner.is_dir() else root
         self._cases = self._collect()
@@ -99,9 +103,6 @@ class BraTS(VolumeSegmentationData):
     @property
     def label_names(self) -> dict[str, str]:
         return dict(BRATS_LABEL_NAMES)
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict]:
         return self._cases

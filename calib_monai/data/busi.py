@@ -90,7 +90,8 @@ class BUSI(VolumeSegmentationData):
     104863, 2020.
 
     Args:
-        dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent).
+        dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent); None: no data set, a preprocessing-only
+            component for inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, 1).
         seed: seed of the split.
@@ -101,7 +102,7 @@ class BUSI(VolumeSegmentationData):
 
     source = "busi"
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (256, 256, 1), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (445, 65, 137), classes: str = "lesion"):  # fmt: skip
         super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
@@ -113,6 +114,9 @@ class BUSI(VolumeSegmentationData):
                              f"got {classes!r}")  # fmt: skip
         self.classes = classes
         root = existing_root(dataset_dir, BUSI_LAYOUTS)
+        self._cases = []
+        if root is None:  # preprocessing only
+            return
         inner = root / "Dataset_BUSI_with_GT"
         self.root = inner if inner.is_dir() and not (root / "benign").is_dir() else root
         self._cases = self._collect()
@@ -123,9 +127,6 @@ class BUSI(VolumeSegmentationData):
         if self.classes == "type":
             return {"0": "background", "1": "benign", "2": "malignant"}
         return {"0": "background", "1": "lesion"}
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict]:
         return self._cases

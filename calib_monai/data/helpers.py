@@ -22,8 +22,12 @@ from calib_monai.data.transforms import CaseDataError, case_filename
 __all__ = ["CheckChannelsd", "in_plane_spacing", "intensity_scaling", "existing_root", "resize", "require_file"]
 
 
-def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path:
-    """``dataset_dir`` resolved; a ValueError listing the expected ``layouts`` when it is empty or not a folder."""
+def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path | None:
+    """``dataset_dir`` resolved; None for None (a preprocessing-only component, for inference: nothing is read); a
+    ValueError listing the expected ``layouts`` when it is empty ("", e.g. a forgotten ``--dataset_dir``) or not a
+    folder."""
+    if dataset_dir is None:
+        return None
     if not dataset_dir:
         raise ValueError("dataset_dir is empty; expected:\n  - " + "\n  - ".join(layouts))
     root = Path(dataset_dir).expanduser().resolve()

@@ -33,11 +33,14 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict[str, 
 
     ``dataset_dir`` may be one NIfTI file, a folder of them, or a data set root holding one of ``IMAGE_FOLDERS``
     (the first found, test images first). An empty ``dataset_dir`` with a dataset component ``data`` lists the
-    images of its test split (the phantoms by default).
+    images of its test split (the phantoms by default); a component built with ``dataset_dir=None``
+    (preprocessing only) has none, so the images must be given.
     """
     if not dataset_dir:
-        if data is None:
-            raise ValueError("dataset_dir is empty: pass a NIfTI file or a folder of images to segment "
+        if data is None or getattr(data, "inference_only", False):
+            built = "" if data is None else (f" and {type(data).__name__} was built without a data set "
+                                             "(dataset_dir=None), so it has no test images to fall back on")
+            raise ValueError(f"dataset_dir is empty{built}: pass a NIfTI file or a folder of images to segment "
                              "(e.g. --dataset_dir /path/to/FLARE22/imagesTs)")  # fmt: skip
         return [{"image": item["image"]} for item in data.datalist()["test"]]
     path = Path(dataset_dir).expanduser()

@@ -44,7 +44,8 @@ class KiTS(VolumeSegmentationData):
     segmentations, and surgical outcomes", arXiv:1904.00445, 2019.
 
     Args:
-        dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent).
+        dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent); None: no data set, a
+            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, D).
         seed: seed of the split.
@@ -56,7 +57,7 @@ class KiTS(VolumeSegmentationData):
 
     source = "kits19"
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (160, 160, 80), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
                  split: Sequence[int] = (150, 25, 40), window: Sequence[float] = (-79.0, 304.0)):  # fmt: skip
@@ -65,11 +66,13 @@ class KiTS(VolumeSegmentationData):
         self.window = tuple(float(w) for w in window)
         intensity_scaling(self.window)  # fails early on a bad window
         root = existing_root(dataset_dir, KITS_LAYOUTS)
+        self._cases = []
+        if root is None:  # preprocessing only
+            return
         self.root = root / "data" if not any(root.glob("case_*")) and (root / "data").is_dir() else root
         folders = sorted(p for p in self.root.glob("case_*") if p.is_dir())
         if not folders:
             raise layout_error(self.root, "has no case_NNNNN folders", KITS_LAYOUTS)
-        self._cases = []
         for folder in folders:
             image, label = folder / "imaging.nii.gz", folder / "segmentation.nii.gz"
             if not image.is_file():
@@ -93,9 +96,6 @@ class KiTS(VolumeSegmentationData):
     @property
     def label_names(self) -> dict[str, str]:
         return {"0": "background", "1": "kidney", "2": "tumor"}
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases

@@ -54,7 +54,9 @@ class MRBrainS(VolumeSegmentationData):
     3T MRI scans", Computational Intelligence and Neuroscience, 2015; MRBrainS18: https://mrbrains18.isi.uu.nl.
 
     Args:
-        dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself).
+        dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself); None: no data set, a
+            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError; ``fold``
+            is not checked against the subjects).
         output_dir: the run's output folder (``datalist.json`` of the fold's split).
         roi_size: preprocessed size (H, W, D).
         seed: seed of the choice of the validation subject.
@@ -65,25 +67,30 @@ class MRBrainS(VolumeSegmentationData):
 
     source = "mrbrains18"
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (240, 240, 48), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, fold: int = 0, intensity: str | Sequence[float] = "minmax"):  # fmt: skip
         root = existing_root(dataset_dir, MRBRAINS_LAYOUTS)
-        self.root = root / "training" if (root / "training").is_dir() else root
-        subjects = sorted((p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
-                          key=lambda p: _subject_order(p.name))  # fmt: skip
-        if len(subjects) < 3:
-            raise layout_error(self.root, f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-out "
-                               "needs at least 3 (training, validation, test)", MRBRAINS_LAYOUTS)  # fmt: skip
-        if not 0 <= int(fold) < len(subjects):
-            raise ValueError(f"fold must be in 0..{len(subjects) - 1} (one per subject: "
-                             f"{[p.name for p in subjects]}), got {fold}")  # fmt: skip
+        subjects: list[Path] = []
+        if root is not None:  # the split needs the number of subjects: only when there is data
+            self.root = root / "training" if (root / "training").is_dir() else root
+            subjects = sorted((p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
+                              key=lambda p: _subject_order(p.name))  # fmt: skip
+            if len(subjects) < 3:
+                raise layout_error(self.root, f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
+                                   "out needs at least 3 (training, validation, test)", MRBRAINS_LAYOUTS)  # fmt: skip
+            if not 0 <= int(fold) < len(subjects):
+                raise ValueError(f"fold must be in 0..{len(subjects) - 1} (one per subject: "
+                                 f"{[p.name for p in subjects]}), got {fold}")  # fmt: skip
         self.fold = int(fold)
-        super().__init__(output_dir, roi_size, None, (len(subjects) - 2, 1, 1), seed, crop_foreground=False,
+        super().__init__(output_dir, roi_size, None, (max(len(subjects) - 2, 1), 1, 1), seed, crop_foreground=False,
                          cache_rate=cache_rate, num_workers=num_workers)  # fmt: skip
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
         self.subjects = [p.name for p in subjects]
+        if root is None:  # preprocessing only
+            self._cases = []
+            return
         self._cases = [{"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
                         "label": require_file(p / "segm.nii.gz", "MRBrainS18 label")} for p in subjects]  # fmt: skip
         logger.info("MRBrainS18: %d subjects in %s, fold %d tests subject %s", len(subjects), self.root, self.fold,
@@ -92,9 +99,6 @@ class MRBrainS(VolumeSegmentationData):
     @property
     def label_names(self) -> dict[str, str]:
         return {"0": "background", "1": "GM", "2": "WM", "3": "CSF"}
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict]:
         return self._cases

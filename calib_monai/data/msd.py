@@ -30,7 +30,9 @@ class MSDDataset(VolumeSegmentationData):
     - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)`` (CT tasks, in HU).
 
     Args:
-        dataset_dir: the task folder (holds ``dataset.json``).
+        dataset_dir: the task folder (holds ``dataset.json``); None: no data set, a preprocessing-only component
+            for inference (``datalist`` and the datasets raise a ValueError), for a subclass whose class names its
+            labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
             keep every slice, as the Hippocampus reference setup).
@@ -43,21 +45,30 @@ class MSDDataset(VolumeSegmentationData):
     """
 
     source = "msd"
+    expected_labels: dict[str, str] = {}  # a subclass for a known task names its classes (needed without data)
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (64, 64, -1), spacing: Sequence[float] | None = None,
                  split: Sequence[int] = (70, 10, 20), seed: int = 0, intensity: str | Sequence[float] = "minmax",
                  crop_foreground: bool = False, cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
         super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground, cache_rate, num_workers)
-        if not dataset_dir:
+        if dataset_dir is None and not self.expected_labels:
+            raise ValueError(f"{type(self).__name__} reads its classes from the task's dataset.json, so it needs "
+                             "dataset_dir (an MSD task folder with dataset.json, imagesTr/, labelsTr/) even for "
+                             "inference; dataset_dir=None (no data set) works for the tasks whose classes are known "
+                             "(calib_monai.data.Hippocampus, Prostate)")  # fmt: skip
+        if dataset_dir is not None and not dataset_dir:
             raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
-        self.dataset_dir = Path(dataset_dir).expanduser().resolve()
+        self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
         if isinstance(intensity, str):
             if intensity not in ("minmax", "percentile"):
                 raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
         elif len(intensity) != 2 or float(intensity[0]) >= float(intensity[1]):
             raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
         self.intensity = intensity
+        if self.dataset_dir is None:  # preprocessing only: the classes come from the class
+            self.description, self._cases, self._label_names = {}, [], dict(self.expected_labels)
+            return
         self.description, self._cases = find_msd_cases(self.dataset_dir)
         self._label_names = read_dataset_json_labels(self.description, str(self.dataset_dir / "dataset.json"))
         logger.info("MSD: %d cases in %s, classes %s", len(self._cases), self.dataset_dir, self._label_names)
@@ -66,8 +77,8 @@ class MSDDataset(VolumeSegmentationData):
     def label_names(self) -> dict[str, str]:
         return dict(self._label_names)
 
-    def _dataset_root(self) -> str:
-        return str(self.dataset_dir)
+    def _dataset_root(self) -> str | None:
+        return None if self.dataset_dir is None else str(self.dataset_dir)
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases

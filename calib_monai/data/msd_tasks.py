@@ -15,10 +15,11 @@ class _MSDTask(MSDDataset):
     """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities."""
 
     task = ""
-    expected_labels: dict[str, str] = {}
     modalities: tuple[str, ...] = ()
 
     def _check_description(self) -> None:
+        if self.dataset_dir is None:  # preprocessing only: no dataset.json to check
+            return
         where = self.dataset_dir / "dataset.json"
         names = {k: v.lower() for k, v in self._label_names.items()}
         expected = {k: v.lower() for k, v in self.expected_labels.items()}
@@ -47,7 +48,8 @@ class Hippocampus(_MSDTask):
     et al., arXiv:1902.09063, 2019.
 
     Args:
-        dataset_dir: the Task04_Hippocampus folder.
+        dataset_dir: the Task04_Hippocampus folder; None: no data set, a preprocessing-only component for
+            inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
         seed: seed of the split.
@@ -60,7 +62,7 @@ class Hippocampus(_MSDTask):
     expected_labels = {"0": "background", "1": "Anterior", "2": "Posterior"}
     modalities = ("T1 MRI",)
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (64, 64, -1), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (185, 25, 50)):  # fmt: skip
         super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=None, split=split, seed=seed,
@@ -81,7 +83,8 @@ class Prostate(_MSDTask):
     Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022.
 
     Args:
-        dataset_dir: the Task05_Prostate folder.
+        dataset_dir: the Task05_Prostate folder; None: no data set, a preprocessing-only component for
+            inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
         seed: seed of the split.
@@ -96,7 +99,7 @@ class Prostate(_MSDTask):
     expected_labels = {"0": "background", "1": "PZ", "2": "TZ"}
     modalities = ("T2", "ADC")
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (320, 320, -1), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (22, 3, 7), spacing: Sequence[float] | None = None,
                  intensity: str | Sequence[float] = "minmax"):  # fmt: skip

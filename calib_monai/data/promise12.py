@@ -44,7 +44,8 @@ class PROMISE12(VolumeSegmentationData):
     Medical Image Analysis 18(2), 2014.
 
     Args:
-        dataset_dir: the PROMISE12 training data folder.
+        dataset_dir: the PROMISE12 training data folder; None: no data set, a preprocessing-only component for
+            inference (``datalist`` and the datasets raise a ValueError).
         output_dir: the run's output folder (``datalist.json`` of the split).
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
         seed: seed of the split.
@@ -56,7 +57,7 @@ class PROMISE12(VolumeSegmentationData):
 
     source = "promise12"
 
-    def __init__(self, dataset_dir: str | os.PathLike, output_dir: str | os.PathLike,
+    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (256, 256, -1), seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (30, 5, 15), in_plane_spacing: float | None = 0.625,
                  intensity: str | Sequence[float] = "percentile"):  # fmt: skip
@@ -68,8 +69,10 @@ class PROMISE12(VolumeSegmentationData):
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
         self.root = existing_root(dataset_dir, PROMISE12_LAYOUTS)
-        images = sorted(p for p in self.root.rglob("Case*.mhd") if _PROMISE_CASE.match(p.name))
         self._cases = []
+        if self.root is None:  # preprocessing only
+            return
+        images = sorted(p for p in self.root.rglob("Case*.mhd") if _PROMISE_CASE.match(p.name))
         for image in images:
             label = image.with_name(image.stem + "_segmentation.mhd")
             if label.is_file():
@@ -84,9 +87,6 @@ class PROMISE12(VolumeSegmentationData):
     @property
     def label_names(self) -> dict[str, str]:
         return {"0": "background", "1": "prostate"}
-
-    def _dataset_root(self) -> str:
-        return str(self.root)
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases

@@ -132,10 +132,14 @@ class VolumeSegmentationData:
     crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent).
 
     Subclasses implement ``source``, ``label_names``, ``_find_cases`` (list of ``{"image", "label"}`` paths; an
-    image may be a list of paths, one per modality, stacked as channels), ``_dataset_root`` and
-    ``_intensity_transforms``, and may override ``_raw_label_values``, ``_label_mapping``, ``_spatial_transforms``
+    image may be a list of paths, one per modality, stacked as channels), ``_intensity_transforms`` and either set
+    ``root`` (the data set folder) or override ``_dataset_root``, and may override ``_raw_label_values``, ``_label_mapping``, ``_spatial_transforms``
     (e.g. a fixed resize after resampling), ``_split_cases`` (e.g. by patient) and ``_datalist_info``; a subclass
     with ``drop_empty_training_slices = True`` trains on the slices with foreground only.
+
+    A component built with ``dataset_dir=None`` has no data set (``root`` None, ``_dataset_root()`` None): it
+    serves ``inference_preprocessing`` (bundle ``inference.json``) without reading the disk, and ``datalist`` and
+    the datasets raise a ValueError saying so (``inference_only``).
 
     Args:
         output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
@@ -151,6 +155,7 @@ class VolumeSegmentationData:
 
     datalist_name = "datalist.json"
     drop_empty_training_slices = False
+    root: Path | None = None  # the data set folder; None: built with dataset_dir=None, preprocessing only
 
     def __init__(
         self,
@@ -193,8 +198,9 @@ class VolumeSegmentationData:
     def _find_cases(self) -> list[dict[str, str]]:
         raise NotImplementedError
 
-    def _dataset_root(self) -> str:
-        raise NotImplementedError
+    def _dataset_root(self) -> str | None:
+        """The data set folder (stored in ``datalist.json``), or None for a preprocessing-only component."""
+        return None if self.root is None else str(self.root)
 
     def _intensity_transforms(self) -> list[Callable]:
         raise NotImplementedError
@@ -230,9 +236,24 @@ class VolumeSegmentationData:
     def datalist_path(self) -> Path:
         return self.output_dir / self.datalist_name
 
+    @property
+    def inference_only(self) -> bool:
+        """True when built with ``dataset_dir=None``: image preprocessing only, no datalist or datasets."""
+        return self._dataset_root() is None
+
+    def _require_dataset(self) -> None:
+        if self.inference_only:
+            name = type(self).__name__
+            raise ValueError(f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
+                             "the image preprocessing but has no cases to list, train, validate or test on); pass "
+                             f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
+                             "train or evaluate on the data set")  # fmt: skip
+
     def datalist(self) -> dict[str, list[dict[str, str]]]:
         """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
-        ``<output_dir>/datalist.json`` so a resumed run uses the same split."""
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split. A ValueError for a component built
+        with ``dataset_dir=None`` (also from ``train_dataset``, ``val_dataset``, ``test_dataset``)."""
+        self._require_dataset()
         if self._datalist is None:
             cases = self._find_cases()
             self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed,
