@@ -15,8 +15,8 @@ from conftest import REPO_ROOT
 
 BUNDLE = REPO_ROOT / "bundles" / "nacl_flare"
 SCHEMA = REPO_ROOT.parent / "shared" / "monai" / "meta_schema_20240725.json"
-# a tiny run: 6 phantoms of 32x32x8 (split 4/1/1), one epoch
-TINY = {"epochs": 1, "roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6}
+# a tiny run: 6 coarse phantoms (12 x 12 x 30 mm voxels) cropped to 32x32x8 (split 4/1/1), one epoch
+TINY = {"epochs": 1, "roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
 
 
 def _cli_overrides(values: dict) -> list[str]:

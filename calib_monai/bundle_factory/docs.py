@@ -115,8 +115,9 @@ Segment new images (NIfTI files in `--dataset_dir`; segmentation and confidence 
 """
 
 
+# one line per epoch from calib_monai.handlers.EpochSummary; Ignite's own per-engine INFO lines only at WARNING
 LOGGING_CONF = """[loggers]
-keys=root,calib_monai
+keys=root,calib_monai,ignite
 
 [handlers]
 keys=consoleHandler
@@ -132,6 +133,12 @@ handlers=consoleHandler
 level=INFO
 handlers=
 qualname=calib_monai
+propagate=1
+
+[logger_ignite]
+level=WARNING
+handlers=
+qualname=ignite
 propagate=1
 
 [handler_consoleHandler]
