@@ -48,9 +48,6 @@ def test_bundle_metadata_verifies(name):
     verify_metadata(meta_file=str(BUNDLES / name / "configs" / "metadata.json"), filepath=str(SCHEMA))
 
 
-# Bundles differ only by the loss (method) and the data component (data set), both rendered by the same code, so
-# the properties are checked on a cross: every method on FLARE and NACL on every data set.
-CROSS = sorted({n for n in bundle_names() if n.endswith("_flare") or n.startswith("nacl_")})
 # structure only: no data read, nothing trained (the end-to-end runs are in test_bundle_nacl_flare / test_crac_bundle)
 NO_DATA = {"initialize": [], "train#dataset": "$[{}]", "validate#dataset": "$[{}]"}
 
@@ -62,7 +59,7 @@ def _workflow(files, meta, workflow_type, **override) -> ConfigWorkflow:
     return workflow
 
 
-@pytest.mark.parametrize("name", CROSS)
+@pytest.mark.parametrize("name", bundle_names())
 def test_bundle_properties(name):
     configs = BUNDLES / name / "configs"
     meta = str(configs / "metadata.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
 
@@ -38,7 +39,12 @@ def test_two_epochs_change_lambda_and_resume_restores_the_multipliers(tmp_path):
     for name in ("lambdas", "rhos", "previous_constraint", "outer_steps"):
         torch.testing.assert_close(saved[name], getattr(loss, name), rtol=0, atol=0, equal_nan=True)
     trainer_metrics = workflow.trainer.state.metrics
-    assert trainer_metrics["alm_lambda_1_inner"] == float(loss.lambdas[1, 0])  # for the TensorBoard handler
+    assert trainer_metrics["alm_lambda_1_inner"] == float(loss.lambdas[1, 0])
+    # the trainer's TensorBoard handler wrote lambda, rho and the constraint per class and region each epoch
+    events = EventAccumulator(str(tmp_path / "out" / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"alm_lambda_4_boundary", "alm_rho_0_inner", "alm_constraint_2_boundary"} <= tags
+    assert [e.step for e in events.Scalars("alm_lambda_1_inner")] == [1, 2]
 
     # a new process-like run asked for a third epoch starts from the saved multipliers
     resumed = _workflow(tmp_path, epochs=3)
