@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def hippocampus_dir() -> Path:
 @pytest.fixture(scope="session")
 def acdc_dir() -> Path:
     return _shared_dataset("ACDC")
+
+
+@pytest.fixture(scope="module")
+def hippocampus_few_dir(hippocampus_dir, tmp_path_factory) -> Path:
+    """A task folder whose dataset.json lists the first 6 real Hippocampus cases by absolute path (no data copied)."""
+    description = json.loads((hippocampus_dir / "dataset.json").read_text())
+    training = [{k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
+                for item in description["training"][:6]]  # fmt: skip
+    root = tmp_path_factory.mktemp("hippocampus_few")
+    (root / "dataset.json").write_text(json.dumps({**description, "numTraining": 6, "training": training}))
+    return root

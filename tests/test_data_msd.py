@@ -3,37 +3,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from ignite.engine import Events
-from monai.engines import SupervisedTrainer
-from monai.losses import DiceCELoss
-from monai.networks.nets import UNet
-from torch.utils.data import DataLoader
+
+from training_check import assert_one_epoch_trains
 
 from calib_monai.data import MSDDataset
 
-NUM_CASES = 6
 
 
 @pytest.fixture(scope="module")
-def few_cases_dir(hippocampus_dir, tmp_path_factory) -> Path:
-    """A task folder whose dataset.json lists the first cases of the real data (absolute paths; no data copied)."""
-    description = json.loads((hippocampus_dir / "dataset.json").read_text())
-    training = [{k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
-                for item in description["training"][:NUM_CASES]]  # fmt: skip
-    root = tmp_path_factory.mktemp("hippocampus_few")
-    (root / "dataset.json").write_text(json.dumps({**description, "numTraining": NUM_CASES, "training": training}))
-    return root
-
-
-@pytest.fixture(scope="module")
-def hippocampus(few_cases_dir, tmp_path_factory) -> MSDDataset:
-    return MSDDataset(few_cases_dir, output_dir=tmp_path_factory.mktemp("run"), split=(4, 1, 1), seed=0)
+def hippocampus(hippocampus_few_dir, tmp_path_factory) -> MSDDataset:
+    return MSDDataset(hippocampus_few_dir, output_dir=tmp_path_factory.mktemp("run"), split=(4, 1, 1), seed=0)
 
 
 def test_classes_and_split_come_from_dataset_json(hippocampus):
@@ -73,8 +57,8 @@ def test_volumes_are_min_max_normalised_and_padded_symmetrically(hippocampus):
     np.testing.assert_array_equal(volume["label"][0, top : top + h, left : left + w].numpy(), raw_label)
 
 
-def test_percentile_normalisation_clips_to_the_volume_percentiles(few_cases_dir, tmp_path):
-    data = MSDDataset(few_cases_dir, tmp_path, roi_size=(-1, -1, -1), split=(4, 1, 1), intensity="percentile")
+def test_percentile_normalisation_clips_to_the_volume_percentiles(hippocampus_few_dir, tmp_path):
+    data = MSDDataset(hippocampus_few_dir, tmp_path, roi_size=(-1, -1, -1), split=(4, 1, 1), intensity="percentile")
     case, volume = data.datalist()["test"][0], data.test_dataset()[0]
     raw = np.asarray(nib.load(case["image"]).dataobj).astype(np.float64)
     low, high = np.percentile(raw, [0.5, 99.5])
@@ -82,22 +66,7 @@ def test_percentile_normalisation_clips_to_the_volume_percentiles(few_cases_dir,
 
 
 def test_one_training_epoch_of_a_2d_unet_over_the_slices(hippocampus):
-    torch.manual_seed(0)
-    network = UNet(spatial_dims=2, in_channels=1, out_channels=hippocampus.num_classes, channels=(8, 16), strides=(2,))
-    before = [p.detach().clone() for p in network.parameters()]
-    loader = DataLoader(hippocampus.train_dataset(), batch_size=32, shuffle=True, num_workers=0)
-    losses = []
-    trainer = SupervisedTrainer(
-        device=torch.device("cpu"), max_epochs=1, train_data_loader=loader, network=network,
-        optimizer=torch.optim.Adam(network.parameters(), 1e-3),
-        loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
-        decollate=False,  # keep engine.state.output a dict holding the batch loss
-    )  # fmt: skip
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss"].item()))
-    trainer.run()
-    assert trainer.state.iteration == len(loader) == -(-len(hippocampus.train_dataset()) // 32)
-    assert all(np.isfinite(losses)) and losses[0] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, network.parameters()))
+    assert_one_epoch_trains(hippocampus.train_dataset(), hippocampus.num_classes)
 
 
 def test_msd_errors_name_what_is_missing(tmp_path):

@@ -25,6 +25,15 @@ IMPORTS = [
     "$import calib_monai.networks",
 ]
 
+# a 2D network on 3D volumes: axial slices (the last axis), each through the network in one window of roi_size[:2]
+SLICE_INFERER = {
+    "_target_": "SliceInferer",
+    "roi_size": "$@roi_size[:2]",
+    "sw_batch_size": "@batch_size",
+    "spatial_dim": 2,
+    "progress": False,
+}
+
 
 def _common(name: str, dataset: Dataset) -> dict[str, Any]:
     """Keys shared by training and inference: where things are, and the network."""
@@ -61,13 +70,7 @@ def _validation(dataset: Dataset) -> dict[str, Any]:
             "shuffle": False,
             "num_workers": "@num_workers",
         },
-        "inferer": {
-            "_target_": "SliceInferer",
-            "roi_size": "$@roi_size[:2]",
-            "sw_batch_size": "@batch_size",
-            "spatial_dim": 2,
-            "progress": False,
-        },
+        "inferer": dict(SLICE_INFERER),
         "postprocessing": {
             "_target_": "Compose",
             "transforms": [
@@ -300,13 +303,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             },
             "preprocessing": "$calib_monai.data.inference_preprocessing(@data)",
             "dataloader": {"_target_": "monai.data.DataLoader", "dataset": "@dataset", "batch_size": 1, "num_workers": 0},
-            "inferer": {
-                "_target_": "SliceInferer",
-                "roi_size": "$@roi_size[:2]",
-                "sw_batch_size": "@batch_size",
-                "spatial_dim": 2,
-                "progress": False,
-            },
+            "inferer": dict(SLICE_INFERER),
             "postprocessing": "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
             "handlers": [
                 {"_target_": "CheckpointLoader", "load_path": "@model_path", "load_dict": {"model": "@network"}, "map_location": "@device"},
