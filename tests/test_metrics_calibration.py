@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics import ace, brier, cece, ece, nll, segmentation_calibration, tace
+from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, nll, segmentation_calibration, tace
 
 
 def _two_class(p1, labels, dtype=np.float64):
@@ -206,3 +206,90 @@ def test_bad_options_raise():
         segmentation_calibration(P_OK, Y_OK, reduction="sum")
     with pytest.raises(ValueError, match="threshold"):
         tace(P_OK, Y_OK, threshold=-1.0)
+
+
+# ------------------------------------------------------------------------------------------- fused calibration_errors
+
+
+def _brute_tace(probs, labels, num_bins, foreground, include_background=True, threshold=1e-3):
+    """TACE by its definition: per class, sort the selected p_k > threshold by (p_k, [y == k]), cut at floor(r n / R)."""
+    p = np.asarray(probs, dtype=np.float64).reshape(probs.shape[0], probs.shape[1], -1)
+    y = np.asarray(labels).reshape(p.shape[0], -1)
+    keep = y != 0 if foreground != "all" else np.ones_like(y, dtype=bool)
+    if foreground == "union":
+        keep |= p.argmax(axis=1) != 0
+    errors = []
+    for k in range(0 if include_background else 1, p.shape[1]):
+        v, t = p[:, k][keep], (y[keep] == k).astype(np.float64)
+        v, t = v[v > threshold], t[v > threshold]
+        if not v.size:
+            continue
+        order = np.lexsort((t, v))
+        v, t, n = v[order], t[order], v.size
+        edges = [r * n // num_bins for r in range(num_bins + 1)]
+        errors.append(sum(abs(t[a:b].sum() - v[a:b].sum()) for a, b in zip(edges[:-1], edges[1:])) / n)
+    return float(np.mean(errors)) if errors else float("nan")
+
+
+def _tied_case(seed, shape=(3, 4, 9, 8, 5)):
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.normal(size=shape) * 2)  # rounded logits: many exactly tied probabilities
+    probs = torch.softmax(torch.from_numpy(logits).float(), dim=1)
+    labels = torch.from_numpy(rng.integers(0, shape[1], size=(shape[0], 1, *shape[2:])))
+    return probs, labels
+
+
+ALL_METRICS = ("ece", "cece", "tace", "ace", "nll", "brier")
+
+
+@pytest.mark.parametrize("foreground", ["gt", "union", "all"])
+@pytest.mark.parametrize("include_background", [True, False])
+def test_calibration_errors_equal_separate_functions_and_brute_force(foreground, include_background):
+    separate = {"ece": ece, "cece": cece, "tace": tace, "ace": ace, "nll": nll, "brier": brier}
+    for seed, (probs, labels) in enumerate([_tied_case(0), _tied_case(1), _tied_case(2, (2, 3, 11, 7, 3))]):
+        kw = {"num_bins": 7, "foreground": foreground}
+        out = calibration_errors(probs, labels, ALL_METRICS, include_background=include_background, **kw)
+        assert list(out) == list(ALL_METRICS)
+        for name, fn in separate.items():
+            extra = {"include_background": include_background} if name in ("cece", "tace", "ace") else {}
+            assert out[name] == pytest.approx(fn(probs, labels, **kw, **extra), rel=0, abs=1e-12), (seed, name)
+        # the additive metrics also equal the per-volume statistics path, summed (reduction="pooled")
+        for name in ("ece", "cece", "nll", "brier"):
+            pooled = segmentation_calibration(probs, labels, name, 7, foreground, "pooled", include_background)
+            assert out[name] == pytest.approx(pooled, rel=0, abs=1e-12), (seed, name)
+        assert out["tace"] == pytest.approx(
+            _brute_tace(probs, labels, 7, foreground, include_background), rel=0, abs=1e-10
+        )
+        assert out["ace"] == pytest.approx(
+            _brute_tace(probs, labels, 7, foreground, include_background, threshold=-1.0), rel=0, abs=1e-10
+        )
+        # any subset, in any order, gives the same values
+        sub = calibration_errors(probs, labels, ("tace", "ece"), include_background=include_background, **kw)
+        assert list(sub) == ["tace", "ece"] and sub == {k: out[k] for k in ("tace", "ece")}
+
+
+def test_calibration_errors_hand_worked_each_foreground():
+    # the 4-voxel case of test_ece_hand_worked_each_foreground (5 bins) and the TACE case of test_tace_and_ace
+    probs, labels = _two_class([0.9, 0.9, 0.3, 0.45], [1, 0, 0, 1])
+    for foreground, expected in (("all", 0.4125), ("gt", 0.325), ("union", 0.45)):
+        out = calibration_errors(probs, labels, ("ece", "cece"), num_bins=5, foreground=foreground)
+        assert out["ece"] == pytest.approx(expected, abs=1e-12)
+        # two classes: p0 = 1 - p1 and [y == 0] = 1 - [y == 1] make both class terms equal, so CECE is one of them
+        assert out["cece"] == pytest.approx(cece(probs, labels, num_bins=5, foreground=foreground), abs=1e-12)
+    # gt: voxels 0, 3 (p1 = .9 label 1, .45 label 1): class 1 bins (.8,1] |1-.9|, (.4,.6] |1-.45| -> .65/2;
+    # class 0 (p0 = .1, .55, no hits): (0,.2] .1, (.4,.6] .55 -> .65/2; CECE = .325
+    assert calibration_errors(probs, labels, ("cece",), num_bins=5)["cece"] == pytest.approx(0.325, abs=1e-12)
+    probs, labels = _two_class([0.2, 0.4, 0.6, 0.8, 0.0005], [0, 1, 0, 1, 0])
+    out = calibration_errors(probs, labels, ("tace", "ace"), num_bins=2, foreground="all")
+    class0 = 0.7995 / 5
+    assert out["tace"] == pytest.approx((0.2 + class0) / 2, abs=1e-12)
+    assert out["ace"] == pytest.approx((0.4005 / 5 + class0) / 2, abs=1e-12)
+
+
+def test_calibration_errors_bad_options_raise():
+    with pytest.raises(ValueError, match="metric_name"):
+        calibration_errors(P_OK, Y_OK, ("ece", "mce"))
+    with pytest.raises(ValueError, match="at least one"):
+        calibration_errors(P_OK, Y_OK, ())
+    with pytest.raises(ValueError, match="sum to 1"):
+        calibration_errors(np.full((2, 4), 0.2), Y_OK, foreground="all")

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from ignite.engine import Engine, Events
 
-from calib_monai.metrics import brier, cece, ece, nll, reliability_diagram_data, save_reliability_diagram, tace
+from calib_monai.metrics import calibration_errors, reliability_diagram_data, save_reliability_diagram
 from calib_monai.metrics.segmentation import segmentation_metrics_per_volume
 
 __all__ = ["SegmentationReport"]
 
-CALIBRATION_COLUMNS = {"ece": ece, "cece": cece, "tace": tace}
+CALIBRATION_COLUMNS = ("ece", "cece", "tace")
 
 
 def _case_name(item: dict[str, Any], index: int) -> str:
@@ -107,11 +107,12 @@ class SegmentationReport:
             for name, value in zip(self.class_names[1:], values[0]):
                 row[f"{metric}_{name}"] = float(value)
             row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
-        for foreground, suffix in (("gt", ""), ("union", "_union")):
-            for column, fn in CALIBRATION_COLUMNS.items():
-                row[column + suffix] = fn(prob, label, num_bins=self.num_bins, foreground=foreground)
-        row["nll"] = nll(prob, label, foreground="gt")
-        row["brier"] = brier(prob, label, foreground="gt")
+        # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
+        gt = calibration_errors(prob, label, CALIBRATION_COLUMNS + ("nll", "brier"), self.num_bins, "gt")
+        union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
+        row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
+        row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
+        row["nll"], row["brier"] = gt["nll"], gt["brier"]
         bins = reliability_diagram_data(prob, label, num_bins=self.num_bins, foreground="gt")
         count = bins["count"].astype(np.float64)
         self._bins += np.stack([count, np.nan_to_num(bins["confidence"]) * count, np.nan_to_num(bins["accuracy"]) * count])

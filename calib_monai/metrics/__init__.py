@@ -4,6 +4,7 @@ from .calibration import (
     CALIBRATION_METRICS,
     ace,
     brier,
+    calibration_errors,
     cece,
     ece,
     nll,

@@ -19,6 +19,7 @@ voxels of all volumes binned together). A volume without selected voxels gets Na
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from ._inputs import check_foreground, check_num_bins, prepare_inputs, select_vo
 __all__ = [
     "CALIBRATION_METRICS",
     "POOLABLE_METRICS",
+    "calibration_errors",
     "ece",
     "cece",
     "tace",
@@ -96,9 +98,38 @@ def _ece_stats(p: np.ndarray, y: np.ndarray, num_bins: int) -> np.ndarray:
     return _binned_sums(conf, _first_argmax(p, conf) == y, num_bins)
 
 
-def _cece_stats(p: np.ndarray, y: np.ndarray, num_bins: int) -> np.ndarray:
-    """``(C, M, 3)``: per class k and bin of p_k, [count, sum of p_k, number of voxels labelled k]."""
-    return np.stack([_binned_sums(p[k], y == k, num_bins) for k in range(p.shape[0])])
+def _cece_stats(p: np.ndarray, y: np.ndarray, num_bins: int, index: np.ndarray | None = None) -> np.ndarray:
+    """``(C, M, 3)``: per class k and bin of p_k, [count, sum of p_k, number of voxels labelled k].
+
+    All classes go through one bucketing pass and two ``bincount`` calls (keys ``k * M + bin``); the hits need only
+    the bin of each voxel's own class. ``index``: the equal-width bin indices of ``p`` when already computed.
+    """
+    num_classes = p.shape[0]
+    if index is None:
+        index = equal_width_bin_index(p, num_bins)
+    own = np.take_along_axis(index, y[None], axis=0)[0]  # bin of p_y (y checked to lie in [0, C))
+    own += y * np.int64(num_bins)
+    keys = index + (np.arange(num_classes, dtype=np.int64) * num_bins)[:, None]
+    size = num_classes * num_bins
+    counts = np.bincount(keys.ravel(), minlength=size)
+    sums = np.bincount(keys.ravel(), weights=p.ravel(), minlength=size)
+    hits = np.bincount(own, minlength=size)
+    return np.stack([counts, sums, hits], axis=1).astype(np.float64).reshape(num_classes, num_bins, 3)
+
+
+def _ece_cece_stats(p: np.ndarray, y: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """ECE and CECE statistics from one bucketing of ``p``: the top-label bin is the largest class bin."""
+    index = equal_width_bin_index(p, num_bins)
+    cece_stats = _cece_stats(p, y, num_bins, index)
+    conf = p.max(axis=0)
+    correct = _first_argmax(p, conf) == y
+    conf_bin = index.max(axis=0)  # the bins are monotone in p_k, so max_k bin(p_k) = bin(max_k p_k)
+    conf_bin *= 2
+    conf_bin += correct
+    counts = np.bincount(conf_bin, minlength=2 * num_bins).reshape(num_bins, 2)
+    sums = np.bincount(conf_bin >> 1, weights=conf, minlength=num_bins)
+    ece_stats = np.stack([counts.sum(axis=1), sums, counts[:, 1]], axis=1).astype(np.float64)
+    return ece_stats, cece_stats
 
 
 def _nll_stats(p: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -322,13 +353,78 @@ def segmentation_calibration(
     return float(np.mean(values[~np.isnan(values)])) if (~np.isnan(values)).any() else float("nan")
 
 
+def calibration_errors(
+    probs: Any,
+    labels: Any,
+    metrics: Sequence[str] = ("ece", "cece", "tace"),
+    num_bins: int = 15,
+    foreground: str = "gt",
+    include_background: bool = True,
+    threshold: float = 1e-3,
+) -> dict[str, float]:
+    """Several calibration metrics of the same voxels at once, pooled over the volumes: ``{name: value}``.
+
+    Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``nll`` and ``brier`` one by one (same definitions, same
+    arguments), but the inputs are checked and the voxels selected once, and ECE and CECE share one bucketing of the
+    class probabilities; TACE / ACE bin each class's values of all volumes together.
+
+    Args:
+        probs, labels, num_bins, foreground, include_background, threshold: as in ``segmentation_calibration``
+            (``include_background`` for CECE / TACE / ACE, ``threshold`` for TACE).
+        metrics: names among ``CALIBRATION_METRICS``, in the order of the returned dict.
+    """
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    names = [_check_options(m, threshold) for m in metrics]
+    if not names:
+        raise ValueError(f"metrics must name at least one of {CALIBRATION_METRICS}, got {metrics!r}.")
+    num_bins = check_num_bins(num_bins)
+    foreground = check_foreground(foreground)
+    p, y = prepare_inputs(probs, labels)
+    num_classes = p.shape[1]
+    wanted = set(names)
+    totals: dict[str, np.ndarray] = {}
+    parts = []
+
+    def add(name: str, value: np.ndarray) -> None:
+        totals[name] = value if name not in totals else totals[name] + value
+
+    for b in range(p.shape[0]):
+        pb, yb = select_voxels(p[b], y[b], foreground)
+        if "ece" in wanted or "cece" in wanted:
+            for start in range(0, max(pb.shape[1], 1), _CHUNK):
+                pc, yc = pb[:, start : start + _CHUNK], yb[start : start + _CHUNK]
+                if "ece" in wanted and "cece" in wanted:
+                    ece_stats, cece_stats = _ece_cece_stats(pc, yc, num_bins)
+                    add("ece", ece_stats.ravel())
+                    add("cece", cece_stats.ravel())
+                elif "ece" in wanted:
+                    add("ece", _ece_stats(pc, yc, num_bins).ravel())
+                else:
+                    add("cece", _cece_stats(pc, yc, num_bins).ravel())
+        for name in ("nll", "brier"):
+            if name in wanted:
+                add(name, volume_statistics(pb, yb, name))
+        if "tace" in wanted or "ace" in wanted:
+            parts.append((pb, yb))
+
+    classes = range(0 if include_background else 1, num_classes)
+    out = {}
+    for name in names:
+        if name in ("tace", "ace"):
+            out[name] = _adaptive_error(parts, num_bins, threshold if name == "tace" else None, classes)
+        else:
+            out[name] = value_from_statistics(totals[name], name, num_bins, num_classes, include_background)
+    return out
+
+
 def ece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
     """Expected calibration error (Naeini et al., AAAI 2015; Guo et al., ICML 2017), pooled over the selected voxels.
 
     ``ECE = sum_b |B_b| / N * |acc(B_b) - conf(B_b)|`` with top-label confidence ``max_k p_k`` in M equal-width bins
     ``(b / M, (b + 1) / M]`` and accuracy ``[argmax_k p_k == y]`` (NACL Eq. 10). Ties of argmax go to the lower class.
     """
-    return segmentation_calibration(probs, labels, "ece", num_bins, foreground, "pooled")
+    return calibration_errors(probs, labels, ("ece",), num_bins, foreground)["ece"]
 
 
 def cece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True) -> float:
@@ -339,7 +435,7 @@ def cece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", in
     voxels. Differences from that code: the classes are all C channels (not ``max(label) + 1``), and a voxel with
     ``p_k == 0`` falls in the first bin instead of no bin (it only matters when its label is k).
     """
-    return segmentation_calibration(probs, labels, "cece", num_bins, foreground, "pooled", include_background)
+    return calibration_errors(probs, labels, ("cece",), num_bins, foreground, include_background)["cece"]
 
 
 def tace(
@@ -360,9 +456,7 @@ def tace(
     divides by R once more; we do not. CRaC's code names a thresholded *equal-width* classwise ECE "tcece"; the
     CRaC paper cites Nixon's TACE, which is what this is.
     """
-    return segmentation_calibration(
-        probs, labels, "tace", num_bins, foreground, "pooled", include_background, threshold
-    )
+    return calibration_errors(probs, labels, ("tace",), num_bins, foreground, include_background, threshold)["tace"]
 
 
 def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True) -> float:
@@ -370,12 +464,12 @@ def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", inc
 
     Not netcal's ``ACE`` (the "average calibration error", an unweighted mean over equal-width bins).
     """
-    return segmentation_calibration(probs, labels, "ace", num_bins, foreground, "pooled", include_background, None)
+    return calibration_errors(probs, labels, ("ace",), num_bins, foreground, include_background)["ace"]
 
 
 def nll(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
     """Mean negative log-likelihood ``-1/N sum_i log p_{i, y_i}`` (p clamped at 1e-12). ``num_bins`` is unused."""
-    return segmentation_calibration(probs, labels, "nll", num_bins, foreground, "pooled")
+    return calibration_errors(probs, labels, ("nll",), num_bins, foreground)["nll"]
 
 
 def brier(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
@@ -383,4 +477,4 @@ def brier(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -
 
     The authors' ``seg_brier_score`` compares with 3x3 neighbourhood label proportions instead of one-hot labels.
     """
-    return segmentation_calibration(probs, labels, "brier", num_bins, foreground, "pooled")
+    return calibration_errors(probs, labels, ("brier",), num_bins, foreground)["brier"]
