@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.specs import Dataset, Method
+from calib_monai.bundle_factory.specs import MEASURED, Dataset, Method
 
 __all__ = ["LICENSE", "LOGGING_CONF", "bundle_readme", "metadata"]
 
@@ -109,6 +109,9 @@ Segment new images (NIfTI files in `--dataset_dir`; segmentation and confidence 
 `inference/`):
 
     python -m monai.bundle run inferring --config_file {configs}/inference.json --dataset_dir /path/to/images
+
+## Measured results
+{MEASURED.get(name, "None yet: no run of this bundle has been recorded in this repository.")}
 
 ## References
 {chr(10).join("- " + r for r in method.references)}

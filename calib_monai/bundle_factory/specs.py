@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DATASETS", "METHODS", "Dataset", "Method"]
+__all__ = ["DATASETS", "MEASURED", "METHODS", "Dataset", "Method"]
 
 
 @dataclass(frozen=True)
@@ -192,5 +192,21 @@ DATASETS: dict[str, Dataset] = {
         modality="US",
         data_source="Breast Ultrasound Images (Al-Dhabyani et al. 2020), benign + malignant, 445/65/137; 2D images "
         "handled as volumes of depth 1",
+    ),
+}
+
+
+# Results measured with the bundle (docs/README.md "Measured results"); a bundle not listed has none yet.
+MEASURED: dict[str, str] = {
+    "nacl_flare": (
+        "Demo profile on the embedded phantoms (`configs/demo.json`: 12 phantoms at 3.2 x 3.2 x 12 mm cropped to "
+        "96 x 96 x 16, split 8/1/3, 40 epochs), 2 CPU cores, 107 s for training (2026-11-22):\n\n"
+        "| set | mean DSC | HD95 (mm) | ASD (mm) | ECE | CECE | TACE | ECE (pred or GT) | NLL | Brier |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| validation (1 volume, epoch 40) | 0.597 | | | 0.096 | | | | | |\n"
+        "| test (3 volumes, `evaluate.json`) | 0.594 | 47.0 | 13.2 | 0.098 | 0.104 | 0.104 | 0.079 | 0.639 | 0.312 |\n\n"
+        "Commands: the demo command above, then `evaluating` with "
+        "`['.../train.json','.../demo.json','.../evaluate.json']`. No FLARE data was available here: the papers' "
+        "protocol on real FLARE has not been run with this bundle yet."
     ),
 }
