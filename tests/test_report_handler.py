@@ -69,3 +69,14 @@ def test_empty_run_writes_nothing_and_says_so(tmp_path, caplog):
     report.write()
     assert not (tmp_path / "out" / "metrics.csv").exists()
     assert "no volumes were evaluated" in caplog.text
+
+
+def test_regions_are_scored_as_binary_unions_of_classes(tmp_path):
+    vol = _volume(0, 1.0)
+    report = SegmentationReport(tmp_path, {"0": "background", "1": "outer", "2": "inner"}, regions={"core": [2], "whole": [1, 2]})
+    row = report.evaluate_volume(vol)
+    # "core" is class 2 alone: the same DSC as the per-class column
+    assert row["dice_core"] == pytest.approx(row["dice_inner"])
+    # "whole" is classes 1 and 2 together, by hand
+    p, g = vol["pred"][1:].sum(0).bool(), vol["label"][0] > 0
+    assert row["dice_whole"] == pytest.approx(2 * (p & g).sum().item() / (p.sum() + g.sum()).item(), rel=1e-5)

@@ -237,6 +237,7 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "_target_": "calib_monai.handlers.SegmentationReport",
                 "output_dir": "@eval_dir",
                 "label_names": "@label_names",
+                **({"regions": dataset.regions} if dataset.regions else {}),
             },
         ],
         "validate#key_metric": {

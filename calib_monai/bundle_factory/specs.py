@@ -35,6 +35,7 @@ class Dataset:
     args: dict[str, Any] = field(default_factory=dict)  # extra constructor arguments
     channel_names: tuple[str, ...] = ("image",)
     demo: dict[str, Any] | None = None  # overrides of configs/demo.json (data sets with embedded demo data)
+    regions: dict[str, list[int]] | None = None  # evaluation regions (unions of classes), e.g. BraTS ET/TC/WT
 
 
 NACL_REFS = (
@@ -127,6 +128,7 @@ DATASETS: dict[str, Dataset] = {
         modality="MR",
         data_source="BraTS 2019 training data (MICCAI_BraTS_2019_Data_Training/{HGG,LGG}), 235/35/65",
         channel_names=("FLAIR", "T1", "T1ce", "T2"),
+        regions={"ET": [3], "TC": [1, 3], "WT": [1, 2, 3]},
     ),
     "prostate": Dataset(
         title="MSD prostate (peripheral and transition zones)",

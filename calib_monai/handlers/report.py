@@ -57,6 +57,8 @@ class SegmentationReport:
         num_bins: bins of the calibration metrics.
         empty_class: ``"nan"`` or ``"papers"`` (DSC 1 / HD 0 for a class absent from both), see
             :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
+        regions: extra columns for unions of classes scored as one binary segmentation, e.g. BraTS'
+            ``{"ET": [3], "TC": [1, 3], "WT": [1, 2, 3]}`` (``dice_ET``, ``hd95_ET``, ...).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class SegmentationReport:
         prob_key: str = "prob",
         pred_key: str = "pred",
         label_key: str = "label",
+        regions: dict[str, list[int]] | None = None,
         logger_name: str = "calib_monai",
     ) -> None:
         self.output_dir = Path(output_dir)
@@ -75,6 +78,7 @@ class SegmentationReport:
         self.num_bins = num_bins
         self.empty_class = empty_class
         self.keys = (prob_key, pred_key, label_key)
+        self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
         self.logger = logging.getLogger(logger_name)
         self.rows: list[dict[str, Any]] = []
         self._bins = np.zeros((3, num_bins), dtype=np.float64)  # count, sum of confidence, sum of accuracy
@@ -107,6 +111,7 @@ class SegmentationReport:
             for name, value in zip(self.class_names[1:], values[0]):
                 row[f"{metric}_{name}"] = float(value)
             row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
+        row.update(self._region_metrics(pred, label, prob.shape[1], _spacing(item)))
         # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
         gt = calibration_errors(prob, label, CALIBRATION_COLUMNS + ("nll", "brier"), self.num_bins, "gt")
         union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
@@ -117,6 +122,19 @@ class SegmentationReport:
         count = bins["count"].astype(np.float64)
         self._bins += np.stack([count, np.nan_to_num(bins["confidence"]) * count, np.nan_to_num(bins["accuracy"]) * count])
         return row
+
+    def _region_metrics(self, pred: torch.Tensor, label: torch.Tensor, num_classes: int, spacing) -> dict[str, float]:
+        """DSC/HD95/ASD of each region (a union of classes) as a binary segmentation."""
+        out: dict[str, float] = {}
+        if not self.regions:
+            return out
+        pred_map = pred.argmax(1, keepdim=True) if pred.shape[1] > 1 else pred.long()
+        for region, classes in self.regions.items():
+            members = torch.tensor(classes)
+            binary = [torch.isin(m, members).long() for m in (pred_map, label)]
+            seg = segmentation_metrics_per_volume(*binary, num_classes=2, spacing=spacing, empty_class=self.empty_class)
+            out.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
+        return out
 
     def summary(self) -> dict[str, dict[str, float]]:
         columns = [c for c in self.rows[0] if c != "case"] if self.rows else []
