@@ -1,0 +1,221 @@
+"""Export a trained bundle for deployment: TorchScript and ``torch.export`` models that need only ``torch``.
+
+``export_bundle`` writes into ``<bundle>/models/``:
+
+    - ``model.ts``: the 2D network's logits, made by MONAI's ``ckpt_export`` (the bundle convention that MONAI
+      Deploy, MONAI Label and the model zoo load), with the bundle's configs and metadata inside;
+    - ``segmentation_confidence.ts``: TorchScript of :py:class:`SegmentationWithConfidence`, volumes in,
+      ``(segmentation, confidence)`` out;
+    - ``segmentation_confidence.pt2``: the same module through ``torch.export``, with a dynamic batch and depth
+      and, where the backbone allows it, dynamic in-plane sizes (multiples of ``in_plane_multiple``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .wrapper import SegmentationWithConfidence
+
+__all__ = ["export_bundle", "load_bundle_network"]
+
+logger = logging.getLogger("calib_monai")
+
+
+@contextlib.contextmanager
+def _torchscript_allowed():
+    """Silence torch's deprecation warnings for ``torch.jit`` here only (a context manager and a decorator).
+
+    TorchScript is deprecated in recent torch, but ``model.ts`` is still the format MONAI bundles ship and MONAI's
+    ``ckpt_export`` produces, so we keep writing it next to the ``torch.export`` program. The warning is aimed at
+    whoever writes the code, not at the user running the export, and repeats once per scripted submodule (and
+    once per ``@torch.jit.script`` helper of MONAI modules first imported while the config is parsed).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+        yield
+
+
+def _parser(bundle_dir: Path, config_file: str):
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(bundle_dir / "configs" / config_file))
+    meta = bundle_dir / "configs" / "metadata.json"
+    if meta.exists():
+        parser.read_meta(str(meta))
+    # a literal bundle_root replaces the locate_bundle(...) expression; only network_def and what it
+    # references (backbone, channels, roi_size) are parsed, so no data or workflow component is built
+    parser["bundle_root"] = str(bundle_dir)
+    return parser
+
+
+def load_bundle_network(
+    bundle_dir: str | os.PathLike,
+    checkpoint: str | os.PathLike | None = None,
+    config_file: str = "train.json",
+    net_id: str = "network_def",
+    key_in_ckpt: str = "",
+) -> torch.nn.Module:
+    """Build the bundle's ``network_def`` from ``configs/<config_file>`` and load ``checkpoint`` into it.
+
+    Args:
+        bundle_dir: the bundle folder (holding ``configs/``).
+        checkpoint: a state_dict file; defaults to ``<bundle>/models/model.pt``. ``None`` and no file there
+            raises ``FileNotFoundError``.
+        config_file: the config that defines the network.
+        net_id: the config id of the network.
+        key_in_ckpt: key of the weights in a nested checkpoint (``{"model": ..., "optimizer": ...}``); ``""`` for a
+            plain state_dict.
+
+    Returns:
+        the network on the CPU in eval mode.
+    """
+    bundle_dir = Path(bundle_dir).resolve()
+    checkpoint = Path(checkpoint) if checkpoint is not None else bundle_dir / "models" / "model.pt"
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"checkpoint {checkpoint} not found: train the bundle or pass checkpoint=...")
+    network = _parser(bundle_dir, config_file).get_parsed_content(net_id)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    network.load_state_dict(state[key_in_ckpt] if key_in_ckpt else state)
+    return network.cpu().eval()
+
+
+def _example_shape(parser, example_shape: Sequence[int] | None) -> tuple[int, ...]:
+    if example_shape is not None:
+        if len(example_shape) != 5:
+            raise ValueError(f"example_shape must be (B, C_in, H, W, D), got {tuple(example_shape)}.")
+        return tuple(int(s) for s in example_shape)
+    roi = parser.get_parsed_content("roi_size") if "roi_size" in parser else (192, 192, 2)
+    in_channels = parser.get_parsed_content("in_channels") if "in_channels" in parser else 1
+    return (2, int(in_channels), int(roi[0]), int(roi[1]), 2)
+
+
+def _script_or_trace(network: torch.nn.Module, example_slices: torch.Tensor) -> tuple[torch.nn.Module, bool]:
+    """The network as TorchScript: scripted when it can be (shape-generic), else traced (e.g. SwinUNETR)."""
+    with _torchscript_allowed():
+        try:
+            return torch.jit.script(network), False
+        except Exception as e:  # torch raises many types for unsupported Python; tracing is the fallback
+            logger.warning(f"torch.jit.script failed ({type(e).__name__}); tracing the network instead")
+            with torch.no_grad():
+                return torch.jit.trace(network, example_slices), True
+
+
+def _torch_export(wrapper: torch.nn.Module, example: torch.Tensor, in_plane_multiple: int):
+    """``torch.export`` with dynamic batch and depth; dynamic H, W too where the network allows it."""
+    batch, depth = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("depth", min=1, max=4096)
+    # sizes 0 and 1 are specialised by torch.export, so trace with at least 2 volumes of at least 2 slices
+    example = example.repeat(2 if example.shape[0] < 2 else 1, 1, 1, 1, 2 if example.shape[4] < 2 else 1)
+    dynamic = {0: batch, 4: depth}
+    if in_plane_multiple > 0 and all(s % in_plane_multiple == 0 for s in example.shape[2:4]):
+        hw = {
+            2: in_plane_multiple * torch.export.Dim("h_blocks", min=1, max=4096 // in_plane_multiple),
+            3: in_plane_multiple * torch.export.Dim("w_blocks", min=1, max=4096 // in_plane_multiple),
+        }
+        try:
+            return torch.export.export(wrapper, (example,), dynamic_shapes={"x": {**dynamic, **hw}}), "B, H, W, D"
+        except Exception as e:  # e.g. UNETR's fixed patch grid: keep the in-plane size of the example
+            logger.info(f"in-plane size kept static in the .pt2 ({type(e).__name__}: {str(e).splitlines()[0]})")
+    return torch.export.export(wrapper, (example,), dynamic_shapes={"x": dynamic}), "B, D"
+
+
+@_torchscript_allowed()
+def export_bundle(
+    bundle_dir: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    example_shape: Sequence[int] | None = None,
+    config_file: str = "train.json",
+    net_id: str = "network_def",
+    key_in_ckpt: str = "",
+    spatial_dim: int = 2,
+    in_plane_multiple: int = 32,
+) -> dict[str, str]:
+    """Export a trained bundle's network as ``model.ts``, ``segmentation_confidence.ts`` and ``.pt2``.
+
+    The network is built from ``configs/<config_file>`` (``network_def`` only) with ``bundle_root`` set to
+    ``bundle_dir``; nothing else in the config (data, workflows) is instantiated. Everything runs on the CPU.
+
+    Args:
+        bundle_dir: the bundle folder.
+        output_dir: where the files go; defaults to ``<bundle>/models``.
+        checkpoint: the trained state_dict; defaults to ``<bundle>/models/model.pt``.
+        example_shape: a volume shape ``(B, C_in, H, W, D)`` to export with; defaults to batch 2, depth 2 and the
+            training in-plane size (``roi_size[:2]``). The exported programs accept any batch and depth and, if the
+            in-plane size is a multiple of ``in_plane_multiple``, any such multiple.
+        config_file: the config that defines ``network_def``.
+        net_id: the config id of the network.
+        key_in_ckpt: key of the weights in a nested checkpoint; ``""`` for a plain state_dict.
+        spatial_dim: the slice axis (``0``, ``1``, ``2`` for ``H``, ``W``, ``D``), as for ``SliceInferer``.
+        in_plane_multiple: try to make ``H``, ``W`` dynamic as multiples of this (32 divides the input of every
+            backbone in ``calib_monai.networks``); ``0`` keeps them static.
+
+    Returns:
+        the written paths by name: ``model.ts``, ``segmentation_confidence.ts``, ``segmentation_confidence.pt2``.
+
+    Example (command line)::
+
+        calib-monai export bundles/nacl_flare
+    """
+    from monai.bundle import ckpt_export
+
+    bundle_dir = Path(bundle_dir).resolve()
+    output_dir = Path(output_dir) if output_dir is not None else bundle_dir / "models"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(checkpoint) if checkpoint is not None else bundle_dir / "models" / "model.pt"
+    parser = _parser(bundle_dir, config_file)
+    shape = _example_shape(parser, example_shape)
+    network = load_bundle_network(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt)
+    example = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    example_slices = example.movedim(spatial_dim + 2, 1).flatten(0, 1)
+    scripted, traced = _script_or_trace(network, example_slices)
+    paths = {name: str(output_dir / name) for name in ("model.ts", "segmentation_confidence.ts")}
+    paths["segmentation_confidence.pt2"] = str(output_dir / "segmentation_confidence.pt2")
+
+    # model.ts through MONAI, so it carries the bundle's configs and metadata exactly as `ckpt_export` writes them
+    ckpt_export(
+        net_id=net_id,
+        filepath=paths["model.ts"],
+        ckpt_file=str(checkpoint),
+        meta_file=str(bundle_dir / "configs" / "metadata.json"),
+        config_file=str(bundle_dir / "configs" / config_file),
+        key_in_ckpt=key_in_ckpt,
+        use_trace=traced,
+        input_shape=list(example_slices.shape) if traced else None,
+        bundle_root=str(bundle_dir),
+    )
+
+    info = {
+        "inputs": {"image": f"float32 (B, {shape[1]}, H, W, D), slices along spatial axis {spatial_dim}"},
+        "outputs": {
+            "segmentation": "int64 (B, 1, H, W, D): argmax of the softmax",
+            "confidence": "float32 (B, 1, H, W, D): max softmax probability, in [1/C, 1]",
+        },
+        "example_shape": list(shape),
+        "network_traced": traced,
+    }
+    meta = bundle_dir / "configs" / "metadata.json"
+    extra = {"metadata.json": meta.read_text() if meta.exists() else "{}"}
+
+    wrapper = SegmentationWithConfidence(network, spatial_dim=spatial_dim).eval()
+    # a traced network is wrapped as is; the wrapper's own forward is always scripted (shape-generic)
+    ts = torch.jit.script(SegmentationWithConfidence(scripted, spatial_dim).eval() if traced else wrapper)
+    ts_info = {**info, "dynamic": "B, H, W, D" if not traced else f"B, D (H, W fixed at {list(shape[2:4])})"}
+    ts_extra = {**extra, "export.json": json.dumps(ts_info)}
+    torch.jit.save(ts, paths["segmentation_confidence.ts"], _extra_files=ts_extra)
+
+    with torch.no_grad():
+        program, dynamic = _torch_export(wrapper, example, in_plane_multiple)
+    pt2_info = {**info, "dynamic": dynamic, "in_plane_multiple": in_plane_multiple if "H" in dynamic else None}
+    pt2_extra = {**extra, "export.json": json.dumps(pt2_info)}
+    torch.export.save(program, paths["segmentation_confidence.pt2"], extra_files=pt2_extra)
+    logger.info(f"exported {bundle_dir.name} to {output_dir} (.pt2 dynamic in {dynamic})")
+    return paths
