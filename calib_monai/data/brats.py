@@ -48,6 +48,20 @@ def brats_regions(label, enhancing: int = 3, dim: int = 0):
     return np.concatenate([et, tc, wt], axis=dim)
 
 
+def _nifti_suffix(name: str) -> str:
+    return ".nii.gz" if name.endswith(".nii.gz") else ".nii" if name.endswith(".nii") else ""
+
+
+def _modality_prefix(name: str) -> str | None:
+    """``<case>`` of ``<case>_<modality>.nii[.gz]`` (modality one of ``BRATS_MODALITIES``), else None."""
+    suffix = _nifti_suffix(name)
+    stem = name[: -len(suffix)] if suffix else ""
+    for modality in BRATS_MODALITIES:
+        if stem.endswith(f"_{modality}") and len(stem) > len(modality) + 1:
+            return stem[: -len(modality) - 1]
+    return None
+
+
 class BraTS(VolumeSegmentationData):
     """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes background, NCR/NET (1),
     ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``brats_regions``).
@@ -127,6 +141,44 @@ class BraTS(VolumeSegmentationData):
             if path.is_file():
                 return str(path)
         return require_file(folder / f"{folder.name}_{modality}.nii.gz", f"BraTS {modality} file")
+
+    def inference_items(self, path: Path) -> list[dict]:
+        """The cases at ``path``: ``{"image": [flair, t1, t1ce, t2], "case": <case>}`` for every
+        ``<case>_flair.nii[.gz]`` under ``path`` (searched recursively) with its three other modalities beside it.
+        ``path`` may be one case folder, a folder of case folders (``HGG/``, the validation release), the release
+        root (``MICCAI_BraTS_2019_Data_Training``, or its parent), or one modality file of a case; a single NIfTI
+        file that is not ``<case>_<modality>`` is taken as a 4-channel image (default listing)."""
+        path = Path(path)
+        if path.is_file():
+            prefix = _modality_prefix(path.name)
+            if prefix is None:
+                return super().inference_items(path)
+            flairs = [path.parent / f"{prefix}_flair{_nifti_suffix(path.name)}"]
+        else:
+            flairs = sorted({p for pattern in ("*_flair.nii.gz", "*_flair.nii") for p in path.rglob(pattern)
+                             if p.is_file() and not p.name.startswith(".")})  # fmt: skip
+        if not flairs:
+            raise layout_error(path, "has no <case>_flair.nii.gz file (searched recursively); expected one case "
+                               "folder <case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release "
+                               "root", BRATS_LAYOUTS)  # fmt: skip
+        items = []
+        for flair in flairs:
+            case = _modality_prefix(flair.name)
+            files = [str(flair)] + [self._case_file(flair.parent, case, m) for m in BRATS_MODALITIES[1:]]
+            items.append({"image": files, "case": case})
+        return sorted(items, key=lambda item: item["case"])
+
+    @staticmethod
+    def _case_file(folder: Path, case: str, modality: str) -> str:
+        for suffix in (".nii.gz", ".nii"):
+            path = folder / f"{case}_{modality}{suffix}"
+            if path.is_file():
+                return str(path)
+        return require_file(folder / f"{case}_{modality}.nii.gz", f"BraTS {modality} file")
+
+    def inference_case(self, image) -> str | None:
+        first = Path(image[0] if isinstance(image, (list, tuple)) else image).name
+        return _modality_prefix(first)
 
     def _raw_label_values(self) -> list[int]:
         return [0, 1, 2, 4]

@@ -152,6 +152,26 @@ class BUSI(VolumeSegmentationData):
             raise layout_error(self.root, "has benign/malignant folders but no <name> (N).png images", BUSI_LAYOUTS)
         return cases
 
+    def inference_items(self, path: Path) -> list[dict]:
+        """The images at ``path``: ``{"image": png, "case": <name>}`` for one PNG, or every PNG under a folder
+        (searched recursively: a folder of images or the release root, ``normal/`` included), masks
+        (``*_mask.png``, ``*_mask_N.png``) and hidden files skipped."""
+        path = Path(path)
+        if path.is_file():
+            if path.suffix.lower() != ".png" or _MASK.search(path.stem):
+                raise ValueError(f"{path} is not a BUSI image to segment: pass a .png image (not a *_mask.png) or a "
+                                 "folder of them")  # fmt: skip
+            images = [path]
+        else:
+            images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".png"
+                            and not p.name.startswith(".") and not _MASK.search(p.stem))  # fmt: skip
+        if not images:
+            raise layout_error(path, "has no .png image (other than *_mask.png; searched recursively)", BUSI_LAYOUTS)
+        return [{"image": str(p), "case": p.stem} for p in images]
+
+    def inference_case(self, image) -> str | None:
+        return Path(str(image)).stem
+
     def _intensity_transforms(self) -> list[Callable]:
         return intensity_scaling("minmax")
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 from monai.config import KeysCollection
+from monai.data import MetaTensor
+from monai.data.folder_layout import default_name_formatter
+from monai.data.image_writer import NibabelWriter
 from monai.transforms import (
     Activationsd,
     Compose,
@@ -23,27 +26,24 @@ from monai.transforms import (
 from calib_monai.data.layouts import NIFTI_SUFFIXES
 from calib_monai.data.transforms import CheckedLoadImaged
 
-__all__ = ["ConfidenceAndSegmentationd", "image_datalist", "inference_preprocessing", "segmentation_and_confidence"]
+__all__ = [
+    "CaseNamed",
+    "ConfidenceAndSegmentationd",
+    "GridNibabelWriter",
+    "image_datalist",
+    "inference_preprocessing",
+    "nifti_items",
+    "segmentation_and_confidence",
+]
 
 IMAGE_FOLDERS = ("imagesTs", "imagesTr", "images", "TestImg", "TrainingImg", "ValidationImg")
 
 
-def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict[str, str]]:
-    """``[{"image": path}, ...]`` of the NIfTI images to segment, sorted.
-
-    ``dataset_dir`` may be one NIfTI file, a folder of them, or a data set root holding one of ``IMAGE_FOLDERS``
-    (the first found, test images first). An empty ``dataset_dir`` with a dataset component ``data`` lists the
-    images of its test split (the phantoms by default); a component built with ``dataset_dir=None``
-    (preprocessing only) has none, so the images must be given.
-    """
-    if not dataset_dir:
-        if data is None or getattr(data, "inference_only", False):
-            built = "" if data is None else (f" and {type(data).__name__} was built without a data set "
-                                             "(dataset_dir=None), so it has no test images to fall back on")
-            raise ValueError(f"dataset_dir is empty{built}: pass a NIfTI file or a folder of images to segment "
-                             "(e.g. --dataset_dir /path/to/FLARE22/imagesTs)")  # fmt: skip
-        return [{"image": item["image"]} for item in data.datalist()["test"]]
-    path = Path(dataset_dir).expanduser()
+def nifti_items(path: Path) -> list[dict[str, str]]:
+    """``[{"image": path}, ...]`` of the NIfTI images at ``path``: one NIfTI file, a folder of them, or a data set
+    root holding one of ``IMAGE_FOLDERS`` (the first found, test images first); sorted, hidden files skipped. The
+    default ``VolumeSegmentationData.inference_items``."""
+    path = Path(path)
     if path.is_file() and path.name.endswith(NIFTI_SUFFIXES):
         return [{"image": str(path)}]
     if not path.is_dir():
@@ -54,6 +54,45 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict[str, 
     if not images:
         raise ValueError(f"no .nii/.nii.gz images in {folder} (looked for {', '.join(IMAGE_FOLDERS)} in {path} first)")
     return [{"image": str(p)} for p in images]
+
+
+def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
+    """The items to segment, ``[{"image": path or [paths], "case": name (optional)}, ...]``.
+
+    With a dataset component ``data`` the listing is ``data.inference_items(dataset_dir)``: each component knows
+    its own inputs (BraTS: the 4 modality files of each case folder; MRBrainS: ``<subject>/pre/*``; BUSI: PNGs
+    without ``_mask``; PROMISE12: ``.mhd`` without ``_segmentation``), by default NIfTI files (``nifti_items``:
+    one file, a folder of them, or a data set root holding one of ``IMAGE_FOLDERS``). ``"case"`` names the
+    outputs of ``segmentation_and_confidence`` (else the first input file does).
+
+    An empty ``dataset_dir`` with a dataset component ``data`` lists the images of its test split (the phantoms by
+    default); a component built with ``dataset_dir=None`` (preprocessing only) has none, so the images must be
+    given.
+    """
+    if not dataset_dir:
+        if data is None or getattr(data, "inference_only", False):
+            built = "" if data is None else (f" and {type(data).__name__} was built without a data set "
+                                             "(dataset_dir=None), so it has no test images to fall back on")
+            raise ValueError(f"dataset_dir is empty{built}: pass a NIfTI file or a folder of images to segment "
+                             "(e.g. --dataset_dir /path/to/FLARE22/imagesTs)")  # fmt: skip
+        items = []
+        for item in data.datalist()["test"]:
+            case = data.inference_case(item["image"]) if hasattr(data, "inference_case") else None
+            items.append({"image": item["image"], **({"case": case} if case else {})})
+        return items
+    path = Path(dataset_dir).expanduser()
+    if not path.exists():
+        raise ValueError(f"dataset_dir {str(path)!r} does not exist: pass a file or a folder of images to segment")
+    lister = getattr(data, "inference_items", None)
+    items = lister(path) if callable(lister) else nifti_items(path)
+    if not items:
+        raise ValueError(f"no images to segment in {path}")
+    names = [item.get("case") for item in items if item.get("case")]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"several inputs under {path} are named {repeated[:5]}: their outputs would overwrite each "
+                         "other; segment the folders one at a time")  # fmt: skip
+    return items
 
 
 def inference_preprocessing(component) -> Compose:
@@ -102,19 +141,72 @@ class ConfidenceAndSegmentationd(MapTransform):
         return d
 
 
+class CaseNamed(MapTransform):
+    """Record the item's case name (``data[case_key]``, from ``image_datalist``) as ``"case_name"`` in the meta data
+    of ``keys``, so ``SaveImaged`` with ``case_name_formatter`` names the outputs after the case (e.g. the BraTS
+    case folder) rather than after the first of several input files. Items without a case name are left alone."""
+
+    def __init__(self, keys: KeysCollection, case_key: str = "case"):
+        super().__init__(keys, allow_missing_keys=True)
+        self.case_key = case_key
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        case = d.get(self.case_key)
+        if isinstance(case, (list, tuple)) and len(case) == 1:  # a batch of one that was not decollated
+            case = case[0]
+        if not case:
+            return d
+        for key in self.key_iterator(d):
+            if isinstance(d[key], MetaTensor):
+                d[key].meta = {**d[key].meta, "case_name": str(case)}  # a new dict: the input's meta is untouched
+        return d
+
+
+def case_name_formatter(metadict: dict, saver) -> dict:
+    """``SaveImaged`` file names: ``<case_name>_<postfix>`` when ``CaseNamed`` set one, else MONAI's default
+    (the input file's name without extension)."""
+    if metadict and metadict.get("case_name"):
+        # the extension is stripped again by MONAI: it protects case names with dots
+        return {"subject": f"{metadict['case_name']}.nii.gz", "idx": metadict.get("patch_index")}
+    return default_name_formatter(metadict, saver)
+
+
+class GridNibabelWriter(NibabelWriter):
+    """``NibabelWriter`` that writes the data as it is on its grid when no resampling is asked for (``SaveImaged``
+    with ``resample=False``): MONAI's writer resamples anyway (an identity), and that fails for 2D images such as
+    the BUSI PNGs once the depth-1 axis is squeezed (the squeezed MetaTensor's spatial rank drops to 1)."""
+
+    @classmethod
+    def resample_if_needed(cls, data_array, affine=None, target_affine=None, output_spatial_shape=None, **kwargs):
+        if target_affine is None and output_spatial_shape is None:
+            if isinstance(data_array, MetaTensor):
+                data_array = data_array.as_tensor()
+            if isinstance(affine, MetaTensor):
+                affine = affine.as_tensor()
+            return data_array, affine
+        return super().resample_if_needed(data_array, affine=affine, target_affine=target_affine,
+                                          output_spatial_shape=output_spatial_shape, **kwargs)  # fmt: skip
+
+
 def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.PathLike) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
-    softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) -> ``Invertd`` back to each input
-    file's grid (nearest for the segmentation) -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz``.
+    softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) -> ``Invertd`` back to each input's
+    grid (nearest for the segmentation; with several input files per case, the grid of the first, which they share)
+    -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's affine; a PNG's outputs
+    are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
+    (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
+    file's name without extension.
     """
     keys = ("segmentation", "confidence")
+    save = {"output_dir": str(output_dir), "separate_folder": False, "resample": False, "print_log": False,
+            "output_name_formatter": case_name_formatter, "writer": GridNibabelWriter}  # fmt: skip
     return Compose([
         Activationsd("pred", softmax=True),
         ConfidenceAndSegmentationd("pred"),
         Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
-        SaveImaged("segmentation", output_dir=str(output_dir), output_postfix="seg", output_dtype="uint8",
-                   separate_folder=False, resample=False, print_log=False),
-        SaveImaged("confidence", output_dir=str(output_dir), output_postfix="conf", output_dtype="float32",
-                   separate_folder=False, resample=False, print_log=False),
+        CaseNamed(keys),
+        SaveImaged("segmentation", output_postfix="seg", output_dtype="uint8", **save),
+        SaveImaged("confidence", output_postfix="conf", output_dtype="float32", **save),
     ])  # fmt: skip

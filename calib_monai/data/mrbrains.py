@@ -103,6 +103,34 @@ class MRBrainS(VolumeSegmentationData):
     def _find_cases(self) -> list[dict]:
         return self._cases
 
+    def inference_items(self, path: Path) -> list[dict]:
+        """The subjects at ``path``: ``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for
+        every ``<id>/pre/`` folder. ``path`` may be one subject folder, its ``pre/`` folder or a file in it, a folder
+        of subject folders (``training/``) or the release root (searched recursively); a single NIfTI file outside a
+        ``pre/`` folder is taken as a 3-channel image (default listing)."""
+        path = Path(path)
+        if path.is_file():
+            if path.parent.name != "pre":
+                return super().inference_items(path)
+            subjects = [path.parent.parent]
+        elif path.name == "pre" and any((path / m).is_file() for m in MRBRAINS_MODALITIES):
+            subjects = [path.parent]
+        elif (path / "pre").is_dir():
+            subjects = [path]
+        else:
+            subjects = sorted((p.parent for p in path.rglob("pre") if p.is_dir() and not p.parent.name.startswith(".")),
+                              key=lambda p: (_subject_order(p.name), str(p)))  # fmt: skip
+        if not subjects:
+            raise layout_error(path, "has no <id>/pre/ subject folder (searched recursively); expected one subject "
+                               f"folder <id>/pre/{{{', '.join(MRBRAINS_MODALITIES)}}}, a folder of them or the "
+                               "release root", MRBRAINS_LAYOUTS)  # fmt: skip
+        return [{"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
+                 "case": p.name} for p in subjects]  # fmt: skip
+
+    def inference_case(self, image) -> str | None:
+        first = Path(image[0] if isinstance(image, (list, tuple)) else image)
+        return first.parent.parent.name if first.parent.name == "pre" else None
+
     def _datalist_info(self) -> dict:
         return {**super()._datalist_info(), "fold": self.fold, "test_subject": self.subjects[self.fold]}
 

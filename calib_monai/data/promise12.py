@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from calib_monai.data.helpers import existing_root, in_plane_spacing, intensity_scaling
 from calib_monai.data.layouts import layout_error
@@ -20,6 +21,14 @@ PROMISE12_LAYOUTS = (
     "files), e.g. TrainingData_Part1/ ... TrainingData_Part3/ as downloaded",
 )
 _PROMISE_CASE = re.compile(r"^Case\d+\.mhd$")
+
+
+_SCAN_SUFFIXES = (".mhd", ".mha", ".nii.gz", ".nii")
+
+
+def _scan_name(name: str) -> str | None:
+    """``name`` without its image extension, or None when it is not a scan (e.g. a ``.raw`` data file)."""
+    return next((name[: -len(s)] for s in _SCAN_SUFFIXES if name.lower().endswith(s) and len(name) > len(s)), None)
 
 
 class PROMISE12(VolumeSegmentationData):
@@ -90,6 +99,27 @@ class PROMISE12(VolumeSegmentationData):
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases
+
+    def inference_items(self, path: Path) -> list[dict]:
+        """The scans at ``path``: ``{"image": scan, "case": <name>}`` for one ``.mhd``/``.mha``/NIfTI file, or
+        every such file under a folder (searched recursively: a folder of scans or the release root, test cases
+        included), ``*_segmentation.*`` and hidden files skipped."""
+        path = Path(path)
+        if path.is_file():
+            if not _scan_name(path.name) or _scan_name(path.name).endswith("_segmentation"):
+                raise ValueError(f"{path} is not a PROMISE12 scan to segment: pass a .mhd/.mha/.nii.gz scan (not a "
+                                 "*_segmentation.mhd) or a folder of them")  # fmt: skip
+            scans = [path]
+        else:
+            scans = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
+                           and _scan_name(p.name) and not _scan_name(p.name).endswith("_segmentation"))  # fmt: skip
+        if not scans:
+            raise layout_error(path, "has no .mhd scan (other than *_segmentation.mhd; searched recursively)",
+                               PROMISE12_LAYOUTS)  # fmt: skip
+        return [{"image": str(p), "case": _scan_name(p.name)} for p in scans]
+
+    def inference_case(self, image) -> str | None:
+        return _scan_name(Path(str(image)).name)
 
     def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
         return [] if self.in_plane_spacing is None else in_plane_spacing(keys, self.in_plane_spacing)

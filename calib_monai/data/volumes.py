@@ -30,7 +30,7 @@ from monai.transforms import (
 )
 from torch.utils.data import Dataset
 
-from calib_monai.data.inference import inference_preprocessing
+from calib_monai.data.inference import inference_preprocessing, nifti_items
 from calib_monai.data.layouts import load_or_create_datalist, split_cases
 from calib_monai.data.transforms import (
     CheckedLoadImaged,
@@ -298,6 +298,20 @@ class VolumeSegmentationData:
     def inference_preprocessing(self) -> Compose:
         """Image-only preprocessing for unlabelled images (no crop); see ``calib_monai.data.inference``."""
         return inference_preprocessing(self)
+
+    def inference_items(self, path: Path) -> list[dict]:
+        """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``: a list of
+        ``{"image": path or [paths, one per channel], "case": name}`` (``"case"`` optional: it names the outputs).
+
+        Default: NIfTI files (``calib_monai.data.inference.nifti_items``: one file, a folder of them, or a data set
+        root with ``imagesTs/``, ``imagesTr/``, ...). Components whose inputs are several files per case or not
+        NIfTI override it (BraTS, MRBrainS, BUSI, PROMISE12).
+        """
+        return nifti_items(Path(path))
+
+    def inference_case(self, image) -> str | None:
+        """The case name of a datalist ``image`` entry for output file names, or None to use the (first) file's."""
+        return None
 
     def volume_dataset(self, subset: str) -> CacheDataset:
         """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"); built once."""
