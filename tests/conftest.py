@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,10 @@ def hippocampus_few_dir(hippocampus_dir, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hippocampus_few")
     (root / "dataset.json").write_text(json.dumps({**description, "numTraining": 6, "training": training}))
     return root
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a test's DDP rendezvous (a fixed port can still be in TIME_WAIT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -11,6 +11,7 @@ from monai.inferers import SliceInferer
 from monai.networks.nets import UNet
 
 from calib_monai.handlers import ALMUpdateHandler
+from conftest import free_port
 from calib_monai.losses.crac import CRaCLoss
 
 
@@ -80,7 +81,7 @@ def _ddp_worker(local_rank: int, out_dir: str) -> None:
 
 
 def test_two_gloo_processes_end_with_equal_multipliers(tmp_path):
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=29517) as parallel:
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
         parallel.run(_ddp_worker, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert torch.equal(ranks[0]["lambdas"], ranks[1]["lambdas"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from monai.bundle import ConfigWorkflow
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, free_port
 
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
 TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
@@ -78,7 +78,7 @@ def test_inference_writes_segmentation_and_confidence_in_the_input_geometry(trai
 
 def test_multi_gpu_config_trains_with_two_gloo_processes(tmp_path):
     configs = f"['{CONFIGS / 'train.json'}','{CONFIGS / 'multi_gpu_train.json'}']"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "monai.bundle", "run", "training", "--config_file", configs,
            "--epochs", "1", "--output_dir", str(tmp_path / "models"), "--data#cache_dir", str(tmp_path / "phantoms")]  # fmt: skip
     # 18 phantoms split 12/2/4: every rank gets a validation volume (DistributedSampler needs one per rank)

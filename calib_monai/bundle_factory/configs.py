@@ -20,6 +20,7 @@ IMPORTS = [
     "$import calib_monai",
     "$import calib_monai.bundle",
     "$import calib_monai.data",
+    "$import calib_monai.export",
     "$import calib_monai.handlers",
     "$import calib_monai.losses",
     "$import calib_monai.networks",
@@ -210,12 +211,13 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 },
             },
             "validate": _validation(dataset),
-            "initialize": [
-                "$monai.utils.set_determinism(seed=@seed)",
-                "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-            ],
-            "run": ["$@train#trainer.run()"],
-            "training": ["$@train#trainer.run()"],
+            "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
+            # the data are read when training starts, not at initialize (so `run export` needs none)
+            "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],
+            "training": "@run",
+            # models/model.ts (logits) + segmentation_confidence.{ts,pt2} from the best checkpoint; the network is
+            # rebuilt from this file's network_def (command-line overrides of the network are not seen)
+            "export": ["$calib_monai.export.export_bundle(@bundle_root, @output_dir, @output_dir + '/model.pt')"],
         }
     )
     return config
@@ -275,13 +277,9 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "validate#sampler": {"_target_": "DistributedSampler", "dataset": "@validate#dataset", "even_divisible": False, "shuffle": False},
         "validate#dataloader#sampler": "@validate#sampler",
         "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
-        "initialize": [
-            "$calib_monai.bundle.init_distributed(@backend)",
-            "$monai.utils.set_determinism(seed=@seed)",
-            "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-        ],
-        "run": ["$@train#sampler.set_epoch(0)", "$@train#trainer.run()"],
-        "training": ["$@train#trainer.run()"],
+        "initialize": ["$calib_monai.bundle.init_distributed(@backend)", "$monai.utils.set_determinism(seed=@seed)"],
+        "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],
+        "training": "@run",
         "finalize": ["$torch.distributed.is_initialized() and torch.distributed.destroy_process_group()"],
     }
 

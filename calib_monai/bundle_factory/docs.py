@@ -101,6 +101,12 @@ volumes (per-volume CSV of DSC, HD95, ASD, ECE, CECE, TACE, NLL, Brier, a summar
 
     python -m monai.bundle run evaluating --config_file "['{configs}/train.json','{configs}/evaluate.json']" --dataset_dir /path/to/data
 
+Export the best model (`models/model.ts`: logits of the 2D network, as `ckpt_export` makes it;
+`models/segmentation_confidence.ts` and `.pt2`: a volume in, segmentation and max-softmax confidence out, the 2D
+network applied slice by slice inside the module; they load with plain torch):
+
+    python -m monai.bundle run export --config_file {configs}/train.json
+
 Multi-GPU (or multi-process CPU with gloo):
 
     torchrun --nproc_per_node 2 -m monai.bundle run training --config_file "['{configs}/train.json','{configs}/multi_gpu_train.json']" --dataset_dir /path/to/data
