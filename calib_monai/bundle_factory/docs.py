@@ -111,8 +111,9 @@ Multi-GPU (or multi-process CPU with gloo):
 
     torchrun --nproc_per_node 2 -m monai.bundle run training --config_file "['{configs}/train.json','{configs}/multi_gpu_train.json']" --dataset_dir /path/to/data
 
-Segment new images (NIfTI files in `--dataset_dir`; segmentation and confidence written in the input geometry to
-`inference/`):
+Segment new images (`--dataset_dir`: one image or a folder of them as the data set ships them: NIfTI, a case folder
+of modality files for BraTS/MRBrainS, PNG for BUSI, MetaImage for PROMISE12); `<case>_seg.nii.gz` and
+`<case>_conf.nii.gz` (max softmax) are written in the input geometry to `inference/`:
 
     python -m monai.bundle run inferring --config_file {configs}/inference.json --dataset_dir /path/to/images
 
