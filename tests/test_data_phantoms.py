@@ -69,9 +69,11 @@ def test_flare_defaults_to_phantoms_and_logs_where(tmp_path, caplog):
     assert data.source == "phantom" and data.num_classes == 5
     assert data.label_names == {"0": "background", "1": "liver", "2": "kidney", "3": "spleen", "4": "pancreas"}
     assert data.phantom_shape == phantom_shape(spacing) == (60, 60, 20)  # generated on the training grid
+    assert "phantoms" not in caplog.text  # nothing said (or generated) until the data are used
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        datalist = data.datalist()
     message = caplog.text
     assert "phantoms" in message and str(data.phantom_root) in message and "--dataset_dir" in message
-    datalist = data.datalist()
     assert [len(datalist[k]) for k in ("training", "validation", "test")] == [2, 1, 1]
     train = data.train_dataset()
     assert len(train) == 2 * 16

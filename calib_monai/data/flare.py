@@ -87,14 +87,6 @@ class FLARE(VolumeSegmentationData):
             self.source, self.layout, self._cases = "phantom", "flare22", None
             if self.num_phantoms < 3:
                 raise ValueError(f"num_phantoms must be >= 3 (one case per subset), got {num_phantoms}")
-            logger.info(
-                "FLARE: no dataset_dir given, so training on %d synthetic abdominal CT phantoms (seed %d, %s voxels "
-                "of %s mm), "
-                "cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 (imagesTr/ + labelsTr/)"
-                " or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
-                self.num_phantoms, self.phantom_seed, "x".join(map(str, self.phantom_shape)),
-                "x".join(f"{s:g}" for s in self.phantom_spacing), self.phantom_root,
-            )  # fmt: skip
 
     @property
     def phantom_root(self) -> Path:
@@ -112,6 +104,14 @@ class FLARE(VolumeSegmentationData):
 
     def _find_cases(self) -> list[dict[str, str]]:
         if self._cases is None:  # phantoms: generated on first use, reused from the cache afterwards
+            # said when the phantoms are used, not at construction (an inference-only component never uses them)
+            logger.info(
+                "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms (seed %d, %s voxels "
+                "of %s mm), cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 "
+                "(imagesTr/ + labelsTr/) or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
+                self.num_phantoms, self.phantom_seed, "x".join(map(str, self.phantom_shape)),
+                "x".join(f"{s:g}" for s in self.phantom_spacing), self.phantom_root,
+            )  # fmt: skip
             phantoms.write_phantom_dataset(self.phantom_root, self.num_phantoms, self.phantom_seed, self.phantom_shape,
                                   self.phantom_spacing)  # fmt: skip
             self._cases = find_flare_cases(self.phantom_root)[1]
