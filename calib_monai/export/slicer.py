@@ -1,0 +1,321 @@
+"""3D Slicer review files: a ``.seg.nrrd`` segmentation (one segment per label plus "low confidence") and the
+confidence volume as NRRD, both on the reference image's grid.
+
+``write_slicer_files`` takes the outputs of ``calib_monai.data.inference.segmentation_and_confidence``
+(``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``, NIfTI files in the input geometry) or arrays with their NIfTI
+affine, and writes into ``output_dir``:
+
+    - ``<case>.seg.nrrd``: a Slicer segmentation file (labelmap NRRD with the ``Segmentation_*`` and
+      ``Segment<N>_*`` custom fields of Slicer's segmentation storage node). It has two layers (a ``list`` axis
+      first): layer 0 holds the predicted labels, one segment per foreground label with its label value; layer 1
+      holds the segment "low confidence" (label value 1) for the voxels whose confidence is below the threshold, so
+      it overlaps the organ segments;
+    - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32.
+
+Geometry: NIfTI affines map voxel indices to RAS (x to the Right, y Anterior, z Superior); Slicer writes NRRD files in
+``left-posterior-superior`` space, which is RAS with x and y negated. So the NRRD ``space directions`` (one vector
+per array axis) are the columns of ``diag(-1, -1, 1) @ affine[:3, :3]`` and ``space origin`` is
+``diag(-1, -1, 1) @ affine[:3, 3]``; a voxel lands on the same physical point in both files. The array axes are
+kept in NIfTI order (i fastest on disk, as in NIfTI and NRRD alike), so nothing is transposed.
+
+Needs ``pynrrd`` (``pip install pynrrd``), imported when a file is written.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = [
+    "LOW_CONFIDENCE_SEGMENT_ID",
+    "LOW_CONFIDENCE_SEGMENT_NAME",
+    "LOW_CONFIDENCE_COLOR",
+    "SEGMENT_PALETTE",
+    "SlicerFiles",
+    "bundle_label_names",
+    "lps_geometry",
+    "segment_color",
+    "slicer_files_from_inference",
+    "write_slicer_files",
+]
+
+LOW_CONFIDENCE_SEGMENT_ID = "low_confidence"
+LOW_CONFIDENCE_SEGMENT_NAME = "low confidence"
+LOW_CONFIDENCE_COLOR = (1.0, 1.0, 0.0)  # yellow: not in SEGMENT_PALETTE
+LOW_CONFIDENCE_LABEL_VALUE = 1
+LOW_CONFIDENCE_LAYER = 1
+LABEL_LAYER = 0
+
+# Fixed, distinct segment colours (RGB in 0..1) for label values 1, 2, ...: Tableau 10 (its olive dropped, too
+# close to the low-confidence yellow) then the light Tableau 20 tints. Beyond these, segment_color spreads hues.
+SEGMENT_PALETTE: tuple[tuple[float, float, float], ...] = (
+    (0.121569, 0.466667, 0.705882),  # blue
+    (1.000000, 0.498039, 0.054902),  # orange
+    (0.172549, 0.627451, 0.172549),  # green
+    (0.839216, 0.152941, 0.156863),  # red
+    (0.580392, 0.403922, 0.741176),  # purple
+    (0.549020, 0.337255, 0.294118),  # brown
+    (0.890196, 0.466667, 0.760784),  # pink
+    (0.090196, 0.745098, 0.811765),  # cyan
+    (0.498039, 0.498039, 0.498039),  # grey
+    (0.682353, 0.780392, 0.909804),  # light blue
+    (1.000000, 0.733333, 0.470588),  # light orange
+    (0.596078, 0.874510, 0.541176),  # light green
+    (1.000000, 0.596078, 0.588235),  # light red
+    (0.772549, 0.690196, 0.835294),  # light purple
+    (0.768627, 0.611765, 0.580392),  # light brown
+    (0.968627, 0.713725, 0.823529),  # light pink
+    (0.619608, 0.854902, 0.898039),  # light cyan
+)
+
+# NIfTI (RAS) <-> NRRD "left-posterior-superior": negate x and y.
+_RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0])
+_NRRD_SPACE = "left-posterior-superior"
+
+ArrayOrPath = Union[str, os.PathLike, np.ndarray, Any]  # a path, an array, or a nibabel image
+
+
+@dataclass(frozen=True)
+class SlicerFiles:
+    """The files written by :py:func:`write_slicer_files`."""
+
+    segmentation: Path  # <case>.seg.nrrd
+    confidence: Path  # <case>_confidence.nrrd
+
+
+def segment_color(label_value: int) -> tuple[float, float, float]:
+    """Display colour of the segment of ``label_value`` (>= 1): ``SEGMENT_PALETTE`` in order, then golden-ratio hues."""
+    if label_value < 1:
+        raise ValueError(f"segment label values start at 1, got {label_value}")
+    if label_value <= len(SEGMENT_PALETTE):
+        return SEGMENT_PALETTE[label_value - 1]
+    hue = ((label_value - len(SEGMENT_PALETTE)) * 0.618033988749895) % 1.0
+    return tuple(round(c, 6) for c in colorsys.hsv_to_rgb(hue, 0.65, 0.85))  # type: ignore[return-value]
+
+
+def lps_geometry(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NRRD ``space directions`` (rows: one vector per array axis) and ``space origin`` in LPS of a NIfTI RAS affine."""
+    affine = np.asarray(affine, dtype=np.float64)
+    if affine.shape != (4, 4):
+        raise ValueError(f"expected a 4x4 affine, got shape {affine.shape}")
+    directions = (_RAS_TO_LPS @ affine[:3, :3]).T  # row i = LPS vector of one step along array axis i
+    origin = _RAS_TO_LPS @ affine[:3, 3]
+    return directions + 0.0, origin + 0.0  # + 0.0: no "-0" in the header
+
+
+def bundle_label_names(bundle_dir: str | os.PathLike) -> dict[int, str]:
+    """``label_names`` of a bundle (``configs/train.json``) as ``{label value: name}``."""
+    config = json.loads((Path(bundle_dir) / "configs" / "train.json").read_text())
+    if "label_names" not in config:
+        raise KeyError(f"{bundle_dir}/configs/train.json has no 'label_names'")
+    return _label_names(config["label_names"])
+
+
+def _label_names(label_names: Mapping | Sequence[str] | None) -> dict[int, str]:
+    if label_names is None:
+        return {}
+    if isinstance(label_names, Mapping):
+        return {int(k): str(v) for k, v in label_names.items()}
+    if isinstance(label_names, (str, bytes)):
+        raise TypeError("label_names must be a mapping {label value: name} or a sequence of names, not a string")
+    return {i: str(name) for i, name in enumerate(label_names)}
+
+
+def _load(volume: ArrayOrPath, what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(array, affine or None) of a path (read with nibabel), a nibabel image or an array."""
+    if isinstance(volume, (str, os.PathLike)):
+        import nibabel as nib
+
+        volume = nib.load(os.fspath(volume))
+    if hasattr(volume, "affine") and hasattr(volume, "dataobj"):  # nibabel image
+        return np.asanyarray(volume.dataobj), np.asarray(volume.affine, dtype=np.float64)
+    if hasattr(volume, "detach"):  # a torch tensor (MetaTensor included): no torch import here
+        volume = volume.detach().cpu().numpy()
+    array = np.asarray(volume)
+    if array.dtype == object:
+        raise TypeError(f"{what}: expected a file path, a nibabel image or an array, got {type(volume).__name__}")
+    return array, None
+
+
+def _spatial(array: np.ndarray, what: str) -> np.ndarray:
+    """The 3D (i, j, k) array: singleton channel axes dropped (trailing first, then a leading one), 2D -> depth 1."""
+    while array.ndim > 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim == 4 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3:
+        raise ValueError(f"{what}: expected a 2D or 3D volume (optionally with a singleton channel), got {array.shape}")
+    return array
+
+
+def _reference(reference_image: ArrayOrPath | None) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
+    """(affine, spatial shape or None) of the reference: a path, a nibabel image, or a 4x4 affine."""
+    if reference_image is None:
+        return None, None
+    if isinstance(reference_image, (str, os.PathLike)) or hasattr(reference_image, "affine"):
+        if isinstance(reference_image, (str, os.PathLike)):
+            import nibabel as nib
+
+            reference_image = nib.load(os.fspath(reference_image))
+        shape = tuple(int(s) for s in reference_image.shape)[:3]  # NIfTI: spatial axes first (then time/channels)
+        shape = shape + (1,) * (3 - len(shape))  # a 2D image is one slice deep
+        return np.asarray(reference_image.affine, dtype=np.float64), shape
+    affine = np.asarray(reference_image, dtype=np.float64)
+    if affine.shape != (4, 4):
+        raise ValueError(f"reference_image: expected a path, a nibabel image or a 4x4 affine, got {affine.shape}")
+    return affine, None
+
+
+def _extent(shape: Sequence[int]) -> str:
+    return " ".join(f"0 {n - 1}" for n in shape)
+
+
+def _color(rgb: Sequence[float]) -> str:
+    return " ".join(f"{c:.6g}" for c in rgb)
+
+
+def _nrrd():
+    try:
+        import nrrd
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("writing Slicer files needs pynrrd: pip install pynrrd") from e
+    return nrrd
+
+
+def write_slicer_files(
+    segmentation: ArrayOrPath,
+    confidence: ArrayOrPath,
+    reference_image: ArrayOrPath | None,
+    label_names: Mapping | Sequence[str] | None,
+    output_dir: str | os.PathLike,
+    case: str,
+    low_confidence: float = 0.8,
+) -> SlicerFiles:
+    """Write ``<case>.seg.nrrd`` and ``<case>_confidence.nrrd`` into ``output_dir`` for review in 3D Slicer.
+
+    Args:
+        segmentation: integer labels, ``(I, J, K)`` (or 2D, or with a singleton channel axis): a NIfTI path
+            (e.g. ``<case>_seg.nii.gz``), a nibabel image or an array.
+        confidence: the max softmax probability on the same grid, same kinds of input; stored as float32.
+        reference_image: the geometry: a NIfTI path or nibabel image (its affine and shape), a 4x4 RAS affine, or
+            ``None`` to use the affine of ``segmentation`` (then a file or a nibabel image). NIfTI inputs must have
+            the reference's affine: they are not resampled.
+        label_names: ``{label value: name}`` (keys may be strings, as in a bundle's ``configs/train.json``) or a
+            sequence of names indexed by label value. Label 0 is background and gets no segment; every other label
+            gets one (empty if absent from this case), and labels found in the data but not named are called
+            ``"label <value>"``.
+        output_dir: created if needed.
+        case: file name stem.
+        low_confidence: voxels with ``confidence < low_confidence`` (compared in float32, as stored) form the
+            segment "low confidence" (its own layer, so it overlaps the organs).
+
+    Returns:
+        The paths written.
+    """
+    nrrd = _nrrd()
+    seg, seg_affine = _load(segmentation, "segmentation")
+    conf, conf_affine = _load(confidence, "confidence")
+    seg, conf = _spatial(seg, "segmentation"), _spatial(conf, "confidence")
+    affine, ref_shape = _reference(reference_image)
+    if affine is None:
+        if seg_affine is None:
+            raise ValueError("reference_image is None and segmentation has no affine: pass a reference image or affine")
+        affine = seg_affine
+    for what, own_affine in (("segmentation", seg_affine), ("confidence", conf_affine)):
+        if own_affine is not None and not np.allclose(own_affine, affine, atol=1e-4):
+            raise ValueError(f"{what} is not on the reference grid (affine\n{own_affine}\nvs\n{affine}); resample it first")
+    if seg.shape != conf.shape:
+        raise ValueError(f"segmentation {seg.shape} and confidence {conf.shape} have different shapes")
+    if ref_shape is not None and seg.shape != ref_shape:
+        raise ValueError(f"segmentation {seg.shape} and reference image {ref_shape} have different shapes")
+
+    if not (np.issubdtype(seg.dtype, np.integer) or np.issubdtype(seg.dtype, np.bool_)):
+        if not np.array_equal(seg, np.round(seg)):
+            raise ValueError("segmentation must hold integer labels")
+    labels = seg.astype(np.int64)
+    if labels.size and labels.min() < 0:
+        raise ValueError("segmentation labels must be >= 0")
+    max_label = int(labels.max()) if labels.size else 0
+    dtype = np.uint8 if max_label <= np.iinfo(np.uint8).max else np.uint16 if max_label <= np.iinfo(np.uint16).max else np.uint32
+
+    names = _label_names(label_names)
+    present = {int(v) for v in np.unique(labels)}
+    values = sorted(v for v in set(names) | present if v != 0)
+    if any(v < 0 for v in values):
+        raise ValueError(f"label_names has negative label values: {sorted(v for v in values if v < 0)}")
+
+    conf32 = np.asarray(conf, dtype=np.float32)
+    low = conf32 < np.float32(low_confidence)
+
+    directions, origin = lps_geometry(affine)
+    extent = _extent(seg.shape)
+    header: dict[str, Any] = {
+        "space": _NRRD_SPACE,
+        "kinds": ["list", "domain", "domain", "domain"],
+        "space directions": np.vstack([np.full((1, 3), np.nan), directions]),  # "none" for the list axis
+        "space origin": origin,
+        "encoding": "gzip",
+        "Segmentation_MasterRepresentation": "Binary labelmap",
+        "Segmentation_ContainedRepresentationNames": "Binary labelmap|",
+        "Segmentation_ReferenceImageExtentOffset": "0 0 0",
+    }
+    segments = [(f"label_{v}", names.get(v, f"label {v}"), segment_color(v), v, LABEL_LAYER, "") for v in values]
+    segments.append((LOW_CONFIDENCE_SEGMENT_ID, LOW_CONFIDENCE_SEGMENT_NAME, LOW_CONFIDENCE_COLOR,
+                     LOW_CONFIDENCE_LABEL_VALUE, LOW_CONFIDENCE_LAYER,
+                     f"calib_monai.confidence_threshold:{low_confidence:g}|"))  # fmt: skip
+    for index, (segment_id, name, color, value, layer, tags) in enumerate(segments):
+        key = f"Segment{index}_"
+        header[key + "ID"] = segment_id
+        header[key + "Name"] = name
+        header[key + "NameAutoGenerated"] = "0"
+        header[key + "Color"] = _color(color)
+        header[key + "ColorAutoGenerated"] = "0"
+        # Slicer gives all segments of a layer the labelmap extent of the first segment read in that layer, so each
+        # segment carries its layer's extent: the whole grid (as Slicer writes them), never a per-segment bounding box.
+        header[key + "Extent"] = extent
+        header[key + "LabelValue"] = str(value)
+        header[key + "Layer"] = str(layer)
+        if tags:
+            header[key + "Tags"] = tags
+
+    layers = np.stack([labels.astype(dtype), low.astype(dtype) * LOW_CONFIDENCE_LABEL_VALUE])  # (layer, I, J, K)
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    seg_path = output_dir / f"{case}.seg.nrrd"
+    conf_path = output_dir / f"{case}_confidence.nrrd"
+    nrrd.write(os.fspath(seg_path), layers, header, index_order="F")
+    conf_header = {
+        "space": _NRRD_SPACE,
+        "kinds": ["domain", "domain", "domain"],
+        "space directions": directions,
+        "space origin": origin,
+        "encoding": "gzip",
+    }
+    nrrd.write(os.fspath(conf_path), conf32, conf_header, index_order="F")
+    return SlicerFiles(segmentation=seg_path, confidence=conf_path)
+
+
+def slicer_files_from_inference(
+    inference_dir: str | os.PathLike,
+    case: str,
+    label_names: Mapping | Sequence[str] | None,
+    output_dir: str | os.PathLike | None = None,
+    low_confidence: float = 0.8,
+) -> SlicerFiles:
+    """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
+    ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference), into
+    ``output_dir`` (default: ``inference_dir``)."""
+    inference_dir = Path(inference_dir)
+    seg_path = inference_dir / f"{case}_seg.nii.gz"
+    return write_slicer_files(seg_path, inference_dir / f"{case}_conf.nii.gz", seg_path, label_names,
+                              inference_dir if output_dir is None else output_dir, case, low_confidence)  # fmt: skip
