@@ -5,24 +5,47 @@ Example::
     calib-monai export bundles/nacl_flare
     calib-monai export bundles/nacl_flare --checkpoint /path/to/model.pt --output_dir /tmp/export
     calib-monai export --help
+    calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
 """
 
 from __future__ import annotations
 
 import logging
 
-__all__ = ["main"]
+__all__ = ["main", "slicer"]
+
+
+def slicer(bundle_dir: str, case: str, inference_dir: str | None = None, output_dir: str | None = None,
+           low_confidence: float = 0.8) -> dict[str, str]:
+    """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (segments named and coloured from the
+    bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.
+
+    Reads ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz`` from ``inference_dir`` (default ``<bundle>/inference``,
+    where the bundle's ``inferring`` run writes them) and writes next to them unless ``output_dir`` is given.
+    """
+    from pathlib import Path
+
+    from calib_monai.export import bundle_label_names, slicer_files_from_inference
+
+    inference_dir = inference_dir or str(Path(bundle_dir) / "inference")
+    written = slicer_files_from_inference(inference_dir, case, bundle_label_names(bundle_dir), output_dir,
+                                          low_confidence=low_confidence)  # fmt: skip
+    return {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
 
 
 def main() -> None:
-    """Entry point of the ``calib-monai`` console script: ``export`` is ``calib_monai.export.export_bundle``."""
+    """Entry point of the ``calib-monai`` console script.
+
+    ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
+    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs).
+    """
     import fire
 
     from calib_monai.export import export_bundle
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # fire prints the returned dict of written paths
-    fire.Fire({"export": export_bundle}, name="calib-monai")
+    fire.Fire({"export": export_bundle, "slicer": slicer}, name="calib-monai")
 
 
 if __name__ == "__main__":

@@ -213,3 +213,23 @@ def test_bundle_label_names():
         pytest.skip("no generated bundles")
     names = bundle_label_names(bundles[0].parents[1])
     assert names[0] == "background" and all(isinstance(k, int) for k in names)
+
+
+def test_cli_slicer_names_segments_from_the_bundle(tmp_path):
+    nrrd = pytest.importorskip("nrrd")
+    from calib_monai.cli import slicer
+
+    affine = np.diag([2.0, 2.0, 5.0, 1.0])
+    seg = np.zeros((6, 5, 4), dtype=np.uint8)
+    seg[1:3, 1:3, 1:3] = 4  # pancreas in nacl_flare
+    conf = np.full(seg.shape, 0.95, dtype=np.float32)
+    conf[0, 0, 0] = 0.5
+    nib.save(nib.Nifti1Image(seg, affine), tmp_path / "case_seg.nii.gz")
+    nib.save(nib.Nifti1Image(conf, affine), tmp_path / "case_conf.nii.gz")
+    bundle = Path(__file__).resolve().parents[1] / "bundles" / "nacl_flare"
+    written = slicer(str(bundle), "case", inference_dir=str(tmp_path), output_dir=str(tmp_path / "out"))
+    _, header = nrrd.read(written["segmentation"])
+    names = {header[f"Segment{i}_Name"]: header[f"Segment{i}_LabelValue"] for i in range(5)}
+    assert names["pancreas"] == "4" and names["liver"] == "1"
+    values, _ = nrrd.read(written["confidence"])
+    assert values[0, 0, 0] == np.float32(0.5)
