@@ -136,7 +136,7 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
     Unlike ``CropForegroundd`` followed by a pad, the window keeps the real image context around the organs: its start
     along each axis is ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size,
     ``n`` the image size), so it slides inward at image borders instead of padding. Axes whose ROI size is ``<= 0``
-    or larger than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty foreground
+    or not smaller than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty foreground
     centres the window on the image. Invertible (MONAI ``Crop``), so ``Invertd`` can map predictions back.
     """
 

@@ -87,8 +87,9 @@ class SliceDataset(Dataset):
     """All 2D slices along the last axis of the volumes of ``volumes`` (a dataset of 3D ``{"image", "label"}`` dicts).
 
     Item ``i`` is slice ``k`` of volume ``v`` in volume-major order. Slices are plain tensors (no meta data): the
-    volume's affine does not describe a 2D slice. ``volumes`` should be a ``CacheDataset`` with ``copy_cache=False``
-    so that a slice costs an index, not a volume copy; an uncached volume is recomputed for each of its slices.
+    volume's affine does not describe a 2D slice. ``volumes`` should be a fully cached ``CacheDataset`` (the
+    component's preprocessing is deterministic, so a slice costs an index); an uncached volume is recomputed for each
+    of its slices.
 
     Args:
         volumes: dataset of preprocessed 3D volumes, image ``(C, H, W, D)`` and label ``(1, H, W, D)``.
@@ -327,7 +328,7 @@ class VolumeSegmentationData:
                 self._volumes[subset] = _CaseCheckedCacheDataset(
                     items, transform=self.preprocessing(), cache_rate=self.cache_rate,
                     num_workers=max(self.num_workers, 1), progress=False,
-                    copy_cache=subset != "training",  # slices index the cache read-only; whole volumes are handed out
+                    copy_cache=False,  # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
                 )  # fmt: skip
         return self._volumes[subset]
 

@@ -20,7 +20,9 @@ class SegmentationWithConfidence(torch.nn.Module):
         - ``segmentation``: ``(B, 1, H, W, D)`` ``int64`` labels, the argmax of the softmax over classes;
         - ``confidence``: ``(B, 1, H, W, D)`` ``float32``, the maximum softmax probability, in ``[1 / C, 1]``.
 
-    The module is ``torch.jit.script``-able and ``torch.export``-able (with dynamic batch and depth).
+    The module is ``torch.jit.script``-able and ``torch.export``-able (with dynamic batch and depth). All ``B x D``
+    slices go through the network as one batch: memory grows with the volume, so feed a large CT (e.g. 512 x 512 x
+    300 on a small GPU) in chunks of slices along the slice axis.
 
     Args:
         network: a 2D network mapping ``(N, C_in, H, W)`` to logits ``(N, C, H, W)``.

@@ -105,13 +105,14 @@ class SegmentationReport:
         label = label[None].long()
         pred = torch.as_tensor(item[pred_key]).detach().cpu()[None]
         row: dict[str, Any] = {"case": _case_name(item, index)}
-        seg = segmentation_metrics_per_volume(pred, label, num_classes=prob.shape[1], spacing=_spacing(item),
+        spacing = _spacing(item)
+        seg = segmentation_metrics_per_volume(pred, label, num_classes=prob.shape[1], spacing=spacing,
                                               empty_class=self.empty_class)  # fmt: skip
         for metric, values in seg.items():
             for name, value in zip(self.class_names[1:], values[0]):
                 row[f"{metric}_{name}"] = float(value)
             row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
-        row.update(self._region_metrics(pred, label, prob.shape[1], _spacing(item)))
+        row.update(self._region_metrics(pred, label, prob.shape[1], spacing))
         # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
         gt = calibration_errors(prob, label, CALIBRATION_COLUMNS + ("nll", "brier"), self.num_bins, "gt")
         union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")

@@ -45,7 +45,6 @@ class CEDiceLoss(_Loss):
         batch: bool = False,
     ) -> None:
         super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
-        self.include_background = include_background
         self.dice_ce = DiceCELoss(
             include_background=include_background,
             to_onehot_y=True,

@@ -43,7 +43,7 @@ class CRaCLoss(_Loss):
 
         ``L = CE + mean_{i,k} PHR(h_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
 
-    with the PHR penalty of Eq. 10 (:func:`phr`). ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns
+    with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used). ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns
     :data:`REGIONS`) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after
     each epoch on the validation set (:meth:`outer_update`). Being buffers, they are saved in the module's
     ``state_dict`` and so in checkpoints.
@@ -121,7 +121,8 @@ class CRaCLoss(_Loss):
         h, boundary = self.constraints(logits, labels)
         lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
         rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
-        return F.cross_entropy(logits, labels) + phr(h, rho, lam).mean()
+        # h >= 0 and lam, rho >= 0, so PHR is always on its quadratic branch: lam h + rho h^2 / 2
+        return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
 
     def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Sums for one validation batch, ``(3, K, 2)`` float64: ``sum P'(h)``, ``sum h`` and pixel count per (k, r).
@@ -133,7 +134,7 @@ class CRaCLoss(_Loss):
             h, boundary = self.constraints(logits.double(), labels)
             lam = self._per_pixel_tables(boundary, self.lambdas, torch.float64)
             rho = self._per_pixel_tables(boundary, self.rhos, torch.float64)
-            grad = phr_derivative(h, rho, lam)
+            grad = lam + rho * h  # = phr_derivative(h, rho, lam) for h, lam, rho >= 0
             stats = torch.zeros(3, self.classes, 2, dtype=torch.float64, device=logits.device)
             spatial = tuple(range(2, h.ndim))
             for r, mask in enumerate((~boundary, boundary)):
