@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 
 import ignite.distributed as idist
+import pytest
 import torch
 from ignite.engine import Engine
+from monai.engines import SupervisedEvaluator
 from monai.inferers import SliceInferer
 from monai.networks.nets import UNet
+from monai.transforms import Activationsd, AsDiscreted, Compose, CopyItemsd
 
 from calib_monai.handlers import ALMUpdateHandler
 from conftest import free_port
@@ -89,3 +92,30 @@ def test_two_gloo_processes_end_with_equal_multipliers(tmp_path):
     # and the all-reduced result is the single-process result over the whole validation set
     lambdas, _ = _single_process_lambdas()
     torch.testing.assert_close(ranks[0]["lambdas"], lambdas)
+
+
+def test_evaluator_mode_equals_its_own_validation_pass_and_skips_epochs_without_validation():
+    net = _network()
+    loader = torch.utils.data.DataLoader(_volumes(), batch_size=1)
+    inferer = SliceInferer(roi_size=(16, 16), spatial_dim=2)
+    # the bundles' postprocessing: raw logits kept, then softmax and one-hot as for DSC
+    post = Compose([CopyItemsd(keys="pred", names="logits"), Activationsd(keys="pred", softmax=True),
+                    AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=3)])  # fmt: skip
+    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=loader, network=net, inferer=inferer,
+                                    postprocessing=post)  # fmt: skip
+    from_evaluator, from_loader = CRaCLoss(classes=3, dim=2), CRaCLoss(classes=3, dim=2)
+    handler = ALMUpdateHandler(from_evaluator, evaluator=evaluator)
+    trainer = Engine(lambda e, b: None)
+    trainer.state.epoch = 1
+    handler(trainer)  # no validation has run: nothing to update from
+    assert int(from_evaluator.outer_steps) == 0
+    evaluator.run()
+    handler(trainer)
+    ALMUpdateHandler(from_loader, net, loader, inferer=inferer, device="cpu")(trainer)
+    torch.testing.assert_close(from_evaluator.lambdas, from_loader.lambdas)
+    assert int(from_evaluator.outer_steps) == 1
+
+
+def test_needs_exactly_one_source_of_validation_logits():
+    with pytest.raises(ValueError, match="either evaluator"):
+        ALMUpdateHandler(CRaCLoss(classes=3, dim=2))

@@ -60,8 +60,10 @@ def _common(name: str, dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def _validation(dataset: Dataset) -> dict[str, Any]:
-    """Whole volumes through SliceInferer; DSC on the argmax, calibration on the softmax."""
+def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
+    """Whole volumes through SliceInferer; DSC on the argmax, calibration on the softmax (``keep_logits``: also
+    the raw logits, for CRaC's multiplier update)."""
+    logits = [{"_target_": "CopyItemsd", "keys": "pred", "names": "logits"}] if keep_logits else []
     return {
         "dataset": "$@data.val_dataset()",
         "dataloader": {
@@ -74,7 +76,7 @@ def _validation(dataset: Dataset) -> dict[str, Any]:
         "inferer": dict(SLICE_INFERER),
         "postprocessing": {
             "_target_": "Compose",
-            "transforms": [
+            "transforms": logits + [
                 {"_target_": "Activationsd", "keys": "pred", "softmax": True},
                 {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
                 {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
@@ -121,9 +123,7 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
             {
                 "_target_": "calib_monai.handlers.ALMUpdateHandler",
                 "loss": "@loss",
-                "network": "@network",
-                "val_data_loader": "@validate#dataloader",
-                "inferer": "@validate#inferer",
+                "evaluator": "@validate#evaluator",  # reads the logits of the validation the trainer runs anyway
                 "class_names": "$list(@label_names.values())",
             }
         )
@@ -210,7 +210,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "train_handlers": "@train#handlers",
                 },
             },
-            "validate": _validation(dataset),
+            "validate": _validation(dataset, keep_logits=method.alm),
             "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
             # the data are read when training starts, not at initialize (so `run export` needs none)
             "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],

@@ -22,10 +22,17 @@ def _image_and_label(batch: dict[str, Any], device: torch.device) -> tuple[torch
 class ALMUpdateHandler:
     """After each training epoch, update a :class:`~calib_monai.losses.CRaCLoss`'s multipliers on validation data.
 
-    With the network in eval mode and no gradients, it runs ``val_data_loader`` through ``inferer`` (e.g. MONAI's
-    ``SliceInferer`` for whole volumes and a 2D network), sums :meth:`CRaCLoss.validation_statistics` over all
-    batches (3D outputs of a 2D loss are cut into axial slices, the last axis, as the network saw them in training),
-    all-reduces the sums across DDP ranks so every rank gets identical multipliers, then calls
+    The validation logits come from one of two places:
+
+    * ``evaluator`` (what the bundles use): the validation engine the trainer already runs each epoch; its
+      postprocessing must keep the raw logits under ``logits_key`` (a ``CopyItemsd`` before the softmax). The
+      statistics are summed as the evaluator goes, so validation runs once per epoch, not twice; an epoch without
+      validation (``val_interval > 1``) leaves the multipliers as they are.
+    * ``val_data_loader``: the handler runs the loader through ``inferer`` itself (e.g. MONAI's ``SliceInferer`` for
+      whole volumes and a 2D network), with the network in eval mode and no gradients.
+
+    It sums :meth:`CRaCLoss.validation_statistics` over all volumes (3D outputs of a 2D loss are cut into axial
+    slices, the last axis, as the network saw them in training), all-reduces the sums across DDP ranks so every rank gets identical multipliers, then calls
     :meth:`CRaCLoss.outer_update`. It logs one line per epoch with lambda, rho and the mean constraint of every
     (class, region), and puts them in ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ``alm_rho_...``,
     ``alm_constraint_...``) so that an epoch-level ``TensorBoardStatsHandler`` attached after it plots them.
@@ -35,8 +42,11 @@ class ALMUpdateHandler:
 
     Args:
         loss: the CRaC loss the trainer optimises.
-        network: the trained network.
+        network: the trained network (loader mode).
         val_data_loader: validation batches (dicts with "image" and "label" unless ``prepare_batch`` says otherwise).
+        evaluator: the validation engine to read logits and labels from, instead of ``val_data_loader``.
+        logits_key: where the evaluator's decollated outputs keep the raw logits ``(C, *spatial)``; labels are read
+            from "label" (class indices or one-hot).
         inferer: ``inferer(inputs, network)`` -> logits; None calls the network directly.
         prepare_batch: ``(batch, device) -> (image, label)``.
         device: where inference runs (default: the device of the network's parameters).
@@ -46,8 +56,10 @@ class ALMUpdateHandler:
     def __init__(
         self,
         loss: CRaCLoss,
-        network: torch.nn.Module,
-        val_data_loader: Iterable,
+        network: torch.nn.Module | None = None,
+        val_data_loader: Iterable | None = None,
+        evaluator: Engine | None = None,
+        logits_key: str = "logits",
         inferer: Callable | None = None,
         prepare_batch: Callable = _image_and_label,
         device: str | torch.device | None = None,
@@ -56,6 +68,9 @@ class ALMUpdateHandler:
     ) -> None:
         if not isinstance(loss, CRaCLoss):
             raise ValueError(f"ALMUpdateHandler needs a CRaCLoss, got {type(loss).__name__}.")
+        if (evaluator is None) == (val_data_loader is None and network is None):
+            raise ValueError("ALMUpdateHandler needs either evaluator=... or network=... with val_data_loader=..., "
+                             "not both and not neither.")  # fmt: skip
         self.loss = loss
         self.network = network
         self.val_data_loader = val_data_loader
@@ -64,9 +79,28 @@ class ALMUpdateHandler:
         self.device = device
         self.class_names = class_names or [str(k) for k in range(loss.classes)]
         self.logger = logging.getLogger(logger_name)
+        self.evaluator = evaluator
+        self.logits_key = logits_key
+        self._stats: torch.Tensor | None = None  # evaluator mode: sums of the current validation run
+        if evaluator is not None:
+            evaluator.add_event_handler(Events.STARTED, self._reset)
+            evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._add_evaluator_output)
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+
+    def _reset(self, engine: Engine) -> None:
+        self._stats = torch.zeros(3, self.loss.classes, 2, dtype=torch.float64)
+
+    def _add_evaluator_output(self, engine: Engine) -> None:
+        output = engine.state.output
+        for item in output if isinstance(output, list) else [output]:
+            logits = torch.as_tensor(item[self.logits_key]).detach()
+            label = torch.as_tensor(item["label"]).detach()
+            if label.shape[0] > 1:  # one-hot after the evaluator's postprocessing
+                label = label.argmax(0, keepdim=True)
+            logits, label = self._as_loss_input(logits[None], label[None])
+            self._stats += self.loss.validation_statistics(logits, label).cpu()
 
     def _as_loss_input(self, logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
@@ -94,7 +128,15 @@ class ALMUpdateHandler:
         return stats
 
     def __call__(self, engine: Engine) -> None:
-        result = self.loss.outer_update(self.collect_statistics(), engine.state.epoch)
+        if self.evaluator is None:
+            stats = self.collect_statistics()
+        else:
+            if self._stats is None:  # validation did not run this epoch
+                return
+            stats, self._stats = self._stats.to(self.loss.lambdas.device), None
+            if idist.get_world_size() > 1:
+                stats = idist.all_reduce(stats)
+        result = self.loss.outer_update(stats, engine.state.epoch)
         parts = []
         for k, name in enumerate(self.class_names):
             for r, region in enumerate(REGIONS):
