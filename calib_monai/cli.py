@@ -6,6 +6,7 @@ Example::
     calib-monai export bundles/nacl_flare --checkpoint /path/to/model.pt --output_dir /tmp/export
     calib-monai export --help
     calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
+    calib-monai experiment main --dataset flare --demo --epochs 2   # the studies of scripts/experiments.py
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ def main() -> None:
     """Entry point of the ``calib-monai`` console script.
 
     ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
-    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs).
+    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``experiment <study>``: the
+    studies of :mod:`calib_monai.experiments.cli`.
     """
     import fire
 
+    from calib_monai.experiments.cli import COMMANDS
     from calib_monai.export import export_bundle
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # fire prints the returned dict of written paths
-    fire.Fire({"export": export_bundle, "slicer": slicer}, name="calib-monai")
+    fire.Fire({"export": export_bundle, "slicer": slicer, "experiment": COMMANDS}, name="calib-monai")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "batch_size": 16,
             "num_workers": 0,
             "val_interval": 1,
+            "train_fraction": 1.0,  # share of the training cases (data-size studies)
             "loss": dict(method.loss),
             "optimizer": {"_target_": "torch.optim.Adam", "params": "$@network.parameters()", "lr": "@lr"},
             "lr_scheduler": {
@@ -188,7 +189,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 **dataset.args,
             },
             "train": {
-                "dataset": "$@data.train_dataset()",
+                "dataset": "$@data.train_dataset(fraction=@train_fraction)",
                 "dataloader": {
                     "_target_": "monai.data.DataLoader",
                     "dataset": "@train#dataset",

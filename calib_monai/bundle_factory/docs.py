@@ -89,6 +89,8 @@ Preprocessed volumes are {" x ".join(str(s) for s in dataset.roi_size)} voxels (
 `attention_unet`, `unet_plus_plus`, `dynunet`, `unetr`, `swin_unetr`) trained on axial slices with {method.title},
 Adam lr 1e-3 then 1e-4 at half time, {method.epochs} epochs, batch 16; validation every epoch on whole 3D volumes
 (SliceInferer) with mean DSC and ECE; the best model by validation mean DSC is `models/model.pt`.
+Other keys a command line may set: `--epochs`, `--lr_milestone`, `--seed`, `--train_fraction` (share of the
+training cases, e.g. 0.25), `--output_dir`, and any loss argument as `--loss#<name>`.
 
 ## Commands
 From the repository root, after the set-up in the top-level README:

@@ -28,7 +28,7 @@ from monai.transforms import (
     ResizeWithPadOrCropd,
     Spacingd,
 )
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from calib_monai.data.inference import inference_preprocessing, nifti_items
 from calib_monai.data.layouts import load_or_create_datalist, split_cases
@@ -332,10 +332,18 @@ class VolumeSegmentationData:
                 )  # fmt: skip
         return self._volumes[subset]
 
-    def train_dataset(self, transform: Callable | None = None) -> SliceDataset:
-        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32."""
-        return SliceDataset(self.volume_dataset("training"), transform=transform,
-                            drop_empty=self.drop_empty_training_slices)
+    def train_dataset(self, transform: Callable | None = None, fraction: float = 1.0) -> SliceDataset:
+        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
+
+        ``fraction`` in (0, 1] keeps the first ``round(fraction * n)`` training volumes (at least one) of the seeded
+        split: a seeded random subset of cases, nested across fractions (the 25/50/75/100% data studies)."""
+        fraction = float(fraction)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction (bundle key train_fraction) must be in (0, 1], got {fraction}")
+        volumes = self.volume_dataset("training")
+        if fraction < 1.0:
+            volumes = Subset(volumes, range(max(1, round(fraction * len(volumes)))))
+        return SliceDataset(volumes, transform=transform, drop_empty=self.drop_empty_training_slices)
 
     def val_dataset(self) -> CacheDataset:
         """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""

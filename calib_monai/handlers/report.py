@@ -150,6 +150,17 @@ class SegmentationReport:
             }
         return out
 
+    def reliability_data(self) -> dict[str, np.ndarray]:
+        """Top-label reliability bins pooled over the evaluated volumes (as ``reliability_diagram_data``)."""
+        count, conf_sum, acc_sum = self._bins
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "edges": np.linspace(0.0, 1.0, self.num_bins + 1),
+                "count": count.astype(np.int64),
+                "confidence": np.where(count > 0, conf_sum / count, np.nan),
+                "accuracy": np.where(count > 0, acc_sum / count, np.nan),
+            }
+
     def write(self, engine: Engine | None = None) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if not self.rows:
@@ -163,15 +174,7 @@ class SegmentationReport:
         settings = {"volumes": len(self.rows), "num_bins": self.num_bins, "empty_class": self.empty_class,
                     "classes": self.class_names}  # fmt: skip
         (self.output_dir / "summary.json").write_text(json.dumps({"settings": settings, "metrics": summary}, indent=2))
-        count, conf_sum, acc_sum = self._bins
-        with np.errstate(invalid="ignore", divide="ignore"):
-            data = {
-                "edges": np.linspace(0.0, 1.0, self.num_bins + 1),
-                "count": count.astype(np.int64),
-                "confidence": np.where(count > 0, conf_sum / count, np.nan),
-                "accuracy": np.where(count > 0, acc_sum / count, np.nan),
-            }
-        save_reliability_diagram(data, self.output_dir / "reliability.png", title=f"Reliability ({len(self.rows)} volumes)")
+        save_reliability_diagram(self.reliability_data(), self.output_dir / "reliability.png", title=f"Reliability ({len(self.rows)} volumes)")
         headline = ", ".join(
             f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace") if k in summary
         )

@@ -15,5 +15,5 @@ from .calibration import (
 )
 from .calibration_metric import SegmentationCalibrationMetric
 from .ranking import friedman_rank, mean_case_rank, rank_methods, sum_rank
-from .reliability import reliability_diagram_data, save_reliability_diagram
+from .reliability import plot_reliability, reliability_diagram_data, save_reliability_diagram
 from .segmentation import segmentation_metrics_per_volume

@@ -10,7 +10,7 @@ import numpy as np
 from ._inputs import check_foreground, check_num_bins, prepare_inputs, select_voxels
 from .calibration import _cece_stats, _ece_stats
 
-__all__ = ["reliability_diagram_data", "save_reliability_diagram"]
+__all__ = ["plot_reliability", "reliability_diagram_data", "save_reliability_diagram"]
 
 
 def reliability_diagram_data(
@@ -60,6 +60,20 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("save_reliability_diagram needs matplotlib: pip install 'calib-monai[plots]'.") from e
+    if np.ndim(data["count"]) != 1:  # before a figure is opened
+        shape = np.shape(data["count"])
+        raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
+    fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
+    plot_reliability(ax, data, title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_reliability(ax: Any, data: dict[str, np.ndarray], title: str | None = None) -> float:
+    """Draw a top-label reliability diagram of ``data`` on the matplotlib axes ``ax``; returns its ECE."""
     if np.ndim(data["count"]) != 1:
         shape = np.shape(data["count"])
         raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
@@ -68,7 +82,6 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
     total = count.sum()
     ece_value = float((count * np.abs(accuracy - confidence)).sum() / total) if total else float("nan")
     width = np.diff(edges)
-    fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
     ax.bar(edges[:-1], accuracy, width=width, align="edge", edgecolor="black", color="tab:blue", label="accuracy")
     # the gap between accuracy and mean confidence, over- (confidence above) or under-confident (below)
     ax.bar(edges[:-1], np.abs(confidence - accuracy), bottom=np.minimum(accuracy, confidence), width=width,
@@ -76,8 +89,4 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title or "Reliability diagram")
     ax.legend(loc="upper left", title=f"ECE = {ece_value:.4f}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return ece_value

@@ -1,0 +1,94 @@
+"""The study commands (``python scripts/experiments.py <study> ...`` or ``calib-monai experiment <study> ...``).
+
+Every study takes the set-up flags of :class:`calib_monai.experiments.study.StudySetup`: ``--dataset`` (``hpc``,
+``acdc``, ``flare``, ...), ``--dataset_dir``, ``--results_dir`` (tables, figures, README), ``--runs_dir``
+(checkpoints; default ``runs/experiments/<dataset>``), ``--epochs``, ``--lr_milestone``, ``--train_fraction``,
+``--seed``, ``--overrides '{"data#resize": [128, 128]}'`` and ``--demo`` (FLARE phantoms' ``demo.json``).
+Runs are trained when missing, resumed when stopped, and reused when finished, so the studies share them.
+
+Example (the Hippocampus results in docs/results/hpc)::
+
+    python scripts/experiments.py main --dataset hpc --dataset_dir ../shared/data/Task04_Hippocampus \\
+        --results_dir docs/results/hpc --epochs 6 --lr_milestone 4 --train_fraction 0.5
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from calib_monai.bundle_factory.specs import METHODS
+from calib_monai.experiments.ablations import (
+    NACL_ABLATIONS,
+    crac_vs_nacl_study,
+    logit_epochs_study,
+    nacl_ablation_study,
+    posthoc_study,
+)
+from calib_monai.experiments.comparison import main_comparison
+from calib_monai.experiments.robustness import data_fraction_study, noise_study
+from calib_monai.experiments.study import StudySetup
+
+__all__ = ["COMMANDS", "run"]
+
+
+def _run(study, name: str, setup: StudySetup, *args: Any) -> str:
+    """Run a study with the command line that started it (for its README); return its results folder."""
+    program = os.path.basename(sys.argv[0])
+    program = "python scripts/experiments.py" if program == "experiments.py" else program  # or calib-monai
+    study(setup, *args, command=f"{program} {shlex.join(sys.argv[1:])}")
+    return str(setup.study_dir(name))
+
+
+def main(dataset: str, methods: Sequence[str] = tuple(METHODS), **setup: Any) -> str:
+    """Table 1 (DSC, HD95), Table 2 (ECE, CECE, TACE), ranks, radar, reliability, qualitative and logit figures."""
+    return _run(main_comparison, "main", StudySetup(dataset, **setup), methods)
+
+
+def noise(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"),
+          sigmas: Sequence[float] = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05), **setup: Any) -> str:  # fmt: skip
+    """Gaussian noise of ``sigmas`` on the test images, for the main runs of ``methods``."""
+    return _run(noise_study, "noise", StudySetup(dataset, **setup), methods, sigmas)
+
+
+def data_fraction(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"),
+                  fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0), **setup: Any) -> str:  # fmt: skip
+    """Training on ``fractions`` of the training cases."""
+    return _run(data_fraction_study, "data_fraction", StudySetup(dataset, **setup), methods, fractions)
+
+
+def nacl_ablation(dataset: str, groups: Sequence[str] = tuple(NACL_ABLATIONS), **setup: Any) -> str:
+    """NACL's lambda, prior, distance, logits/softmax and patch size, one at a time."""
+    return _run(nacl_ablation_study, "nacl_ablation", StudySetup(dataset, **setup), groups)
+
+
+def crac_vs_nacl(dataset: str, lambdas: Sequence[float] = (0.01, 0.1, 0.5, 1.0), **setup: Any) -> str:
+    """NACL for several lambda against CRaC's learned multipliers."""
+    return _run(crac_vs_nacl_study, "crac_vs_nacl", StudySetup(dataset, **setup), lambdas)
+
+
+def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
+    """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
+    return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
+
+
+def logit_epochs(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), snapshots: Sequence[int] = (1, 2, 4),
+                 **setup: Any) -> str:  # fmt: skip
+    """Max-logit histograms of validation voxels after the ``snapshots`` epochs and the last one."""
+    return _run(logit_epochs_study, "logit_epochs", StudySetup(dataset, **setup), methods, snapshots)
+
+
+COMMANDS = {"main": main, "noise": noise, "data_fraction": data_fraction, "nacl_ablation": nacl_ablation,
+            "crac_vs_nacl": crac_vs_nacl, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
+
+
+def run() -> None:
+    """Entry point of ``scripts/experiments.py``."""
+    import fire
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fire.Fire(COMMANDS, name="experiments.py")

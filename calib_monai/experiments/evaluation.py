@@ -1,0 +1,134 @@
+"""Evaluate a finished training run on whole 3D volumes: test metrics, noisy inputs, temperatures, logits.
+
+The run's bundle config (with the run's overrides) builds the network, the data component and the validation
+inferer exactly as training used them; the best checkpoint ``models/model.pt`` is loaded. Each volume goes through
+the bundle's ``SliceInferer`` once; the metrics are the bundle's own ``SegmentationReport`` (DSC, HD95, ASD per
+class, ECE / CECE / TACE on ground-truth foreground, NLL, Brier; the mean over volumes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from calib_monai.experiments.runs import bundle_config_files, read_record
+from calib_monai.handlers.report import SegmentationReport
+
+__all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run"]
+
+
+@dataclass
+class EvaluatedVolume:
+    """One preprocessed volume and the network's logits on it (CPU tensors)."""
+
+    case: str
+    image: torch.Tensor  # (C_in, H, W, D), MetaTensor with the affine
+    label: torch.Tensor  # (1, H, W, D) int64
+    logits: torch.Tensor  # (C, H, W, D) float32
+
+
+def add_gaussian_noise(image: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
+    """``image + N(0, sigma^2)`` with a seeded generator (the robustness study; images are scaled to [0, 1])."""
+    if sigma <= 0:
+        return image
+    generator = torch.Generator().manual_seed(int(seed))
+    return image + sigma * torch.randn(image.shape, generator=generator, dtype=image.dtype)
+
+
+class TrainedRun:
+    """A finished run folder (``calib_monai.experiments.runs.train``) ready for inference.
+
+    Args:
+        run_dir: the run folder (``run.json``, ``models/model.pt``).
+        device: torch device for inference (default: the CPU).
+        checkpoint: the network weights in ``models/``: ``model.pt`` (best validation DSC) or a snapshot
+            ``epoch_<e>.pt``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, device: str = "cpu", checkpoint: str = "model.pt") -> None:
+        from monai.bundle import ConfigParser
+
+        self.run_dir = Path(run_dir)
+        record = read_record(self.run_dir)
+        if record is None or record.get("status") != "finished":
+            state = "no run.json" if record is None else f"status {record.get('status')!r}"
+            raise ValueError(f"{self.run_dir} is not a finished run ({state}); train it first (the study command "
+                             "trains the runs it needs and resumes stopped ones)")  # fmt: skip
+        self.record = record
+        checkpoint = self.run_dir / "models" / checkpoint
+        if not checkpoint.is_file():
+            raise ValueError(f"{checkpoint} is missing although {self.run_dir / 'run.json'} says finished; delete "
+                             "the run folder and train it again")  # fmt: skip
+        self.parser = ConfigParser()
+        self.parser.read_config(bundle_config_files(record["bundle"], tuple(record.get("extra_configs", ()))))
+        self.parser.update({"output_dir": str(self.run_dir / "models"), **record["overrides"], "device": device})
+        self.device = torch.device(device)
+        self.network = self.parser.get_parsed_content("network")
+        self.network.load_state_dict(torch.load(checkpoint, map_location=self.device, weights_only=True))
+        self.network.eval()
+        self.data = self.parser.get_parsed_content("data")
+        self.inferer = self.parser.get_parsed_content("validate#inferer")
+        self.label_names: dict[str, str] = dict(self.parser.get_parsed_content("label_names"))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.label_names)
+
+    def dataset(self, subset: str):
+        return {"test": self.data.test_dataset, "validation": self.data.val_dataset}[subset]()
+
+    @torch.no_grad()
+    def volumes(self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0) -> Iterator[EvaluatedVolume]:
+        """The volumes of ``subset`` ("test" or "validation") with their logits; ``noise_sigma`` adds seeded
+        Gaussian noise to each preprocessed image first (volume i uses seed ``noise_seed * 100003 + i``)."""
+        for index, item in enumerate(self.dataset(subset)):
+            image = add_gaussian_noise(item["image"], noise_sigma, noise_seed * 100003 + index)
+            logits = self.inferer(image[None].to(self.device), self.network)[0].float().cpu()
+            name = os.path.basename(str(getattr(item["image"], "meta", {}).get("filename_or_obj", f"volume_{index:04d}")))
+            yield EvaluatedVolume(name, image, torch.as_tensor(item["label"]).long(), torch.as_tensor(logits))
+
+
+def evaluate_run(
+    run: TrainedRun,
+    subset: str = "test",
+    noise_sigma: float = 0.0,
+    calibrate: Callable[[EvaluatedVolume], torch.Tensor] | None = None,
+    output_dir: str | os.PathLike | None = None,
+    on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
+    num_bins: int = 15,
+) -> SegmentationReport:
+    """Per-volume metrics of ``run`` on ``subset`` with the bundle's ``SegmentationReport``.
+
+    Args:
+        calibrate: maps a volume to its probabilities ``(C, H, W, D)`` (post-hoc calibration); default softmax.
+        output_dir: when given, the report writes ``metrics.csv``, ``summary.json`` and ``reliability.png`` there.
+        on_volume: called with each volume and its probabilities (figures, logit statistics).
+    Returns:
+        the report: ``.rows`` (one dict per volume), ``.summary()``, ``.reliability_data()``.
+    """
+    report = SegmentationReport(output_dir or run.run_dir / "eval", run.label_names, num_bins=num_bins)
+    for vol in run.volumes(subset, noise_sigma=noise_sigma):
+        prob = calibrate(vol) if calibrate is not None else torch.softmax(vol.logits, dim=0)
+        item: dict[str, Any] = {"image": vol.image, "prob": prob, "pred": prob, "label": vol.label}
+        report.rows.append(report.evaluate_volume(item, len(report.rows)))
+        if on_volume is not None:
+            on_volume(vol, prob)
+    if output_dir is not None:
+        report.write()
+    return report
+
+
+def summary_means(report: SegmentationReport) -> dict[str, float]:
+    """``{column: mean over volumes}`` of a report."""
+    return {k: v["mean"] for k, v in report.summary().items()}
+
+
+def case_table(report: SegmentationReport, columns: list[str]) -> np.ndarray:
+    """``(cases, len(columns))`` float64 per-volume values of a report (NaN where absent)."""
+    return np.array([[float(row.get(c, np.nan)) for c in columns] for row in report.rows], dtype=np.float64)
