@@ -1,0 +1,95 @@
+"""MONAI Label app serving the calib-monai bundles linked into its ``model/`` folder, offline.
+
+Start (in the label environment made by ``bash scripts/setup_label_env.sh``)::
+
+    mkdir -p calib_monai/label/model && ln -s "$PWD/bundles/nacl_flare" calib_monai/label/model/  # with model.pt
+    . .venv-label/bin/activate   # the monailabel script runs the `python` it finds first
+    monailabel start_server --app calib_monai/label --studies /path/to/images --host 127.0.0.1 --port 8000 \
+        --conf zoo_source local --conf models all
+
+Every folder of ``<app>/model/`` that holds ``configs/inference.json`` is a served bundle (``--conf models a,b``
+serves only those). Each one gets two infer tasks, ``<bundle>`` (segmentation) and ``<bundle>_confidence``
+(confidence map, type ``others``): see ``calib_monai.label.infer``. A bundle without ``models/model.pt`` (or
+``model.ts``) is not listed by ``GET /info/`` and its requests answer 404 saying which file is missing.
+
+Nothing is downloaded: ``zoo_source`` must be ``local`` (the default). Errors a client can fix are answered with a
+4xx status and a ``detail`` message (unknown model 404, unreadable upload 400, wrong dimensionality 422), and the
+server goes on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from fastapi import HTTPException
+from monailabel.interfaces.app import MONAILabelApp
+from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelError, MONAILabelException
+
+import calib_monai
+from calib_monai.label.infer import CONFIDENCE_SUFFIX, BundleConfidence, BundleSegmentation
+from calib_monai.label.serving import InputError, ServedBundle, find_bundles
+
+logger = logging.getLogger(__name__)
+
+
+class CalibMONAILabelApp(MONAILabelApp):
+    """Infer-only app: two tasks per bundle of ``<app_dir>/model`` (no training, no scoring).
+
+    Conf (``--conf key value``): ``models`` (``all``, the default, or comma-separated bundle folder names) and
+    ``zoo_source`` (only ``local``).
+    """
+
+    def __init__(self, app_dir: str, studies: str, conf: dict[str, str]):
+        conf = conf or {}
+        source = conf.get("zoo_source", "local")
+        if source != "local":
+            raise MONAILabelException(MONAILabelError.APP_INIT_ERROR,
+                                      f"zoo_source {source!r}: this app serves local bundles only (--conf zoo_source "
+                                      "local), linked or copied into its model/ folder")  # fmt: skip
+        self.model_dir = os.path.join(app_dir, "model")
+        found = find_bundles(self.model_dir)
+        wanted = conf.get("models", "all").strip()
+        names = sorted(found) if wanted in ("", "all") else [n.strip() for n in wanted.split(",") if n.strip()]
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise MONAILabelException(MONAILabelError.APP_INIT_ERROR,
+                                      f"--conf models names {missing}, not bundle folders of {self.model_dir} "
+                                      f"(found: {sorted(found) or 'none'})")  # fmt: skip
+        if not names:
+            logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
+        self.served = {name: ServedBundle(found[name]) for name in names}
+        super().__init__(app_dir=app_dir, studies=studies, conf=conf, name="calib-monai",
+                         description="Calibrated segmentation: labels and their confidence",
+                         version=calib_monai.__version__)  # fmt: skip
+
+    def init_infers(self):
+        tasks = {}
+        for name, served in self.served.items():
+            if served.weights is None:
+                logger.warning(served.missing_weights_message())
+            tasks[name] = BundleSegmentation(served)
+            tasks[name + CONFIDENCE_SUFFIX] = BundleConfidence(served)
+        return tasks
+
+    def init_trainers(self):
+        return {}
+
+    def init_scoring_methods(self):
+        return {}
+
+    def infer(self, request, datastore=None):
+        """MONAI Label's ``infer`` with the client's errors as ``HTTPException`` (4xx + ``detail``), not a 500."""
+        model = request.get("model")
+        task = self._infers.get(model)
+        if task is None:
+            served = sorted(k for k, t in self._infers.items() if t.is_valid())
+            raise HTTPException(status_code=404, detail=f"no model {model!r} here; served models: {served}")
+        if not task.is_valid():
+            raise HTTPException(status_code=404, detail=task.served.missing_weights_message())
+        try:
+            return super().infer(request, datastore)
+        except InputError as err:
+            raise HTTPException(status_code=err.status, detail=str(err)) from err
+        except ImageNotFoundException as err:  # an image id that the datastore does not have
+            raise HTTPException(status_code=404, detail=err.msg) from err

@@ -1,0 +1,306 @@
+"""MONAI Label serving (calib_monai/label): a real ``monailabel start_server`` from ``.venv-label`` on 127.0.0.1.
+
+The served model folder is built in a temporary folder: ``nacl_flare`` trained for one epoch on tiny phantoms
+(``models/model.pt``), the same weights as TorchScript only (``nacl_flare_ts``, ``models/model.ts``) and
+``ce_dice_hpc`` without weights. What the server returns is compared with the bundle's own ``inferring`` run on the
+same file (main environment, another process), and the JSON summary with numpy on the returned files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from calib_monai.export import load_bundle_network
+from calib_monai.label import InputError, ServedBundle, confidence_summary
+from conftest import REPO_ROOT, free_port
+
+# the fixture scripts a network for model.ts; torch >= 2.10 flags every torch.jit call as deprecated
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
+
+LABEL_ENV = REPO_ROOT / ".venv-label"
+LABEL_NAMES = {0: "background", 1: "liver", 2: "kidney", 3: "spleen", 4: "pancreas"}
+# input stored with flipped x/y (an LPS-like affine) and 4 x 4 x 10 mm voxels: the outputs must be on this grid
+SHAPE = (40, 36, 10)
+AFFINE = np.array([[-4.0, 0, 0, 80], [0, -4.0, 0, 70], [0, 0, 10.0, -50], [0, 0, 0, 1]])
+TINY = ["--epochs", "1", "--roi_size", "[32,32,8]", "--batch_size", "8", "--data#num_phantoms", "6",
+        "--data#spacing", "[12.0,12.0,30.0]"]  # fmt: skip
+needs_label_env = pytest.mark.skipif(
+    not (LABEL_ENV / "bin" / "monailabel").exists(),
+    reason=f"MONAI Label environment {LABEL_ENV} not set up: run `bash scripts/setup_label_env.sh` (DEVELOPERS.md)",
+)
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> None:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def _write_images(folder: Path) -> dict[str, Path]:
+    from calib_monai.data.phantoms import generate_phantom
+
+    image, _, _ = generate_phantom(seed=7, index=0, shape=SHAPE, spacing=(4.0, 4.0, 10.0))
+    paths = {name: folder / f"{name}.nii.gz" for name in ("case", "flat", "four", "corrupt", "truncated")}
+    nib.save(nib.Nifti1Image(image, AFFINE), str(paths["case"]))
+    nib.save(nib.Nifti1Image(image[..., 0], AFFINE), str(paths["flat"]))  # 2D
+    nib.save(nib.Nifti1Image(np.stack([image, image], -1), AFFINE), str(paths["four"]))  # 4D, 2 channels
+    paths["corrupt"].write_bytes(np.random.default_rng(0).bytes(4096))  # not gzip, not NIfTI
+    paths["truncated"].write_bytes(paths["case"].read_bytes()[:3000])  # valid header, data cut off
+    return paths
+
+
+@pytest.fixture(scope="module")
+def served_folder(tmp_path_factory):
+    """The app folder (main.py linked), its model/ folder, test images and the reference ``inferring`` outputs."""
+    root = tmp_path_factory.mktemp("monai_label")
+    app = root / "app"
+    (app / "model").mkdir(parents=True)
+    (app / "main.py").symlink_to(REPO_ROOT / "calib_monai" / "label" / "main.py")
+    bundle = app / "model" / "nacl_flare"
+    for name in ("nacl_flare", "nacl_flare_ts", "ce_dice_hpc"):
+        source = REPO_ROOT / "bundles" / name.removesuffix("_ts")
+        shutil.copytree(source / "configs", app / "model" / name / "configs")
+    _run([sys.executable, "-m", "monai.bundle", "run", "training", "--config_file",
+          str(bundle / "configs" / "train.json"), *TINY, "--output_dir", str(bundle / "models"),
+          "--data#cache_dir", str(root / "phantoms")], cwd=root)  # fmt: skip
+    # the same weights as TorchScript only (what ckpt_export puts in model.ts: the scripted 2D network)
+    network = load_bundle_network(bundle, config_file="inference.json")
+    (app / "model" / "nacl_flare_ts" / "models").mkdir()
+    torch.jit.save(torch.jit.script(network.cpu()), str(app / "model" / "nacl_flare_ts" / "models" / "model.ts"))
+    images = _write_images(root)
+    # the reference: the bundle's own inference run on the same file, in the main environment
+    _run([sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file",
+          str(bundle / "configs" / "inference.json"), "--dataset_dir", str(images["case"]),
+          "--output_dir", str(root / "reference")], cwd=root)  # fmt: skip
+    return {"root": root, "app": app, "images": images, "reference": root / "reference"}
+
+
+@pytest.fixture(scope="module")
+def server(served_folder):
+    """``monailabel start_server`` on a free port of 127.0.0.1; stopped (process group) after the module."""
+    root, port = served_folder["root"], free_port()
+    (root / "studies").mkdir()
+    (root / "tmp").mkdir()
+    log_path = root / "server.log"
+    env = {**os.environ, "PATH": f"{LABEL_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(root / "tmp"),
+           "MONAI_LABEL_SESSION_PATH": str(root / "sessions"), "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    env.pop("VIRTUAL_ENV", None)
+    cmd = ["monailabel", "start_server", "--app", str(served_folder["app"]), "--studies", str(root / "studies"),
+           "--host", "127.0.0.1", "--port", str(port), "--conf", "zoo_source", "local"]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/info/", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                state = f"exited with {process.returncode}" if process.poll() is not None else "not ready in 180 s"
+                pytest.fail(f"monailabel start_server {state}; log:\n{log_path.read_text()[-5000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "log": log_path, **served_folder}
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, file: Path, params: dict | None = None) -> tuple[int, str, bytes]:
+    """POST a multipart form (``params``, ``file``) as MONAI Label clients do: (status, content type, body)."""
+    boundary = uuid.uuid4().hex
+    fields = [(b'name="params"', b"application/json", json.dumps(params or {}).encode()),
+              (f'name="file"; filename="{file.name}"'.encode(), b"application/octet-stream", file.read_bytes())]
+    body = b"".join(b"--%s\r\nContent-Disposition: form-data; %s\r\nContent-Type: %s\r\n\r\n%s\r\n"
+                    % (boundary.encode(), disposition, kind, data) for disposition, kind, data in fields)  # fmt: skip
+    body += f"--{boundary}--\r\n".encode()
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+def _multipart(content_type: str, body: bytes) -> dict[str, bytes]:
+    """The parts of a ``multipart/form-data`` response by field name (``output=all``: ``params`` and ``image``)."""
+    boundary = content_type.split("boundary=")[1].strip().encode()
+    parts = {}
+    for chunk in body.split(b"--" + boundary)[1:-1]:
+        head, data = chunk[2:].split(b"\r\n\r\n", 1)
+        name = head.split(b'name="')[1].split(b'"')[0].decode()
+        parts[name] = data[:-2]  # the CRLF before the next boundary
+    return parts
+
+
+def _nifti(data: bytes, path: Path) -> nib.Nifti1Image:
+    path.write_bytes(data)
+    image = nib.load(str(path))
+    image.get_fdata()  # read now, while the file is there
+    return image
+
+
+def _reference(server) -> tuple[np.ndarray, np.ndarray]:
+    ref = server["reference"]
+    return (np.asarray(nib.load(str(ref / "case_seg.nii.gz")).dataobj),
+            np.asarray(nib.load(str(ref / "case_conf.nii.gz")).dataobj))  # fmt: skip
+
+
+def _infer(server, model: str, image: Path, output: str = "all"):
+    return _post(f"{server['url']}/infer/{model}?output={output}", image)
+
+
+@needs_label_env
+def test_info_lists_both_tasks_per_bundle_with_weights(server):
+    info = _get_json(f"{server['url']}/info/")
+    models = info["models"]
+    # ce_dice_hpc has no weights: not offered
+    assert sorted(models) == ["nacl_flare", "nacl_flare_confidence", "nacl_flare_ts", "nacl_flare_ts_confidence"]
+    assert models["nacl_flare"]["type"] == "segmentation"
+    assert models["nacl_flare_confidence"]["type"] == "others"
+    for task in models.values():
+        assert task["labels"] == {name: value for value, name in LABEL_NAMES.items()}
+        assert task["dimension"] == 3
+
+
+@needs_label_env
+def test_segmentation_equals_the_bundle_inference_run_with_its_summary(server, tmp_path):
+    status, kind, body = _infer(server, "nacl_flare", server["images"]["case"])
+    assert status == 200, body[:2000]
+    parts = _multipart(kind, body)
+    params = json.loads(parts["params"])
+    seg = _nifti(parts["image"], tmp_path / "seg.nii.gz")
+    assert seg.shape == SHAPE
+    np.testing.assert_allclose(seg.affine, AFFINE, atol=1e-5)
+    labels = np.asarray(seg.dataobj)
+    assert set(np.unique(labels).tolist()) <= set(LABEL_NAMES)
+    ref_seg, ref_conf = _reference(server)
+    np.testing.assert_array_equal(labels, ref_seg)
+
+    present = set(np.unique(ref_seg).tolist())  # named for Slicer: only the labels present, in value order
+    assert params["label_names"] == {name: value for value, name in LABEL_NAMES.items() if value in present}
+    summary = params["confidence_summary"]
+    assert set(summary) == set(LABEL_NAMES.values())
+    for value, name in LABEL_NAMES.items():  # recomputed here from the reference files
+        entry, inside = summary[name], ref_conf[ref_seg == value].astype(np.float64)
+        assert entry["label"] == value and entry["voxels"] == inside.size
+        if inside.size:
+            assert entry["mean_confidence"] == pytest.approx(inside.mean(), abs=1e-6)
+            assert entry["fraction_below_0.5"] == pytest.approx((inside < 0.5).mean(), abs=1e-9)
+            assert entry["fraction_below_0.8"] == pytest.approx((inside < 0.8).mean(), abs=1e-9)
+            assert 0 <= entry["fraction_below_0.5"] <= entry["fraction_below_0.8"] <= 1
+            assert 0 < entry["mean_confidence"] <= 1
+    assert sum(e["voxels"] for e in summary.values()) == int(np.prod(SHAPE))
+
+
+@needs_label_env
+def test_confidence_map_is_float32_on_the_input_grid(server, tmp_path):
+    status, kind, body = _infer(server, "nacl_flare_confidence", server["images"]["case"])
+    assert status == 200, body[:2000]
+    parts = _multipart(kind, body)
+    conf = _nifti(parts["image"], tmp_path / "conf.nii.gz")
+    assert conf.shape == SHAPE and conf.get_data_dtype() == np.float32
+    np.testing.assert_allclose(conf.affine, AFFINE, atol=1e-5)
+    values = np.asarray(conf.dataobj)
+    assert values.min() >= 1 / len(LABEL_NAMES) - 1e-6 and values.max() <= 1 + 1e-6
+    np.testing.assert_allclose(values, _reference(server)[1], rtol=0, atol=1e-6)
+    stats = json.loads(parts["params"])["confidence"]
+    assert stats == pytest.approx({"min": values.min(), "mean": values.mean(dtype=np.float64), "max": values.max()})
+
+
+@needs_label_env
+def test_torchscript_weights_serve_the_same(server, tmp_path):
+    status, _, body = _infer(server, "nacl_flare_ts_confidence", server["images"]["case"], output="image")
+    assert status == 200, body[:2000]
+    np.testing.assert_allclose(np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj), _reference(server)[1],
+                               rtol=0, atol=1e-5)  # fmt: skip
+
+
+@needs_label_env
+@pytest.mark.parametrize(
+    "model, image, status, message",
+    [
+        ("no_such_model", "case", 404, "no model 'no_such_model'"),
+        ("ce_dice_hpc", "case", 404, "has no weights"),
+        ("nacl_flare", "corrupt", 400, "cannot read the uploaded image as NIfTI"),
+        ("nacl_flare", "truncated", 400, "truncated"),
+        ("nacl_flare", "flat", 422, "2 dimensions"),
+        ("nacl_flare_confidence", "four", 422, "4 dimensions"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_message(server, model, image, status, message):
+    code, kind, body = _infer(server, model, server["images"][image])
+    assert code == status, body[:2000]
+    assert "json" in kind and message in json.loads(body)["detail"]
+
+
+@needs_label_env
+def test_still_serving_after_bad_requests(server, tmp_path):
+    _infer(server, "nacl_flare", server["images"]["corrupt"])
+    status, _, body = _infer(server, "nacl_flare", server["images"]["case"], output="image")
+    assert status == 200, body[:2000]
+    np.testing.assert_array_equal(np.asarray(_nifti(body, tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
+    # served files are removed: the other map at once, the sent one by a MONAI Label background task after the
+    # response (uploads of failed requests are left in TMPDIR by MONAI Label itself: not checked)
+    deadline = time.monotonic() + 10
+    while list((server["root"] / "tmp").glob("calib_monai_*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list((server["root"] / "tmp").glob("calib_monai_*"))
+
+
+# main environment only (no server): the summary and the upload checks
+
+
+def test_confidence_summary_by_hand():
+    seg = np.array([[0, 1, 1], [1, 2, 2]])
+    conf = np.array([[0.9, 0.4, 0.6], [0.85, 0.7, 0.79]], dtype=np.float32)
+    summary = confidence_summary(seg, conf, {0: "bg", 1: "a", 2: "b", 3: "absent"})
+    assert summary["a"] == pytest.approx({"label": 1, "voxels": 3, "mean_confidence": (0.4 + 0.6 + 0.85) / 3,
+                                          "fraction_below_0.5": 1 / 3, "fraction_below_0.8": 2 / 3})  # fmt: skip
+    assert summary["b"]["fraction_below_0.8"] == 1.0 and summary["bg"]["fraction_below_0.5"] == 0.0
+    assert summary["absent"] == {"label": 3, "voxels": 0, "mean_confidence": None, "fraction_below_0.5": None,
+                                 "fraction_below_0.8": None}  # fmt: skip
+
+
+def test_upload_checks_name_the_problem(tmp_path):
+    served = ServedBundle(REPO_ROOT / "bundles" / "nacl_brats")  # 4 channels: a (H, W, D, 4) NIfTI
+    paths = _write_images(tmp_path)
+    with pytest.raises(InputError, match=r"\(H, W, D, 4\).*3 dimensions") as err:
+        served.check_upload(str(paths["case"]))
+    assert err.value.status == 422
+    with pytest.raises(InputError, match="as NIfTI") as err:
+        served.check_upload(str(paths["corrupt"]))
+    assert err.value.status == 400
+    four = tmp_path / "four4.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 3, 4), np.float32), np.eye(4)), str(four))
+    served.check_upload(str(four))
