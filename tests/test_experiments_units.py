@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,3 +80,15 @@ def test_tables_write_csv_and_markdown(tmp_path):
     assert "| nacl | 0.1235 |" in text and (tmp_path / "t.csv").read_text().splitlines()[1] == "nacl,0.12345"
     assert format_mean_std(0.12345, 0.01) == "0.123 ± 0.010" and format_mean_std(float("nan")) == "n/a"
     assert heading("dice_RV") == "DSC RV" and heading("mean_hd95") == "mean HD95" and heading("tace") == "TACE"
+
+
+def test_dice_without_surface_distances_is_the_same_dice():
+    from calib_monai.metrics import segmentation_metrics_per_volume
+
+    generator = torch.Generator().manual_seed(1)
+    label = torch.randint(0, 3, (2, 1, 12, 12, 5), generator=generator)
+    pred = torch.where(torch.rand(label.shape, generator=generator) < 0.8, label, torch.zeros_like(label))
+    pred[1][pred[1] == 2] = 0  # class 2 missed in volume 1: DSC 0 by the convention
+    full = segmentation_metrics_per_volume(pred, label, num_classes=3)
+    fast = segmentation_metrics_per_volume(pred, label, num_classes=3, surface_distances=False)
+    assert set(fast) == {"dice"} and np.array_equal(fast["dice"], full["dice"]) and fast["dice"][1, 1] == 0.0

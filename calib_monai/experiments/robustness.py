@@ -27,7 +27,7 @@ def noise_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"),
     rows, curves = [], {c: {} for c in COLUMNS}
     for method in methods:
         run = setup.trained(method)
-        summaries = [evaluate_run(run, "test", noise_sigma=s).summary() for s in sigmas]
+        summaries = [evaluate_run(run, "test", noise_sigma=s, surface_distances=False).summary() for s in sigmas]
         rows += [_row({"method": method, "sigma": s}, summary) for s, summary in zip(sigmas, summaries)]
         for c in COLUMNS:
             curves[c][method] = [summary[c]["mean"] for summary in summaries]
@@ -55,7 +55,7 @@ def data_fraction_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", 
             extra = {"train_fraction": fraction}
             run = setup.trained(method, variant, extra)
             specs.append(setup.spec(method, variant, extra))
-            summary = evaluate_run(run, "test").summary()
+            summary = evaluate_run(run, "test", surface_distances=False).summary()
             rows.append(_row({"method": method, "training_cases": f"{fraction:.0%}"}, summary))
             for c in COLUMNS:
                 curves[c][method].append(summary[c]["mean"])
