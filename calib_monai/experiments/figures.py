@@ -130,6 +130,9 @@ def logit_histograms(histograms: Mapping[str, np.ndarray], edges: np.ndarray, pa
     for name, counts in histograms.items():
         counts = np.asarray(counts, dtype=float)
         ax.plot(centres, counts / max(counts.sum(), 1.0), label=str(name))
+    filled = np.flatnonzero(np.sum([np.asarray(c) for c in histograms.values()], axis=0)) if histograms else []
+    if len(filled):  # zoom on the occupied bins (the edges are fixed so that volumes and runs add up)
+        ax.set_xlim(edges[max(filled[0] - 1, 0)], edges[min(filled[-1] + 2, len(edges) - 1)])
     ax.set(xlabel="max logit", ylabel="fraction of voxels", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
