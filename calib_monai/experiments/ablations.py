@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -119,8 +120,7 @@ def logit_epochs_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "
     out = setup.study_dir("logit_epochs")
     rows, specs = [], []
     for method in methods:
-        spec = setup.spec(method, "staged")
-        spec = type(spec)(spec.bundle, spec.run_dir, spec.overrides, spec.extra_configs, tuple(snapshots))
+        spec = replace(setup.spec(method, "staged"), snapshots=tuple(snapshots))
         train(spec)
         specs.append(spec)
         histograms = {}

@@ -127,11 +127,6 @@ def evaluate_run(
     return report
 
 
-def summary_means(report: SegmentationReport) -> dict[str, float]:
-    """``{column: mean over volumes}`` of a report."""
-    return {k: v["mean"] for k, v in report.summary().items()}
-
-
 def case_table(report: SegmentationReport, columns: list[str]) -> np.ndarray:
     """``(cases, len(columns))`` float64 per-volume values of a report (NaN where absent)."""
     return np.array([[float(row.get(c, np.nan)) for c in columns] for row in report.rows], dtype=np.float64)

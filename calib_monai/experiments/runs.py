@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from calib_monai.bundle import locate_bundle
 
 __all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
@@ -164,8 +166,6 @@ def train(spec: RunSpec) -> dict[str, Any]:
         if code != 0:
             break
         if epochs is not None:  # keep this epoch's network (a plain state_dict, like model.pt)
-            import torch
-
             latest = torch.load(spec.models_dir / "checkpoint_latest.pt", map_location="cpu", weights_only=False)
             torch.save(latest["network"], spec.snapshot_path(epochs))
     record["wall_time_s"] = round(record["wall_time_s"] + time.perf_counter() - start, 1)
