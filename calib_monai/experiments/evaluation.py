@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from calib_monai.experiments.runs import bundle_config_files, read_record
-from calib_monai.handlers.report import SegmentationReport
+from calib_monai.handlers.report import SegmentationReport, case_name
 
 __all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run"]
 
@@ -90,8 +90,7 @@ class TrainedRun:
         for index, item in enumerate(self.dataset(subset)):
             image = add_gaussian_noise(item["image"], noise_sigma, noise_seed * 100003 + index)
             logits = self.inferer(image[None].to(self.device), self.network)[0].float().cpu()
-            name = os.path.basename(str(getattr(item["image"], "meta", {}).get("filename_or_obj", f"volume_{index:04d}")))
-            yield EvaluatedVolume(name, image, torch.as_tensor(item["label"]).long(), torch.as_tensor(logits))
+            yield EvaluatedVolume(case_name(item, index), image, torch.as_tensor(item["label"]).long(), torch.as_tensor(logits))
 
 
 def evaluate_run(

@@ -21,7 +21,8 @@ __all__ = ["SegmentationReport"]
 CALIBRATION_COLUMNS = ("ece", "cece", "tace")
 
 
-def _case_name(item: dict[str, Any], index: int) -> str:
+def case_name(item: dict[str, Any], index: int) -> str:
+    """The file name of the item's image (its meta data), else ``volume_<index>``."""
     meta = getattr(item.get("image"), "meta", {}) or {}
     name = meta.get("filename_or_obj")
     return os.path.basename(str(name)) if name else f"volume_{index:04d}"
@@ -107,7 +108,7 @@ class SegmentationReport:
         label = label.argmax(0, keepdim=True) if label.shape[0] > 1 else label
         label = label[None].long()
         pred = torch.as_tensor(item[pred_key]).detach().cpu()[None]
-        row: dict[str, Any] = {"case": _case_name(item, index)}
+        row: dict[str, Any] = {"case": case_name(item, index)}
         spacing = _spacing(item)
         seg = segmentation_metrics_per_volume(pred, label, num_classes=prob.shape[1], spacing=spacing,
                                               empty_class=self.empty_class,
