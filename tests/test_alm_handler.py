@@ -106,6 +106,7 @@ def test_evaluator_mode_equals_its_own_validation_pass_and_skips_epochs_without_
     from_evaluator, from_loader = CRaCLoss(classes=3, dim=2), CRaCLoss(classes=3, dim=2)
     handler = ALMUpdateHandler(from_evaluator, evaluator=evaluator)
     trainer = Engine(lambda e, b: None)
+    handler.attach(trainer)  # hooks the evaluator too: constructing a handler changes no engine
     trainer.state.epoch = 1
     handler(trainer)  # no validation has run: nothing to update from
     assert int(from_evaluator.outer_steps) == 0

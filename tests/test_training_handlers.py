@@ -1,4 +1,5 @@
-"""EpochSummary and TrainingCheckpoint on real MONAI engines: best model, atomic files, exact resume."""
+"""EpochSummary and TrainingCheckpoint on real MONAI engines: best model, atomic files, exact resume; DDP networks
+saved unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
 
 from __future__ import annotations
 
@@ -6,13 +7,23 @@ import logging
 
 import pytest
 import torch
-from ignite.engine import Events
+from ignite.engine import Engine, Events
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import MeanDice, from_engine
 from monai.networks.nets import UNet
 from monai.transforms import AsDiscreted, Compose
 
-from calib_monai.handlers import EpochSummary, TrainingCheckpoint
+from calib_monai.bundle import (
+    as_bool,
+    dataloader_workers,
+    finalize_distributed,
+    load_network_weights,
+    pin_memory,
+    unwrap_network,
+    validation_sampler,
+    weights_state_dict,
+)
+from calib_monai.handlers import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint
 from calib_monai.handlers.training import save_atomically
 
 
@@ -25,10 +36,13 @@ def _items(n: int, seed: int) -> list[dict]:
     return items
 
 
-def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = True):
-    """Train a tiny net; a handler may stop the run after ``stop_after`` epochs, like a killed job."""
+def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = True, ddp: bool = False):
+    """Train a tiny net; a handler may stop the run after ``stop_after`` epochs, like a killed job. ``ddp``: the
+    trainer and the checkpoint get the network wrapped in DistributedDataParallel, the evaluator the plain one, as
+    in multi_gpu_train.json (needs a process group)."""
     torch.manual_seed(0)
     net = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    trained = torch.nn.parallel.DistributedDataParallel(net) if ddp else net
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     post = Compose([AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=2)])
@@ -43,14 +57,14 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
         device="cpu",
         max_epochs=epochs,
         train_data_loader=torch.utils.data.DataLoader(_items(4, 0), batch_size=2),
-        network=net,
+        network=trained,
         optimizer=opt,
         loss_function=torch.nn.CrossEntropyLoss(),
         prepare_batch=lambda batch, device, non_blocking, **kw: (batch["image"], batch["label"][:, 0].long()),
     )
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run())
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: sched.step())
-    checkpoint = TrainingCheckpoint(save_dir, net, opt, sched, evaluator=evaluator, resume=resume)
+    checkpoint = TrainingCheckpoint(save_dir, trained, opt, sched, evaluator=evaluator, resume=resume)
     checkpoint.attach(trainer)
     EpochSummary(evaluator=evaluator, optimizer=opt).attach(trainer)
     started_at = {}
@@ -123,3 +137,101 @@ def test_save_atomically_keeps_previous_file_when_save_fails(tmp_path):
 def test_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="'max' or 'min'"):
         TrainingCheckpoint(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
+
+
+# ---- DDP-wrapped networks and module.-prefixed files -----------------------------------------------------------
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A single-process gloo group, so that a network can be wrapped in DistributedDataParallel here."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        finalize_distributed()  # also resets ignite's cached context, which later tests would otherwise still see
+
+
+def test_ddp_network_is_saved_unwrapped_and_resumes(tmp_path, one_rank_group):
+    """model.pt and checkpoint_latest.pt of a DDP network hold the plain network's keys; a DDP run resumes from them
+    to the same weights as an uninterrupted one."""
+    *_, ref_net, _, _, _, _ = _run(tmp_path / "ref", epochs=3, ddp=True)
+    tmp_path = tmp_path / "run"
+    _run(tmp_path, epochs=3, stop_after=2, ddp=True)
+    best = torch.load(tmp_path / "model.pt", weights_only=True)
+    latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=False)
+    for state in (best, latest["network"]):
+        assert state and not any(k.startswith("module.") for k in state)
+    UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,)).load_state_dict(best)
+    trainer, net, *_, started_at = _run(tmp_path, epochs=3, ddp=True)
+    assert started_at["epoch"] == 3 and trainer.state.epoch == 3
+    for a, b in zip(net.state_dict().values(), ref_net.state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_old_module_prefixed_latest_checkpoint_still_resumes(tmp_path):
+    _run(tmp_path, epochs=3, stop_after=2)
+    latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=False)
+    latest["network"] = {f"module.{k}": v for k, v in latest["network"].items()}  # as DDP runs wrote it before
+    torch.save(latest, tmp_path / "checkpoint_latest.pt")
+    trainer, *_, started_at = _run(tmp_path, epochs=3)
+    assert started_at["epoch"] == 3 and trainer.state.epoch == 3
+
+
+def _net():
+    torch.manual_seed(1)
+    return UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+
+
+@pytest.mark.parametrize("layout", ["plain", "module", "model", "model_module"])
+def test_load_network_weights_reads_every_model_pt_layout(tmp_path, layout):
+    source = _net().state_dict()
+    state = {f"module.{k}": v for k, v in source.items()} if "module" in layout else source
+    torch.save({"model": state, "optimizer": {}} if layout.startswith("model") else state, tmp_path / "model.pt")
+    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    load_network_weights(target, tmp_path / "model.pt")  # strict
+    for key, value in source.items():
+        torch.testing.assert_close(target.state_dict()[key], value)
+    assert not any(k.startswith("module.") for k in weights_state_dict(tmp_path / "model.pt"))
+
+
+def test_load_network_weights_is_strict_and_unwraps(tmp_path, one_rank_group):
+    torch.save({"other.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
+    with pytest.raises(RuntimeError, match="Missing key"):
+        load_network_weights(_net(), tmp_path / "wrong.pt")
+    source = _net().state_dict()
+    wrapped = torch.nn.parallel.DistributedDataParallel(
+        UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    )
+    load_network_weights(wrapped, source)  # a DDP network is loaded through its module
+    assert unwrap_network(wrapped) is wrapped.module
+    torch.testing.assert_close(wrapped.module.state_dict(), source)
+
+
+def test_network_weights_loader_loads_a_module_prefixed_file_when_the_engine_starts(tmp_path):
+    source = _net().state_dict()
+    torch.save({f"module.{k}": v for k, v in source.items()}, tmp_path / "model.pt")
+    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    engine = Engine(lambda e, b: None)
+    NetworkWeightsLoader(tmp_path / "model.pt", target).attach(engine)
+    engine.run([0], max_epochs=1)
+    torch.testing.assert_close(target.state_dict(), source)
+    with pytest.raises(FileNotFoundError, match="train the bundle first"):
+        NetworkWeightsLoader(tmp_path / "missing.pt", target)()
+
+
+def test_data_loading_defaults_follow_the_device(monkeypatch):
+    assert dataloader_workers("cpu") == 0 and pin_memory("cpu") is False
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert dataloader_workers("cuda") == 8 and dataloader_workers(torch.device("cuda:1")) == 8  # capped
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks on this node share the 16 CPUs
+    assert dataloader_workers("cuda") == 3 and pin_memory("cuda:0") is True
+    assert validation_sampler([1, 2, 3]) is None  # not distributed: all volumes, loader order
+
+
+def test_as_bool_reads_command_line_switches():
+    values = (True, False, "true", "false", "True", 1, 0)
+    assert [as_bool(v) for v in values] == [True, False, True, False, True, True, False]
+    with pytest.raises(ValueError, match="boolean"):
+        as_bool("maybe")

@@ -3,6 +3,27 @@
 ``train.json`` is the spine; ``evaluate.json`` and ``multi_gpu_train.json`` are overlays merged on top of it, in the
 model-zoo pattern (``--config_file "['configs/train.json','configs/evaluate.json']"``); ``inference.json`` stands
 alone, so that serving needs no training data.
+
+Devices (JSON has no comments, so the choices are explained here):
+
+* ``device``: the first GPU when there is one, else the CPU; ``multi_gpu_train.json`` gives each torchrun rank
+  ``cuda:$LOCAL_RANK`` (or the CPU with gloo).
+* ``amp``: automatic mixed precision in the trainer and the evaluator (MONAI's ``amp=``: fp16 autocast and a
+  gradient scaler), **off by default** so that the papers' protocol stays fp32; ``--amp true`` turns it on (the
+  engines read it through ``calib_monai.bundle.as_bool``: the command line passes the string ``"true"``). It
+  takes effect on CUDA only: MONAI's engines autocast for ``"cuda"``, so on the CPU torch disables the autocast
+  and the scaler (with a warning) and training stays fp32. The validation post-processing casts the logits back
+  to float32 before the softmax, so DSC and the calibration metrics are computed in fp32 either way.
+* ``num_workers`` (``calib_monai.bundle.dataloader_workers``): 0 on the CPU, where worker processes compete with
+  the training for the same cores (slower on a 2-core machine); on CUDA the CPUs of this process shared among the
+  ranks of the node, minus one, at most 8. The data sets are in memory (``CacheDataset`` volumes, training slices
+  indexed from them) and forked workers share that cache, so a few workers suffice; with workers, they persist
+  across epochs (``persistent_workers``). ``data#num_workers`` (the threads that fill the cache) follows it.
+* ``pin_memory`` (``calib_monai.bundle.pin_memory``): page-locked training batches, copied to the GPU without
+  blocking (the trainer's ``non_blocking``), when the device is CUDA; off on the CPU. Only the training loader pins:
+  it is the hot path (many small 2D batches per epoch), while the validation/test/inference volumes are read once
+  per epoch or per request and are MetaTensors whose meta data (file names for the per-volume report, the applied
+  transforms that ``Invertd`` undoes) must not depend on how the loader copies them.
 """
 
 from __future__ import annotations
@@ -27,6 +48,9 @@ IMPORTS = [
 ]
 
 # a 2D network on 3D volumes: axial slices (the last axis), each through the network in one window of roi_size[:2]
+# logits of an amp (fp16) forward back to float32 before softmax and metrics; a no-op in fp32
+FLOAT_PRED = {"_target_": "CastToTyped", "keys": "pred", "dtype": "$torch.float32"}
+
 SLICE_INFERER = {
     "_target_": "SliceInferer",
     "roi_size": "$@roi_size[:2]",
@@ -57,12 +81,13 @@ def _common(name: str, dataset: Dataset) -> dict[str, Any]:
             "img_size": "$@roi_size[:2]",
         },
         "network": "$@network_def.to(@device)",
+        "amp": False,  # see the module docstring: fp32 by default, mixed precision on CUDA with --amp true
     }
 
 
 def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     """Whole volumes through SliceInferer; DSC on the argmax, calibration on the softmax (``keep_logits``: also
-    the raw logits, for CRaC's multiplier update)."""
+    the raw logits, for CRaC's multiplier update). The logits are cast to float32 first (fp16 under ``amp``)."""
     logits = [{"_target_": "CopyItemsd", "keys": "pred", "names": "logits"}] if keep_logits else []
     return {
         "dataset": "$@data.val_dataset()",
@@ -72,11 +97,12 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
             "batch_size": 1,
             "shuffle": False,
             "num_workers": "@num_workers",
+            "persistent_workers": "$@num_workers > 0",
         },
         "inferer": dict(SLICE_INFERER),
         "postprocessing": {
             "_target_": "Compose",
-            "transforms": logits + [
+            "transforms": [FLOAT_PRED] + logits + [
                 {"_target_": "Activationsd", "keys": "pred", "softmax": True},
                 {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
                 {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
@@ -109,6 +135,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
             "key_val_metric": "@validate#key_metric",
             "additional_metrics": "@validate#additional_metrics",
             "val_handlers": "@validate#handlers",
+            "amp": "$calib_monai.bundle.as_bool(@amp)",
         },
     }
 
@@ -151,6 +178,8 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
             "_target_": "TensorBoardStatsHandler",
             "log_dir": "$@output_dir + '/tensorboard'",
             "tag_name": "train_loss",
+            # every loss_log_interval steps: reading the loss waits for the GPU, which each step must not do
+            "iteration_log": "@loss_log_interval",
             "output_transform": "$monai.handlers.from_engine(['loss'], first=True)",
         },
     ]
@@ -168,7 +197,10 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "lr": 0.001,
             "lr_milestone": "$@epochs // 2",
             "batch_size": 16,
-            "num_workers": 0,
+            "loss_log_interval": 10,  # training steps between two TensorBoard train_loss points
+            # data loading (module docstring): worker processes and pinned memory on CUDA, none on the CPU
+            "num_workers": "$calib_monai.bundle.dataloader_workers(@device)",
+            "pin_memory": "$calib_monai.bundle.pin_memory(@device)",
             "val_interval": 1,
             "train_fraction": 1.0,  # share of the training cases (data-size studies)
             "loss": dict(method.loss),
@@ -196,6 +228,8 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "batch_size": "@batch_size",
                     "shuffle": True,
                     "num_workers": "@num_workers",
+                    "pin_memory": "@pin_memory",
+                    "persistent_workers": "$@num_workers > 0",
                 },
                 "inferer": {"_target_": "monai.inferers.SimpleInferer"},
                 "handlers": _train_handlers(method),
@@ -209,6 +243,10 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "loss_function": "@loss",
                     "inferer": "@train#inferer",
                     "train_handlers": "@train#handlers",
+                    "amp": "$calib_monai.bundle.as_bool(@amp)",
+                    "non_blocking": "@pin_memory",
+                    # the handlers read the batch-level loss; splitting each batch into items is CPU time per step
+                    "decollate": False,
                 },
             },
             "validate": _validation(dataset, keep_logits=method.alm),
@@ -231,9 +269,10 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         "validate#dataset": "$@data.test_dataset()",
         "validate#handlers": [
             {
-                "_target_": "CheckpointLoader",
+                # CheckpointLoader's strict load, also for the module.-prefixed model.pt of older multi-GPU runs
+                "_target_": "calib_monai.handlers.NetworkWeightsLoader",
                 "load_path": "$@output_dir + '/model.pt'",
-                "load_dict": {"model": "@network"},
+                "network": "@network",
                 "map_location": "@device",
             },
             {
@@ -266,7 +305,14 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
 
 
 def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
-    """``configs/multi_gpu_train.json`` (over train.json): torchrun + DDP + DistributedSampler, any backend."""
+    """``configs/multi_gpu_train.json`` (over train.json): torchrun + DDP + DistributedSampler, any backend.
+
+    ``TrainingCheckpoint`` unwraps the DDP network, so ``model.pt`` and ``checkpoint_latest.pt`` hold the plain
+    ``network_def`` keys. Validation: ``calib_monai.bundle.validation_sampler`` shards the volumes unevenly over the
+    ranks, or gives every rank all of them when there are fewer volumes than ranks (every rank must take part in the
+    metrics' all_gather); the evaluator runs the unwrapped network, so ranks with different numbers of volumes do
+    not meet in DDP's collective operations.
+    """
     return {
         "backend": "$'nccl' if torch.cuda.is_available() else 'gloo'",
         "device": "$calib_monai.bundle.distributed_device()",
@@ -275,13 +321,14 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "train#dataloader#sampler": "@train#sampler",
         "train#dataloader#shuffle": False,
         "train#trainer#train_handlers": "$@train#handlers[: -1 if torch.distributed.get_rank() > 0 else None]",
-        "validate#sampler": {"_target_": "DistributedSampler", "dataset": "@validate#dataset", "even_divisible": False, "shuffle": False},
+        "validate#sampler": "$calib_monai.bundle.validation_sampler(@validate#dataset)",
         "validate#dataloader#sampler": "@validate#sampler",
+        "validate#evaluator#network": "$calib_monai.bundle.unwrap_network(@network)",
         "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
         "initialize": ["$calib_monai.bundle.init_distributed(@backend)", "$monai.utils.set_determinism(seed=@seed)"],
         "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],
         "training": "@run",
-        "finalize": ["$torch.distributed.is_initialized() and torch.distributed.destroy_process_group()"],
+        "finalize": ["$calib_monai.bundle.finalize_distributed()"],
     }
 
 
@@ -302,11 +349,27 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "transform": "@preprocessing",
             },
             "preprocessing": "$calib_monai.data.inference_preprocessing(@data)",
-            "dataloader": {"_target_": "monai.data.DataLoader", "dataset": "@dataset", "batch_size": 1, "num_workers": 0},
+            "dataloader": {
+                "_target_": "monai.data.DataLoader",
+                "dataset": "@dataset",
+                "batch_size": 1,
+                "num_workers": 0,  # images are read and preprocessed once each: workers would only add start-up time
+            },
             "inferer": dict(SLICE_INFERER),
-            "postprocessing": "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
+            "postprocessing": {
+                "_target_": "Compose",
+                "transforms": [
+                    FLOAT_PRED,  # fp16 logits under amp
+                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
+                ],
+            },
             "handlers": [
-                {"_target_": "CheckpointLoader", "load_path": "@model_path", "load_dict": {"model": "@network"}, "map_location": "@device"},
+                {
+                    "_target_": "calib_monai.handlers.NetworkWeightsLoader",
+                    "load_path": "@model_path",
+                    "network": "@network",
+                    "map_location": "@device",
+                },
             ],
             "evaluator": {
                 "_target_": "SupervisedEvaluator",
@@ -316,6 +379,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "inferer": "@inferer",
                 "postprocessing": "@postprocessing",
                 "val_handlers": "@handlers",
+                "amp": "$calib_monai.bundle.as_bool(@amp)",
             },
             "initialize": [],
             "run": ["$@evaluator.run()"],

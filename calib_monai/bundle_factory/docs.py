@@ -113,6 +113,13 @@ Multi-GPU (or multi-process CPU with gloo):
 
     torchrun --nproc_per_node 2 -m monai.bundle run training --config_file "['{configs}/train.json','{configs}/multi_gpu_train.json']" --dataset_dir /path/to/data
 
+`models/model.pt` then holds the plain network's weights (no `module.` prefix), as a one-GPU run writes it:
+`evaluating`, `export`, `inferring` and MONAI Label use it as it is, and the same command resumes a stopped run.
+Validation volumes are shared out unevenly over the ranks, or all validated by every rank when there are fewer of
+them than ranks; the metrics equal those of one process. `--amp true` trains and validates with mixed precision on
+CUDA (off by default: the papers' protocol is fp32; no effect on the CPU). On CUDA the data loaders use worker
+processes, and the training loader pinned memory (`--num_workers` sets the count; 0 on the CPU).
+
 Segment new images (`--dataset_dir`: one image or a folder of them as the data set ships them: NIfTI, a case folder
 of modality files for BraTS/MRBrainS, PNG for BUSI, MetaImage for PROMISE12); `<case>_seg.nii.gz` and
 `<case>_conf.nii.gz` (max softmax) are written in the input geometry to `inference/`:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.bundle import load_network_weights
 from calib_monai.experiments.runs import bundle_config_files, read_record
 from calib_monai.handlers.report import SegmentationReport, case_name
 
@@ -70,7 +71,8 @@ class TrainedRun:
         self.parser.update({"output_dir": str(self.run_dir / "models"), **record["overrides"], "device": device})
         self.device = torch.device(device)
         self.network = self.parser.get_parsed_content("network")
-        self.network.load_state_dict(torch.load(checkpoint, map_location=self.device, weights_only=True))
+        # plain, module.-prefixed (older multi-GPU runs) or {"model": ...} state_dicts
+        load_network_weights(self.network, checkpoint, map_location=self.device)
         self.network.eval()
         self.data = self.parser.get_parsed_content("data")
         self.inferer = self.parser.get_parsed_content("validate#inferer")

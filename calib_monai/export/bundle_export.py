@@ -16,11 +16,14 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from calib_monai.bundle import load_network_weights
 
 from .wrapper import SegmentationWithConfidence
 
@@ -69,7 +72,8 @@ def load_bundle_network(
     Args:
         bundle_dir: the bundle folder (holding ``configs/``).
         checkpoint: a state_dict file; defaults to ``<bundle>/models/model.pt``. ``None`` and no file there
-            raises ``FileNotFoundError``.
+            raises ``FileNotFoundError``. A ``module.``-prefixed state_dict (older multi-GPU runs) or ``{"model": ...}``
+            is read too (``calib_monai.bundle.load_network_weights``).
         config_file: the config that defines the network.
         net_id: the config id of the network.
         key_in_ckpt: key of the weights in a nested checkpoint (``{"model": ..., "optimizer": ...}``); ``""`` for a
@@ -84,7 +88,7 @@ def load_bundle_network(
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: train the bundle or pass checkpoint=...")
     network = _parser(bundle_dir, config_file).get_parsed_content(net_id)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    network.load_state_dict(state[key_in_ckpt] if key_in_ckpt else state)
+    load_network_weights(network, state[key_in_ckpt] if key_in_ckpt else state)
     return network.cpu().eval()
 
 
@@ -180,18 +184,23 @@ def export_bundle(
     paths = {name: str(output_dir / name) for name in ("model.ts", "segmentation_confidence.ts")}
     paths["segmentation_confidence.pt2"] = str(output_dir / "segmentation_confidence.pt2")
 
-    # model.ts through MONAI, so it carries the bundle's configs and metadata exactly as `ckpt_export` writes them
-    ckpt_export(
-        net_id=net_id,
-        filepath=paths["model.ts"],
-        ckpt_file=str(checkpoint),
-        meta_file=str(bundle_dir / "configs" / "metadata.json"),
-        config_file=str(bundle_dir / "configs" / config_file),
-        key_in_ckpt=key_in_ckpt,
-        use_trace=traced,
-        input_shape=list(example_slices.shape) if traced else None,
-        bundle_root=str(bundle_dir),
-    )
+    # model.ts through MONAI, so it carries the bundle's configs and metadata exactly as `ckpt_export` writes them;
+    # ckpt_export copies only the keys that match (copy_model_state), so it is given the weights just loaded into
+    # `network` (plain keys) rather than the file, which may hold module.-prefixed keys that would be skipped silently
+    with tempfile.TemporaryDirectory() as tmp:
+        plain_checkpoint = os.path.join(tmp, "model.pt")
+        torch.save(network.state_dict(), plain_checkpoint)
+        ckpt_export(
+            net_id=net_id,
+            filepath=paths["model.ts"],
+            ckpt_file=plain_checkpoint,
+            meta_file=str(bundle_dir / "configs" / "metadata.json"),
+            config_file=str(bundle_dir / "configs" / config_file),
+            key_in_ckpt="",
+            use_trace=traced,
+            input_shape=list(example_slices.shape) if traced else None,
+            bundle_root=str(bundle_dir),
+        )
 
     info = {
         "inputs": {"image": f"float32 (B, {shape[1]}, H, W, D), slices along spatial axis {spatial_dim}"},

@@ -5,4 +5,4 @@ from __future__ import annotations
 from .alm import ALMUpdateHandler
 from .calibration import SegmentationCalibration
 from .report import SegmentationReport
-from .training import EpochSummary, TrainingCheckpoint
+from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint

@@ -15,6 +15,13 @@ from calib_monai.losses.crac import REGIONS, CRaCLoss
 __all__ = ["ALMUpdateHandler"]
 
 
+def _sum_over_ranks(stats: torch.Tensor) -> torch.Tensor:
+    """All-reduce (sum) across DDP ranks on the backend's device (NCCL reduces CUDA tensors only)."""
+    if idist.get_world_size() == 1:
+        return stats
+    return idist.all_reduce(stats.to(idist.device())).to(stats.device)
+
+
 def _image_and_label(batch: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return batch["image"].to(device), batch["label"].to(device)
 
@@ -82,15 +89,18 @@ class ALMUpdateHandler:
         self.evaluator = evaluator
         self.logits_key = logits_key
         self._stats: torch.Tensor | None = None  # evaluator mode: sums of the current validation run
-        if evaluator is not None:
-            evaluator.add_event_handler(Events.STARTED, self._reset)
-            evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._add_evaluator_output)
+        self._validated = False  # evaluator mode: the evaluator ran since the last outer step
 
     def attach(self, engine: Engine) -> None:
+        """Run the outer step after each of ``engine``'s epochs; in evaluator mode, also read the evaluator's outputs."""
+        if self.evaluator is not None and not self.evaluator.has_event_handler(self._reset, Events.STARTED):
+            self.evaluator.add_event_handler(Events.STARTED, self._reset)
+            self.evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._add_evaluator_output)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
 
     def _reset(self, engine: Engine) -> None:
-        self._stats = torch.zeros(3, self.loss.classes, 2, dtype=torch.float64)
+        self._stats = None  # allocated on the device of the first validation output
+        self._validated = True
 
     def _add_evaluator_output(self, engine: Engine) -> None:
         output = engine.state.output
@@ -100,7 +110,9 @@ class ALMUpdateHandler:
             if label.shape[0] > 1:  # one-hot after the evaluator's postprocessing
                 label = label.argmax(0, keepdim=True)
             logits, label = self._as_loss_input(logits[None], label[None])
-            self._stats += self.loss.validation_statistics(logits, label).cpu()
+            # the sums stay where the logits are: no host round trip per validation volume
+            stats = self.loss.validation_statistics(logits, label)
+            self._stats = stats if self._stats is None else self._stats + stats.to(self._stats.device)
 
     def _as_loss_input(self, logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
@@ -123,19 +135,17 @@ class ALMUpdateHandler:
                     stats += self.loss.validation_statistics(logits, label)
         finally:
             self.network.train(was_training)
-        if idist.get_world_size() > 1:
-            stats = idist.all_reduce(stats)
-        return stats
+        return _sum_over_ranks(stats)
 
     def __call__(self, engine: Engine) -> None:
         if self.evaluator is None:
             stats = self.collect_statistics()
         else:
-            if self._stats is None:  # validation did not run this epoch
+            if not self._validated:  # validation did not run this epoch (val_interval > 1)
                 return
-            stats, self._stats = self._stats.to(self.loss.lambdas.device), None
-            if idist.get_world_size() > 1:
-                stats = idist.all_reduce(stats)
+            if self._stats is None:  # this rank saw no validation volume, others may have: add zeros to the sum
+                self._stats = torch.zeros(3, self.loss.classes, 2, dtype=torch.float64, device=self.loss.lambdas.device)
+            stats, self._stats, self._validated = _sum_over_ranks(self._stats), None, False
         result = self.loss.outer_update(stats, engine.state.epoch)
         parts = []
         for k, name in enumerate(self.class_names):

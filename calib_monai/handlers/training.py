@@ -19,7 +19,9 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
-__all__ = ["EpochSummary", "TrainingCheckpoint", "save_atomically"]
+from calib_monai.bundle import load_network_weights, unwrap_network, weights_state_dict
+
+__all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "save_atomically"]
 
 
 def save_atomically(obj: Any, path: str | os.PathLike) -> None:
@@ -82,7 +84,9 @@ class EpochSummary:
     def _add_loss(self, engine: Engine) -> None:
         output = engine.state.output
         loss = output[0]["loss"] if isinstance(output, list) else output["loss"]
-        self._loss_sum += float(loss)
+        # summed where the loss lives: a float() here would make every GPU step wait for the GPU
+        loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
+        self._loss_sum = loss if self._loss_count == 0 else self._loss_sum + loss
         self._loss_count += 1
 
     def __call__(self, engine: Engine) -> None:
@@ -90,7 +94,7 @@ class EpochSummary:
             return
         parts = [f"epoch {engine.state.epoch}/{engine.state.max_epochs}"]
         if self._loss_count:
-            parts.append(f"loss {self._loss_sum / self._loss_count:.4f}")
+            parts.append(f"loss {float(self._loss_sum) / self._loss_count:.4f}")
         if self.evaluator is not None:
             metrics = self.evaluator.state.metrics
             for name in self.metric_names or sorted(metrics):
@@ -115,6 +119,19 @@ class TrainingCheckpoint:
 
     Both files are written atomically, by DDP rank 0 only (every rank loads them). At ``STARTED``, if ``latest_filename`` exists, everything is loaded
     back and training continues at the next epoch; ``resume=False`` ignores (and later overwrites) it.
+
+    A ``DistributedDataParallel`` (or ``DataParallel``) network is unwrapped: both files hold the plain network's
+    keys (no ``module.`` prefix), so a multi-GPU ``model.pt`` loads into the bundle's ``network_def`` like any other,
+    and a multi-GPU run resumes on one GPU and vice versa. ``module.``-prefixed files of older multi-GPU runs are
+    still read.
+
+    Why not MONAI's ``CheckpointSaver``/``CheckpointLoader`` (which unwrap DDP too)? They do not keep this
+    behaviour: the interval checkpoints are named by epoch (``checkpoint_epoch=N.pt``; a fixed name exists only for
+    the final and the key-metric files), while ``CheckpointLoader`` reads one path fixed in the config and fails when
+    it is absent (no "resume when the file exists, else start fresh"), and raises on a checkpoint with more epochs
+    than ``max_epochs`` (a shorter ``--epochs``) instead of saying there is nothing left to train; the best value so far survives a resume only with ``key_metric_save_state``,
+    which puts the saver's state into the best-model file (then no longer the plain state_dict of ``model.pt``);
+    and MONAI's ``DiskSaver`` is created with ``atomic=False`` (a run killed mid-write leaves a truncated file).
 
     Args:
         save_dir: folder of both files.
@@ -173,7 +190,8 @@ class TrainingCheckpoint:
             )
 
     def _objects(self) -> dict[str, Any]:
-        objects: dict[str, Any] = {**self.extra, "network": self.network, "optimizer": self.optimizer}
+        network = unwrap_network(self.network)  # plain keys, whatever the number of GPUs
+        objects: dict[str, Any] = {**self.extra, "network": network, "optimizer": self.optimizer}
         if self.lr_scheduler is not None:
             objects["lr_scheduler"] = self.lr_scheduler
         if self._trainer is not None:
@@ -185,6 +203,8 @@ class TrainingCheckpoint:
             return
         max_epochs = engine.state.max_epochs
         checkpoint = torch.load(self.latest_path, map_location="cpu", weights_only=False)
+        # a file written by an older multi-GPU run holds "module."-prefixed network keys
+        checkpoint["network"] = weights_state_dict(checkpoint["network"])
         Checkpoint.load_objects(to_load=self._objects(), checkpoint=checkpoint)
         self.best_metric = checkpoint["best_metric"]
         self.best_metric_epoch = checkpoint["best_metric_epoch"]
@@ -212,8 +232,39 @@ class TrainingCheckpoint:
             value = float(self.evaluator.state.metrics[self.metric_name])
             if math.isfinite(value) and self._improved(value):
                 self.best_metric, self.best_metric_epoch = value, engine.state.epoch
-                save_atomically(self.network.state_dict(), self.best_path)
+                save_atomically(unwrap_network(self.network).state_dict(), self.best_path)
                 self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}")
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch)
         save_atomically(state, self.latest_path)
+
+
+class NetworkWeightsLoader:
+    """Load a ``model.pt`` into a network when an engine starts (bundle ``evaluate.json`` and ``inference.json``).
+
+    Like MONAI's ``CheckpointLoader(load_dict={"model": network})`` with ``strict=True``, but through
+    :func:`calib_monai.bundle.load_network_weights`, so it also reads the ``module.``-prefixed files that multi-GPU
+    runs wrote before ``TrainingCheckpoint`` unwrapped DDP (``CheckpointLoader`` fails on those with missing keys).
+
+    Args:
+        load_path: the weights file: a plain state_dict, a ``module.``-prefixed one, or ``{"model": ...}``.
+        network: the network to load into (a DDP wrapper is unwrapped).
+        map_location: where the tensors are loaded before they are copied into the network.
+    """
+
+    def __init__(self, load_path: str | os.PathLike, network: torch.nn.Module, map_location: Any = "cpu",
+                 logger_name: str = "calib_monai") -> None:  # fmt: skip
+        self.load_path = Path(load_path)
+        self.network = network
+        self.map_location = map_location
+        self.logger = logging.getLogger(logger_name)
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self)
+
+    def __call__(self, engine: Engine | None = None) -> None:
+        if not self.load_path.is_file():
+            raise FileNotFoundError(f"model weights {self.load_path} not found: train the bundle first, or point "
+                                    "model_path/output_dir at the folder holding model.pt")  # fmt: skip
+        load_network_weights(self.network, self.load_path, map_location=self.map_location)
+        self.logger.info(f"loaded the network weights from {self.load_path}")

@@ -26,6 +26,7 @@ import torch
 from monai.bundle import ConfigParser
 from monai.data import MetaTensor, decollate_batch, list_data_collate
 
+from calib_monai.bundle import load_network_weights
 from calib_monai.data.transforms import unwrap_case_error
 
 __all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "confidence_summary", "find_bundles"]
@@ -134,9 +135,8 @@ class ServedBundle:
         device = torch.device(self._device or parser.get_parsed_content("device"))
         if weights.suffix == ".pt":
             network = parser.get_parsed_content("network_def")
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-            # a training checkpoint ({"model": ..., "optimizer": ...}) or a plain state_dict, as CheckpointLoader takes
-            network.load_state_dict(state["model"] if "model" in state and isinstance(state["model"], dict) else state)
+            # a plain state_dict, a module.-prefixed one (older multi-GPU runs) or a training checkpoint {"model": ...}
+            load_network_weights(network, weights)
         else:
             network = _TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
         network = network.to(device).eval()

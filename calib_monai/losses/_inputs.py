@@ -5,15 +5,40 @@ Every loss takes logits ``(B, C, H, W[, D])`` and integer labels laid out the wa
 :func:`prepare_inputs` checks both and returns plain tensors: logits unchanged (still in the autograd graph) and
 labels as ``int64`` of shape ``(B, H, W[, D])``. Bad input raises a ``ValueError`` naming what was seen and what
 was expected.
+
+Shapes and dtypes are checked on every call (metadata only, free). The *value* checks (finite logits, labels in
+``[0, C)``) read a reduction back to the host, which on a GPU waits for every queued kernel: done each step, that
+stall keeps a launch-bound training step from overlapping the next batch's launches. So they run
+
+* always for CPU tensors (nothing to wait for);
+* on the first call of each loss instance for tensors on an accelerator, then never again (the data pipeline does
+  not change between steps); ``set_value_checks("always")`` (or ``CALIB_MONAI_VALUE_CHECKS=always``) checks every
+  call while debugging, ``"never"`` not at all;
+* never for ``meta`` tensors (they have no values).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import os
+
 import torch
 
-__all__ = ["as_plain_tensor", "check_choice", "check_reduction", "prepare_inputs", "reduce_per_voxel"]
+__all__ = [
+    "VALUE_CHECK_MODES",
+    "as_plain_tensor",
+    "check_choice",
+    "check_reduction",
+    "prepare_inputs",
+    "reduce_per_voxel",
+    "set_value_checks",
+    "value_checks_due",
+]
+
+#: ``"first"`` (default: first call per loss on an accelerator, every call on CPU), ``"always"``, ``"never"``.
+VALUE_CHECK_MODES = ("first", "always", "never")
+_value_checks = os.environ.get("CALIB_MONAI_VALUE_CHECKS", "first")
 
 
 def as_plain_tensor(x: torch.Tensor) -> torch.Tensor:
@@ -31,11 +56,35 @@ def check_choice(name: str, value: str, options: Sequence[str]) -> str:
     return value
 
 
+def set_value_checks(mode: str) -> str:
+    """Set when the losses check input *values* (see the module docstring); returns the previous mode."""
+    global _value_checks
+    previous, _value_checks = _value_checks, check_choice("value checks mode", mode, VALUE_CHECK_MODES)
+    return previous
+
+
+def value_checks_due(owner: object | None, device: torch.device) -> bool:
+    """Whether the loss ``owner`` checks values of tensors on ``device`` in this call (and records that it did)."""
+    mode = check_choice("CALIB_MONAI_VALUE_CHECKS", _value_checks, VALUE_CHECK_MODES)
+    if device.type == "meta" or mode == "never":
+        return False
+    if mode == "always" or device.type == "cpu" or owner is None:
+        return True
+    checked = getattr(owner, "_calib_monai_values_checked", set())
+    if device in checked:
+        return False
+    # plain attribute, not a buffer: it must not enter state_dicts or checkpoints
+    object.__setattr__(owner, "_calib_monai_values_checked", checked | {device})
+    return True
+
+
 def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
     return check_choice("reduction", str(reduction), options)
 
 
-def _check_logits(logits: torch.Tensor, num_classes: int | None, spatial_dims: int | None) -> torch.Tensor:
+def _check_logits(
+    logits: torch.Tensor, num_classes: int | None, spatial_dims: int | None, check_values: bool
+) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor of shape (B, C, H, W[, D]), got {type(logits).__name__}.")
     logits = as_plain_tensor(logits)
@@ -60,6 +109,8 @@ def _check_logits(logits: torch.Tensor, num_classes: int | None, spatial_dims: i
         raise ValueError(
             f"logits must have at least 2 channels (softmax over classes), got shape {tuple(logits.shape)}."
         )
+    if not check_values:
+        return logits
     with torch.no_grad():
         # a sum is non-finite whenever an element is (and, rarely, on overflow): check elements only then
         if not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all()):
@@ -71,7 +122,7 @@ def _check_logits(logits: torch.Tensor, num_classes: int | None, spatial_dims: i
     return logits
 
 
-def _check_labels(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def _check_labels(labels: torch.Tensor, logits: torch.Tensor, check_values: bool) -> torch.Tensor:
     if not isinstance(labels, torch.Tensor):
         labels = torch.as_tensor(labels)
     labels = as_plain_tensor(labels).detach()
@@ -90,7 +141,7 @@ def _check_labels(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         )
     if labels.dtype == torch.bool:
         labels = labels.long()
-    elif labels.is_floating_point():
+    elif labels.is_floating_point() and check_values:
         # MONAI loaders often hand labels over as float tensors holding integers (NaN fails this test too)
         not_integer = labels != torch.round(labels)
         if bool(not_integer.any()):
@@ -104,6 +155,8 @@ def _check_labels(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         labels = labels.long()
     if labels.device != logits.device:
         labels = labels.to(logits.device)
+    if not check_values:
+        return labels
     lowest, highest = torch.aminmax(labels)
     lowest_v, highest_v = int(lowest), int(highest)
     if lowest_v < 0 or highest_v >= n_classes:
@@ -115,7 +168,11 @@ def _check_labels(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_inputs(
-    logits: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None, spatial_dims: int | None = None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int | None = None,
+    spatial_dims: int | None = None,
+    owner: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Check logits and labels and return them as plain tensors.
 
@@ -125,6 +182,8 @@ def prepare_inputs(
             integer-valued float dtype; a ``MetaTensor`` is accepted.
         num_classes: if given, the number of channels the logits must have.
         spatial_dims: if given (2 or 3), the number of spatial dims the logits must have.
+        owner: the loss calling; on an accelerator its values are checked on its first call only
+            (:func:`value_checks_due`). None: values are checked whenever they can be.
 
     Returns:
         ``(logits, labels)``: logits as a plain tensor in the autograd graph; labels as ``int64`` ``(B, *spatial)``
@@ -134,8 +193,10 @@ def prepare_inputs(
         ValueError: wrong rank, channel count or shape mismatch, non-integer or out-of-range labels, non-finite
             logits. The message names the shape or value seen and the one expected.
     """
-    logits = _check_logits(logits, num_classes, spatial_dims)
-    return logits, _check_labels(labels, logits)
+    device = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
+    check_values = value_checks_due(owner, device)
+    logits = _check_logits(logits, num_classes, spatial_dims, check_values)
+    return logits, _check_labels(labels, logits, check_values)
 
 
 def reduce_per_voxel(per_voxel: torch.Tensor, reduction: str) -> torch.Tensor:

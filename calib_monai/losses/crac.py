@@ -46,7 +46,8 @@ class CRaCLoss(_Loss):
     with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used). ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns
     :data:`REGIONS`) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after
     each epoch on the validation set (:meth:`outer_update`). Being buffers, they are saved in the module's
-    ``state_dict`` and so in checkpoints.
+    ``state_dict`` and so in checkpoints; they move to the device of the logits at the first call, so the loss
+    works wherever the network runs without being moved itself.
 
     Args:
         classes: number of classes ``K``.
@@ -110,6 +111,15 @@ class CRaCLoss(_Loss):
             tau = torch.where(boundary, tau, self.inner_margin * tau)
         return (tau - logits).abs(), boundary
 
+    def _follow_device(self, device: torch.device) -> None:
+        """Move the multiplier buffers to the logits' device (once), so that nobody has to move the loss module.
+
+        Bundles move the network, never the loss; a buffer left on the CPU would meet CUDA logits in
+        ``torch.where``. The buffers stay float64 wherever they live.
+        """
+        if self.lambdas.device != device:
+            self.to(device)
+
     def _per_pixel_tables(self, boundary: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Broadcast a ``(K, 2)`` table to ``(B, K, *spatial)`` by each pixel's region."""
         shape = (1, self.classes) + (1,) * self.dim
@@ -117,7 +127,8 @@ class CRaCLoss(_Loss):
         return torch.where(boundary, outer, inner)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits, labels = prepare_inputs(input, target, self.classes, self.dim)
+        logits, labels = prepare_inputs(input, target, self.classes, self.dim, owner=self)
+        self._follow_device(logits.device)
         h, boundary = self.constraints(logits, labels)
         lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
         rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
@@ -131,6 +142,7 @@ class CRaCLoss(_Loss):
         """
         with torch.no_grad():
             logits, labels = prepare_inputs(logits, target, self.classes, self.dim)
+            self._follow_device(logits.device)
             h, boundary = self.constraints(logits.double(), labels)
             lam = self._per_pixel_tables(boundary, self.lambdas, torch.float64)
             rho = self._per_pixel_tables(boundary, self.rhos, torch.float64)

@@ -43,7 +43,7 @@ class ECPLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target)
+        logits, labels = prepare_inputs(input, target, owner=self)
         log_p = F.log_softmax(logits, dim=1)
         ce = -log_p.gather(1, labels.unsqueeze(1))
         p_log_p = log_p.exp() * log_p  # 0 * finite where p underflows, never NaN

@@ -45,7 +45,7 @@ class FocalLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target)
+        logits, labels = prepare_inputs(input, target, owner=self)
         log_pt = F.log_softmax(logits, dim=1).gather(1, labels.unsqueeze(1))
         per_voxel = -((1.0 - log_pt.exp()) ** self.gamma) * log_pt
         return reduce_per_voxel(per_voxel, self.reduction)

@@ -39,7 +39,7 @@ class LabelSmoothingLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target)
+        logits, labels = prepare_inputs(input, target, owner=self)
         log_p = F.log_softmax(logits, dim=1)
         # the smoothed target is never materialised: it is a target term plus a uniform term
         per_voxel = -(1.0 - self.alpha) * log_p.gather(1, labels.unsqueeze(1)) - self.alpha * log_p.mean(1, True)

@@ -46,7 +46,7 @@ class MbLSLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target)
+        logits, labels = prepare_inputs(input, target, owner=self)
         ce = F.cross_entropy(logits, labels, reduction="none").unsqueeze(1)
         # relu((max_j l_j - m) - l_c): the margin is subtracted on the (B, 1, ...) max, one full-size op fewer
         hinge = F.relu((logits.amax(dim=1, keepdim=True) - self.margin) - logits)

@@ -101,7 +101,7 @@ class NACLLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target, num_classes=self.nc, spatial_dims=self.dim)
+        logits, labels = prepare_inputs(input, target, num_classes=self.nc, spatial_dims=self.dim, owner=self)
         log_p = F.log_softmax(logits, dim=1)
         ce = -log_p.gather(1, labels.unsqueeze(1))
         tau = class_proportion_prior(labels, self.nc, self.ks, self.kernel_ops, self.border, self.sigma, logits.dtype)

@@ -105,14 +105,17 @@ def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch
     return weights.float()
 
 
-# the priors are computed every training step with the same few kernels: build each once (never modified in place)
-_svls_kernel = functools.lru_cache(maxsize=32)(svls_kernel)
+# The priors are computed every training step with the same few kernels: build each once per device and dtype
+# (never modified in place), so that a GPU step copies no kernel from the host.
+@functools.lru_cache(maxsize=64)
+def _svls_kernel(kernel_size: int, dim: int, sigma: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return svls_kernel(kernel_size, dim, sigma).to(device, dtype)
 
 
-@functools.lru_cache(maxsize=32)
-def _gaussian_taps(sigma: float) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def _gaussian_taps(sigma: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """MONAI GaussianFilter's 1D taps (erf approximation, truncated at 4 sigma), built once per sigma."""
-    return gaussian_1d(torch.tensor(sigma), truncated=4.0, approx="erf")
+    return gaussian_1d(torch.tensor(sigma), truncated=4.0, approx="erf").to(device, dtype)
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -240,7 +243,7 @@ def class_proportion_prior(
         if kernel_ops in ("max", "min", "median", "mode"):
             return _one_hot(_window_index(labels, num_classes, kernel_size, kernel_ops, border), num_classes, dtype)
         if kernel_ops == "gaussian":
-            taps = _gaussian_taps(float(sigma)).to(labels.device)
+            taps = _gaussian_taps(float(sigma), labels.device, dtype)
             x = _padded_one_hot(labels, num_classes, taps.numel() // 2, border, dtype)
             for axis in range(dim):  # separable: one 1D pass per spatial axis
                 shape = [1] * dim
@@ -250,7 +253,7 @@ def class_proportion_prior(
         x = _padded_one_hot(labels, num_classes, kernel_size // 2, border, dtype)
         if kernel_ops == "mean":
             return _box_reduce(x, kernel_size, "sum") / kernel_size**dim
-        return _depthwise_conv(x, _svls_kernel(kernel_size, dim, float(sigma)))
+        return _depthwise_conv(x, _svls_kernel(kernel_size, dim, float(sigma), labels.device, dtype))
 
 
 def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "background") -> torch.Tensor:

@@ -49,7 +49,7 @@ class SVLSLoss(_Loss):
             input: logits ``(B, C, H, W[, D])``.
             target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
         """
-        logits, labels = prepare_inputs(input, target)
+        logits, labels = prepare_inputs(input, target, owner=self)
         soft_target = class_proportion_prior(
             labels, logits.shape[1], self.kernel_size, "svls", border="replicate", sigma=self.sigma, dtype=logits.dtype
         )
