@@ -49,3 +49,15 @@ def test_quick_run_prints_tables(bench, capsys):
     bench.main(quick=True, skip_losses=True)
     out = capsys.readouterr().out
     assert "| ours ECE |" in out and "torchmetrics" in out and "netcal ECE" in out
+    for name in ("ECE", "CECE", "TACE"):  # each with its float64 difference and torchmetrics' time ratio
+        assert f"| ours {name} |" in out
+    assert "| ours ECE+CECE+TACE (fused calibration_errors) |" in out and "torchmetrics / tool" in out
+    assert ("GPU part skipped: no CUDA device" in out) != torch.cuda.is_available()
+
+
+def test_float64_reference_matches_ours(bench):
+    probs, labels = bench.make_volumes(2, (32, 32, 8), seed=2)
+    ref = bench.reference_float64(probs, labels)
+    metrics = pytest.importorskip("calib_monai.metrics")
+    ours = metrics.calibration_errors(probs, labels, ("ece", "cece", "tace"), num_bins=15, foreground="gt")
+    assert ours == pytest.approx(ref, rel=1e-12, abs=1e-15)

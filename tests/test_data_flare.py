@@ -103,11 +103,32 @@ def test_flare_crop_is_centred_on_the_foreground_and_keeps_context(tmp_path):
         _save(label, root / "labelsTr" / f"c{i}.nii.gz")
     data = FLARE(str(root), output_dir=tmp_path / "run", roi_size=(4, 4, 2), spacing=None, split=(1, 1, 1),
                  window=(0, 10000))  # fmt: skip
-    volume = data.val_dataset()[0]
+    volume = data.train_dataset().volumes[0]  # the training volumes are cropped around the organs
     # window start = clip(centre - roi // 2, 0, n - roi):
     # x: clip(9 - 2, 0, 8) = 7; y: clip(1 - 2, 0, 6) = 0; z: clip(5 - 1, 0, 4) = 4
     np.testing.assert_allclose(volume["image"][0].numpy(), image[7:11, 0:4, 4:6] / 10000.0, rtol=1e-6)
     assert int(volume["label"].sum()) == int(label.sum())  # the whole foreground is inside the window
+    # validation and test volumes are scored whole, as inference serves them: the label chooses no crop
+    for scored in (data.val_dataset()[0], data.test_dataset()[0]):
+        np.testing.assert_allclose(scored["image"][0].numpy(), image / 10000.0, rtol=1e-6)
+        np.testing.assert_array_equal(scored["label"][0].numpy(), label)
+
+
+def test_flare_scored_volumes_do_not_depend_on_where_the_label_is(tmp_path):
+    root = tmp_path / "F"
+    image = np.random.default_rng(0).integers(-500, 500, SHAPE).astype(np.int16)
+    for i, corner in enumerate(((0, 0, 0), (8, 6, 3), (4, 2, 1))):  # the same image, organs in different places
+        label = np.zeros(SHAPE, dtype=np.uint8)
+        label[corner[0] : corner[0] + 4, corner[1] : corner[1] + 4, corner[2] : corner[2] + 3] = 1
+        _save(image, root / "imagesTr" / f"c{i}.nii.gz")
+        _save(label, root / "labelsTr" / f"c{i}.nii.gz")
+    data = FLARE(str(root), output_dir=tmp_path / "run", roi_size=(6, 6, 4), spacing=None, split=(1, 1, 1))
+    scored = [data.val_dataset()[0]["image"], data.test_dataset()[0]["image"]]
+    served = data.inference_preprocessing()({"image": str(root / "imagesTr" / "c0.nii.gz")})["image"]
+    for volume in scored:  # what evaluate scores is what inference serves, wherever the organs are
+        assert volume.shape == served.shape == (1, *SHAPE)
+        torch.testing.assert_close(volume.as_tensor(), served.as_tensor())
+    assert data.train_dataset().volumes[0]["image"].shape == (1, 6, 6, 4)  # training keeps the paper's crop
 
 
 def test_split_sizes_keep_the_paper_ratio():
@@ -238,8 +259,13 @@ def test_preprocessing_is_invertible_back_to_the_file_grid(tmp_path):
         _save(np.full(SHAPE, 40, np.int16), root / "imagesTr" / f"c{i}.nii.gz", flipped)
         _save(label, root / "labelsTr" / f"c{i}.nii.gz", flipped)
     data = _component(root, tmp_path / "run", roi_size=(8, 8, 4))
-    volume = data.val_dataset()[0]
+    volume = data.train_dataset().volumes[0]  # through the crop around the organs
     assert volume["label"].shape == (1, 8, 8, 4) and int((volume["label"] == 2).sum()) == int((label == 13).sum())
     restored = Invertd("label", transform=data.preprocessing(), orig_keys="label", nearest_interp=True)(dict(volume))
+    np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
+    np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)
+    scored = data.val_dataset()[0]  # the evaluation chain, without the crop, inverts with its own instance
+    restored = Invertd("label", transform=data.preprocessing("validation"), orig_keys="label",
+                       nearest_interp=True)(dict(scored))  # fmt: skip
     np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
     np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)

@@ -82,7 +82,7 @@ def test_flare_defaults_to_phantoms_and_logs_where(tmp_path, caplog):
     labels = torch.cat([train.volumes[v]["label"].flatten() for v in range(2)])
     assert set(labels.unique().tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}  # FLARE22 13 (left kidney) mapped to 2
     volume = data.val_dataset()[0]
-    assert volume["image"].shape == (1, 48, 48, 16)
+    assert volume["image"].shape == (1, 60, 60, 20)  # scored whole (the crop around the organs is for training)
     assert 0.0 <= float(volume["image"].min()) < float(volume["image"].max()) <= 1.0
     assert volume["image"].meta["filename_or_obj"] == datalist["validation"][0]["image"]
     np.testing.assert_allclose(np.diag(volume["image"].affine.numpy())[:3], spacing)

@@ -31,6 +31,15 @@ def test_ece_hand_worked_each_foreground():
     assert ece(probs, labels, num_bins=5, foreground="union") == pytest.approx(0.45, abs=1e-12)
 
 
+def test_ece_argmax_ties_go_to_the_lowest_class_on_both_paths():
+    # (.4, .4, .2): argmax is class 0, so label 1 is a wrong prediction and label 0 a right one (conf .4, bin (.2, .4]
+    # of 5). Before the fix the NumPy path never tried class 0 and called label 1 right.
+    probs = np.array([[0.4, 0.4], [0.4, 0.4], [0.2, 0.2]])  # (C=3, N=2)
+    for labels, expected in ((np.array([1, 1]), 0.4), (np.array([0, 0]), 0.6)):
+        assert ece(probs, labels, num_bins=5, foreground="all") == pytest.approx(expected, abs=1e-12)
+        assert ece(torch.from_numpy(probs), torch.from_numpy(labels), 5, "all") == pytest.approx(expected, abs=1e-12)
+
+
 THREE = np.array([[[0.7, 0.3, 0.1], [0.2, 0.3, 0.5], [0.1, 0.4, 0.4]]])  # (B=1, C=3, N=3): columns are voxels
 THREE_Y = np.array([[0, 2, 1]])
 

@@ -135,11 +135,14 @@ def _get_json(url: str):
         return json.loads(response.read())
 
 
-def _post(url: str, file: Path, params: dict | None = None) -> tuple[int, str, bytes]:
-    """POST a multipart form (``params``, ``file``) as MONAI Label clients do: (status, content type, body)."""
+def _post(url: str, file: Path | None, params: dict | str | None = None) -> tuple[int, str, bytes]:
+    """POST a multipart form (``params``, ``file``) as MONAI Label clients do: (status, content type, body).
+    ``file=None`` sends no file; a string ``params`` is sent as it is."""
     boundary = uuid.uuid4().hex
-    fields = [(b'name="params"', b"application/json", json.dumps(params or {}).encode()),
-              (f'name="file"; filename="{file.name}"'.encode(), b"application/octet-stream", file.read_bytes())]
+    params = params if isinstance(params, str) else json.dumps(params or {})
+    fields = [(b'name="params"', b"application/json", params.encode())]
+    if file is not None:
+        fields.append((f'name="file"; filename="{file.name}"'.encode(), b"application/octet-stream", file.read_bytes()))
     body = b"".join(b"--%s\r\nContent-Disposition: form-data; %s\r\nContent-Type: %s\r\n\r\n%s\r\n"
                     % (boundary.encode(), disposition, kind, data) for disposition, kind, data in fields)  # fmt: skip
     body += f"--{boundary}--\r\n".encode()
@@ -270,15 +273,88 @@ def test_still_serving_after_bad_requests(server, tmp_path):
     status, _, body = _infer(server, "nacl_flare", server["images"]["case"], output="image")
     assert status == 200, body[:2000]
     np.testing.assert_array_equal(np.asarray(_nifti(body, tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
-    # served files are removed: the other map at once, the sent one by a MONAI Label background task after the
-    # response (uploads of failed requests are left in TMPDIR by MONAI Label itself: not checked)
+    # served files are removed: the other map is never written, the sent one is removed by a MONAI Label background
+    # task after the response (uploads of failed requests: test_failed_requests_leave_no_file_behind)
     deadline = time.monotonic() + 10
     while list((server["root"] / "tmp").glob("calib_monai_*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not list((server["root"] / "tmp").glob("calib_monai_*"))
 
 
-# main environment only (no server): the summary and the upload checks
+@needs_label_env
+@pytest.mark.parametrize(
+    "model, image, status",
+    [("nacl_flare", "corrupt", 400), ("nacl_flare_confidence", "flat", 422), ("no_such_model", "case", 404),
+     ("ce_dice_hpc", "case", 404)],
+)  # fmt: skip
+def test_failed_requests_leave_no_file_behind(server, model, image, status):
+    """MONAI Label copies each upload into TMPDIR (the server's own here) and removes it only after a response."""
+    tmp = server["root"] / "tmp"
+    before = set(tmp.iterdir())
+    code, _, body = _infer(server, model, server["images"][image])
+    assert code == status, body[:2000]
+    assert set(tmp.iterdir()) - before == set()  # earlier requests' files may go meanwhile; none may come
+
+
+@needs_label_env
+@pytest.mark.parametrize("file, params, message", [(False, None, "no image to segment"),
+                                                   (True, "{not json", "'params' is not JSON")])  # fmt: skip
+def test_requests_without_an_image_or_with_bad_params_get_a_4xx_with_a_message(server, file, params, message):
+    tmp = server["root"] / "tmp"
+    before = set(tmp.iterdir())
+    code, kind, body = _post(f"{server['url']}/infer/nacl_flare", server["images"]["case"] if file else None, params)
+    assert code == 400, body[:2000]
+    assert "json" in kind and message in json.loads(body)["detail"]
+    assert set(tmp.iterdir()) - before == set()
+
+
+@needs_label_env
+def test_both_tasks_of_an_image_cost_one_inference(server, tmp_path):
+    """Slicer asks for ``<bundle>`` then ``<bundle>_confidence``, uploading the image each time: one inference."""
+    from calib_monai.data.phantoms import generate_phantom
+
+    image, _, _ = generate_phantom(seed=11, index=0, shape=SHAPE, spacing=(4.0, 4.0, 10.0))
+    path = tmp_path / "new.nii.gz"  # content that no earlier request sent
+    nib.save(nib.Nifti1Image(image, AFFINE), str(path))
+    log = server["log"]
+    runs, reuses = log.read_text().count("nacl_flare: segmented "), log.read_text().count("prediction reused")
+    for model in ("nacl_flare", "nacl_flare_confidence"):
+        status, _, body = _infer(server, model, path, output="image")
+        assert status == 200, body[:2000]
+    assert log.read_text().count("nacl_flare: segmented ") == runs + 1
+    assert log.read_text().count("prediction reused") == reuses + 1
+
+
+# main environment only (no server): the summary, the upload checks and the prediction kept for the second task
+
+
+def test_served_bundle_reuses_the_last_prediction(served_folder, tmp_path):
+    """The same image content (a new upload of the same bytes) costs no network call; other content does."""
+    served = ServedBundle(served_folder["app"] / "model" / "nacl_flare", device="cpu")
+    calls = []
+    served.bundle.network.register_forward_pre_hook(lambda module, args: calls.append(1))
+    case = served_folder["images"]["case"]
+    first = served.predict(str(case))
+    assert calls
+    count = len(calls)
+    upload = tmp_path / "tmp_upload.nii.gz"
+    shutil.copy(case, upload)
+    assert served.predict(str(upload)) is first and len(calls) == count
+    # the two files of the two tasks: the bundle's inferring outputs, under names of their own
+    paths = [Path(served.save(first, key)) for key in ("segmentation", "confidence", "confidence")]
+    try:
+        assert paths[0].name.startswith("calib_monai_nacl_flare_") and paths[0].name.endswith("_seg.nii.gz")
+        ref_seg, ref_conf = _reference(served_folder)
+        np.testing.assert_array_equal(np.asarray(nib.load(str(paths[0])).dataobj), ref_seg)
+        np.testing.assert_allclose(np.asarray(nib.load(str(paths[1])).dataobj), ref_conf, rtol=0, atol=1e-6)
+        assert paths[1] != paths[2]  # every request gets its own file
+    finally:
+        for path in paths:
+            path.unlink()
+    other = tmp_path / "other.nii.gz"
+    nib.save(nib.Nifti1Image(np.asarray(nib.load(str(case)).dataobj)[::-1].copy(), AFFINE), str(other))
+    served.predict(str(other))
+    assert len(calls) > count
 
 
 def test_confidence_summary_by_hand():

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from calib_monai.bundle_factory.data import data_component, preprocessing
 from calib_monai.bundle_factory.specs import Dataset, Method
+from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING
 
 __all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
 
@@ -90,7 +92,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     the raw logits, for CRaC's multiplier update). The logits are cast to float32 first (fp16 under ``amp``)."""
     logits = [{"_target_": "CopyItemsd", "keys": "pred", "names": "logits"}] if keep_logits else []
     return {
-        "dataset": "$@data.val_dataset()",
+        # the validation (evaluate.json: test) volumes; the label never chooses their crop
+        "preprocessing": preprocessing(dataset, EVALUATION),
+        "dataset": "$@data.val_dataset(@validate#preprocessing)",
         "dataloader": {
             "_target_": "monai.data.DataLoader",
             "dataset": "@validate#dataset",
@@ -211,17 +215,11 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 "milestones": ["@lr_milestone"],
                 "gamma": 0.1,
             },
-            "data": {
-                "_target_": dataset.component,
-                "dataset_dir": "@dataset_dir",
-                "output_dir": "@output_dir",
-                "roi_size": "@roi_size",
-                "seed": "@seed",
-                "num_workers": "@num_workers",
-                **dataset.args,
-            },
+            "data": data_component(dataset, dataset_dir="@dataset_dir", output_dir="@output_dir", roi_size="@roi_size",
+                                   seed="@seed", num_workers="@num_workers"),  # fmt: skip
             "train": {
-                "dataset": "$@data.train_dataset(fraction=@train_fraction)",
+                "preprocessing": preprocessing(dataset, TRAINING),
+                "dataset": "$@data.train_dataset(fraction=@train_fraction, preprocessing=@train#preprocessing)",
                 "dataloader": {
                     "_target_": "monai.data.DataLoader",
                     "dataset": "@train#dataset",
@@ -266,7 +264,7 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
     """``configs/evaluate.json`` (over train.json): the best model on the 3D test volumes, per-volume CSV and plots."""
     return {
         "eval_dir": "$@bundle_root + '/eval'",
-        "validate#dataset": "$@data.test_dataset()",
+        "validate#dataset": "$@data.test_dataset(@validate#preprocessing)",
         "validate#handlers": [
             {
                 # CheckpointLoader's strict load, also for the module.-prefixed model.pt of older multi-GPU runs
@@ -342,13 +340,15 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             "output_dir": "$@bundle_root + '/inference'",
             "model_path": "$@bundle_root + '/models/model.pt'",
             "batch_size": 16,
-            "data": {"_target_": dataset.component, "dataset_dir": None, "output_dir": "@output_dir", "roi_size": "@roi_size", **dataset.args},
+            # no data set: the component lists the images to segment and holds the data set's settings
+            "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
+            # the training steps without the label and the crop: SliceInferer covers the whole image
+            "preprocessing": preprocessing(dataset, INFERENCE),
             "dataset": {
                 "_target_": "monai.data.Dataset",
                 "data": "$calib_monai.data.image_datalist(@dataset_dir, @data)",
                 "transform": "@preprocessing",
             },
-            "preprocessing": "$calib_monai.data.inference_preprocessing(@data)",
             "dataloader": {
                 "_target_": "monai.data.DataLoader",
                 "dataset": "@dataset",

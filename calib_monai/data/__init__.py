@@ -5,15 +5,20 @@
 - the papers' other data sets: ``ACDC``, ``BraTS`` (with ``brats_regions``), ``Prostate``, ``PROMISE12``, ``KiTS``,
   ``MRBrainS``, ``Hippocampus``, ``BUSI``;
 - ``image_datalist``, ``segmentation_and_confidence``: inference on unlabelled images (bundle ``inference.json``);
-- both components share ``VolumeSegmentationData``: datalist -> MONAI preprocessing -> cached volumes -> 2D slices.
+- both components share ``VolumeSegmentationData``: datalist -> MONAI preprocessing -> cached volumes -> 2D slices;
+- each component class states its facts once (``DatasetFacts``: classes, channels, ROI) and its preprocessing once, as
+  MONAI config items (``preprocessing``: the bundles' ``train#preprocessing``, ``validate#preprocessing`` and
+  ``inference.json`` ``preprocessing`` are derived from that one list).
 """
 
 from __future__ import annotations
 
 from calib_monai.data.acdc import ACDC
 from calib_monai.data.brats import BRATS_REGIONS, BraTS, brats_regions
-from calib_monai.data.busi import BUSI
+from calib_monai.data.busi import BUSI, LoadBUSId
+from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
+from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ConfidenceAndSegmentationd,
     image_datalist,
@@ -35,8 +40,11 @@ __all__ = [
     "BRATS_REGIONS",
     "BUSI",
     "BraTS",
+    "CheckChannelsd",
+    "DatasetFacts",
     "Hippocampus",
     "KiTS",
+    "LoadBUSId",
     "MRBRAINS18_TO_TISSUE",
     "MRBrainS",
     "PROMISE12",
@@ -50,6 +58,7 @@ __all__ = [
     "ConfidenceAndSegmentationd",
     "CropAroundForegroundd",
     "MSDDataset",
+    "ScaleIntensityToUnitd",
     "SliceDataset",
     "ValidateSegmentationd",
     "VolumeSegmentationData",

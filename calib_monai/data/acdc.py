@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from calib_monai.data.helpers import existing_root, intensity_scaling, resize
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root
 from calib_monai.data.layouts import layout_error, split_groups
 from calib_monai.data.volumes import VolumeSegmentationData
 
@@ -57,9 +59,11 @@ class ACDC(VolumeSegmentationData):
     """
 
     source = "acdc"
+    facts = DatasetFacts(ACDC_LABEL_NAMES, channel_names=("image",), roi_size=(224, 224, -1))
+    preprocessing_args = ("resize",)
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (224, 224, -1), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, resize: Sequence[int] = (224, 224), split: Sequence[int] = (70, 10, 20),
                  use_split_lists: bool = True):  # fmt: skip
         super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
@@ -81,9 +85,19 @@ class ACDC(VolumeSegmentationData):
                     len({self._patient(c) for c in self._cases}), self.patients_dir,
                     "splits/*.list" if self.split_lists else "seeded")  # fmt: skip
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return dict(ACDC_LABEL_NAMES)
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """No resampling (the shared copy stores a 1 mm placeholder spacing): every slice resized in-plane."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.to_float32(),
+            steps.to_ras(),
+            steps.resize("$list(@data.resize) + [-1]"),
+            {"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0, "channel_wise": True},
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases
@@ -136,9 +150,3 @@ class ACDC(VolumeSegmentationData):
         for case, patient in sorted(zip(cases, patients), key=lambda cp: cp[0]["image"]):
             out[subset_of[patient]].append(case)
         return out
-
-    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
-        return resize(keys, (*self.resize, -1))
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return intensity_scaling("minmax")

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from calib_monai.data.helpers import CheckChannelsd, existing_root, intensity_scaling, require_file, resize
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.volumes import VolumeSegmentationData
 
-__all__ = ["BRATS_LABEL_NAMES", "BRATS_LAYOUTS", "BRATS_MODALITIES", "BRATS_REGIONS", "BraTS", "brats_regions"]
+__all__ = [
+    "BRATS_LABEL_NAMES",
+    "BRATS_LAYOUTS",
+    "BRATS_MODALITIES",
+    "BRATS_REGIONS",
+    "BRATS_REGION_CLASSES",
+    "BraTS",
+    "brats_regions",
+]
 
 logger = logging.getLogger("calib_monai.data")
 
@@ -22,7 +32,10 @@ BRATS_MODALITIES = ("flair", "t1", "t1ce", "t2")
 # BraTS files: 1 necrotic / non-enhancing tumour core (NCR/NET), 2 peritumoral edema (ED), 4 GD-enhancing tumour (ET);
 # 4 becomes 3 so that the classes are 0..3
 BRATS_LABEL_NAMES = {"0": "background", "1": "NCR/NET", "2": "ED", "3": "ET"}
-BRATS_REGIONS = ("ET", "TC", "WT")
+BRATS_TO_CLASSES = {0: 0, 1: 1, 2: 2, 4: 3}
+# the evaluation regions as unions of classes (ET enhancing tumour, TC tumour core, WT whole tumour): brats_regions
+BRATS_REGION_CLASSES = {"ET": (3,), "TC": (1, 3), "WT": (1, 2, 3)}
+BRATS_REGIONS = tuple(BRATS_REGION_CLASSES)
 BRATS_LAYOUTS = (
     "BraTS 2019: <dataset_dir>/MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_{flair,t1,t1ce,t2,seg}.nii.gz "
     "(dataset_dir may also be MICCAI_BraTS_2019_Data_Training itself)",
@@ -93,9 +106,12 @@ class BraTS(VolumeSegmentationData):
 
     source = "brats"
     drop_empty_training_slices = True
+    facts = DatasetFacts(BRATS_LABEL_NAMES, channel_names=("FLAIR", "T1", "T1ce", "T2"), roi_size=(192, 192, 128),
+                         regions=BRATS_REGION_CLASSES)  # fmt: skip
+    preprocessing_args = ("resize", "intensity")
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (192, 192, 128), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, resize: Sequence[int] = (192, 192, 128), split: Sequence[int] = (235, 35, 65),
                  intensity: str | Sequence[float] = "minmax"):  # fmt: skip
         super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
@@ -114,9 +130,22 @@ class BraTS(VolumeSegmentationData):
         self._cases = self._collect()
         logger.info("BraTS: %d cases in %s", len(self._cases), self.root)
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return dict(BRATS_LABEL_NAMES)
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """The four modality files stacked as channels (checked by name), labels 4 -> 3, resize to ``resize``."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.map_labels(BRATS_TO_CLASSES),
+            steps.to_float32(),
+            steps.to_ras(),
+            steps.resize("$@data.resize"),
+            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": list(BRATS_MODALITIES),
+             "source": "BraTS"},  # fmt: skip
+            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict]:
         return self._cases
@@ -180,17 +209,9 @@ class BraTS(VolumeSegmentationData):
         first = Path(image[0] if isinstance(image, (list, tuple)) else image).name
         return _modality_prefix(first)
 
-    def _raw_label_values(self) -> list[int]:
-        return [0, 1, 2, 4]
-
-    def _label_mapping(self) -> tuple[list[int], list[int]]:
-        return [0, 1, 2, 4], [0, 1, 2, 3]
+    @property
+    def raw_label_values(self) -> list[int]:
+        return list(BRATS_TO_CLASSES)
 
     def _label_convention(self) -> str:
         return "BraTS labels: 0 background, 1 NCR/NET, 2 edema, 4 enhancing tumour"
-
-    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
-        return resize(keys, self.resize)
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return [CheckChannelsd("image", BRATS_MODALITIES, "BraTS"), *intensity_scaling(self.intensity)]

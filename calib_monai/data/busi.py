@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from monai.data import MetaTensor
-from monai.transforms import Compose, EnsureTyped, LoadImage, MapTransform, ResizeWithPadOrCropd
+from monai.transforms import LoadImage, MapTransform
 
-from calib_monai.data.helpers import existing_root, intensity_scaling, resize
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root
 from calib_monai.data.layouts import layout_error
-from calib_monai.data.transforms import CaseDataError, ValidateSegmentationd
+from calib_monai.data.transforms import CaseDataError
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["BUSI", "BUSI_LAYOUTS", "LoadBUSId"]
@@ -34,7 +36,8 @@ class LoadBUSId(MapTransform):
 
     RGB(A) images become grey (mean of R, G, B; BUSI stores grey ultrasound as RGB); mask pixels > 0 in any of the
     ``label`` files (one path or a list) get ``lesion_value`` (1), or 2 for a case under ``malignant/`` when
-    ``malignant_value=2`` (benign/malignant classes). A reader failure is a ``CaseDataError`` naming the file.
+    ``malignant_value=2`` (benign/malignant classes); ``label_key=None`` reads the image only (inference). A reader
+    failure is a ``CaseDataError`` naming the file.
     """
 
     def __init__(self, image_key: str = "image", label_key: str | None = "label", malignant_value: int = 1):
@@ -101,9 +104,11 @@ class BUSI(VolumeSegmentationData):
     """
 
     source = "busi"
+    facts = DatasetFacts({"0": "background", "1": "lesion"}, channel_names=("image",), roi_size=(256, 256, 1))
+    preprocessing_args = ("classes",)
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (256, 256, 1), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (445, 65, 137), classes: str = "lesion"):  # fmt: skip
         super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
                          num_workers=num_workers)  # fmt: skip
@@ -126,7 +131,21 @@ class BUSI(VolumeSegmentationData):
     def label_names(self) -> dict[str, str]:
         if self.classes == "type":
             return {"0": "background", "1": "benign", "2": "malignant"}
-        return {"0": "background", "1": "lesion"}
+        return dict(self.facts.label_names)
+
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """PNGs read as depth-1 volumes (no orientation or spacing: PNGs carry none), resized in-plane to
+        ``roi_size``, min-max scaled."""
+        return [
+            {"_target_": "calib_monai.data.LoadBUSId", "image_key": "image", "label_key": "label",
+             "malignant_value": "$2 if @data.classes == 'type' else 1"},  # fmt: skip
+            steps.check_labels(),
+            steps.to_float32(),
+            steps.resize("$list(@roi_size[:2]) + [1]"),
+            {"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0, "channel_wise": True},
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict]:
         return self._cases
@@ -171,23 +190,3 @@ class BUSI(VolumeSegmentationData):
 
     def inference_case(self, image) -> str | None:
         return Path(str(image)).stem
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return intensity_scaling("minmax")
-
-    def _build_preprocessing(self) -> Compose:
-        keys = ("image", "label")
-        return Compose([
-            LoadBUSId("image", "label", malignant_value=2 if self.classes == "type" else 1),
-            ValidateSegmentationd("image", "label", allowed_labels=[int(v) for v in self.label_names],
-                                  label_description=f" of BUSI ({self._label_convention()})"),
-            EnsureTyped(keys, dtype=torch.float32, track_meta=True),
-            *resize(keys, self.roi_size[:2] + (1,)),
-            *self._intensity_transforms(),
-            ResizeWithPadOrCropd(keys, spatial_size=self.roi_size),
-        ])  # fmt: skip
-
-    def _image_only_transforms(self) -> list[Callable]:
-        """Inference on unlabelled PNGs (used by ``calib_monai.data.inference_preprocessing``)."""
-        return [LoadBUSId("image", None), EnsureTyped("image", dtype=torch.float32, track_meta=True),
-                *resize(("image",), self.roi_size[:2] + (1,)), *self._intensity_transforms()]  # fmt: skip

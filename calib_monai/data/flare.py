@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from monai.transforms import ScaleIntensityRanged
-
-from calib_monai.data.layouts import find_flare_cases, read_dataset_json
 from calib_monai.data import phantoms
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.layouts import find_flare_cases, read_dataset_json
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["FLARE", "FLARE_LABEL_NAMES", "FLARE22_TO_FLARE"]
@@ -33,8 +33,10 @@ class FLARE(VolumeSegmentationData):
     mapped by ``FLARE22_TO_FLARE``). Preprocessing follows the NACL journal's FLARE setup ("resampled to the same
     space and cropped to 192 x 192 x 30, from which 2D slices are obtained"; 240/40/80 split): RAS, resampling to
     ``spacing``, the CT window ``window = (lo, hi)`` (HU) scaled to [0, 1] with clipping,
-    ``x' = clip((x - lo) / (hi - lo), 0, 1)``, and a ``roi_size`` window centred on the organs' bounding box (from
-    the label, for every subset, as the paper's fixed crop). The paper gives neither spacing nor window; the defaults,
+    ``x' = clip((x - lo) / (hi - lo), 0, 1)``, and, for the training volumes, a ``roi_size`` window centred on the
+    organs' bounding box (from the label, as the paper's fixed crop). Validation and test volumes are not cropped: a
+    crop chosen by the label would leak the organs' position into the scores, so they are scored whole, as inference
+    serves them (``SliceInferer`` over every slice). The paper gives neither spacing nor window; the defaults,
     1.6 x 1.6 x 6 mm and the abdominal soft-tissue window W400/L40 = [-160, 240] HU, fit the organs of a typical
     adult abdomen (about 270 x 180 x 180 mm) into 192 x 192 x 30 voxels.
 
@@ -46,7 +48,7 @@ class FLARE(VolumeSegmentationData):
         dataset_dir: a FLARE download, or "" / None for the phantoms.
         output_dir: the run's output folder (``datalist.json`` of the split).
         cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
-        roi_size: preprocessed volume size (H, W, D).
+        roi_size: preprocessed size (H, W, D) of the training volumes.
         spacing: resampling voxel spacing in mm.
         split: (train, val, test) counts; their ratios when there are not 360 cases.
         seed: seed of the split.
@@ -59,8 +61,11 @@ class FLARE(VolumeSegmentationData):
         cache_rate, num_workers: see ``VolumeSegmentationData``.
     """
 
+    facts = DatasetFacts(FLARE_LABEL_NAMES, channel_names=("image",), roi_size=(192, 192, 30))
+    preprocessing_args = ("spacing", "window")
+
     def __init__(self, dataset_dir: str | os.PathLike | None = "", output_dir: str | os.PathLike = "",
-                 cache_dir: str | os.PathLike | None = None, roi_size: Sequence[int] = (192, 192, 30),
+                 cache_dir: str | os.PathLike | None = None, roi_size: Sequence[int] = facts.roi_size,
                  spacing: Sequence[float] | None = (1.6, 1.6, 6.0), split: Sequence[int] = (240, 40, 80), seed: int = 0,
                  num_phantoms: int = 24, phantom_shape: Sequence[int] | None = None, phantom_seed: int = 0,
                  window: Sequence[float] = (-160.0, 240.0), cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
@@ -95,10 +100,6 @@ class FLARE(VolumeSegmentationData):
         name = f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
         return self.cache_dir / "flare_phantoms" / name
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return dict(FLARE_LABEL_NAMES)
-
     def _dataset_root(self) -> str:
         return str(Path(self.dataset_dir).expanduser().resolve()) if self.dataset_dir else str(self.phantom_root)
 
@@ -117,20 +118,32 @@ class FLARE(VolumeSegmentationData):
             self._cases = find_flare_cases(self.phantom_root)[1]
         return self._cases
 
-    def _raw_label_values(self) -> list[int]:
-        return list(range(5)) if self.layout == "flare21" else sorted(FLARE22_TO_FLARE)
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """FLARE21 labels go through ``FLARE22_TO_FLARE`` unchanged (0..4 map to themselves). The training volumes
+        are cropped around the organs and padded to ``roi_size``; the validation and test volumes stay whole."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.map_labels(FLARE22_TO_FLARE),
+            steps.to_float32(),
+            steps.to_ras(),
+            steps.resample(),
+            {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
+             "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip
+            steps.crop_around_label(),
+            steps.pad_or_crop(phases=(steps.TRAINING,)),
+        ]
 
-    def _label_mapping(self) -> tuple[list[int], list[int]]:
-        return list(FLARE22_TO_FLARE), list(FLARE22_TO_FLARE.values())
+    @property
+    def raw_label_values(self) -> list[int]:
+        return list(range(5)) if self.layout == "flare21" else sorted(FLARE22_TO_FLARE)
 
     def _label_convention(self) -> str:
         if self.layout == "flare21":
             return "FLARE21 labels: 0 background, 1 liver, 2 kidney, 3 spleen, 4 pancreas"
         return "FLARE22 labels 0..13: 1 liver, 2 right kidney, 3 spleen, 4 pancreas, ..., 13 left kidney"
-
-    def _intensity_transforms(self) -> list[Callable]:
-        low, high = self.window
-        return [ScaleIntensityRanged("image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)]
 
     def _check_dataset_json_labels(self) -> None:
         """A dataset.json naming other organs at 1..4 (e.g. AMOS, BTCV) is not FLARE: refuse rather than mislabel."""

@@ -7,19 +7,13 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 import torch
-from monai.transforms import (
-    MapTransform,
-    Resized,
-    ScaleIntensityd,
-    ScaleIntensityRanged,
-    ScaleIntensityRangePercentilesd,
-    Spacingd,
-)
+from monai.config import KeysCollection
+from monai.transforms import MapTransform, ScaleIntensityd, ScaleIntensityRanged, ScaleIntensityRangePercentilesd
 
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.transforms import CaseDataError, case_filename
 
-__all__ = ["CheckChannelsd", "in_plane_spacing", "intensity_scaling", "existing_root", "resize", "require_file"]
+__all__ = ["CheckChannelsd", "ScaleIntensityToUnitd", "existing_root", "intensity_scaling", "require_file"]
 
 
 def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path | None:
@@ -43,36 +37,42 @@ def require_file(path: Path, what: str) -> str:
     return str(path)
 
 
-def intensity_scaling(intensity: str | Sequence[float], key: str = "image") -> list[Callable]:
+def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> list[Callable]:
     """Per volume and channel scaling to [0, 1]: ``"minmax"``, ``"percentile"`` (0.5/99.5, clipped) or a fixed
-    ``(low, high)`` window (clipped), as ``MSDDataset``."""
+    ``(low, high)`` window (clipped), as ``MSDDataset``; a ValueError for anything else."""
     if isinstance(intensity, str):
         if intensity == "minmax":
-            return [ScaleIntensityd(key, minv=0.0, maxv=1.0, channel_wise=True)]
+            return [ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)]
         if intensity == "percentile":
-            return [ScaleIntensityRangePercentilesd(key, lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True,
+            return [ScaleIntensityRangePercentilesd(keys, lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True,
                                                     channel_wise=True)]  # fmt: skip
         raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
-    low, high = (float(v) for v in intensity)
-    if low >= high:
+    window = [float(v) for v in intensity]
+    if len(window) != 2 or window[0] >= window[1]:
         raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
-    return [ScaleIntensityRanged(key, a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)]
+    return [ScaleIntensityRanged(keys, a_min=window[0], a_max=window[1], b_min=0.0, b_max=1.0, clip=True)]
 
 
-def resize(keys: tuple[str, ...], size: Sequence[int]) -> list[Callable]:
-    """Resize to ``size`` (``-1`` keeps an axis): linear image (anti-aliased when shrinking), nearest label."""
-    modes = tuple("nearest" if k == "label" else "trilinear" for k in keys)
-    return [Resized(keys, spatial_size=tuple(int(s) for s in size), mode=modes, anti_aliasing=tuple(k != "label"
-                                                                                                    for k in keys))]
+class ScaleIntensityToUnitd(MapTransform):
+    """Scale ``keys`` to [0, 1] by the rule that a data set's ``intensity`` argument names (``intensity_scaling``):
 
+    - ``"minmax"``: ``ScaleIntensityd``, ``x' = (x - min x) / (max x - min x)`` per volume and channel;
+    - ``"percentile"``: ``ScaleIntensityRangePercentilesd``, ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)`` per
+      volume and channel, robust to a few hot voxels;
+    - ``(low, high)``: ``ScaleIntensityRanged``, a fixed window ``x' = clip((x - low) / (high - low), 0, 1)``.
 
-def in_plane_spacing(keys: tuple[str, ...], spacing: float) -> list[Callable]:
-    """Resample the two in-plane axes to ``spacing`` mm and keep each volume's slice spacing (thick-slice MRI)."""
-    s = float(spacing)
-    modes = tuple("nearest" if k == "label" else "bilinear" for k in keys)
-    # min/max_pixdim: an axis whose spacing lies in [min, max] keeps it; the slice axis always does
-    return [Spacingd(keys, pixdim=(s, s, 1.0), min_pixdim=(s, s, 1e-6), max_pixdim=(s, s, 1e6), mode=modes,
-                     dtype=torch.float32)]  # fmt: skip
+    One config item whose argument picks the MONAI transform, so that ``--data#intensity percentile`` still switches it.
+    """
+
+    def __init__(self, keys: KeysCollection, intensity: str | Sequence[float] = "minmax",
+                 allow_missing_keys: bool = False):  # fmt: skip
+        super().__init__(keys, allow_missing_keys)
+        self.intensity = intensity
+        (self.scaler,) = intensity_scaling(intensity, self.keys)
+        self.scaler.allow_missing_keys = allow_missing_keys
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:
+        return self.scaler(data)
 
 
 class CheckChannelsd(MapTransform):

@@ -11,20 +11,10 @@ from monai.config import KeysCollection
 from monai.data import MetaTensor
 from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
-from monai.transforms import (
-    Activationsd,
-    Compose,
-    EnsureChannelFirstd,
-    EnsureTyped,
-    Invertd,
-    MapTransform,
-    Orientationd,
-    SaveImaged,
-    Spacingd,
-)
+from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveImaged
 
+from calib_monai.bundle.outputs import OUTPUT_POSTFIXES  # the <case>_seg / <case>_conf naming rule
 from calib_monai.data.layouts import NIFTI_SUFFIXES
-from calib_monai.data.transforms import CheckedLoadImaged
 
 __all__ = [
     "CaseNamed",
@@ -96,31 +86,10 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
 
 
 def inference_preprocessing(component) -> Compose:
-    """Image-only version of ``component.preprocessing()``: load, RAS, resampling, intensity scaling, no crop.
-
-    Without a label there is no foreground to crop around; ``SliceInferer`` slides the 2D ``roi_size`` window over
-    every axial slice instead. Memoised on the component so ``Invertd`` finds the same transform instances.
-    """
-    cached = getattr(component, "_inference_preprocessing", None)
-    if cached is not None:
-        return cached
-    custom = getattr(component, "_image_only_transforms", None)  # components whose files are not NIfTI (BUSI PNGs)
-    if callable(custom):
-        component._inference_preprocessing = Compose(custom())
-        return component._inference_preprocessing
-    chain = [
-        CheckedLoadImaged("image", image_only=True),
-        EnsureChannelFirstd("image"),
-        EnsureTyped("image", dtype=torch.float32, track_meta=True),
-        Orientationd("image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-    ]
-    if component.spacing is not None:
-        chain.append(Spacingd("image", pixdim=component.spacing, mode="bilinear", dtype=torch.float32))
-    spatial = getattr(component, "_spatial_transforms", None)
-    chain += spatial(("image",)) if callable(spatial) else []
-    chain += component._intensity_transforms()
-    component._inference_preprocessing = Compose(chain)
-    return component._inference_preprocessing
+    """The image-only chain of a dataset component, ``component.inference_preprocessing()``: its
+    ``preprocessing_steps()`` without label checks and crops (``calib_monai.data.preprocessing``), as bundle
+    ``inference.json`` writes it. One instance per component, so ``Invertd`` finds the same transform instances."""
+    return component.inference_preprocessing()
 
 
 class ConfidenceAndSegmentationd(MapTransform):
@@ -207,6 +176,6 @@ def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.Pat
         ConfidenceAndSegmentationd("pred"),
         Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
         CaseNamed(keys),
-        SaveImaged("segmentation", output_postfix="seg", output_dtype="uint8", **save),
-        SaveImaged("confidence", output_postfix="conf", output_dtype="float32", **save),
+        SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
+        SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
     ])  # fmt: skip

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import nibabel as nib
 
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root, intensity_scaling
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.volumes import VolumeSegmentationData
@@ -56,9 +58,12 @@ class KiTS(VolumeSegmentationData):
     """
 
     source = "kits19"
+    facts = DatasetFacts({"0": "background", "1": "kidney", "2": "tumor"}, channel_names=("image",),
+                         roi_size=(160, 160, 80))  # fmt: skip
+    preprocessing_args = ("spacing", "window")
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (160, 160, 80), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
                  split: Sequence[int] = (150, 25, 40), window: Sequence[float] = (-79.0, 304.0)):  # fmt: skip
         super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground=False, cache_rate=cache_rate,
@@ -93,12 +98,20 @@ class KiTS(VolumeSegmentationData):
                              " along S/I, and this affine puts it along another axis, so the training slices would "
                              "not be axial; use the original KiTS19 files (github.com/neheller/kits19)")  # fmt: skip
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return {"0": "background", "1": "kidney", "2": "tumor"}
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """Resampling to ``spacing``, the CT ``window``, an image-centre crop/pad to ``roi_size``."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.to_float32(),
+            steps.to_ras(),
+            steps.resample(),
+            {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
+             "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return intensity_scaling(self.window)

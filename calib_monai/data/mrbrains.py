@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from calib_monai.data.helpers import CheckChannelsd, existing_root, intensity_scaling, require_file
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.volumes import VolumeSegmentationData
 
@@ -66,9 +68,12 @@ class MRBrainS(VolumeSegmentationData):
     """
 
     source = "mrbrains18"
+    facts = DatasetFacts({"0": "background", "1": "GM", "2": "WM", "3": "CSF"}, channel_names=("T1", "FLAIR", "IR"),
+                         roi_size=(240, 240, 48))  # fmt: skip
+    preprocessing_args = ("intensity",)
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (240, 240, 48), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, fold: int = 0, intensity: str | Sequence[float] = "minmax"):  # fmt: skip
         root = existing_root(dataset_dir, MRBRAINS_LAYOUTS)
         subjects: list[Path] = []
@@ -96,9 +101,21 @@ class MRBrainS(VolumeSegmentationData):
         logger.info("MRBrainS18: %d subjects in %s, fold %d tests subject %s", len(subjects), self.root, self.fold,
                     self.subjects[self.fold])  # fmt: skip
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return {"0": "background", "1": "GM", "2": "WM", "3": "CSF"}
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.map_labels(MRBRAINS18_TO_TISSUE),
+            steps.to_float32(),
+            steps.to_ras(),
+            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
+             "source": "MRBrainS18"},  # fmt: skip
+            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict]:
         return self._cases
@@ -142,14 +159,9 @@ class MRBrainS(VolumeSegmentationData):
         return {"training": [by_subject[s] for s in rest if s != validation],
                 "validation": [by_subject[validation]], "test": [by_subject[test]]}  # fmt: skip
 
-    def _raw_label_values(self) -> list[int]:
+    @property
+    def raw_label_values(self) -> list[int]:
         return list(MRBRAINS18_TO_TISSUE)
-
-    def _label_mapping(self) -> tuple[list[int], list[int]]:
-        return list(MRBRAINS18_TO_TISSUE), list(MRBRAINS18_TO_TISSUE.values())
 
     def _label_convention(self) -> str:
         return "MRBrainS18 labels 0..10: 1 cortical GM, 2 basal ganglia, 3 WM, 4 WM lesions, 5 CSF, 6 ventricles, ..."
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return [CheckChannelsd("image", ("T1", "FLAIR", "IR"), "MRBrainS18"), *intensity_scaling(self.intensity)]

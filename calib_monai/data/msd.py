@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from monai.transforms import ScaleIntensityd, ScaleIntensityRanged, ScaleIntensityRangePercentilesd
-
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.helpers import intensity_scaling
 from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels
 from calib_monai.data.volumes import VolumeSegmentationData
 
@@ -40,12 +40,20 @@ class MSDDataset(VolumeSegmentationData):
         split: (train, val, test) counts, or ratios when they do not sum to the number of cases.
         seed: seed of the split.
         intensity: "minmax", "percentile" or a ``(low, high)`` window.
-        crop_foreground: centre the ``roi_size`` window on the label foreground instead of the image centre.
+        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground instead of the
+            image centre (validation and test volumes are always centre cropped/padded: the label never chooses
+            the crop of a scored volume).
         cache_rate, num_workers: see ``VolumeSegmentationData``.
     """
 
     source = "msd"
-    expected_labels: dict[str, str] = {}  # a subclass for a known task names its classes (needed without data)
+    task = ""  # a known task's folder name (Task04_Hippocampus), for error messages
+    preprocessing_args = ("spacing", "intensity", "crop_foreground")
+
+    @property
+    def expected_labels(self) -> dict[str, str]:
+        """The classes a known task must have (``facts``); none for the generic component (from dataset.json)."""
+        return {} if self.facts is None else dict(self.facts.label_names)
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
                  roi_size: Sequence[int] = (64, 64, -1), spacing: Sequence[float] | None = None,
@@ -60,11 +68,7 @@ class MSDDataset(VolumeSegmentationData):
         if dataset_dir is not None and not dataset_dir:
             raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
         self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
-        if isinstance(intensity, str):
-            if intensity not in ("minmax", "percentile"):
-                raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
-        elif len(intensity) != 2 or float(intensity[0]) >= float(intensity[1]):
-            raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
+        intensity_scaling(intensity)  # fails early on a bad value
         self.intensity = intensity
         if self.dataset_dir is None:  # preprocessing only: the classes come from the class
             self.description, self._cases, self._label_names = {}, [], dict(self.expected_labels)
@@ -72,6 +76,24 @@ class MSDDataset(VolumeSegmentationData):
         self.description, self._cases = find_msd_cases(self.dataset_dir)
         self._label_names = read_dataset_json_labels(self.description, str(self.dataset_dir / "dataset.json"))
         logger.info("MSD: %d cases in %s, classes %s", len(self._cases), self.dataset_dir, self._label_names)
+
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """Every MSD task, known or not: the channel check runs for the known tasks (``channel_names``), resampling
+        when ``spacing`` is set, the label-centred window (training only) with ``crop_foreground``."""
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.to_float32(),
+            steps.to_ras(),
+            steps.resample(),
+            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
+             "source": "$@data.task", "_disabled_": "$@data.channel_names is None"},  # fmt: skip
+            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.crop_around_label(disabled="$not @data.crop_foreground"),
+            steps.pad_or_crop(),
+        ]
 
     @property
     def label_names(self) -> dict[str, str]:
@@ -82,12 +104,3 @@ class MSDDataset(VolumeSegmentationData):
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases
-
-    def _intensity_transforms(self) -> list[Callable]:
-        if self.intensity == "minmax":
-            return [ScaleIntensityd("image", minv=0.0, maxv=1.0, channel_wise=True)]
-        if self.intensity == "percentile":
-            return [ScaleIntensityRangePercentilesd("image", lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True,
-                                                    channel_wise=True)]  # fmt: skip
-        low, high = (float(v) for v in self.intensity)
-        return [ScaleIntensityRanged("image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)]

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from calib_monai.data.helpers import CheckChannelsd
+from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.msd import MSDDataset
 
 __all__ = ["Hippocampus", "Prostate"]
 
 
 class _MSDTask(MSDDataset):
-    """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities."""
-
-    task = ""
-    modalities: tuple[str, ...] = ()
+    """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities (``facts``); its
+    preprocessing checks the channels (``MSDDataset.preprocessing_steps``)."""
 
     def _check_description(self) -> None:
         if self.dataset_dir is None:  # preprocessing only: no dataset.json to check
@@ -27,12 +25,9 @@ class _MSDTask(MSDDataset):
             raise ValueError(f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
                              "this is not that data set; use calib_monai.data.MSDDataset for other tasks")  # fmt: skip
         modality = self.description.get("modality")
-        if isinstance(modality, dict) and len(modality) != len(self.modalities):
-            raise ValueError(f"{where} lists modalities {modality}, but {self.task} has {len(self.modalities)} "
-                             f"({', '.join(self.modalities)})")  # fmt: skip
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return [CheckChannelsd("image", self.modalities, self.task), *super()._intensity_transforms()]
+        if isinstance(modality, dict) and len(modality) != len(self.channel_names):
+            raise ValueError(f"{where} lists modalities {modality}, but {self.task} has {len(self.channel_names)} "
+                             f"({', '.join(self.channel_names)})")  # fmt: skip
 
 
 class Hippocampus(_MSDTask):
@@ -59,11 +54,12 @@ class Hippocampus(_MSDTask):
 
     source = "hippocampus"
     task = "Task04_Hippocampus"
-    expected_labels = {"0": "background", "1": "Anterior", "2": "Posterior"}
-    modalities = ("T1 MRI",)
+    facts = DatasetFacts({"0": "background", "1": "Anterior", "2": "Posterior"}, channel_names=("image",),
+                         roi_size=(64, 64, -1))  # fmt: skip
+    preprocessing_args = ()
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (64, 64, -1), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (185, 25, 50)):  # fmt: skip
         super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=None, split=split, seed=seed,
                          intensity="minmax", crop_foreground=False, cache_rate=cache_rate, num_workers=num_workers)
@@ -96,11 +92,12 @@ class Prostate(_MSDTask):
 
     source = "prostate"
     task = "Task05_Prostate"
-    expected_labels = {"0": "background", "1": "PZ", "2": "TZ"}
-    modalities = ("T2", "ADC")
+    facts = DatasetFacts({"0": "background", "1": "PZ", "2": "TZ"}, channel_names=("T2", "ADC"),
+                         roi_size=(320, 320, -1))  # fmt: skip
+    preprocessing_args = ("spacing", "intensity")
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (320, 320, -1), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (22, 3, 7), spacing: Sequence[float] | None = None,
                  intensity: str | Sequence[float] = "minmax"):  # fmt: skip
         super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=spacing, split=split, seed=seed,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from calib_monai.data.helpers import existing_root, in_plane_spacing, intensity_scaling
+from calib_monai.data import preprocessing as steps
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root, intensity_scaling
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.volumes import VolumeSegmentationData
 
@@ -65,9 +67,11 @@ class PROMISE12(VolumeSegmentationData):
     """
 
     source = "promise12"
+    facts = DatasetFacts({"0": "background", "1": "prostate"}, channel_names=("image",), roi_size=(256, 256, -1))
+    preprocessing_args = ("in_plane_spacing", "intensity")
 
     def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (256, 256, -1), seed: int = 0, cache_rate: float = 1.0,
+                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
                  num_workers: int = 0, split: Sequence[int] = (30, 5, 15), in_plane_spacing: float | None = 0.625,
                  intensity: str | Sequence[float] = "percentile"):  # fmt: skip
         super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
@@ -93,9 +97,23 @@ class PROMISE12(VolumeSegmentationData):
             logger.info("PROMISE12: skipped %d image(s) without a segmentation", len(images) - len(self._cases))
         logger.info("PROMISE12: %d labelled cases in %s", len(self._cases), self.root)
 
-    @property
-    def label_names(self) -> dict[str, str]:
-        return {"0": "background", "1": "prostate"}
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """In-plane resampling to ``in_plane_spacing`` keeping each scan's slice spacing (min/max_pixdim: an axis
+        whose spacing lies in [min, max] keeps it; the slice axis always does); off when it is None."""
+        in_plane = "@data.in_plane_spacing"
+        return [
+            steps.load_images(),
+            steps.channel_first(),
+            steps.check_labels(),
+            steps.to_float32(),
+            steps.to_ras(),
+            {**steps.resample(), "pixdim": f"$[float({in_plane})] * 2 + [1.0]",
+             "min_pixdim": f"$[float({in_plane})] * 2 + [1e-6]", "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
+             "_disabled_": f"${in_plane} is None"},  # fmt: skip
+            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.pad_or_crop(),
+        ]
 
     def _find_cases(self) -> list[dict[str, str]]:
         return self._cases
@@ -120,9 +138,3 @@ class PROMISE12(VolumeSegmentationData):
 
     def inference_case(self, image) -> str | None:
         return _scan_name(Path(str(image)).name)
-
-    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
-        return [] if self.in_plane_spacing is None else in_plane_spacing(keys, self.in_plane_spacing)
-
-    def _intensity_transforms(self) -> list[Callable]:
-        return intensity_scaling(self.intensity)

@@ -6,7 +6,8 @@ preprocesses every case once into a 3D volume (``CacheDataset``) and serves
 - training: every slice along the last (axial, after RAS orientation) axis of the cached training volumes,
   ``{"image": (C, H, W) float32, "label": (1, H, W) float32}``;
 - validation/test: whole volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` as MetaTensors that keep the
-  file name, affine and the applied operations (for ``SliceInferer`` and, later, ``Invertd``).
+  file name, affine and the applied operations (for ``SliceInferer`` and, later, ``Invertd``); their preprocessing
+  is the evaluation chain (``calib_monai.data.preprocessing``), which never crops a volume around its label.
 """
 
 from __future__ import annotations
@@ -19,32 +20,20 @@ from pathlib import Path
 
 import torch
 from monai.data import CacheDataset, MetaTensor
-from monai.transforms import (
-    Compose,
-    EnsureChannelFirstd,
-    EnsureTyped,
-    MapLabelValued,
-    Orientationd,
-    ResizeWithPadOrCropd,
-    Spacingd,
-)
+from monai.transforms import Compose
 from torch.utils.data import Dataset, Subset
 
-from calib_monai.data.inference import inference_preprocessing, nifti_items
+from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import load_or_create_datalist, split_cases
-from calib_monai.data.transforms import (
-    CheckedLoadImaged,
-    CropAroundForegroundd,
-    ValidateSegmentationd,
-    unwrap_case_error,
-)
+from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
+from calib_monai.data.transforms import unwrap_case_error
 
 __all__ = ["SliceDataset", "VolumeSegmentationData"]
 
 logger = logging.getLogger("calib_monai.data")
 
 SUBSETS = ("training", "validation", "test")
-RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))  # MONAI's nibabel-world convention, explicit (default deprecated)
 
 
 class _CaseCheckedCacheDataset(CacheDataset):
@@ -126,17 +115,23 @@ class SliceDataset(Dataset):
 class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
-    Preprocessing, in order: load (``CheckedLoadImaged``) -> channel first -> checks (``ValidateSegmentationd``:
-    shapes, NaN, label values) -> optional label remapping (``MapLabelValued``) -> float32 -> RAS orientation ->
-    resampling to ``spacing`` (bilinear image, nearest label; skipped when ``spacing`` is None) -> intensity scaling
-    (subclass) -> optional ``roi_size`` window around the label foreground (``CropAroundForegroundd``) -> centre
-    crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent).
+    Preprocessing is the class's ``preprocessing_steps()``: one list of MONAI config items (``calib_monai.data
+    .preprocessing``) that the bundles write out as ``train#preprocessing``, ``validate#preprocessing`` and
+    ``inference.json``'s ``preprocessing``. Typically: load (``CheckedLoadImaged``) -> channel first -> checks
+    (``ValidateSegmentationd``: shapes, NaN, label values) -> optional label remapping (``MapLabelValued``) -> float32
+    -> RAS orientation -> resampling to ``spacing`` (skipped when None) -> resizing, intensity scaling -> centre
+    crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent). Training volumes may be cropped around the
+    label (``crop_foreground``); validation and test volumes never are. The datasets apply the chain they are given
+    (a bundle gives its config's), else the one the component builds from its list (``preprocessing(subset)``).
 
-    Subclasses implement ``source``, ``label_names``, ``_find_cases`` (list of ``{"image", "label"}`` paths; an
-    image may be a list of paths, one per modality, stacked as channels), ``_intensity_transforms`` and either set
-    ``root`` (the data set folder) or override ``_dataset_root``, and may override ``_raw_label_values``, ``_label_mapping``, ``_spatial_transforms``
-    (e.g. a fixed resize after resampling), ``_split_cases`` (e.g. by patient) and ``_datalist_info``; a subclass
-    with ``drop_empty_training_slices = True`` trains on the slices with foreground only.
+    Subclasses set ``source``, ``facts`` (``DatasetFacts``: classes, channels, default ``roi_size``; or override
+    ``label_names``), ``preprocessing_steps`` (reading the component as ``@data``), ``preprocessing_args`` (the
+    constructor arguments the steps read, written with their defaults into the bundles' ``data`` section),
+    ``_find_cases`` (list of ``{"image", "label"}`` paths; an image may be a list of paths, one per modality, stacked
+    as channels), and either set ``root`` (the data set folder) or override ``_dataset_root``; they may override
+    ``raw_label_values`` (label values the files may hold before remapping), ``_label_convention``, ``_split_cases``
+    (e.g. by patient) and ``_datalist_info``; a subclass with ``drop_empty_training_slices = True`` trains on the
+    slices with foreground only.
 
     A component built with ``dataset_dir=None`` has no data set (``root`` None, ``_dataset_root()`` None): it
     serves ``inference_preprocessing`` (bundle ``inference.json``) without reading the disk, and ``datalist`` and
@@ -148,7 +143,8 @@ class VolumeSegmentationData:
         spacing: voxel spacing (mm) to resample to, or None to keep the data's spacing.
         split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
         seed: seed of the split.
-        crop_foreground: centre the ``roi_size`` window on the label foreground (else on the image centre).
+        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
+            image centre).
         cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (1.0: all; training slices of
             uncached volumes are slow, see ``SliceDataset``).
         num_workers: threads ``CacheDataset`` uses to preprocess.
@@ -157,6 +153,8 @@ class VolumeSegmentationData:
     datalist_name = "datalist.json"
     drop_empty_training_slices = False
     root: Path | None = None  # the data set folder; None: built with dataset_dir=None, preprocessing only
+    facts: DatasetFacts | None = None  # None: the classes come from the data (MSDDataset's dataset.json)
+    preprocessing_args: tuple[str, ...] = ()  # constructor arguments that preprocessing_steps() reads
 
     def __init__(
         self,
@@ -186,15 +184,40 @@ class VolumeSegmentationData:
         self.cache_rate = float(cache_rate)
         self.num_workers = int(num_workers)
         self._datalist: dict[str, list[dict]] | None = None
-        self._volumes: dict[str, CacheDataset] = {}
-        self._preprocessing: Compose | None = None
+        self._volumes: dict[str, tuple[Callable, CacheDataset]] = {}  # subset -> (its chain, its cached volumes)
+        self._given: dict[str, Callable] = {}  # phase -> the chain a dataset method was given (bundles: the config's)
+        self._built: dict[str, Compose] = {}  # phase -> the chain built from preprocessing_steps()
 
     # ---- subclass hooks -------------------------------------------------------------------------------------------
     source: str = ""
 
+    @classmethod
+    def preprocessing_steps(cls) -> list[dict]:
+        """The deterministic preprocessing as MONAI config items, steps limited to phases with
+        ``calib_monai.data.preprocessing.only`` (see that module)."""
+        raise NotImplementedError
+
     @property
     def label_names(self) -> dict[str, str]:
-        raise NotImplementedError
+        """Class value (``"0"`` .. ``"C-1"``) -> name (default: ``facts.label_names``)."""
+        if self.facts is None:
+            raise NotImplementedError(f"{type(self).__name__} must set facts or override label_names")
+        return dict(self.facts.label_names)
+
+    @property
+    def channel_names(self) -> tuple[str, ...] | None:
+        """One name per input channel, or None when the data decide (``MSDDataset``)."""
+        return None if self.facts is None else tuple(self.facts.channel_names)
+
+    @property
+    def raw_label_values(self) -> list[int]:
+        """Label values the files may contain (before remapping); others are an error (``ValidateSegmentationd``)."""
+        return [int(v) for v in self.label_names]
+
+    @property
+    def label_description(self) -> str:
+        """How the label files encode classes, appended to ``ValidateSegmentationd``'s errors."""
+        return f" of {self.source} ({self._label_convention()})"
 
     def _find_cases(self) -> list[dict[str, str]]:
         raise NotImplementedError
@@ -202,22 +225,6 @@ class VolumeSegmentationData:
     def _dataset_root(self) -> str | None:
         """The data set folder (stored in ``datalist.json``), or None for a preprocessing-only component."""
         return None if self.root is None else str(self.root)
-
-    def _intensity_transforms(self) -> list[Callable]:
-        raise NotImplementedError
-
-    def _raw_label_values(self) -> list[int]:
-        """Label values the files may contain (before remapping); others are an error."""
-        return [int(v) for v in self.label_names]
-
-    def _label_mapping(self) -> tuple[list[int], list[int]] | None:
-        """``(original values, target values)`` to remap labels with, or None."""
-        return None
-
-    def _spatial_transforms(self, keys: tuple[str, ...]) -> list[Callable]:
-        """Extra spatial transforms after resampling, for ``keys`` ``("image", "label")`` or ``("image",)``
-        (inference); e.g. a fixed-size resize (bilinear image, nearest label)."""
-        return []
 
     def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
         """The train/validation/test split of ``cases`` (default: a seeded shuffle of the cases)."""
@@ -261,44 +268,32 @@ class VolumeSegmentationData:
                                                      self._datalist_info(), splitter=self._split_cases)  # fmt: skip
         return self._datalist
 
-    def preprocessing(self) -> Compose:
-        """The deterministic MONAI transform chain from file paths to preprocessed volumes (see the class docstring).
+    def preprocessing(self, subset: str = "training") -> Compose:
+        """The deterministic MONAI chain from file paths to the preprocessed volumes of ``subset`` ("training",
+        "validation" or "test"; the last two share the evaluation chain): the one given to the dataset methods (a
+        bundle's ``train#preprocessing`` / ``validate#preprocessing``), else the one built from
+        ``preprocessing_steps()``.
 
-        Always the same instance, the one the datasets apply, so ``Invertd(keys, transform=data.preprocessing(),
-        orig_keys="label")`` can map a prediction back to the original image grid (MONAI matches transform ids).
+        Always the same instance, the one the datasets apply, so ``Invertd(keys, transform=data.preprocessing(subset),
+        orig_keys="label")`` can map a prediction back to the original image grid (MONAI matches transform ids). When
+        the evaluation steps equal the training steps, both subsets share the training instance.
         """
-        if self._preprocessing is None:
-            self._preprocessing = self._build_preprocessing()
-        return self._preprocessing
-
-    def _build_preprocessing(self) -> Compose:
-        keys = ("image", "label")
-        mapping = self._label_mapping()
-        chain: list[Callable] = [
-            CheckedLoadImaged(keys, image_only=True),
-            EnsureChannelFirstd(keys),
-            ValidateSegmentationd("image", "label", allowed_labels=self._raw_label_values(),
-                                  label_description=f" of {self.source} ({self._label_convention()})"),
-        ]  # fmt: skip
-        if mapping is not None:
-            chain.append(MapLabelValued("label", orig_labels=mapping[0], target_labels=mapping[1]))
-        chain += [
-            EnsureTyped(keys, dtype=torch.float32, track_meta=True),
-            Orientationd(keys, axcodes="RAS", labels=RAS_LABELS),
-        ]
-        if self.spacing is not None:
-            # float32 resampling (the default is float64: twice the memory and time on CT-sized volumes)
-            chain.append(Spacingd(keys, pixdim=self.spacing, mode=("bilinear", "nearest"), dtype=torch.float32))
-        chain += self._spatial_transforms(keys)
-        chain += self._intensity_transforms()
-        if self.crop_foreground:
-            chain.append(CropAroundForegroundd(keys, source_key="label", roi_size=self.roi_size))
-        chain.append(ResizeWithPadOrCropd(keys, spatial_size=self.roi_size))
-        return Compose(chain)
+        phase = phase_of_subset(subset)
+        return self._given[phase] if phase in self._given else self._built_chain(phase)
 
     def inference_preprocessing(self) -> Compose:
-        """Image-only preprocessing for unlabelled images (no crop); see ``calib_monai.data.inference``."""
-        return inference_preprocessing(self)
+        """Image-only preprocessing for unlabelled images (no label checks, no crop), the ``inference`` chain of
+        ``preprocessing_steps()`` (bundle ``inference.json``'s ``preprocessing``); one instance, for ``Invertd``."""
+        return self._built_chain(INFERENCE)
+
+    def _built_chain(self, phase: str) -> Compose:
+        if phase not in self._built:
+            steps = self.preprocessing_steps()
+            if phase == EVALUATION and phase_transforms(steps, EVALUATION) == phase_transforms(steps, TRAINING):
+                self._built[phase] = self._built_chain(TRAINING)
+            else:
+                self._built[phase] = compose(steps, phase, self)
+        return self._built[phase]
 
     def inference_items(self, path: Path) -> list[dict]:
         """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``: a list of
@@ -314,44 +309,61 @@ class VolumeSegmentationData:
         """The case name of a datalist ``image`` entry for output file names, or None to use the (first) file's."""
         return None
 
-    def volume_dataset(self, subset: str) -> CacheDataset:
-        """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"); built once."""
+    def volume_dataset(self, subset: str, preprocessing: Callable | None = None) -> CacheDataset:
+        """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"), built once per chain.
+
+        ``preprocessing``: the chain to apply (a bundle's ``train#preprocessing`` or ``validate#preprocessing``); it
+        becomes ``preprocessing(subset)``. None: the chain given before, else the component's own.
+        """
         if subset not in SUBSETS:
             raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
-        if subset not in self._volumes:
+        self._require_dataset()
+        if preprocessing is not None:
+            if not callable(preprocessing):
+                raise TypeError(f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "
+                                f"Compose), got {type(preprocessing).__name__}")  # fmt: skip
+            self._given[phase_of_subset(subset)] = preprocessing
+        chain = self.preprocessing(subset)
+        if subset not in self._volumes or self._volumes[subset][0] is not chain:
             items = self.datalist()[subset]
             if not items:
                 raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or a split "
                                  "with a non-zero count for it")  # fmt: skip
             logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
             with _single_threaded_torch():
-                self._volumes[subset] = _CaseCheckedCacheDataset(
-                    items, transform=self.preprocessing(), cache_rate=self.cache_rate,
-                    num_workers=max(self.num_workers, 1), progress=False,
+                volumes = _CaseCheckedCacheDataset(
+                    items, transform=chain, cache_rate=self.cache_rate, num_workers=max(self.num_workers, 1),
+                    progress=False,
                     copy_cache=False,  # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
                 )  # fmt: skip
-        return self._volumes[subset]
+            self._volumes[subset] = (chain, volumes)
+        return self._volumes[subset][1]
 
-    def train_dataset(self, transform: Callable | None = None, fraction: float = 1.0) -> SliceDataset:
+    def train_dataset(self, transform: Callable | None = None, fraction: float = 1.0,
+                      preprocessing: Callable | None = None) -> SliceDataset:  # fmt: skip
         """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
 
-        ``fraction`` in (0, 1] keeps the first ``round(fraction * n)`` training volumes (at least one) of the seeded
-        split: a seeded random subset of cases, nested across fractions (the 25/50/75/100% data studies)."""
+        ``transform``: applied to each slice dict (e.g. 2D augmentation). ``fraction`` in (0, 1] keeps the first
+        ``round(fraction * n)`` training volumes (at least one) of the seeded split: a seeded random subset of cases,
+        nested across fractions (the 25/50/75/100% data studies). ``preprocessing``: the chain of the training volumes
+        (bundles: ``train#preprocessing``; default: the component's own)."""
         fraction = float(fraction)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction (bundle key train_fraction) must be in (0, 1], got {fraction}")
-        volumes = self.volume_dataset("training")
+        volumes = self.volume_dataset("training", preprocessing)
         if fraction < 1.0:
             volumes = Subset(volumes, range(max(1, round(fraction * len(volumes)))))
         return SliceDataset(volumes, transform=transform, drop_empty=self.drop_empty_training_slices)
 
-    def val_dataset(self) -> CacheDataset:
-        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
-        return self.volume_dataset("validation")
+    def val_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
+        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
+        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        return self.volume_dataset("validation", preprocessing)
 
-    def test_dataset(self) -> CacheDataset:
-        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
-        return self.volume_dataset("test")
+    def test_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
+        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
+        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        return self.volume_dataset("test", preprocessing)
 
     def _label_convention(self) -> str:
         """How the label files encode classes, for error messages."""

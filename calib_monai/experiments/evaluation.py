@@ -1,9 +1,10 @@
 """Evaluate a finished training run on whole 3D volumes: test metrics, noisy inputs, temperatures, logits.
 
-The run's bundle config (with the run's overrides) builds the network, the data component and the validation
-inferer exactly as training used them; the best checkpoint ``models/model.pt`` is loaded. Each volume goes through
-the bundle's ``SliceInferer`` once; the metrics are the bundle's own ``SegmentationReport`` (DSC, HD95, ASD per
-class, ECE / CECE / TACE on ground-truth foreground, NLL, Brier; the mean over volumes).
+The run's bundle config (with the run's overrides) builds, through ``calib_monai.bundle.TrainedBundle``, the network
+with the best checkpoint ``models/model.pt``, the data component and the validation inferer exactly as training used
+them. Each volume goes through the bundle's ``SliceInferer`` once; the metrics are the bundle's own
+``SegmentationReport`` (DSC, HD95, ASD per class, ECE / CECE / TACE on ground-truth foreground, NLL, Brier; the mean
+over volumes).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.bundle import load_network_weights
-from calib_monai.experiments.runs import bundle_config_files, read_record
+from calib_monai.bundle import TrainedBundle, locate_bundle
+from calib_monai.experiments.runs import read_record
 from calib_monai.handlers.report import SegmentationReport, case_name
 
 __all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run"]
@@ -53,8 +54,6 @@ class TrainedRun:
     """
 
     def __init__(self, run_dir: str | os.PathLike, device: str = "cpu", checkpoint: str = "model.pt") -> None:
-        from monai.bundle import ConfigParser
-
         self.run_dir = Path(run_dir)
         record = read_record(self.run_dir)
         if record is None or record.get("status") != "finished":
@@ -66,24 +65,24 @@ class TrainedRun:
         if not checkpoint.is_file():
             raise ValueError(f"{checkpoint} is missing although {self.run_dir / 'run.json'} says finished; delete "
                              "the run folder and train it again")  # fmt: skip
-        self.parser = ConfigParser()
-        self.parser.read_config(bundle_config_files(record["bundle"], tuple(record.get("extra_configs", ()))))
-        self.parser.update({"output_dir": str(self.run_dir / "models"), **record["overrides"], "device": device})
-        self.device = torch.device(device)
-        self.network = self.parser.get_parsed_content("network")
-        # plain, module.-prefixed (older multi-GPU runs) or {"model": ...} state_dicts
-        load_network_weights(self.network, checkpoint, map_location=self.device)
-        self.network.eval()
-        self.data = self.parser.get_parsed_content("data")
-        self.inferer = self.parser.get_parsed_content("validate#inferer")
-        self.label_names: dict[str, str] = dict(self.parser.get_parsed_content("label_names"))
+        # the bundle's train.json and the run's overlays with its overrides, as the training command had them
+        self.bundle = TrainedBundle(locate_bundle(record["bundle"]), ("train.json", *record.get("extra_configs", ())),
+                                    {"output_dir": str(self.run_dir / "models"), **record["overrides"]},
+                                    device=device, weights=checkpoint)  # fmt: skip
+        self.parser = self.bundle.parser
+        self.device = self.bundle.device
+        self.network = self.bundle.network  # plain, module.-prefixed (older multi-GPU runs) or {"model": ...}
+        self.data = self.bundle.get("data")
+        self.inferer = self.bundle.inferer  # validate#inferer
+        self.label_names: dict[str, str] = dict(self.bundle.get("label_names"))
 
     @property
     def num_classes(self) -> int:
         return len(self.label_names)
 
     def dataset(self, subset: str):
-        return {"test": self.data.test_dataset, "validation": self.data.val_dataset}[subset]()
+        preprocessing = self.bundle.get("validate#preprocessing")  # the run's evaluation chain, overrides included
+        return {"test": self.data.test_dataset, "validation": self.data.val_dataset}[subset](preprocessing)
 
     @torch.no_grad()
     def volumes(self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0) -> Iterator[EvaluatedVolume]:

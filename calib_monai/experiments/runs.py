@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from calib_monai.bundle import locate_bundle
+from calib_monai.bundle import bundle_config_paths, locate_bundle, read_bundle_config, weights_state_dict
 
 __all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
 
@@ -35,12 +35,10 @@ def bundle_config_files(bundle: str, extra: tuple[str, ...] = ()) -> list[str]:
     """``configs/train.json`` of ``bundle`` (a folder name under ``bundles/``) plus ``extra`` overlays
     (e.g. ``("demo.json",)``), as absolute paths; a ValueError names the missing file."""
     root = Path(locate_bundle(bundle))
-    files = [root / "configs" / name for name in ("train.json", *extra)]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise ValueError(f"bundle {bundle!r} has no {missing}; bundles are folders of {root.parent} "
-                         "(python scripts/make_bundles.py writes them)")  # fmt: skip
-    return [str(f) for f in files]
+    try:
+        return [str(f) for f in bundle_config_paths(root, ("train.json", *extra))]
+    except FileNotFoundError as err:
+        raise ValueError(f"{err} (bundle {bundle!r}: bundles are folders of {root.parent})") from err
 
 
 @dataclass(frozen=True)
@@ -124,9 +122,10 @@ def read_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 def _save_merged_config(spec: RunSpec, path: Path) -> None:
     from monai.bundle import ConfigParser
 
-    parser = ConfigParser()
-    parser.read_config(bundle_config_files(spec.bundle, spec.extra_configs))
-    parser.update({"output_dir": str(spec.models_dir), **spec.overrides})
+    files = bundle_config_files(spec.bundle, spec.extra_configs)
+    # bundle_root left as the config's locate_bundle(...): the record says what the training command resolved
+    parser = read_bundle_config(Path(files[0]).parents[1], files, {"output_dir": str(spec.models_dir),
+                                **spec.overrides}, set_bundle_root=False)  # fmt: skip
     ConfigParser.export_config_file(parser.get(), str(path), indent=2)
 
 
@@ -167,7 +166,7 @@ def train(spec: RunSpec) -> dict[str, Any]:
             break
         if epochs is not None:  # keep this epoch's network (a plain state_dict, like model.pt)
             latest = torch.load(spec.models_dir / "checkpoint_latest.pt", map_location="cpu", weights_only=False)
-            torch.save(latest["network"], spec.snapshot_path(epochs))
+            torch.save(weights_state_dict(latest), spec.snapshot_path(epochs))  # its "network", unprefixed
     record["wall_time_s"] = round(record["wall_time_s"] + time.perf_counter() - start, 1)
     record["status"] = "finished" if code == 0 and (spec.models_dir / "model.pt").is_file() else "failed"
     _write_json(run_dir / RECORD, record)

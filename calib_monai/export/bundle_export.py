@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from calib_monai.bundle import load_network_weights
+from calib_monai.bundle import TrainedBundle
 
 from .wrapper import SegmentationWithConfidence
 
@@ -46,18 +46,13 @@ def _torchscript_allowed():
         yield
 
 
-def _parser(bundle_dir: Path, config_file: str):
-    from monai.bundle import ConfigParser
-
-    parser = ConfigParser()
-    parser.read_config(str(bundle_dir / "configs" / config_file))
-    meta = bundle_dir / "configs" / "metadata.json"
-    if meta.exists():
-        parser.read_meta(str(meta))
-    # a literal bundle_root replaces the locate_bundle(...) expression; only network_def and what it
-    # references (backbone, channels, roi_size) are parsed, so no data or workflow component is built
-    parser["bundle_root"] = str(bundle_dir)
-    return parser
+def _trained_bundle(bundle_dir, checkpoint, config_file: str, net_id: str, key_in_ckpt: str) -> TrainedBundle:
+    """The bundle with its weights on the CPU: ``checkpoint``, by default ``<bundle>/models/model.pt``."""
+    bundle_dir = Path(bundle_dir).resolve()
+    checkpoint = Path(checkpoint) if checkpoint is not None else bundle_dir / "models" / "model.pt"
+    # only network_def and what it references (backbone, channels, roi_size) are parsed: no data or workflow
+    return TrainedBundle(bundle_dir, (config_file,), device="cpu", weights=checkpoint, key_in_ckpt=key_in_ckpt,
+                         network_id=net_id)  # fmt: skip
 
 
 def load_bundle_network(
@@ -67,7 +62,8 @@ def load_bundle_network(
     net_id: str = "network_def",
     key_in_ckpt: str = "",
 ) -> torch.nn.Module:
-    """Build the bundle's ``network_def`` from ``configs/<config_file>`` and load ``checkpoint`` into it.
+    """Build the bundle's ``network_def`` from ``configs/<config_file>`` and load ``checkpoint`` into it
+    (``calib_monai.bundle.TrainedBundle``).
 
     Args:
         bundle_dir: the bundle folder (holding ``configs/``).
@@ -82,14 +78,7 @@ def load_bundle_network(
     Returns:
         the network on the CPU in eval mode.
     """
-    bundle_dir = Path(bundle_dir).resolve()
-    checkpoint = Path(checkpoint) if checkpoint is not None else bundle_dir / "models" / "model.pt"
-    if not checkpoint.exists():
-        raise FileNotFoundError(f"checkpoint {checkpoint} not found: train the bundle or pass checkpoint=...")
-    network = _parser(bundle_dir, config_file).get_parsed_content(net_id)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    load_network_weights(network, state[key_in_ckpt] if key_in_ckpt else state)
-    return network.cpu().eval()
+    return _trained_bundle(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt).network
 
 
 def _example_shape(parser, example_shape: Sequence[int] | None) -> tuple[int, ...]:
@@ -171,13 +160,12 @@ def export_bundle(
     """
     from monai.bundle import ckpt_export
 
-    bundle_dir = Path(bundle_dir).resolve()
+    bundle = _trained_bundle(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt)
+    bundle_dir = bundle.bundle_dir
     output_dir = Path(output_dir) if output_dir is not None else bundle_dir / "models"
     output_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = Path(checkpoint) if checkpoint is not None else bundle_dir / "models" / "model.pt"
-    parser = _parser(bundle_dir, config_file)
-    shape = _example_shape(parser, example_shape)
-    network = load_bundle_network(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt)
+    shape = _example_shape(bundle.parser, example_shape)
+    network = bundle.network
     example = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     example_slices = example.movedim(spatial_dim + 2, 1).flatten(0, 1)
     scripted, traced = _script_or_trace(network, example_slices)
@@ -195,7 +183,7 @@ def export_bundle(
             filepath=paths["model.ts"],
             ckpt_file=plain_checkpoint,
             meta_file=str(bundle_dir / "configs" / "metadata.json"),
-            config_file=str(bundle_dir / "configs" / config_file),
+            config_file=str(bundle.config_paths[0]),
             key_in_ckpt="",
             use_trace=traced,
             input_shape=list(example_slices.shape) if traced else None,

@@ -1,9 +1,9 @@
 """3D Slicer review files: a ``.seg.nrrd`` segmentation (one segment per label plus "low confidence") and the
 confidence volume as NRRD, both on the reference image's grid.
 
-``write_slicer_files`` takes the outputs of ``calib_monai.data.inference.segmentation_and_confidence``
-(``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``, NIfTI files in the input geometry) or arrays with their NIfTI
-affine, and writes into ``output_dir``:
+``write_slicer_files`` takes the outputs of a bundle's inference (``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``,
+NIfTI files in the input geometry, named by ``calib_monai.bundle.outputs``) or arrays with their NIfTI affine (e.g.
+``TrainedBundle.predict``'s), and writes into ``output_dir``:
 
     - ``<case>.seg.nrrd``: a Slicer segmentation file (labelmap NRRD with the ``Segmentation_*`` and
       ``Segment<N>_*`` custom fields of Slicer's segmentation storage node). It has two layers (a ``list`` axis
@@ -24,7 +24,6 @@ Needs ``pynrrd`` (``pip install pynrrd``), imported when a file is written.
 from __future__ import annotations
 
 import colorsys
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
+
+from calib_monai.bundle import TrainedBundle, output_paths
 
 __all__ = [
     "LOW_CONFIDENCE_SEGMENT_ID",
@@ -112,10 +113,10 @@ def lps_geometry(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def bundle_label_names(bundle_dir: str | os.PathLike) -> dict[int, str]:
     """``label_names`` of a bundle (``configs/train.json``) as ``{label value: name}``."""
-    config = json.loads((Path(bundle_dir) / "configs" / "train.json").read_text())
-    if "label_names" not in config:
+    names = TrainedBundle(bundle_dir, ("train.json",)).label_names
+    if not names:
         raise KeyError(f"{bundle_dir}/configs/train.json has no 'label_names'")
-    return _label_names(config["label_names"])
+    return names
 
 
 def _label_names(label_names: Mapping | Sequence[str] | None) -> dict[int, str]:
@@ -315,7 +316,6 @@ def slicer_files_from_inference(
     """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference), into
     ``output_dir`` (default: ``inference_dir``)."""
-    inference_dir = Path(inference_dir)
-    seg_path = inference_dir / f"{case}_seg.nii.gz"
-    return write_slicer_files(seg_path, inference_dir / f"{case}_conf.nii.gz", seg_path, label_names,
+    seg_path, conf_path = output_paths(inference_dir, case)
+    return write_slicer_files(seg_path, conf_path, seg_path, label_names,
                               inference_dir if output_dir is None else output_dir, case, low_confidence)  # fmt: skip

@@ -27,6 +27,11 @@ class SegmentationCalibration(IgniteMetricHandler):
     the minimum, and ``CheckpointSaver(..., save_key_metric=True, key_metric_negative_sign=True)`` so the checkpoint
     with the lowest value is kept.
 
+    The metric is computed on the device of the evaluator's outputs (int64 counts, float64 sums): the volumes stay
+    there, only each volume's per-bin statistics and value are kept (on that device) and reduced on the host.
+    Outputs that are not probabilities (logits: add ``Activationsd(keys="pred", softmax=True)``) raise a
+    ``ValueError``; a volume without foreground voxels is NaN, with a ``UserWarning``, and left out of the mean.
+
     Args:
         metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class.
         output_transform: extracts ``(y_pred, y)`` from ``engine.state.output``.

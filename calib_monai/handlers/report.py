@@ -13,7 +13,10 @@ import numpy as np
 import torch
 from ignite.engine import Engine, Events
 
-from calib_monai.metrics import calibration_errors, reliability_diagram_data, save_reliability_diagram
+from calib_monai.metrics import calibration_errors, save_reliability_diagram
+from calib_monai.metrics._inputs import as_plain_tensor
+from calib_monai.metrics.calibration import accumulator_values, pooled_accumulator
+from calib_monai.metrics.calibration_torch import first_argmax
 from calib_monai.metrics.segmentation import segmentation_metrics_per_volume
 
 __all__ = ["SegmentationReport"]
@@ -26,6 +29,12 @@ def case_name(item: dict[str, Any], index: int) -> str:
     meta = getattr(item.get("image"), "meta", {}) or {}
     name = meta.get("filename_or_obj")
     return os.path.basename(str(name)) if name else f"volume_{index:04d}"
+
+
+def _on_device(x: Any, device: torch.device | None) -> torch.Tensor:
+    """A detached plain tensor (MetaTensor metadata dropped), moved to ``device`` when given (a no-op if there)."""
+    t = as_plain_tensor(x) if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    return t if device is None else t.to(device)
 
 
 def _spacing(item: dict[str, Any]) -> list[float] | None:
@@ -51,6 +60,10 @@ class SegmentationReport:
     * ``summary.json``: mean and standard deviation over volumes of every column (the papers' reduction: the
       unweighted mean over volumes; NaN entries, e.g. an absent class, are left out), and the settings;
     * ``reliability.png``: the top-label reliability diagram pooled over all ground-truth foreground voxels.
+
+    The calibration metrics are computed on the device of the evaluator's tensors (int64 counts, float64 sums; see
+    :mod:`calib_monai.metrics.calibration_torch`): only per-bin statistics come to the host. DSC / HD95 / ASD go
+    through MONAI on the argmax label maps (moved to the CPU for the distance transforms).
 
     Args:
         output_dir: folder of the three files.
@@ -103,11 +116,10 @@ class SegmentationReport:
     def evaluate_volume(self, item: dict[str, Any], index: int = 0) -> dict[str, Any]:
         """The CSV row of one volume (and its reliability bins added to the pooled diagram)."""
         prob_key, pred_key, label_key = self.keys
-        prob = torch.as_tensor(item[prob_key]).detach().cpu().float()[None]
-        label = torch.as_tensor(item[label_key]).detach().cpu()
-        label = label.argmax(0, keepdim=True) if label.shape[0] > 1 else label
-        label = label[None].long()
-        pred = torch.as_tensor(item[pred_key]).detach().cpu()[None]
+        prob = _on_device(item[prob_key], None)[None]  # stays on its device: no copy of the volume
+        label = _on_device(item[label_key], prob.device)
+        label = (first_argmax(label, dim=0)[1][None] if label.shape[0] > 1 else label)[None]
+        pred = _on_device(item[pred_key], prob.device)[None]
         row: dict[str, Any] = {"case": case_name(item, index)}
         spacing = _spacing(item)
         seg = segmentation_metrics_per_volume(pred, label, num_classes=prob.shape[1], spacing=spacing,
@@ -119,14 +131,16 @@ class SegmentationReport:
             row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
         row.update(self._region_metrics(pred, label, prob.shape[1], spacing))
         # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
-        gt = calibration_errors(prob, label, CALIBRATION_COLUMNS + ("nll", "brier"), self.num_bins, "gt")
+        names = CALIBRATION_COLUMNS + ("nll", "brier")
+        acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
+        gt = accumulator_values(acc, names, include_background=True)
         union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
         row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
         row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
         row["nll"], row["brier"] = gt["nll"], gt["brier"]
-        bins = reliability_diagram_data(prob, label, num_bins=self.num_bins, foreground="gt")
-        count = bins["count"].astype(np.float64)
-        self._bins += np.stack([count, np.nan_to_num(bins["confidence"]) * count, np.nan_to_num(bins["accuracy"]) * count])
+        ece_bins = acc.statistics("ece")  # (M, 3): count, sum of confidences, correct; None without foreground
+        if ece_bins is not None:
+            self._bins += ece_bins.T.cpu().numpy()
         return row
 
     def _region_metrics(self, pred: torch.Tensor, label: torch.Tensor, num_classes: int, spacing) -> dict[str, float]:
@@ -136,7 +150,7 @@ class SegmentationReport:
             return out
         pred_map = pred.argmax(1, keepdim=True) if pred.shape[1] > 1 else pred.long()
         for region, classes in self.regions.items():
-            members = torch.tensor(classes)
+            members = torch.tensor(classes, device=pred_map.device)
             binary = [torch.isin(m, members).long() for m in (pred_map, label)]
             seg = segmentation_metrics_per_volume(*binary, num_classes=2, spacing=spacing, empty_class=self.empty_class,
                                                   surface_distances=self.surface_distances)  # fmt: skip

@@ -6,12 +6,12 @@
 - ``<bundle>_confidence`` (type ``others``, so Slicer's segmentation model list leaves it out): the confidence (max
   softmax probability, in ``[1/C, 1]``), float32 NIfTI on the input's grid, with the same JSON plus its min/mean/max.
 
-Both run the whole bundle pass (``ServedBundle.segment``) and keep the one file they return.
+Both take the prediction from ``ServedBundle.predict`` (one inference per image: the second task of a request pair
+reuses the first one's prediction) and write only the file they return.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -22,13 +22,6 @@ from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle
 __all__ = ["CONFIDENCE_SUFFIX", "BundleConfidence", "BundleSegmentation"]
 
 CONFIDENCE_SUFFIX = "_confidence"
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 class _BundleTask(InferTask):
@@ -47,8 +40,8 @@ class _BundleTask(InferTask):
 
     def __call__(self, request: dict[str, Any]) -> tuple[str, dict]:
         start = time.time()
-        result = self.served.segment(request["image"])
-        _remove(result.confidence if self.keep == "segmentation" else result.segmentation)
+        result = self.served.predict(request["image"])
+        output = self.served.save(result, self.keep)
         info = {
             "model": self.served.name,
             # only the labels present: Slicer's MONAI Label module names the segments it imports, in label value
@@ -60,7 +53,7 @@ class _BundleTask(InferTask):
         }
         if self.keep == "confidence":
             info["confidence"] = dict(zip(("min", "mean", "max"), result.confidence_range))
-        return getattr(result, self.keep), info
+        return output, info
 
 
 class BundleSegmentation(_BundleTask):

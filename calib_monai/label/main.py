@@ -13,8 +13,8 @@ serves only those). Each one gets two infer tasks, ``<bundle>`` (segmentation) a
 ``model.ts``) is not listed by ``GET /info/`` and its requests answer 404 saying which file is missing.
 
 Nothing is downloaded: ``zoo_source`` must be ``local`` (the default). Errors a client can fix are answered with a
-4xx status and a ``detail`` message (unknown model 404, unreadable upload 400, wrong dimensionality 422), and the
-server goes on serving.
+4xx status and a ``detail`` message (unknown model 404, no image or unreadable upload 400, wrong dimensionality 422),
+a failed request leaves no upload behind in ``TMPDIR``, and the server goes on serving.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelEr
 
 import calib_monai
 from calib_monai.label.infer import CONFIDENCE_SUFFIX, BundleConfidence, BundleSegmentation
+from calib_monai.label.routes import check_infer_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import InputError, ServedBundle, find_bundles
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class CalibMONAILabelApp(MONAILabelApp):
         if not names:
             logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
         self.served = {name: ServedBundle(found[name]) for name in names}
+        check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
         super().__init__(app_dir=app_dir, studies=studies, conf=conf, name="calib-monai",
                          description="Calibrated segmentation: labels and their confidence",
                          version=calib_monai.__version__)  # fmt: skip
@@ -79,7 +81,15 @@ class CalibMONAILabelApp(MONAILabelApp):
         return {}
 
     def infer(self, request, datastore=None):
-        """MONAI Label's ``infer`` with the client's errors as ``HTTPException`` (4xx + ``detail``), not a 500."""
+        """MONAI Label's ``infer`` with the client's errors as ``HTTPException`` (4xx + ``detail``), not a 500; a
+        failed request's uploads are removed here (MONAI Label removes them only after a response)."""
+        try:
+            return self._infer(request, datastore)
+        except BaseException:
+            remove_uploads(request, uploaded_fields.get())
+            raise
+
+    def _infer(self, request, datastore=None):
         model = request.get("model")
         task = self._infers.get(model)
         if task is None:

@@ -1,17 +1,19 @@
 """One served bundle: its ``configs/inference.json`` run on one uploaded image, without MONAI Label.
 
-``ServedBundle`` is what the MONAI Label tasks of ``calib_monai.label.infer`` call. It builds, from the bundle's own
-inference config, the ``preprocessing``, the ``inferer`` and the ``postprocessing`` (softmax -> argmax and max
-probability -> ``Invertd`` back to the input's grid -> ``<case>_seg.nii.gz`` uint8 and ``<case>_conf.nii.gz``
-float32), so a served image gets exactly what ``python -m monai.bundle run inferring`` writes for it. The network is
-the config's ``network_def`` with ``models/model.pt`` or, without it, the TorchScript ``models/model.ts``.
+``ServedBundle`` is what the MONAI Label tasks of ``calib_monai.label.infer`` call. It is a thin layer over
+``calib_monai.bundle.TrainedBundle`` (the bundle's own preprocessing, inferer and postprocessing: softmax -> argmax
+and max probability -> ``Invertd`` back to the input's grid), so a served image gets exactly what
+``python -m monai.bundle run inferring`` writes for it. On top it checks the upload (``InputError``: a 4xx for the
+client), summarises the confidence per label, and keeps the last prediction: the two tasks of a bundle
+(segmentation, confidence) asked for the same image cost one inference. The network is the config's
+``network_def`` with ``models/model.pt`` or, without it, the TorchScript ``models/model.ts``.
 
 Nothing here imports MONAI Label: it runs (and is tested) in the main environment too.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import os
 import tempfile
@@ -23,10 +25,9 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import torch
-from monai.bundle import ConfigParser
-from monai.data import MetaTensor, decollate_batch, list_data_collate
+from monai.data import MetaTensor
 
-from calib_monai.bundle import load_network_weights
+from calib_monai.bundle import TrainedBundle
 from calib_monai.data.transforms import unwrap_case_error
 
 __all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "confidence_summary", "find_bundles"]
@@ -34,7 +35,6 @@ __all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "con
 logger = logging.getLogger("calib_monai.label")
 
 CONFIDENCE_THRESHOLDS = (0.5, 0.8)
-WEIGHT_FILES = ("model.pt", "model.ts")  # in this order of preference, under <bundle>/models/
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
 
@@ -48,10 +48,11 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Served:
-    """The outputs of one request: both files on the input's grid, and the confidence summary per label."""
+    """The prediction for one image, in memory: both outputs on the input's grid (``(1, *spatial)`` MetaTensors
+    with the input's affine, as ``TrainedBundle.predict`` returns them) and the confidence summary per label."""
 
-    segmentation: str  # <case>_seg.nii.gz, uint8 label values
-    confidence: str  # <case>_conf.nii.gz, float32 max softmax probability
+    segmentation: MetaTensor  # uint8 label values
+    confidence: MetaTensor  # float32 max softmax probability
     summary: dict = field(default_factory=dict)
     confidence_range: tuple[float, float, float] = (0.0, 0.0, 0.0)  # min, mean, max
 
@@ -89,8 +90,10 @@ def confidence_summary(segmentation: np.ndarray, confidence: np.ndarray, label_n
 class ServedBundle:
     """A bundle folder served for inference: ``configs/inference.json`` plus ``models/model.pt`` (or ``model.ts``).
 
-    The config is parsed once with ``bundle_root`` set to ``bundle_dir`` and ``output_dir`` set to the temporary
-    folder (``TMPDIR``), so serving never writes into the bundle. The network is loaded on the first request.
+    The config is parsed once (``TrainedBundle``) with ``output_dir`` set to the temporary folder (``TMPDIR``), so
+    serving never writes into the bundle. The network is loaded on the first request. The last prediction is kept,
+    keyed by the image's content, so the ``<bundle>_confidence`` request that follows a ``<bundle>`` request for the
+    same image (a new upload of the same bytes, or the same datastore file) runs no inference.
 
     Args:
         bundle_dir: the bundle folder (holding ``configs/inference.json``); its name names the served model.
@@ -98,52 +101,28 @@ class ServedBundle:
     """
 
     def __init__(self, bundle_dir: str | os.PathLike, device: str | None = None):
-        self.bundle_dir = Path(bundle_dir)
-        self.name = self.bundle_dir.name
-        self.config = json.loads((self.bundle_dir / "configs" / "inference.json").read_text())
-        names = self.config.get("label_names") or {}
-        self.label_names = {int(k): str(v) for k, v in names.items()}
-        self.in_channels = int(self.config.get("in_channels", 1))
-        self._device = device
-        self._lock = threading.Lock()
-        self._parts = None  # (preprocessing, inferer, postprocessing, network, device), built on first use
         # outputs go straight into the temporary folder, under names unique to each request, so nothing is left
         # behind once MONAI Label has removed the file it sent (a folder of ours would outlive the server: uvicorn
         # ends on the re-raised SIGTERM, without atexit)
         self._output_dir = tempfile.gettempdir()
+        self.bundle = TrainedBundle(bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=device)
+        self.bundle_dir = Path(bundle_dir)
+        self.name = self.bundle_dir.name
+        self.label_names = self.bundle.label_names
+        self.in_channels = self.bundle.in_channels
+        self._lock = threading.Lock()  # one inference at a time per bundle; also guards the lazy build and the cache
+        self._last: tuple[tuple, Served] | None = None  # (image content key, its prediction)
 
     @property
     def weights(self) -> Path | None:
         """The weight file that will be served (``models/model.pt``, else ``models/model.ts``), or None."""
-        return next((p for p in (self.bundle_dir / "models" / f for f in WEIGHT_FILES) if p.is_file()), None)
+        return self.bundle.weights
 
     def missing_weights_message(self) -> str:
         return (f"model {self.name!r} has no weights: neither {self.bundle_dir / 'models' / 'model.pt'} nor "
                 f"model.ts there; train the bundle (python -m monai.bundle run training --config_file "
                 f"{self.bundle_dir}/configs/train.json --output_dir {self.bundle_dir}/models) or copy its model.pt "
                 "there, then restart the server")  # fmt: skip
-
-    def _build(self):
-        weights = self.weights
-        if weights is None:
-            raise FileNotFoundError(self.missing_weights_message())
-        parser = ConfigParser()
-        parser.read_config(str(self.bundle_dir / "configs" / "inference.json"))
-        # literal values replace locate_bundle(...) and <bundle>/inference: nothing is looked up or written there
-        parser["bundle_root"] = str(self.bundle_dir)
-        parser["output_dir"] = self._output_dir
-        device = torch.device(self._device or parser.get_parsed_content("device"))
-        if weights.suffix == ".pt":
-            network = parser.get_parsed_content("network_def")
-            # a plain state_dict, a module.-prefixed one (older multi-GPU runs) or a training checkpoint {"model": ...}
-            load_network_weights(network, weights)
-        else:
-            network = _TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
-        network = network.to(device).eval()
-        parts = (parser.get_parsed_content("preprocessing"), parser.get_parsed_content("inferer"),
-                 parser.get_parsed_content("postprocessing"), network, device)  # fmt: skip
-        logger.info(f"{self.name}: serving {weights} on {device}")
-        return parts
 
     def check_upload(self, path: str) -> None:
         """Reject an upload that is not a readable image of the bundle's dimensionality (``InputError``)."""
@@ -164,9 +143,9 @@ class ServedBundle:
             raise InputError(f"model {self.name!r} segments 3D volumes {wanted}; the uploaded NIfTI has "
                              f"{len(shape)} dimensions, shape {shape}", status=422)  # fmt: skip
 
-    def _preprocess(self, preprocessing, path: str, case: str) -> dict:
+    def _preprocess(self, path: str) -> dict:
         try:
-            item = preprocessing({"image": path, "case": case})
+            item = self.bundle.preprocess(path)
         except Exception as err:  # a reader or transform failure caused by the file: the client's to fix
             cause = unwrap_case_error(err) if isinstance(err, RuntimeError) else None
             raise InputError(f"cannot preprocess the uploaded image for {self.name!r}: {cause or err}") from err
@@ -180,42 +159,40 @@ class ServedBundle:
             raise InputError(f"the uploaded image has {bad} NaN/Inf voxel(s)", status=422)
         return item
 
-    def segment(self, path: str) -> Served:
-        """Segment the image file ``path``; the caller owns (and removes) the two files it returns."""
+    def predict(self, path: str) -> Served:
+        """The prediction for the image file ``path``: computed, or the last one when ``path`` has its content."""
         self.check_upload(path)
-        with self._lock:  # one inference at a time per bundle; also guards the lazy build
-            if self._parts is None:
-                self._parts = self._build()
-            preprocessing, inferer, postprocessing, network, device = self._parts
-            case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # names the output files; unique per request
-            item = self._preprocess(preprocessing, path, case)
-            batch = list_data_collate([item])  # as the bundle's DataLoader and evaluator see it
-            with torch.no_grad():
-                batch["pred"] = inferer(batch["image"].to(device), network)
-            for decollated in decollate_batch(batch):
-                postprocessing(decollated)
-        out = Path(self._output_dir)
-        seg, conf = out / f"{case}_seg.nii.gz", out / f"{case}_conf.nii.gz"
-        seg_array = np.asarray(nib.load(str(seg)).dataobj)
-        conf_array = np.asarray(nib.load(str(conf)).dataobj, dtype=np.float32)
-        summary = confidence_summary(seg_array, conf_array, self.label_names)
-        stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
-        return Served(str(seg), str(conf), summary, stats)
+        key = _content_key(path)
+        with self._lock:
+            if self._last is not None and self._last[0] == key:
+                logger.info(f"{self.name}: {Path(path).name} is the image of the last request: its prediction reused")
+                return self._last[1]
+            if self.bundle.weights is None:
+                raise FileNotFoundError(self.missing_weights_message())
+            item = self._preprocess(path)
+            self._last = None  # the last volumes are freed before the next inference needs the memory
+            segmentation, confidence = self.bundle.predict_item(item)
+            seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
+            summary = confidence_summary(seg_array, conf_array, self.label_names)
+            stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
+            served = Served(segmentation, confidence, summary, stats)
+            self._last = (key, served)
+            logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
+            return served
+
+    def save(self, served: Served, key: str) -> str:
+        """Write ``served.<key>`` ("segmentation" or "confidence") as the ``inferring`` run does, under a name of its
+        own in the temporary folder (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""
+        case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
+        with self._lock:  # the bundle's writers are not thread-safe
+            written = self.bundle.write(**{key: getattr(served, key)}, output_dir=self._output_dir, case=case)
+        return str(getattr(written, key))
 
 
-class _TorchScriptNetwork:
-    """A TorchScript ``model.ts`` (2D slices -> logits) called like the ``nn.Module`` it was exported from."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def __call__(self, x):
-        return self.module(x.as_tensor() if isinstance(x, MetaTensor) else x)
-
-    def to(self, device):
-        self.module = self.module.to(device)
-        return self
-
-    def eval(self):
-        self.module.eval()
-        return self
+def _content_key(path: str, chunk: int = 1 << 20) -> tuple[int, str]:
+    """(size, BLAKE2b digest) of the file: the same image whatever its name (each upload is a new temporary file)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return os.path.getsize(path), digest.hexdigest()

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from monai.metrics import CumulativeIterationMetric
 
-from ._inputs import as_numpy, check_foreground, check_num_bins, prepare_inputs, select_voxels
-from .calibration import POOLABLE_METRICS, REDUCTIONS, _check_options, value_from_statistics, volume_statistics
+from ._inputs import (
+    as_plain_tensor,
+    check_foreground,
+    check_num_bins,
+    prepare_tensors,
+    select_tensor_voxels,
+    warn_empty_selection,
+)
+from .calibration import (
+    POOLABLE_METRICS,
+    REDUCTIONS,
+    _check_options,
+    torch_volume_statistics,
+    value_from_statistics,
+)
+from .calibration_torch import CalibrationAccumulator, first_argmax
 
 __all__ = ["SegmentationCalibrationMetric"]
 
@@ -26,6 +39,17 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
       equal-mass bins of TACE / ACE depend on all voxels at once and are not additive);
     - ``"none"``: the per-volume values, shape ``(num_volumes,)``.
 
+    The functions ``ece``, ``cece``... of :mod:`calib_monai.metrics` *pool* the voxels of all volumes they are given
+    (``"pooled"`` here); this class and the bundles' ``val_ece``/``test_ece`` average per volume (``"mean"``).
+
+    Relation to MONAI's ``monai.metrics.CalibrationErrorMetric`` (MONAI 1.6): MONAI's metric is a classwise ECE over
+    *all* voxels of each volume, averaged over channels and volumes. It equals ``metric_name="cece"``,
+    ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
+    accumulation; MONAI's float32 bin edges ``k (1 + eps) / M`` also put a value on ``k / M`` in the lower bin, as
+    ours ``(k/M, (k+1)/M]`` do (``tests/test_metrics_vs_monai.py``). Where they differ: MONAI has no top-label ECE
+    (our ``"ece"``, the papers' ECE), no voxel selection (our default ``foreground="gt"``), no equal-mass bins
+    (TACE/ACE) and no pooling over volumes.
+
     Args:
         metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"nll"`` or ``"brier"``.
         num_bins: number of bins (15 in the papers).
@@ -36,7 +60,13 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
 
     Inputs of ``__call__(y_pred, y)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``; ``y`` integer labels
     ``(B, 1, *spatial)`` or one-hot ``(B, C, *spatial)`` (C > 1), or lists of channel-first tensors.
-    The buffer holds ``[values (N, 1), statistics (N, S)]``; ``IgniteMetricHandler`` saves it as metric details.
+    The buffer holds ``[values (N, 1), statistics (N, S)]`` (float64, on ``y_pred``'s device); ``IgniteMetricHandler``
+    saves it as metric details.
+
+    Where: everything is computed on ``y_pred``'s device (``calibration_torch.py``: int64 counts, float64 sums); the
+    volumes are never copied to the host, only each volume's per-bin statistics (``S`` numbers) and its value.
+    Probabilities that are not softmax outputs raise ``ValueError`` (naming ``y_pred``); a volume without selected
+    voxels gets NaN with a ``UserWarning`` and is left out of ``"mean"``.
     """
 
     def __init__(
@@ -75,26 +105,32 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         if y_pred.ndim < 3:
             raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
         num_classes = int(y_pred.shape[1])
+        y_pred = as_plain_tensor(y_pred)
+        y = as_plain_tensor(y) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=y_pred.device)
         if y.ndim == y_pred.ndim and y.shape[1] == num_classes and num_classes > 1:
-            onehot = as_numpy(y, "y")
-            if not np.isin(onehot, (0, 1)).all():
+            if not bool(((y == 0) | (y == 1)).all()):  # one reduction on the device
                 raise ValueError(f"y with {num_classes} channels must be one-hot (0/1 values), got other values.")
-            y = onehot.argmax(axis=1)[:, None]
-        p, labels = prepare_inputs(y_pred, y)
-        values, stats = [], []
+            y = first_argmax(y, dim=1)[1][:, None]
+        p, labels, class_dim = prepare_tensors(y_pred, y, "y_pred")
+        values, stats, empty = [], [], []
         for b in range(p.shape[0]):
-            p_sel, y_sel = select_voxels(p[b], labels[b], self.foreground)
-            s = volume_statistics(
-                p_sel, y_sel, self.metric_name, self.num_bins, self.include_background, self.threshold
+            acc = CalibrationAccumulator(
+                (self.metric_name,), num_classes, self.num_bins, self.include_background, self.threshold
             )
-            stats.append(s)
+            acc.add(*select_tensor_voxels(p[b], labels[b], self.foreground, "y_pred", class_dim))
+            if acc.count == 0:
+                empty.append(b)
+            stats.append(torch_volume_statistics(acc, self.metric_name, p.device))
+        if empty:
+            warn_empty_selection(self.foreground, empty)
+        stats_t = torch.stack(stats)
+        for s in stats_t.cpu().numpy():  # per-volume bins only
             values.append(
                 value_from_statistics(s, self.metric_name, self.num_bins, num_classes, self.include_background)
             )
         self._num_classes = num_classes
-        device = y_pred.device if isinstance(y_pred, torch.Tensor) else None
-        values_t = torch.as_tensor(np.array(values)[:, None], dtype=torch.float64, device=device)
-        return values_t, torch.as_tensor(np.stack(stats), dtype=torch.float64, device=device)
+        values_t = torch.tensor(values, dtype=torch.float64, device=p.device)[:, None]
+        return values_t, stats_t
 
     def aggregate(self, reduction: str | None = None) -> torch.Tensor:  # type: ignore[override]
         """Reduce the buffer; ``reduction`` (``"mean"``, ``"pooled"``, ``"none"``) overrides the constructor's."""

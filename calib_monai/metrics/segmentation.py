@@ -30,14 +30,16 @@ EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
 
 
 def _to_label_map(x: Any, name: str, num_classes: int | None) -> torch.Tensor:
-    t = torch.as_tensor(x.as_tensor() if hasattr(x, "as_tensor") else x).detach().cpu()
+    """Label map ``(B, 1, *spatial)`` on the CPU; the argmax of a multi-channel input is taken on its device first,
+    so only one channel crosses to the host."""
+    t = torch.as_tensor(x.as_tensor() if hasattr(x, "as_tensor") else x).detach()
     if t.ndim < 3:
         raise ValueError(f"{name} must have shape (B, C, *spatial) or (B, 1, *spatial), got {tuple(t.shape)}.")
     if t.shape[1] > 1:  # probabilities or one-hot: take the argmax class
-        return t.argmax(dim=1, keepdim=True)
+        return t.argmax(dim=1, keepdim=True).cpu()
     if t.is_floating_point() and not torch.equal(t, t.round()):
         raise ValueError(f"{name} with one channel must hold integer labels, got non-integral values.")
-    return t.long()
+    return t.long().cpu()
 
 
 def segmentation_metrics_per_volume(

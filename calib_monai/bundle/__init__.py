@@ -1,0 +1,55 @@
+"""Bundles at run time: the helpers their configs call and the one reader of a trained bundle.
+
+- ``runtime``: what the configs call as ``calib_monai.bundle.<name>`` (``locate_bundle``, ``as_bool``, the
+  distributed set-up of ``multi_gpu_train.json``, data loading switches);
+- ``weights``: every ``model.pt`` layout (plain, ``module.``-prefixed, ``{"model": ...}``) into a network;
+- ``trained``: ``TrainedBundle``, a bundle folder with weights: network, transforms and in-memory predictions, used by
+  the export, MONAI Label serving, the experiment harness and the Slicer command;
+- ``outputs``: the naming rule of the inference outputs, ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``.
+"""
+
+from __future__ import annotations
+
+from .outputs import OUTPUT_EXT, OUTPUT_KEYS, OUTPUT_POSTFIXES, OutputFiles, output_case, output_path, output_paths
+from .runtime import (
+    as_bool,
+    dataloader_workers,
+    distributed_device,
+    distributed_network,
+    finalize_distributed,
+    init_distributed,
+    locate_bundle,
+    log_run_start,
+    pin_memory,
+    validation_sampler,
+)
+from .trained import WEIGHT_FILES, TorchScriptNetwork, TrainedBundle, bundle_config_paths, read_bundle_config
+from .weights import load_network_weights, unwrap_network, weights_state_dict
+
+__all__ = [
+    "OUTPUT_EXT",
+    "OUTPUT_KEYS",
+    "OUTPUT_POSTFIXES",
+    "WEIGHT_FILES",
+    "OutputFiles",
+    "TorchScriptNetwork",
+    "TrainedBundle",
+    "as_bool",
+    "bundle_config_paths",
+    "dataloader_workers",
+    "distributed_device",
+    "distributed_network",
+    "finalize_distributed",
+    "init_distributed",
+    "load_network_weights",
+    "locate_bundle",
+    "log_run_start",
+    "output_case",
+    "output_path",
+    "output_paths",
+    "pin_memory",
+    "read_bundle_config",
+    "unwrap_network",
+    "validation_sampler",
+    "weights_state_dict",
+]

@@ -1,0 +1,291 @@
+"""A trained bundle as one object: its configs and weights in; the network, the transforms and predictions out.
+
+``TrainedBundle`` is the one reader of a trained bundle folder: the export (``calib_monai.export``), MONAI Label
+serving (``calib_monai.label``), the experiment harness (``calib_monai.experiments.evaluation``) and the Slicer command
+(``calib-monai slicer``) all build their network, weights and transforms through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from monai.bundle import ConfigParser
+from monai.data import MetaTensor, decollate_batch, list_data_collate
+from monai.transforms import Compose, SaveImaged
+from monai.utils import get_equivalent_dtype
+
+from .outputs import OUTPUT_KEYS, OutputFiles, output_case, output_path
+from .runtime import as_bool
+from .weights import load_network_weights
+
+__all__ = ["WEIGHT_FILES", "TorchScriptNetwork", "TrainedBundle", "bundle_config_paths", "read_bundle_config"]
+
+WEIGHT_FILES = ("model.pt", "model.ts")  # under <bundle>/models/, in this order of preference
+ConfigFiles = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def bundle_config_paths(bundle_dir: str | os.PathLike, config_files: ConfigFiles) -> list[Path]:
+    """The config files of ``bundle_dir`` as paths: names are taken under ``<bundle>/configs/``, absolute paths as
+    they are. A ``FileNotFoundError`` names the folder or file that is missing and what to pass instead."""
+    bundle_dir = Path(bundle_dir)
+    names = [config_files] if isinstance(config_files, (str, os.PathLike)) else list(config_files)
+    if not (bundle_dir / "configs").is_dir():
+        raise FileNotFoundError(
+            f"{bundle_dir} is not a bundle folder: it has no configs/ folder. Pass the folder that holds configs/ and "
+            "models/ (e.g. bundles/nacl_flare; python scripts/make_bundles.py writes the bundles)"
+        )
+    paths = [Path(name) if Path(name).is_absolute() else bundle_dir / "configs" / name for name in names]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        found = sorted(path.name for path in (bundle_dir / "configs").glob("*.json"))
+        raise FileNotFoundError(f"bundle {bundle_dir} has no {missing}; its configs/ holds {found}: pass those names")
+    return paths
+
+
+def read_bundle_config(
+    bundle_dir: str | os.PathLike,
+    config_files: ConfigFiles = ("inference.json",),
+    overrides: Mapping[str, Any] | None = None,
+    set_bundle_root: bool = True,
+) -> ConfigParser:
+    """A ``ConfigParser`` of the bundle's ``config_files`` (read in order, later ones override earlier keys, as
+    ``monai.bundle run --config_file "[a, b]"`` does), then ``bundle_root`` set to ``bundle_dir`` (a literal replaces
+    ``locate_bundle(...)``: nothing is looked up), then ``overrides`` (``{"roi_size": [...], "data#spacing": ...}``)."""
+    parser = ConfigParser()
+    parser.read_config([str(path) for path in bundle_config_paths(bundle_dir, config_files)])
+    if set_bundle_root:
+        parser["bundle_root"] = os.path.abspath(bundle_dir)
+    parser.update(dict(overrides or {}))
+    return parser
+
+
+class TorchScriptNetwork(torch.nn.Module):
+    """A TorchScript ``model.ts`` (MONAI's ``ckpt_export``: the scripted ``network_def``) called like the network it
+    was exported from: a MetaTensor input goes in as a plain tensor, which is all TorchScript takes."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.as_tensor() if isinstance(x, MetaTensor) else x)
+
+
+class TrainedBundle:
+    """A bundle folder with trained weights, ready for inference.
+
+    The configs are parsed once (``read_bundle_config``); the network, the weights and the transforms are built on
+    first use, so a bundle without weights can still be listed and its labels read.
+
+    Args:
+        bundle_dir: the bundle folder (holding ``configs/`` and ``models/``).
+        config_files: config names under ``configs/`` (or paths), read in order: ``("inference.json",)`` to predict,
+            ``("train.json", "demo.json")`` for the network and inferer of a training run.
+        overrides: config ids and values set after ``bundle_root`` (``{"output_dir": ..., "data#spacing": ...}``).
+        device: where the network runs; defaults to the config's ``device`` (CUDA when available), else the CPU.
+        weights: the weights file; defaults to ``models/model.pt``, else ``models/model.ts``. A ``.ts`` file is
+            TorchScript; any other is a state_dict, plain, ``module.``-prefixed or ``{"model": ...}``
+            (:func:`calib_monai.bundle.load_network_weights`).
+        key_in_ckpt: key of the weights in a nested checkpoint (``{"model": ..., "optimizer": ...}``); ``""`` reads
+            the layouts above as they are.
+        network_id: the config id of the network.
+
+    Example::
+
+        bundle = TrainedBundle("bundles/nacl_flare")
+        segmentation, confidence = bundle.predict("case_0000.nii.gz")  # MetaTensors on the input's grid
+        bundle.write(segmentation, confidence, output_dir="out")  # out/case_seg.nii.gz, out/case_conf.nii.gz
+    """
+
+    def __init__(
+        self,
+        bundle_dir: str | os.PathLike,
+        config_files: ConfigFiles = ("inference.json",),
+        overrides: Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+        weights: str | os.PathLike | None = None,
+        key_in_ckpt: str = "",
+        network_id: str = "network_def",
+    ) -> None:
+        self.bundle_dir = Path(os.path.abspath(bundle_dir))
+        self.config_paths = bundle_config_paths(self.bundle_dir, config_files)
+        overrides = dict(overrides or {})
+        if device is not None:  # the config's own users of @device (evaluators, data) follow it too
+            overrides["device"] = str(device)
+        self.parser = read_bundle_config(self.bundle_dir, self.config_paths, overrides)
+        self._weights = Path(weights) if weights is not None else None
+        self.key_in_ckpt = key_in_ckpt
+        self.network_id = network_id
+
+    def __repr__(self) -> str:
+        configs = [path.name for path in self.config_paths]
+        return f"TrainedBundle({str(self.bundle_dir)!r}, {configs}, weights={str(self.weights)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.bundle_dir.name
+
+    def get(self, id: str, default: Any = None) -> Any:
+        """The config item ``id`` (``"data"``, ``"validate#inferer"``...) instantiated, once (the parser's cache),
+        or ``default`` when the configs do not define it."""
+        return self.parser.get_parsed_content(id) if id in self.parser else default
+
+    @cached_property
+    def device(self) -> torch.device:
+        return torch.device(self.get("device", "cpu"))
+
+    @cached_property
+    def label_names(self) -> dict[int, str]:
+        """``{label value: name}`` from the config's ``label_names`` (``{}`` when it has none)."""
+        names = self.get("label_names") or {}
+        if isinstance(names, Mapping):
+            return {int(value): str(name) for value, name in names.items()}
+        return {value: str(name) for value, name in enumerate(names)}
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.get("num_classes", len(self.label_names)))
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.get("in_channels", 1))
+
+    @property
+    def weights(self) -> Path | None:
+        """The weights file the network is loaded from: the one given, else ``models/model.pt``, else
+        ``models/model.ts``; None when the bundle has neither."""
+        if self._weights is not None:
+            return self._weights
+        return next((p for p in (self.bundle_dir / "models" / f for f in WEIGHT_FILES) if p.is_file()), None)
+
+    @cached_property
+    def network(self) -> torch.nn.Module:
+        """The network with its trained weights, on ``device``, in eval mode."""
+        weights = self.weights
+        if weights is None:
+            raise FileNotFoundError(
+                f"bundle {self.bundle_dir} has no weights: neither models/model.pt nor models/model.ts there. Train "
+                f"it (python -m monai.bundle run training --config_file {self.bundle_dir}/configs/train.json "
+                f"--output_dir {self.bundle_dir}/models) or pass weights=/path/to/model.pt"
+            )
+        if not weights.is_file():
+            raise FileNotFoundError(f"checkpoint {weights} not found: train the bundle or pass weights=... (a "
+                                    "model.pt state_dict or a model.ts)")  # fmt: skip
+        if weights.suffix == ".ts":
+            with warnings.catch_warnings():  # model.ts is the bundle format, deprecated TorchScript or not
+                warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+                network = TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
+        else:
+            if self.network_id not in self.parser:
+                raise KeyError(f"{[str(p) for p in self.config_paths]} define no {self.network_id!r} (network_id)")
+            network = self.get(self.network_id)
+            source = torch.load(weights, map_location="cpu", weights_only=True)
+            if self.key_in_ckpt:
+                if not isinstance(source, Mapping) or self.key_in_ckpt not in source:
+                    keys = sorted(source) if isinstance(source, Mapping) else type(source).__name__
+                    raise KeyError(f"{weights} has no {self.key_in_ckpt!r} (key_in_ckpt); it holds {keys}")
+                source = source[self.key_in_ckpt]
+            load_network_weights(network, source)
+        return network.to(self.device).eval()
+
+    @property
+    def preprocessing(self):
+        return self.get("preprocessing")
+
+    @property
+    def inferer(self):
+        """The config's ``inferer`` (``inference.json``), else ``validate#inferer`` (``train.json``)."""
+        for id in ("inferer", "validate#inferer"):
+            if id in self.parser:
+                return self.get(id)
+        raise KeyError(f"{[str(p) for p in self.config_paths]} define neither 'inferer' nor 'validate#inferer'")
+
+    @property
+    def postprocessing(self):
+        return self.get("postprocessing")
+
+    @cached_property
+    def _postprocessing_parts(self) -> tuple[Compose, dict[str, SaveImaged]]:
+        """The postprocessing without its file writers, and those writers by output key: ``predict`` keeps the
+        outputs in memory and ``write`` writes them exactly as the ``inferring`` run does (format, dtype)."""
+        post = self.postprocessing
+        transforms = post.flatten().transforms if isinstance(post, Compose) else [post]
+        savers = {t.keys[0]: t for t in transforms if isinstance(t, SaveImaged) and len(t.keys) == 1}
+        return Compose([t for t in transforms if not isinstance(t, SaveImaged)]), savers
+
+    def _autocast(self):
+        # as MONAI's SupervisedEvaluator: autocast for CUDA when the config's amp switch is on
+        if as_bool(self.get("amp", False)) and self.device.type == "cuda":
+            return torch.autocast("cuda")
+        return contextlib.nullcontext()
+
+    def preprocess(self, image: Any, case: str | None = None) -> dict:
+        """The preprocessed item of ``image`` (a path, a list of paths of one case, or an item dict); ``case``
+        names its outputs (else the item's ``"case"``, else the input file)."""
+        item = dict(image) if isinstance(image, Mapping) else {"image": image}
+        if isinstance(item["image"], os.PathLike):
+            item["image"] = os.fspath(item["image"])
+        if case is not None:
+            item["case"] = case
+        return self.preprocessing(item)
+
+    def predict_item(self, item: Mapping) -> tuple[MetaTensor, MetaTensor]:
+        """``(segmentation, confidence)`` of one preprocessed item (``preprocess``); see ``predict``."""
+        batch = list_data_collate([dict(item)])  # as the bundle's DataLoader hands it to the evaluator
+        network = self.network
+        with torch.no_grad(), self._autocast():
+            batch["pred"] = self.inferer(batch["image"].to(self.device), network)
+        (decollated,) = decollate_batch(batch, detach=True)
+        outputs = self._postprocessing_parts[0](decollated)
+        missing = [key for key in OUTPUT_KEYS if key not in outputs]
+        if missing:
+            raise KeyError(f"the postprocessing of {[str(p) for p in self.config_paths]} makes no {missing}: predict "
+                           "needs calib_monai.data.segmentation_and_confidence in it")  # fmt: skip
+        savers = self._postprocessing_parts[1]
+        for key in OUTPUT_KEYS:  # in the file's dtype (Invertd resamples the labels as floats: whole numbers)
+            dtype = savers[key].saver.init_kwargs.get("output_dtype") if key in savers else None
+            if dtype is not None:
+                outputs[key] = outputs[key].to(get_equivalent_dtype(dtype, torch.Tensor))
+        return outputs["segmentation"].cpu(), outputs["confidence"].cpu()
+
+    def predict(self, image: Any, case: str | None = None) -> tuple[MetaTensor, MetaTensor]:
+        """Segment ``image`` in memory: ``(segmentation, confidence)``, uint8 labels and float32 max softmax
+        probability, each ``(1, *spatial)`` on the CPU on the input's grid (its affine in ``.affine``): the numbers
+        that ``monai.bundle run inferring`` writes to ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``."""
+        return self.predict_item(self.preprocess(image, case))
+
+    def write(
+        self,
+        segmentation: MetaTensor | None = None,
+        confidence: MetaTensor | None = None,
+        output_dir: str | os.PathLike | None = None,
+        case: str | None = None,
+    ) -> OutputFiles:
+        """Write the outputs of ``predict`` as the ``inferring`` run does (the bundle's own writers: NIfTI with the
+        input's affine, uint8 and float32) to ``<output_dir>/<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``
+        (``calib_monai.bundle.outputs``); ``output_dir`` defaults to the config's ``output_dir``, ``case`` to the one
+        the outputs carry. Either output may be left out; returns the paths written."""
+        savers = self._postprocessing_parts[1]
+        folder = Path(output_dir if output_dir is not None else self.get("output_dir"))
+        written: dict[str, Path | None] = {}
+        for key, value in zip(OUTPUT_KEYS, (segmentation, confidence)):
+            written[key] = None
+            if value is None:
+                continue
+            if key not in savers:
+                raise KeyError(f"the postprocessing of {[str(p) for p in self.config_paths]} has no SaveImaged of "
+                               f"{key!r} to write it with")  # fmt: skip
+            saver = savers[key].saver
+            meta = value.meta if isinstance(value, MetaTensor) else {}
+            path = output_path(folder, case or output_case(meta), key, ext=saver.output_ext)
+            folder.mkdir(parents=True, exist_ok=True)
+            saver(value, filename=str(path)[: -len(saver.output_ext)])  # SaveImage appends the extension
+            written[key] = path
+        return OutputFiles(**written)

@@ -1,0 +1,192 @@
+"""Preprocessing as MONAI bundle config: one transform list per data set, and the chains of its phases derived from it.
+
+Each data set component states its deterministic preprocessing once, ``Component.preprocessing_steps()``: MONAI
+config items (``{"_target_": "Spacingd", "keys": ["image", "label"], ...}``) from the datalist's file paths to a
+preprocessed ``(image, label)`` volume. What belongs to the data set is a reference to the component
+(``"$@data.spacing"``, ``"$@data.raw_label_values"``) and the volume size is the bundle's ``"@roi_size"``. The
+generated bundles write the chains out (``train#preprocessing``, ``validate#preprocessing``, ``inference.json``
+``preprocessing``), so a user reads and overrides them there, while ``--data#spacing`` and ``--roi_size`` still set
+them; in Python the component builds the same chains from the same list (``compose``).
+
+A step may be limited to some phases (``only``):
+
+- ``training``: every step (training volumes);
+- ``evaluation``: the steps not limited to training (validation and test volumes). The label never chooses the crop of
+  a volume that is scored: a window centred on the label is a training-only step (FLARE scores whole volumes, as
+  inference serves them);
+- ``inference``: the evaluation steps that need no label, on the image key only (``image_only``), and no crop/pad to
+  ``roi_size``: ``SliceInferer`` slides the 2D window over every slice of the whole image.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from monai.bundle import ConfigParser
+from monai.transforms import Compose
+
+__all__ = [
+    "EVALUATION",
+    "INFERENCE",
+    "PHASES",
+    "TRAINING",
+    "channel_first",
+    "check_labels",
+    "compose",
+    "compose_config",
+    "crop_around_label",
+    "image_only",
+    "load_images",
+    "map_labels",
+    "only",
+    "pad_or_crop",
+    "phase_of_subset",
+    "phase_transforms",
+    "resample",
+    "resize",
+    "to_float32",
+    "to_ras",
+]
+
+IMAGE, LABEL = "image", "label"
+KEYS = [IMAGE, LABEL]
+TRAINING, EVALUATION, INFERENCE = "training", "evaluation", "inference"
+PHASES = (TRAINING, EVALUATION, INFERENCE)
+LABELLED = (TRAINING, EVALUATION)  # steps that read the label: checks, label mappings
+SCORED = (TRAINING, EVALUATION)  # the crop/pad to roi_size: inference covers the whole image instead
+_PHASES_KEY = "_phases_"  # marks a limited step in the Python list; never written to a config
+# arguments given once per key (a list as long as "keys"): image_only keeps the image's entry
+_PER_KEY_ARGS = ("mode", "padding_mode", "anti_aliasing", "align_corners")
+# MONAI's nibabel-world axis labels, explicit (the default is deprecated)
+RAS_LABELS = "$(('L', 'R'), ('P', 'A'), ('I', 'S'))"
+
+
+def only(phases: Iterable[str], step: Mapping[str, Any]) -> dict[str, Any]:
+    """``step`` limited to ``phases`` (a subset of ``PHASES``)."""
+    phases = tuple(phases)
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown or not phases:
+        raise ValueError(f"phases must be a non-empty subset of {PHASES}, got {phases}")
+    return {**step, _PHASES_KEY: phases}
+
+
+def phase_of_subset(subset: str) -> str:
+    """The phase whose chain preprocesses ``subset``: training volumes train, validation and test volumes are scored."""
+    phases = {"training": TRAINING, "validation": EVALUATION, "test": EVALUATION}
+    if subset not in phases:
+        raise ValueError(f"subset must be one of {tuple(phases)}, got {subset!r}")
+    return phases[subset]
+
+
+def image_only(step: Mapping[str, Any]) -> dict[str, Any]:
+    """``step`` on the image alone: ``keys`` without ``"label"`` (and the per-key arguments, e.g. ``mode``, without
+    the label's entry), ``label_key`` None (``LoadBUSId``). A step whose only key is the label, or that chooses a crop
+    from the label, has no image-only form: limit it to labelled phases with ``only``."""
+    name = step.get("_target_", "?")
+    if step.get("source_key") == LABEL:
+        raise ValueError(f"{name} reads the label (source_key 'label'): limit it to training with only()")
+    out = dict(step)
+    if "label_key" in out:
+        out["label_key"] = None
+    if "keys" not in step:
+        return out
+    keys = [step["keys"]] if isinstance(step["keys"], str) else list(step["keys"])
+    kept = [i for i, key in enumerate(keys) if key != LABEL]
+    if not kept:
+        raise ValueError(f"{name} transforms the label only: limit it to labelled phases with only()")
+
+    def pick(values: list):
+        return values[kept[0]] if len(kept) == 1 else [values[i] for i in kept]
+
+    out["keys"] = pick(keys)
+    for arg in _PER_KEY_ARGS:
+        if isinstance(step.get(arg), list) and len(step[arg]) == len(keys):
+            out[arg] = pick(step[arg])
+    return out
+
+
+def phase_transforms(steps: Sequence[Mapping[str, Any]], phase: str) -> list[dict[str, Any]]:
+    """The config items of the ``phase`` chain (``training``, ``evaluation`` or ``inference``) of a step list."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    chain = []
+    for step in steps:
+        if phase not in step.get(_PHASES_KEY, PHASES):
+            continue
+        step = {k: v for k, v in step.items() if k != _PHASES_KEY}
+        chain.append(image_only(step) if phase == INFERENCE else step)
+    return copy.deepcopy(chain)
+
+
+def compose_config(steps: Sequence[Mapping[str, Any]], phase: str) -> dict[str, Any]:
+    """The ``Compose`` config item of the ``phase`` chain, as the bundles write it."""
+    return {"_target_": "Compose", "transforms": phase_transforms(steps, phase)}
+
+
+def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compose:
+    """The ``phase`` chain of ``steps`` for ``component``, instantiated as a bundle would: ``@data`` is the component,
+    ``@roi_size`` its ``roi_size``."""
+    parser = ConfigParser({"data": component, "roi_size": list(component.roi_size),
+                           "preprocessing": compose_config(steps, phase)})  # fmt: skip
+    return parser.get_parsed_content("preprocessing")
+
+
+# ---- the steps the data sets share -------------------------------------------------------------------------------
+def load_images() -> dict[str, Any]:
+    """Read image and label (``CheckedLoadImaged``: a reader failure names the file); an image may be several files,
+    one per channel."""
+    return {"_target_": "calib_monai.data.CheckedLoadImaged", "keys": list(KEYS), "image_only": True}
+
+
+def channel_first() -> dict[str, Any]:
+    return {"_target_": "EnsureChannelFirstd", "keys": list(KEYS)}
+
+
+def check_labels() -> dict[str, Any]:
+    """Shapes, NaN and the label values the component's files may hold (before any remapping)."""
+    return only(LABELLED, {"_target_": "calib_monai.data.ValidateSegmentationd", "image_key": IMAGE, "label_key": LABEL,
+                           "allowed_labels": "$@data.raw_label_values",
+                           "label_description": "$@data.label_description"})  # fmt: skip
+
+
+def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
+    """The files' label values -> the component's classes."""
+    return only(LABELLED, {"_target_": "MapLabelValued", "keys": LABEL, "orig_labels": [int(k) for k in mapping],
+                           "target_labels": [int(v) for v in mapping.values()]})  # fmt: skip
+
+
+def to_float32() -> dict[str, Any]:
+    return {"_target_": "EnsureTyped", "keys": list(KEYS), "dtype": "$torch.float32", "track_meta": True}
+
+
+def to_ras() -> dict[str, Any]:
+    """The 2D slices are the last axis after RAS orientation: axial."""
+    return {"_target_": "Orientationd", "keys": list(KEYS), "axcodes": "RAS", "labels": RAS_LABELS}
+
+
+def resample() -> dict[str, Any]:
+    """Resampling to the component's ``spacing`` (mm); off when it is None. float32: the default float64 takes twice
+    the memory and time on CT-sized volumes."""
+    return {"_target_": "Spacingd", "keys": list(KEYS), "pixdim": "$@data.spacing", "mode": ["bilinear", "nearest"],
+            "dtype": "$torch.float32", "_disabled_": "$@data.spacing is None"}  # fmt: skip
+
+
+def resize(spatial_size: str) -> dict[str, Any]:
+    """Resize to ``spatial_size`` (``-1`` keeps an axis): linear image, anti-aliased when shrinking; nearest label."""
+    return {"_target_": "Resized", "keys": list(KEYS), "spatial_size": spatial_size, "mode": ["trilinear", "nearest"],
+            "anti_aliasing": [True, False]}  # fmt: skip
+
+
+def crop_around_label(disabled: str | None = None) -> dict[str, Any]:
+    """A ``roi_size`` window centred on the label's foreground, for training only (a scored volume is never cropped
+    by its label); ``disabled``: an expression that turns it off."""
+    step = {"_target_": "calib_monai.data.CropAroundForegroundd", "keys": list(KEYS), "source_key": LABEL,
+            "roi_size": "@roi_size"}  # fmt: skip
+    return only((TRAINING,), {**step, **({"_disabled_": disabled} if disabled else {})})
+
+
+def pad_or_crop(phases: Iterable[str] = SCORED) -> dict[str, Any]:
+    """Centre crop/pad to ``roi_size`` (axes with size -1 keep their extent)."""
+    return only(phases, {"_target_": "ResizeWithPadOrCropd", "keys": list(KEYS), "spatial_size": "@roi_size"})

@@ -1,0 +1,86 @@
+"""Request handling that MONAI Label leaves to the app: checked ``POST /infer/{model}`` and clean failures.
+
+MONAI Label (0.8.5) answers ``POST /infer/{model}`` without file, image or session with a 500, and leaves the upload
+of a failed request in ``TMPDIR`` (it copies the file to ``tempfile.NamedTemporaryFile(...).name`` and removes it in a
+background task that runs only after a response). ``check_infer_route`` puts a checked copy of that route first in
+the running server's routes: it answers a request without input (or with a ``params`` field that is not JSON) with a
+400 and a message, and tells the app which request fields are uploads (``uploaded_fields``), so
+``CalibMONAILabelApp.infer`` removes them when it fails.
+
+Imports FastAPI and MONAI Label: the label environment only.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+
+from fastapi import HTTPException
+
+__all__ = ["check_infer_route", "remove_uploads", "uploaded_fields"]
+
+# the fields of the request being served that MONAI Label filled with an uploaded file ("image", "label")
+uploaded_fields: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("uploaded_fields", default=frozenset())
+
+NO_INPUT = ("no image to segment: send the image file as the multipart form field 'file' (or name a datastore image "
+            "with ?image=<id>, or a session with ?session_id=<id>)")  # fmt: skip
+
+
+def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
+    """Remove the uploaded files of ``request`` (its ``fields`` holding a path), once they are of no more use.
+
+    Only files directly in the temporary folder are removed, where MONAI Label writes uploads: a datastore or session
+    image named by the request is never touched.
+    """
+    tmp = os.path.realpath(tempfile.gettempdir())
+    for name in fields:
+        path = request.get(name)
+        if isinstance(path, str) and os.path.dirname(os.path.realpath(path)) == tmp:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+
+def check_infer_route() -> bool:
+    """Put the checked ``POST /infer/{model}`` before MONAI Label's own in the running server (``monailabel.app``).
+
+    Called when the app is created (MONAI Label creates it at server start, after its routes); the server matches
+    the routes in order on every request, so the copy answers from then on. Returns False when no server runs in
+    this process (``monailabel`` command-line use).
+    """
+    server = sys.modules.get("monailabel.app")
+    if server is None:
+        return False
+    from monailabel.config import settings
+    from monailabel.endpoints.infer import api_run_inference
+
+    router = server.app.router
+    if any(getattr(getattr(route, "endpoint", None), "_calib_monai_checked", False) for route in router.routes):
+        return True  # already there (a reloaded app)
+
+    @functools.wraps(api_run_inference)  # the same signature: FastAPI parses the same form, query and dependencies
+    async def checked_infer(**kwargs):
+        if not (kwargs.get("file") or kwargs.get("image") or kwargs.get("session_id")):
+            raise HTTPException(status_code=400, detail=NO_INPUT)
+        try:  # checked before MONAI Label copies the upload, which a bad params would leave behind
+            json.loads(kwargs.get("params") or "{}")
+        except json.JSONDecodeError as err:
+            raise HTTPException(status_code=400, detail=f"the form field 'params' is not JSON ({err})") from err
+        token = uploaded_fields.set(frozenset(k for k, f in (("image", "file"), ("label", "label")) if kwargs.get(f)))
+        try:
+            return await api_run_inference(**kwargs)
+        finally:
+            uploaded_fields.reset(token)
+
+    checked_infer._calib_monai_checked = True  # type: ignore[attr-defined]
+    # MONAI Label's own route stays (and stays in the API docs); this one is matched first
+    router.add_api_route(f"{settings.MONAI_LABEL_API_STR}/infer/{{model}}", checked_infer, methods=["POST"],
+                         include_in_schema=False)  # fmt: skip
+    router.routes.insert(0, router.routes.pop())
+    return True

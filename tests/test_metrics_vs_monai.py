@@ -1,0 +1,69 @@
+"""Our calibration metrics against MONAI 1.6.1's ``CalibrationErrorMetric`` where the two definitions agree.
+
+MONAI's metric is a *classwise* ECE: for each volume and each channel k, equal-width bins of ``p_k`` over *all*
+voxels, compared with the one-hot ``[y == k]``; then the mean over channels and volumes. That is our CECE with
+``foreground="all"`` averaged over volumes (``SegmentationCalibrationMetric("cece", reduction="mean")``).
+Bins: ours are ``(k/M, (k+1)/M]`` (the papers' code). MONAI's edges are ``k (1 + eps32) / M`` in float32, so a value
+exactly on ``k/M`` also falls in the lower bin, whatever its ``right`` flag. MONAI accumulates in float32 (ours:
+int64 counts, float64 sums), hence a tolerance of 1e-6 relative. Where the definitions differ (not compared): our
+ECE bins the *top-label* confidence, and our default voxel selection is the ground-truth foreground, which MONAI has
+no option for.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from monai.metrics import CalibrationErrorMetric
+
+from calib_monai.metrics import SegmentationCalibrationMetric, cece
+
+NUM_CLASSES, NUM_BINS = 4, 15
+
+
+def _volumes(seed: int, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, NUM_CLASSES, (batch, 1, 12, 10, 6), generator=gen)
+    logits = 2.5 * F.one_hot(labels[:, 0], NUM_CLASSES).permute(0, 4, 1, 2, 3).double()
+    logits += torch.randn(logits.shape, generator=gen, dtype=torch.float64) * 1.5
+    return torch.softmax(logits, dim=1), labels
+
+
+def _monai(probs: torch.Tensor, labels: torch.Tensor, **kwargs) -> float:
+    metric = CalibrationErrorMetric(num_bins=NUM_BINS, **kwargs)
+    metric(probs, F.one_hot(labels[:, 0], NUM_CLASSES).permute(0, 4, 1, 2, 3).to(probs.dtype))
+    return float(metric.aggregate())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_classwise_ece_on_all_voxels_equals_monai_calibration_error(seed):
+    probs, labels = _volumes(seed)
+    ours = SegmentationCalibrationMetric("cece", num_bins=NUM_BINS, foreground="all", reduction="mean")
+    ours(probs, labels)
+    assert float(ours.aggregate()) == pytest.approx(_monai(probs, labels), rel=1e-6)
+    # one volume: the plain function
+    assert cece(probs[:1], labels[:1], NUM_BINS, foreground="all") == pytest.approx(
+        _monai(probs[:1], labels[:1]), rel=1e-6
+    )
+
+
+def test_without_background_equals_monai_without_background():
+    probs, labels = _volumes(3)
+    ours = SegmentationCalibrationMetric("cece", num_bins=NUM_BINS, foreground="all", include_background=False)
+    ours(probs, labels)
+    assert float(ours.aggregate()) == pytest.approx(_monai(probs, labels, include_background=False), rel=1e-6)
+
+
+def test_values_on_bin_edges_fall_in_the_lower_bin_as_in_monai():
+    # 4 bins; voxel A p = (0.5, 0.5, 0) label 0, voxel B p = (0.3, 0.6, 0.1) label 1. With (l, r] bins:
+    # class 0: 0.5 and 0.3 share (0.25, 0.5] -> |0.5 - 0.4| = 0.1; class 1: 0.5 in (0.25, 0.5], 0.6 in (0.5, 0.75]
+    # -> (0.5 + 0.4) / 2 = 0.45; class 2: 0 and 0.1 share bin 0 -> 0.05. Mean 0.2 ([l, r) bins would give 1/6).
+    probs = torch.tensor([[0.5, 0.5, 0.0], [0.3, 0.6, 0.1]], dtype=torch.float64).T.reshape(1, 3, 2, 1, 1)
+    labels = torch.tensor([0, 1]).reshape(1, 1, 2, 1, 1)
+    ours = cece(probs.contiguous(), labels, num_bins=4, foreground="all")
+    assert ours == pytest.approx(0.2, rel=1e-12)
+    for right in (False, True):
+        metric = CalibrationErrorMetric(num_bins=4, right=right)
+        metric(probs, F.one_hot(labels[:, 0], 3).permute(0, 4, 1, 2, 3).double())
+        assert float(metric.aggregate()) == pytest.approx(ours, rel=1e-6)
