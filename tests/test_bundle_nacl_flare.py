@@ -38,7 +38,7 @@ def test_config_workflow_model_zoo_style(tmp_path):
         workflow_type="train",
         logging_file=str(BUNDLE / "configs" / "logging.conf"),
         output_dir=str(tmp_path / "out"),
-        **{"data#cache_dir": str(tmp_path / "phantoms")},
+        **{"data#cache_dir": str(tmp_path / "phantoms"), "loss_log_interval": 2},
         **TINY,
     )
     workflow.initialize()
@@ -56,7 +56,15 @@ def test_config_workflow_model_zoo_style(tmp_path):
     net.load_state_dict(torch.load(tmp_path / "out" / "model.pt", weights_only=True))
     datalist = json.loads((tmp_path / "out" / "datalist.json").read_text())
     assert [len(datalist[k]) for k in ("training", "validation", "test")] == [4, 1, 1]
-    assert list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events
+    # the training loss reaches TensorBoard (every loss_log_interval steps), the validation metrics every epoch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for path in events:
+        tags |= set(EventAccumulator(str(path)).Reload().Tags()["scalars"])
+    assert {"train_loss", "val_mean_dice", "val_ece"} <= tags
 
 
 def _user_command(tmp_path, overrides: dict, cwd) -> subprocess.CompletedProcess:

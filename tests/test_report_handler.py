@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -80,3 +81,19 @@ def test_regions_are_scored_as_binary_unions_of_classes(tmp_path):
     # "whole" is classes 1 and 2 together, by hand
     p, g = vol["pred"][1:].sum(0).bool(), vol["label"][0] > 0
     assert row["dice_whole"] == pytest.approx(2 * (p & g).sum().item() / (p.sum() + g.sum()).item(), rel=1e-5)
+
+
+def test_summary_names_its_reductions_and_the_log_says_mean_over_volumes(tmp_path, caplog):
+    volumes = [_volume(0, 1.0), _volume(1, 2.0)]
+    engine = Engine(lambda e, batch: batch)
+    report = SegmentationReport(tmp_path, {"0": "background", "1": "outer", "2": "inner"}, surface_distances=False)
+    report.attach(engine)
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        engine.run([volumes], max_epochs=1)
+    assert "mean over 2 volumes" in caplog.text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["reduction"] == "mean over volumes"
+    assert set(summary["pooled"]) == {"pooled_ece", "pooled_cece", "pooled_nll", "pooled_brier"}
+    probs, labels = torch.stack([v["prob"] for v in volumes]), torch.stack([v["label"] for v in volumes])
+    assert summary["pooled"]["pooled_ece"] == pytest.approx(ece(probs, labels), rel=1e-12)  # ece() pools volumes
+    assert summary["pooled"]["pooled_cece"] == pytest.approx(cece(probs, labels), rel=1e-12)

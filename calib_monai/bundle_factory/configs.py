@@ -184,7 +184,7 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
             "tag_name": "train_loss",
             # every loss_log_interval steps: reading the loss waits for the GPU, which each step must not do
             "iteration_log": "@loss_log_interval",
-            "output_transform": "$monai.handlers.from_engine(['loss'], first=True)",
+            "output_transform": "$lambda output: output['loss']",  # the trainer does not decollate: one dict
         },
     ]
     return handlers

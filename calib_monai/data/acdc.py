@@ -89,11 +89,7 @@ class ACDC(VolumeSegmentationData):
     def preprocessing_steps(cls) -> list[dict]:
         """No resampling (the shared copy stores a 1 mm placeholder spacing): every slice resized in-plane."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(),
             steps.resize("$list(@data.resize) + [-1]"),
             {"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0, "channel_wise": True},
             steps.pad_or_crop(),

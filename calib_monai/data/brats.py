@@ -134,12 +134,7 @@ class BraTS(VolumeSegmentationData):
     def preprocessing_steps(cls) -> list[dict]:
         """The four modality files stacked as channels (checked by name), labels 4 -> 3, resize to ``resize``."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.map_labels(BRATS_TO_CLASSES),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
             {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": list(BRATS_MODALITIES),
              "source": "BraTS"},  # fmt: skip

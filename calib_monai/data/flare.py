@@ -123,12 +123,7 @@ class FLARE(VolumeSegmentationData):
         """FLARE21 labels go through ``FLARE22_TO_FLARE`` unchanged (0..4 map to themselves). The training volumes
         are cropped around the organs and padded to ``roi_size``; the validation and test volumes stay whole."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.map_labels(FLARE22_TO_FLARE),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(FLARE22_TO_FLARE),
             steps.resample(),
             {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
              "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip

@@ -102,11 +102,7 @@ class KiTS(VolumeSegmentationData):
     def preprocessing_steps(cls) -> list[dict]:
         """Resampling to ``spacing``, the CT ``window``, an image-centre crop/pad to ``roi_size``."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(),
             steps.resample(),
             {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
              "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip

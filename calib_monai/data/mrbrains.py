@@ -105,12 +105,7 @@ class MRBrainS(VolumeSegmentationData):
     def preprocessing_steps(cls) -> list[dict]:
         """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.map_labels(MRBRAINS18_TO_TISSUE),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
             {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
              "source": "MRBrainS18"},  # fmt: skip
             {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},

@@ -82,11 +82,7 @@ class MSDDataset(VolumeSegmentationData):
         """Every MSD task, known or not: the channel check runs for the known tasks (``channel_names``), resampling
         when ``spacing`` is set, the label-centred window (training only) with ``crop_foreground``."""
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(),
             steps.resample(),
             {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
              "source": "$@data.task", "_disabled_": "$@data.channel_names is None"},  # fmt: skip

@@ -43,6 +43,7 @@ __all__ = [
     "only",
     "pad_or_crop",
     "phase_of_subset",
+    "read_as_ras",
     "phase_transforms",
     "resample",
     "resize",
@@ -164,6 +165,13 @@ def to_float32() -> dict[str, Any]:
 def to_ras() -> dict[str, Any]:
     """The 2D slices are the last axis after RAS orientation: axial."""
     return {"_target_": "Orientationd", "keys": list(KEYS), "axcodes": "RAS", "labels": RAS_LABELS}
+
+
+def read_as_ras(label_mapping: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+    """The opening every volume data set shares: read, channel first, check the labels (then map them to the
+    component's classes, when the files use other values), float32, RAS."""
+    mapped = [map_labels(label_mapping)] if label_mapping else []
+    return [load_images(), channel_first(), check_labels(), *mapped, to_float32(), to_ras()]
 
 
 def resample() -> dict[str, Any]:

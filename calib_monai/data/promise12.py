@@ -103,11 +103,7 @@ class PROMISE12(VolumeSegmentationData):
         whose spacing lies in [min, max] keeps it; the slice axis always does); off when it is None."""
         in_plane = "@data.in_plane_spacing"
         return [
-            steps.load_images(),
-            steps.channel_first(),
-            steps.check_labels(),
-            steps.to_float32(),
-            steps.to_ras(),
+            *steps.read_as_ras(),
             {**steps.resample(), "pixdim": f"$[float({in_plane})] * 2 + [1.0]",
              "min_pixdim": f"$[float({in_plane})] * 2 + [1e-6]", "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
              "_disabled_": f"${in_plane} is None"},  # fmt: skip

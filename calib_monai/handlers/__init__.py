@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from .alm import ALMUpdateHandler
 from .calibration import SegmentationCalibration
-from .report import SegmentationReport
+from .report import SegmentationReport, SegmentationReportMetricHandler
+from .report_saver import SegmentationReportSaver
 from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint

@@ -44,6 +44,10 @@ def save_atomically(obj: Any, path: str | os.PathLike) -> None:
 class EpochSummary:
     """Log one line per epoch: training loss, the evaluator's metrics, learning rate and wall time.
 
+    Why not MONAI's ``StatsHandler``: it logs the trainer's own state (a line per iteration, or the trainer's epoch
+    metrics), not the *evaluator's* metrics beside the epoch's mean loss, learning rate and time in one line; it
+    reads the loss back every logged iteration, where this handler sums it on the device and reads it once per epoch.
+
     Example line::
 
         epoch 3/100  loss 0.4123  val_mean_dice 0.8120  val_ece 0.0710  lr 1.0e-03  time 12.3 s

@@ -1,4 +1,11 @@
-"""Calibration and segmentation metrics."""
+"""Calibration and segmentation metrics.
+
+Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``nll``, ``brier`` and
+``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers' tables, the
+bundles' ``val_*`` / ``test_*`` metrics (``SegmentationCalibrationMetric``, default ``reduction="mean"``) and the
+report's ``summary.json`` columns are the *mean over volumes* of per-volume values (``SegmentationReportMetric``;
+its ``pooled_*`` values are the pooled ones).
+"""
 
 from .calibration import (
     CALIBRATION_METRICS,
@@ -17,3 +24,4 @@ from .calibration_metric import SegmentationCalibrationMetric
 from .ranking import friedman_rank, mean_case_rank, rank_methods, sum_rank
 from .reliability import plot_reliability, reliability_diagram_data, save_reliability_diagram
 from .segmentation import segmentation_metrics_per_volume
+from .segmentation_report import SegmentationReportMetric

@@ -14,6 +14,10 @@ volume is never copied to the host, only per-bin statistics are. NumPy arrays (a
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
 accumulators stop counting at 2**24), and bin edges are exact (a value on an edge k / M goes to the lower bin).
 
+The functions ``ece``, ``cece``, ``tace``, ``ace``, ``nll``, ``brier`` and ``calibration_errors`` are pooled over all
+volumes given: the selected voxels of every volume are binned together, which is not the mean over volumes of the
+papers' tables (``segmentation_calibration(..., reduction="mean")``, ``SegmentationCalibrationMetric``).
+
 Reductions over volumes (``segmentation_calibration``): ``"none"`` (one value per volume), ``"mean"`` (unweighted
 mean over volumes: the papers' tables, see ``calib_segment_test.py`` of Bala93/CRac) and ``"pooled"`` (all selected
 voxels of all volumes binned together). A volume without selected voxels gets NaN (with a ``UserWarning``) and is
@@ -224,7 +228,7 @@ def calibration_errors(
     include_background: bool = True,
     threshold: float = 1e-3,
 ) -> dict[str, float]:
-    """Several calibration metrics of the same voxels at once, pooled over the volumes: ``{name: value}``.
+    """Several calibration metrics of the same voxels at once, pooled over all volumes given: ``{name: value}``.
 
     Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``nll`` and ``brier`` one by one (same definitions, same
     arguments), but the inputs are checked and the voxels selected once, and ECE and CECE share one bucketing of the
@@ -270,7 +274,7 @@ def pooled_accumulator(
 
 
 def ece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
-    """Expected calibration error (Naeini et al., AAAI 2015; Guo et al., ICML 2017), pooled over the selected voxels.
+    """Expected calibration error (Naeini et al., AAAI 2015; Guo et al., ICML 2017), pooled over all volumes given.
 
     ``ECE = sum_b |B_b| / N * |acc(B_b) - conf(B_b)|`` with top-label confidence ``max_k p_k`` in M equal-width bins
     ``(b / M, (b + 1) / M]`` and accuracy ``[argmax_k p_k == y]`` (NACL Eq. 10). Ties of argmax go to the lower class.
@@ -279,7 +283,7 @@ def ece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> 
 
 
 def cece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True) -> float:
-    """Classwise ECE (Kull et al., NeurIPS 2019; NACL Eq. 11), pooled over the selected voxels.
+    """Classwise ECE (Kull et al., NeurIPS 2019; NACL Eq. 11), pooled over all volumes given.
 
     ``CECE = 1/K sum_k sum_b |B_kb| / N * |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``, equal-width bins of ``p_k``.
     ``include_background=True`` (default) keeps class 0, as the authors' ``ClasswiseECELoss`` does on foreground
@@ -297,7 +301,7 @@ def tace(
     include_background: bool = True,
     threshold: float = 1e-3,
 ) -> float:
-    """Thresholded adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over the selected voxels.
+    """Thresholded adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over all volumes given.
 
     ``TACE = 1/K sum_k sum_r |B_kr| / N_k * |mean_{B_kr} [y == k] - mean_{B_kr} p_k|`` over the N_k voxels with
     ``p_k > threshold``, in R equal-mass bins (bin r holds the sorted positions
@@ -311,7 +315,8 @@ def tace(
 
 
 def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True) -> float:
-    """Adaptive calibration error (Nixon et al., CVPR-W 2019): TACE without the threshold (every p_k is binned).
+    """Adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over all volumes given: TACE without the
+    threshold (every p_k is binned).
 
     Not netcal's ``ACE`` (the "average calibration error", an unweighted mean over equal-width bins).
     """
@@ -319,12 +324,14 @@ def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", inc
 
 
 def nll(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
-    """Mean negative log-likelihood ``-1/N sum_i log p_{i, y_i}`` (p clamped at 1e-12). ``num_bins`` is unused."""
+    """Mean negative log-likelihood ``-1/N sum_i log p_{i, y_i}`` (p clamped at 1e-12), pooled over all volumes given.
+    ``num_bins`` is unused."""
     return calibration_errors(probs, labels, ("nll",), num_bins, foreground)["nll"]
 
 
 def brier(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
-    """Multiclass Brier score (Brier, 1950) ``1/N sum_i sum_k (p_ik - [y_i == k])^2``. ``num_bins`` is unused.
+    """Multiclass Brier score (Brier, 1950) ``1/N sum_i sum_k (p_ik - [y_i == k])^2``, pooled over all volumes given.
+    ``num_bins`` is unused.
 
     The authors' ``seg_brier_score`` compares with 3x3 neighbourhood label proportions instead of one-hot labels.
     """

@@ -1,0 +1,250 @@
+"""``SegmentationReportMetric``: the evaluation report's per-volume table as a MONAI ``CumulativeIterationMetric``.
+
+One row per volume, one column per metric (``columns``): DSC, HD95 and ASD per foreground class and their means
+(through MONAI, :func:`calib_monai.metrics.segmentation_metrics_per_volume`), the same for each region (a union of
+classes scored as one binary segmentation), ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on
+prediction-or-ground-truth foreground voxels (``*_union``), NLL and Brier on ground-truth foreground voxels.
+
+Reductions, named as such: ``aggregate()`` is the per-volume table; ``summary_means`` the mean over volumes of each
+column (the papers' tables); ``pooled`` the ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
+volumes binned together (``pooled_ece``...: what ``calib_monai.metrics.ece`` gives on the concatenated volumes);
+``reliability_data`` the top-label reliability bins pooled the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.metrics import CumulativeIterationMetric
+
+from ._inputs import as_plain_tensor
+from .calibration import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
+from .calibration_numpy import value_from_statistics
+from .calibration_torch import first_argmax
+from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
+
+__all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
+
+CALIBRATION_COLUMNS = ("ece", "cece", "tace")
+#: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
+POOLED_METRICS = ("ece", "cece", "nll", "brier")
+
+
+def column_summary(table: Any) -> list[dict[str, float]]:
+    """Mean, standard deviation and count over volumes of each column of ``table (N, K)``; non-finite entries
+    (NaN: an absent class; inf: a missed class's distances) are left out, as the papers' scripts do."""
+    values = np.asarray(table, dtype=np.float64)
+    out = []
+    for column in values.T:
+        finite = column[np.isfinite(column)]
+        out.append({
+            "mean": float(finite.mean()) if finite.size else float("nan"),
+            "std": float(finite.std()) if finite.size else float("nan"),
+            "volumes": int(finite.size),
+        })  # fmt: skip
+    return out
+
+
+class SegmentationReportMetric(CumulativeIterationMetric):
+    """Per-volume segmentation and calibration metrics of an evaluation, one volume per batch item.
+
+    Each call stores, per volume, its row (``len(columns)`` float64 values) and its additive calibration statistics
+    on ground-truth foreground voxels (ECE and CECE bins, NLL and Brier sums: ``[rows (N, K), statistics (N, S)]``),
+    so ``aggregate`` gives the per-volume table and ``pooled`` / ``reliability_data`` the pooled values without
+    keeping any voxel.
+
+    Where: the calibration metrics run on ``y_pred``'s device (int64 counts, float64 sums; see
+    :mod:`calib_monai.metrics.calibration_torch`), the volumes are never copied to the host; DSC / HD95 / ASD go
+    through MONAI on the argmax label maps (the CPU, for the distance transforms). Only each volume's numbers (its
+    row, on the host, and its bins, kept on the device) are stored.
+
+    Args:
+        label_names: ``{"0": "background", "1": ...}``: class names for the columns (channel order).
+        num_bins: bins of the calibration metrics (15 in the papers).
+        empty_class: ``"nan"`` or ``"papers"``, see :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
+        regions: unions of classes scored as one binary segmentation, e.g. BraTS' ``{"ET": [3], "TC": [1, 3]}``.
+        surface_distances: False leaves out the HD95 and ASD columns (much faster).
+
+    Inputs of ``__call__(y_pred, y, pred=None, spacing=None)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``
+    or a list of ``(C, *spatial)``; ``y`` label maps ``(B, 1, ...)`` or one-hot, or a list; ``pred`` the
+    prediction scored by DSC / HD95 / ASD (one-hot or label map, same form; default: the argmax of ``y_pred``);
+    ``spacing`` the voxel size in mm (one for all volumes, or a list with one entry per volume; None: voxels).
+    """
+
+    def __init__(
+        self,
+        label_names: dict[str, str],
+        num_bins: int = 15,
+        empty_class: str = "nan",
+        regions: dict[str, Sequence[int]] | None = None,
+        surface_distances: bool = True,
+    ) -> None:
+        super().__init__()
+        if empty_class not in EMPTY_CLASS_CONVENTIONS:
+            raise ValueError(f"empty_class must be one of {EMPTY_CLASS_CONVENTIONS}, got {empty_class!r}.")
+        self.class_names = [label_names[k] for k in sorted(label_names, key=int)]
+        self.num_bins = int(num_bins)
+        self.empty_class = empty_class
+        self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
+        self.surface_distances = bool(surface_distances)
+        self._num_classes: int | None = None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The names of a row's values, in order (the ``metrics.csv`` header after ``case``)."""
+        shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
+        out: list[str] = []
+        for metric in shape:
+            out += [f"{metric}_{name}" for name in self.class_names[1:]] + [f"mean_{metric}"]
+        out += [f"{metric}_{region}" for region in self.regions for metric in shape]
+        out += [*CALIBRATION_COLUMNS, *(f"{c}_union" for c in CALIBRATION_COLUMNS), "nll", "brier"]
+        return tuple(dict.fromkeys(out))  # a region named like a class shares its column (as a dict row did)
+
+    # -- per volume ------------------------------------------------------------------------------------------------
+
+    def _compute_list(self, y_pred, y=None, pred=None, spacing=None):  # type: ignore[override]
+        """Lists of channel-first volumes: each with its own prediction and spacing (MONAI's version passes the same
+        keyword arguments to every item)."""
+        if y is None:
+            raise ValueError("SegmentationReportMetric needs labels y, got None.")
+        preds = list(pred) if isinstance(pred, (list, tuple)) else [pred] * len(y_pred)
+        spacings = list(spacing) if _per_volume(spacing, len(y_pred)) else [spacing] * len(y_pred)
+        rows, stats = [], []
+        for p, y_, pr, sp in zip(y_pred, y, preds, spacings):
+            p = as_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
+            scored = None if pr is None else torch.as_tensor(pr)[None]
+            r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp])
+            rows.append(r)
+            stats.append(s)
+        return [torch.cat(rows), torch.cat(stats)]
+
+    def _compute_tensor(  # type: ignore[override]
+        self, y_pred: torch.Tensor, y: torch.Tensor | None = None, pred: torch.Tensor | None = None, spacing=None
+    ) -> list[torch.Tensor]:
+        if y is None:
+            raise ValueError("SegmentationReportMetric needs labels y, got None.")
+        if y_pred.ndim < 3:
+            raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
+        batch = y_pred.shape[0]
+        spacings = list(spacing) if _per_volume(spacing, batch) else [spacing] * batch
+        rows, stats = [], []
+        for b in range(batch):
+            prob = as_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
+            label = as_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
+            label = (first_argmax(label, dim=0)[1][None] if label.shape[0] > 1 else label)[None]
+            scored = prob if pred is None else as_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
+            row, stat = self._volume(prob, label, scored, spacings[b])
+            rows.append(row)
+            stats.append(stat)
+        self._num_classes = int(y_pred.shape[1])
+        return [torch.stack(rows), torch.stack(stats)]
+
+    def _volume(
+        self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``(K,)`` and pooled statistics ``(S,)`` of one volume (``prob (1, C, ...)``, ``label (1, 1, ...)``)."""
+        num_classes = prob.shape[1]
+        row: dict[str, float] = {}
+        seg = segmentation_metrics_per_volume(pred, label, num_classes=num_classes, spacing=spacing,
+                                              empty_class=self.empty_class,
+                                              surface_distances=self.surface_distances)  # fmt: skip
+        for metric, values in seg.items():
+            for name, value in zip(self.class_names[1:], values[0]):
+                row[f"{metric}_{name}"] = float(value)
+            row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
+        row.update(self._region_metrics(pred, label, spacing))
+        # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
+        names = CALIBRATION_COLUMNS + ("nll", "brier")
+        acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
+        gt = accumulator_values(acc, names, include_background=True)
+        union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
+        row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
+        row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
+        row["nll"], row["brier"] = gt["nll"], gt["brier"]
+        # additive statistics (zeros without foreground) stay on the device: bins and sums only
+        stats = torch.cat([torch_volume_statistics(acc, name, acc.device) for name in POOLED_METRICS])
+        values = [row.get(column, float("nan")) for column in self.columns]
+        return torch.tensor(values, dtype=torch.float64, device=stats.device), stats
+
+    def _region_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing) -> dict[str, float]:
+        """DSC/HD95/ASD of each region (a union of classes) as a binary segmentation."""
+        out: dict[str, float] = {}
+        if not self.regions:
+            return out
+        pred_map = pred.argmax(1, keepdim=True) if pred.shape[1] > 1 else pred.long()
+        for region, classes in self.regions.items():
+            members = torch.tensor(classes, device=pred_map.device)
+            binary = [torch.isin(m, members).long() for m in (pred_map, label)]
+            seg = segmentation_metrics_per_volume(*binary, num_classes=2, spacing=spacing, empty_class=self.empty_class,
+                                                  surface_distances=self.surface_distances)  # fmt: skip
+            out.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
+        return out
+
+    # -- reductions ------------------------------------------------------------------------------------------------
+
+    def _gathered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        buffer = self.get_buffer()  # gathered over ranks in distributed runs
+        if not isinstance(buffer, list) or len(buffer) != 2:
+            return None
+        return buffer[0], buffer[1]
+
+    def aggregate(self) -> torch.Tensor:  # type: ignore[override]
+        """The per-volume table ``(N, len(columns))``, float64 on the CPU (``(0, K)`` before any volume)."""
+        buffers = self._gathered()
+        if buffers is None:
+            return torch.zeros((0, len(self.columns)), dtype=torch.float64)
+        return buffers[0].double().cpu()
+
+    def summary_means(self) -> dict[str, float]:
+        """``{column: mean over volumes}`` (non-finite entries left out; NaN for a column without any)."""
+        return {c: s["mean"] for c, s in zip(self.columns, column_summary(self.aggregate().numpy()))}
+
+    def pooled_statistics(self) -> np.ndarray | None:
+        """The additive statistics summed over volumes (on the device, then ``S`` numbers to the host)."""
+        buffers = self._gathered()
+        if buffers is None or self._num_classes is None:
+            return None
+        return buffers[1].double().sum(dim=0).cpu().numpy()
+
+    def _split(self, stats: np.ndarray) -> dict[str, np.ndarray]:
+        c, m = self._num_classes or 0, self.num_bins
+        sizes = {"ece": m * 3, "cece": c * m * 3, "nll": 2, "brier": 2}
+        out, start = {}, 0
+        for name in POOLED_METRICS:
+            out[name] = stats[start : start + sizes[name]]
+            start += sizes[name]
+        return out
+
+    def pooled(self) -> dict[str, float]:
+        """``{"pooled_ece", "pooled_cece", "pooled_nll", "pooled_brier"}``: all ground-truth foreground voxels of all
+        volumes together (CECE with background, as the per-volume column); NaN before any foreground voxel."""
+        stats = self.pooled_statistics()
+        if stats is None:
+            return {f"pooled_{name}": float("nan") for name in POOLED_METRICS}
+        parts = self._split(stats)
+        return {f"pooled_{name}": value_from_statistics(parts[name], name, self.num_bins, self._num_classes, True)
+                for name in POOLED_METRICS}  # fmt: skip
+
+    def reliability_data(self) -> dict[str, np.ndarray]:
+        """Top-label reliability bins pooled over the volumes' ground-truth foreground voxels (as
+        ``reliability_diagram_data``: ``edges``, ``count``, ``confidence``, ``accuracy``)."""
+        stats = self.pooled_statistics()
+        bins = np.zeros((self.num_bins, 3)) if stats is None else self._split(stats)["ece"].reshape(self.num_bins, 3)
+        count, conf_sum, acc_sum = bins.T  # count, sum of confidences, number correct
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "edges": np.linspace(0.0, 1.0, self.num_bins + 1),
+                "count": count.astype(np.int64),
+                "confidence": np.where(count > 0, conf_sum / count, np.nan),
+                "accuracy": np.where(count > 0, acc_sum / count, np.nan),
+            }
+
+
+def _per_volume(spacing: Any, count: int) -> bool:
+    """Whether ``spacing`` is a list with one entry (None or a sequence) per volume, not one spacing for all."""
+    if not isinstance(spacing, (list, tuple)) or len(spacing) != count:
+        return False
+    return all(s is None or isinstance(s, (list, tuple, np.ndarray, torch.Tensor)) for s in spacing)

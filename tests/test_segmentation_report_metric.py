@@ -1,0 +1,184 @@
+"""SegmentationReportMetric, its handler and its saver: the same rows and files as the SegmentationReport handler.
+
+The reference rows are built here from the public functions (``segmentation_metrics_per_volume``,
+``calibration_errors``), the definition the report has always had; the saver's files are compared byte for byte
+with the ones ``SegmentationReport`` writes for the same volumes by hand (the experiment harness's path).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from ignite.engine import Engine, Events
+from monai.data import MetaTensor
+
+from calib_monai.handlers import SegmentationReport, SegmentationReportMetricHandler, SegmentationReportSaver
+from calib_monai.metrics import SegmentationReportMetric, calibration_errors, segmentation_metrics_per_volume
+
+NAMES = {"0": "background", "1": "outer", "2": "inner"}
+REGIONS = {"core": [2], "whole": [1, 2]}
+
+
+def _volume(seed: int, spacing: float) -> dict:
+    """A (3, 8, 8, 4) probability volume, its one-hot prediction and the label map (as in test_report_handler)."""
+    g = torch.Generator().manual_seed(seed)
+    label = torch.zeros(1, 8, 8, 4, dtype=torch.int64)
+    label[:, 2:6, 2:6] = 1
+    label[:, 3:5, 3:5, 1:3] = 2
+    noise = torch.randn(3, 8, 8, 4, generator=g)
+    logits = 3 * torch.nn.functional.one_hot(label[0], 3).permute(3, 0, 1, 2).float() + noise
+    prob = logits.softmax(0)
+    pred = torch.nn.functional.one_hot(prob.argmax(0), 3).permute(3, 0, 1, 2).float()
+    image = MetaTensor(torch.rand(1, 8, 8, 4), affine=torch.diag(torch.tensor([spacing, spacing, spacing, 1.0])),
+                       meta={"filename_or_obj": f"/data/case_{seed}.nii.gz"})  # fmt: skip
+    return {"image": image, "prob": prob, "pred": pred, "label": label}
+
+
+def _volumes() -> list[dict]:
+    vols = [_volume(0, 1.0), _volume(1, 2.0), _volume(2, 1.0)]
+    no_inner = _volume(3, 1.5)
+    no_inner["label"][no_inner["label"] == 2] = 1  # class 2 absent from the ground truth: NaN columns
+    empty = _volume(4, 1.0)
+    empty["label"][:] = 0  # no foreground at all: NaN calibration, zero bins
+    return vols + [no_inner, empty]
+
+
+def _reference_row(vol: dict, regions: dict | None = None) -> dict[str, float]:
+    """The report's row by its definition: MONAI's DSC / HD95 / ASD on the prediction, the calibration functions."""
+    prob, label, pred = vol["prob"][None], vol["label"][None], vol["pred"][None]
+    spacing = [float(v) for v in torch.linalg.norm(vol["image"].affine[:3, :3].double(), dim=0)]
+    row: dict[str, float] = {}
+    for metric, values in segmentation_metrics_per_volume(pred, label, num_classes=3, spacing=spacing).items():
+        row.update({f"{metric}_{name}": float(v) for name, v in zip(("outer", "inner"), values[0])})
+        row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else math.nan
+    for region, classes in (regions or {}).items():
+        binary = [torch.isin(m, torch.tensor(classes)).long() for m in (pred.argmax(1, keepdim=True), label)]
+        seg = segmentation_metrics_per_volume(*binary, num_classes=2, spacing=spacing)
+        row.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
+    with warnings.catch_warnings():  # the volume without foreground warns (tested below)
+        warnings.simplefilter("ignore")
+        gt = calibration_errors(prob, label, ("ece", "cece", "tace", "nll", "brier"))
+    union = calibration_errors(prob, label, ("ece", "cece", "tace"), foreground="union")
+    row.update({c: gt[c] for c in ("ece", "cece", "tace")})
+    row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace")})
+    row["nll"], row["brier"] = gt["nll"], gt["brier"]
+    return row
+
+
+def _run(vols: list[dict], *handlers) -> Engine:
+    engine = Engine(lambda e, batch: batch)
+    for handler in handlers:
+        if isinstance(handler, SegmentationReportMetricHandler):
+            handler.attach(engine, "report")
+        else:
+            handler.attach(engine)
+    with pytest.warns(UserWarning, match="no foreground voxels"):  # the volume without foreground says so
+        engine.run([vols[:2], vols[2:]], max_epochs=1)  # batches are lists of volumes, as decollated
+    return engine
+
+
+def test_metric_table_equals_the_report_rows():
+    vols = _volumes()
+    metric = SegmentationReportMetric(NAMES, regions=REGIONS)
+    assert metric.columns[:4] == ("dice_outer", "dice_inner", "mean_dice", "hd95_outer")
+    assert {"dice_core", "asd_whole", "tace_union", "nll", "brier"} <= set(metric.columns)
+    spacings = [[float(v) for v in torch.linalg.norm(v["image"].affine[:3, :3].double(), dim=0)] for v in vols]
+    with pytest.warns(UserWarning):
+        metric([v["prob"] for v in vols], [v["label"] for v in vols], pred=[v["pred"] for v in vols], spacing=spacings)
+    table = metric.aggregate()
+    assert table.shape == (len(vols), len(metric.columns)) and table.dtype == torch.float64
+    report = SegmentationReport("unused", NAMES, regions=REGIONS)
+    with pytest.warns(UserWarning):
+        rows = [report.evaluate_volume(v, i) for i, v in enumerate(vols)]
+    for values, row, vol in zip(table.tolist(), rows, vols):
+        reference = _reference_row(vol, REGIONS)
+        assert list(row)[1:] == list(metric.columns) and set(reference) == set(metric.columns)
+        for column, value in zip(metric.columns, values):
+            assert value == pytest.approx(reference[column], rel=1e-12, nan_ok=True), column
+            assert value == pytest.approx(row[column], rel=0, abs=0, nan_ok=True), column  # the very same numbers
+    assert math.isnan(table[3, metric.columns.index("dice_inner")])  # absent class: NaN
+    assert math.isnan(table[4, metric.columns.index("ece")])  # no foreground: NaN
+    # a batch-first tensor with one spacing for all volumes gives the rows of the list form
+    batch = SegmentationReportMetric(NAMES)
+    batch(torch.stack([v["prob"] for v in vols[:3]]), torch.stack([v["label"] for v in vols[:3]]),
+          pred=torch.stack([v["pred"] for v in vols[:3]]), spacing=[1.0, 1.0, 1.0])  # fmt: skip
+    listed = SegmentationReportMetric(NAMES)
+    listed([v["prob"] for v in vols[:3]], [v["label"] for v in vols[:3]], pred=[v["pred"] for v in vols[:3]],
+           spacing=[[1.0, 1.0, 1.0]] * 3)  # fmt: skip
+    torch.testing.assert_close(batch.aggregate(), listed.aggregate(), equal_nan=True)
+
+
+def test_saver_files_equal_the_report_written_by_hand(tmp_path, caplog):
+    vols = _volumes()
+    handler = SegmentationReportMetricHandler(label_names=NAMES, regions=REGIONS)
+    saver = SegmentationReportSaver(tmp_path / "engine", metric_name="report")
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        engine = _run(vols, handler, saver)
+    assert "evaluated 5 volume(s), mean over 5 volumes" in caplog.text
+
+    by_hand = SegmentationReport(tmp_path / "hand", NAMES, regions=REGIONS)
+    with pytest.warns(UserWarning):
+        for v in vols:
+            by_hand.rows.append(by_hand.evaluate_volume(v, len(by_hand.rows)))
+    by_hand.write()
+    for name in ("metrics.csv", "summary.json", "reliability.png"):
+        assert (tmp_path / "engine" / name).read_bytes() == (tmp_path / "hand" / name).read_bytes(), name
+
+    with open(tmp_path / "engine" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["case"] for r in rows] == [f"case_{i}.nii.gz" for i in range(5)]
+    for row, vol in zip(rows, vols):
+        reference = _reference_row(vol, REGIONS)
+        assert {c: float(v) for c, v in row.items() if c != "case"} == pytest.approx(reference, rel=1e-12, nan_ok=True)
+    summary = json.loads((tmp_path / "engine" / "summary.json").read_text())
+    assert summary["settings"]["volumes"] == 5 and summary["settings"]["reduction"] == "mean over volumes"
+    eces = [float(r["ece"]) for r in rows if not math.isnan(float(r["ece"]))]
+    assert summary["metrics"]["ece"] == {"mean": pytest.approx(np.mean(eces)), "std": pytest.approx(np.std(eces)),
+                                         "volumes": 4}  # fmt: skip
+    # the state the saver read: the means under the handler's name, the table in the details
+    means = engine.state.metrics["report"]
+    assert means["ece"] == pytest.approx(summary["metrics"]["ece"]["mean"], rel=1e-12)
+    assert means["pooled_ece"] == summary["pooled"]["pooled_ece"]
+    details = engine.state.metric_details["report"]
+    assert details["cases"] == [r["case"] for r in rows] and details["table"].shape == (5, len(details["columns"]))
+
+
+def test_pooled_section_equals_calibration_errors_on_the_concatenated_volumes(tmp_path):
+    vols = _volumes()
+    report = SegmentationReport(tmp_path, NAMES, surface_distances=False)
+    _run(vols, report)
+    pooled = json.loads((tmp_path / "summary.json").read_text())["pooled"]
+    probs, labels = torch.stack([v["prob"] for v in vols]), torch.stack([v["label"] for v in vols])
+    expected = calibration_errors(probs, labels, ("ece", "cece", "nll", "brier"))  # pooled over all volumes given
+    assert pooled == pytest.approx({f"pooled_{k}": v for k, v in expected.items()}, rel=1e-12)
+    # the mean over volumes is another number (the reduction the columns are named for)
+    mean = json.loads((tmp_path / "summary.json").read_text())["metrics"]["ece"]["mean"]
+    assert mean != pytest.approx(pooled["pooled_ece"])
+    # the diagram's bins are the pooled ECE's bins
+    data = report.reliability_data()
+    assert data["count"].sum() == int((labels > 0).sum())
+    ece = np.nansum(data["count"] * np.abs(data["accuracy"] - data["confidence"])) / data["count"].sum()
+    assert ece == pytest.approx(pooled["pooled_ece"], rel=1e-12)
+    assert [r["case"] for r in report.rows] == [f"case_{i}.nii.gz" for i in range(5)]  # rows of the run
+
+
+def test_handlers_change_nothing_until_attached_and_run(tmp_path):
+    engine = Engine(lambda e, batch: batch)
+    before = {event: len(engine._event_handlers[event]) for event in Events}
+    report = SegmentationReport(tmp_path / "out", NAMES)
+    handler = SegmentationReportMetricHandler(label_names=NAMES)
+    saver = SegmentationReportSaver(tmp_path / "saver")
+    assert {event: len(engine._event_handlers[event]) for event in Events} == before
+    assert not (tmp_path / "out").exists() and not (tmp_path / "saver").exists()
+    assert not hasattr(engine.state, "metric_details") and engine.state.metrics == {}
+    assert report.rows == [] and handler.metric_fn.aggregate().shape == (0, len(handler.metric_fn.columns))
+    report.attach(engine)
+    assert len(engine._event_handlers[Events.COMPLETED]) == before[Events.COMPLETED] + 2  # the saver, the rows
+    assert not (tmp_path / "out").exists() and saver.metric_name == "segmentation_report"
