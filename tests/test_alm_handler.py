@@ -65,11 +65,31 @@ def test_outer_step_on_volumes_changes_lambda_and_logs(caplog):
     # the volumes' statistics equal those of their axial slices fed to the loss directly
     with torch.no_grad():
         net.eval()
-        stats = torch.zeros(3, 3, 2, dtype=torch.float64)
+        stats = torch.zeros(4, 3, 2, dtype=torch.float64)
         for item in _volumes():
             slices = item["image"].movedim(-1, 0)  # (D, 1, H, W)
             stats += loss.validation_statistics(net(slices), item["label"].movedim(-1, 0))
     torch.testing.assert_close(handler.collect_statistics(), stats)
+
+
+def test_outer_step_reports_the_satisfied_fraction_and_lets_lambda_fall(caplog):
+    # every logit of the untrained network lies within 100 of its prior: all constraints hold, lambda falls
+    loss = CRaCLoss.preset("tolerance", classes=3, dim=2, tolerance=100.0, lambda_init=0.5)
+    handler = _handler(loss, _network(), _volumes())
+    engine = Engine(lambda e, b: None)
+    engine.state.epoch = 1
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        handler(engine)
+    torch.testing.assert_close(loss.lambdas, torch.full((3, 2), 1e-6, dtype=torch.float64))
+    assert "0/inner lambda 1e-06 rho 0.1 h" in caplog.text and "satisfied 1;" in caplog.text
+    for k in range(3):
+        for region in ("inner", "boundary"):
+            assert engine.state.metrics[f"alm_satisfied_{k}_{region}"] == 1.0
+    # the paper's h >= 0 with tolerance 0: almost no logit equals its prior exactly, lambda rises
+    paper = CRaCLoss(classes=3, dim=2, lambda_init=0.5)
+    _handler(paper, _network(), _volumes())(engine)
+    assert (paper.lambdas > 0.5).all()
+    assert all(engine.state.metrics[f"alm_satisfied_{k}_inner"] == 0.0 for k in range(3))
 
 
 def _ddp_worker(local_rank: int, out_dir: str) -> None:

@@ -23,6 +23,7 @@ LOSSES = {
     "ce_dice": lambda c, d: L.CEDiceLoss(),
     "crac": lambda c, d: L.CRaCLoss(classes=c, dim=d),
     "crac_margin": lambda c, d: L.CRaCLoss(classes=c, dim=d, inner_margin=5.0),
+    "crac_tolerance": lambda c, d: L.CRaCLoss.preset("tolerance", classes=c, dim=d),
     "ecp": lambda c, d: L.ECPLoss(),
     "focal": lambda c, d: L.FocalLoss(),
     "label_smoothing": lambda c, d: L.LabelSmoothingLoss(),
@@ -114,7 +115,7 @@ def test_alm_handler_sums_validation_statistics_on_the_logits_device():
     label = torch.zeros(1, 8, 8, 4, device="meta")
     evaluator.state.output = [{"logits": logits, "label": label}]
     handler._add_evaluator_output(evaluator)
-    assert handler._stats.device.type == "meta" and handler._stats.shape == (3, 3, 2)
+    assert handler._stats.device.type == "meta" and handler._stats.shape == (4, 3, 2)
     result = loss.outer_update(handler._stats, epoch=1)
     assert all(v.device.type == "meta" for v in result.values())
 

@@ -10,7 +10,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from calib_monai.losses.crac import REGIONS, CRaCLoss
+from calib_monai.losses.crac import REGIONS, STATISTICS_ROWS, CRaCLoss
 
 __all__ = ["ALMUpdateHandler"]
 
@@ -40,9 +40,11 @@ class ALMUpdateHandler:
 
     It sums :meth:`CRaCLoss.validation_statistics` over all volumes (3D outputs of a 2D loss are cut into axial
     slices, the last axis, as the network saw them in training), all-reduces the sums across DDP ranks so every rank gets identical multipliers, then calls
-    :meth:`CRaCLoss.outer_update`. It logs one line per epoch with lambda, rho and the mean constraint of every
-    (class, region), and puts them in ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ``alm_rho_...``,
-    ``alm_constraint_...``) so that an epoch-level ``TensorBoardStatsHandler`` attached after it plots them.
+    :meth:`CRaCLoss.outer_update`. It logs one line per epoch with, for every (class, region), lambda, rho, the mean
+    constraint ``h = |tau - l|`` and the fraction of validation pixels whose constraint holds (``h <= tolerance``;
+    with tolerance 0 only pixels where ``l == tau`` exactly, almost none: the multipliers then can only rise), and
+    puts them in ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ``alm_rho_...``, ``alm_constraint_...``,
+    ``alm_satisfied_...``) so that an epoch-level ``TensorBoardStatsHandler`` attached after it plots them.
 
     The multipliers live in the loss's buffers: checkpoint the loss (e.g. ``TrainingCheckpoint(extra={"loss": loss})``)
     and a resumed run continues with them.
@@ -121,11 +123,11 @@ class ALMUpdateHandler:
         return logits, label
 
     def collect_statistics(self) -> torch.Tensor:
-        """Summed validation statistics ``(3, K, 2)`` over this rank's batches, all-reduced across ranks."""
+        """Summed validation statistics ``(4, K, 2)`` over this rank's batches, all-reduced across ranks."""
         device = self.device or next(self.network.parameters()).device
         was_training = self.network.training
         self.network.eval()
-        stats = torch.zeros(3, self.loss.classes, 2, dtype=torch.float64, device=device)
+        stats = torch.zeros(STATISTICS_ROWS, self.loss.classes, 2, dtype=torch.float64, device=device)
         try:
             with torch.no_grad():
                 for batch in self.val_data_loader:
@@ -144,15 +146,17 @@ class ALMUpdateHandler:
             if not self._validated:  # validation did not run this epoch (val_interval > 1)
                 return
             if self._stats is None:  # this rank saw no validation volume, others may have: add zeros to the sum
-                self._stats = torch.zeros(3, self.loss.classes, 2, dtype=torch.float64, device=self.loss.lambdas.device)
+                self._stats = torch.zeros(STATISTICS_ROWS, self.loss.classes, 2, dtype=torch.float64,
+                                          device=self.loss.lambdas.device)  # fmt: skip
             stats, self._stats, self._validated = _sum_over_ranks(self._stats), None, False
         result = self.loss.outer_update(stats, engine.state.epoch)
         parts = []
         for k, name in enumerate(self.class_names):
             for r, region in enumerate(REGIONS):
-                lam, rho, h = (float(result[key][k, r]) for key in ("lambda", "rho", "constraint"))
+                lam, rho, h, ok = (float(result[key][k, r]) for key in ("lambda", "rho", "constraint", "satisfied"))
                 engine.state.metrics[f"alm_lambda_{k}_{region}"] = lam
                 engine.state.metrics[f"alm_rho_{k}_{region}"] = rho
                 engine.state.metrics[f"alm_constraint_{k}_{region}"] = h
-                parts.append(f"{name}/{region} lambda {lam:.3g} rho {rho:.3g} h {h:.3g}")
+                engine.state.metrics[f"alm_satisfied_{k}_{region}"] = ok
+                parts.append(f"{name}/{region} lambda {lam:.3g} rho {rho:.3g} h {h:.3g} satisfied {ok:.3g}")
         self.logger.info(f"ALM outer step {int(self.loss.outer_steps)} (epoch {engine.state.epoch}): " + "; ".join(parts))

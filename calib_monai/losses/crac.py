@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
@@ -9,9 +11,23 @@ from torch.nn.modules.loss import _Loss
 from calib_monai.losses._inputs import check_choice, prepare_inputs
 from calib_monai.losses.priors import boundary_mask, class_proportion_prior
 
-__all__ = ["CRaCLoss", "phr", "phr_derivative", "REGIONS"]
+__all__ = ["CRaCLoss", "phr", "phr_derivative", "REGIONS", "PRESETS", "STATISTICS_ROWS"]
 
 REGIONS = ("inner", "boundary")  # column order of the (K, 2) multiplier tables
+STATISTICS_ROWS = 4  # rows of CRaCLoss.validation_statistics: sum P'(g), sum h, pixels, satisfied pixels
+
+# Named settings (CRaCLoss.preset); each lists every option in which the three differ.
+PRESETS: dict[str, dict[str, object]] = {
+    # the paper as written (Eq. 3/7/8/10): equality-like target |tau - l|, P' averaged over the region's pixels
+    "paper": {"inner_margin": 1.0, "multiplier_average": "region", "tolerance": 0.0, "rho_init": 0.1,
+              "clamp_per_pixel": False},  # fmt: skip
+    # the authors' released code as far as our options express it (see CRaCLoss.preset)
+    "authors": {"inner_margin": 5.0, "multiplier_average": "all_padded", "tolerance": 0.0, "rho_init": 1.0,
+                "clamp_per_pixel": True},  # fmt: skip
+    # inequality |tau - l| <= eps; eps = 0.1 is a placeholder until the ablation study chooses it
+    "tolerance": {"inner_margin": 1.0, "multiplier_average": "region", "tolerance": 0.1, "rho_init": 0.1,
+                  "clamp_per_pixel": False},  # fmt: skip
+}
 
 
 def phr(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -35,19 +51,34 @@ class CRaCLoss(_Loss):
       (:func:`calib_monai.losses.priors.class_proportion_prior`, pixels outside the image count as background);
     * region: "inner" if the patch holds a single class, else "boundary", decided exactly from the labels
       (window max != window min; :func:`~calib_monai.losses.priors.boundary_mask`);
-    * constraint ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
+    * ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
       ``m = inner_margin``. ``m = 1`` (default) is the paper's Eq. 3/7; the authors' released configuration uses
-      ``m = 5``, i.e. it pulls inner logits towards 5 instead of 1.
+      ``m = 5``, i.e. it pulls inner logits towards 5 instead of 1;
+    * constraint ``g_ik = h_ik - eps <= 0`` with ``eps = tolerance >= 0``.
 
     Loss (Eq. 7, averaged rather than summed so that it does not scale with image size):
 
-        ``L = CE + mean_{i,k} PHR(h_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
+        ``L = CE + mean_{i,k} PHR(g_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
 
-    with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used). ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns
-    :data:`REGIONS`) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after
-    each epoch on the validation set (:meth:`outer_update`). Being buffers, they are saved in the module's
+    with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used).
+
+    Why a tolerance. Eq. 4-6 are ALM for *inequality* constraints ``h_i(x) <= 0``: the multiplier update
+    ``lambda <- P'(h_i(x))`` (Eq. 6, averaged over validation pixels in Eq. 8) lowers lambda where the constraint
+    holds, because PHR's derivative ``max(lambda + rho z, 0)`` is below lambda for ``z < 0`` and reaches 0 once
+    ``z <= -lambda / rho`` (axiom 4). Eq. 7 feeds PHR ``|tau - l|``, which is never negative: ``P' >= lambda`` at
+    every pixel, so lambda can only rise from one outer step to the next and axiom 4 never applies. With
+    ``g = |tau - l| - eps`` the problem is "keep every logit within ``eps`` of its prior", a true inequality
+    ``g <= 0`` of Eq. 4 form; a pixel with ``|tau - l| < eps - lambda / rho`` sits on PHR's inactive branch
+    (penalty ``-lambda^2 / (2 rho)``, no gradient, ``P' = 0``) and pulls lambda down in Eq. 8, a violated one
+    pushes it up. ``eps = 0`` is exactly the paper's Eq. 7 (``g = h >= 0``: the quadratic branch, computed
+    directly as ``lambda h + rho h^2 / 2``, as before the tolerance existed).
+
+    ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`) held fixed during an epoch;
+    :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch on the validation set
+    (:meth:`validation_statistics`, :meth:`outer_update`). Being buffers, they are saved in the module's
     ``state_dict`` and so in checkpoints; they move to the device of the logits at the first call, so the loss
-    works wherever the network runs without being moved itself.
+    works wherever the network runs without being moved itself. :meth:`preset` builds the named settings
+    :data:`PRESETS` ("paper", "authors", "tolerance").
 
     Args:
         classes: number of classes ``K``.
@@ -55,16 +86,22 @@ class CRaCLoss(_Loss):
         kernel_size: odd patch size (3, as in the paper).
         inner_margin: ``m`` above.
         lambda_init: initial multipliers (1e-6, the authors' README).
-        rho_init: initial and minimum penalty parameter ``rho0`` (0.1, the authors' README).
+        rho_init: initial and minimum penalty parameter ``rho0`` (0.1, the authors' README; 1 in their code).
         rho_max: largest ``rho`` (10).
         gamma: factor of a ``rho`` increase (1.2).
-        tau_alm: a ``(k, r)`` whose mean constraint did not fall below ``tau_alm`` times its previous value gets a
+        tau_alm: a ``(k, r)`` whose mean ``h`` did not fall below ``tau_alm`` times its previous value gets a
             larger ``rho`` (0.9).
         rho_interval: epochs between two ``rho`` checks (10).
         multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (default:
-            the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms) or
-            ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels, as the authors' code
-            does; boundary multipliers then shrink with the boundary's share of the image).
+            the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms),
+            ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels; boundary multipliers
+            then shrink with the boundary's share of the image) or ``"all_padded"`` (the authors' code: the mean
+            over all pixels, where each pixel of the other region enters with constraint 0 and so adds
+            ``P'(0) = lambda``; a multiplier then moves only by its region's share of the image).
+        tolerance: ``eps >= 0`` above (0: the paper).
+        lambda_min, lambda_max: the new multipliers are clamped to ``[lambda_min, lambda_max]`` (1e-6, 1e6).
+        clamp_per_pixel: also clamp each pixel's ``P'`` to ``[lambda_min, lambda_max]`` before averaging, as
+            the authors' code does (False).
     """
 
     def __init__(
@@ -80,6 +117,10 @@ class CRaCLoss(_Loss):
         tau_alm: float = 0.9,
         rho_interval: int = 10,
         multiplier_average: str = "region",
+        tolerance: float = 0.0,
+        lambda_min: float = 1e-6,
+        lambda_max: float = 1e6,
+        clamp_per_pixel: bool = False,
     ) -> None:
         super().__init__()
         if classes < 2:
@@ -92,16 +133,43 @@ class CRaCLoss(_Loss):
             raise ValueError(
                 f"need lambda_init >= 0, gamma >= 1, rho_interval >= 1; got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
             )
+        if not (math.isfinite(tolerance) and tolerance >= 0):
+            raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}.")
+        if not 0 <= lambda_min <= lambda_max:
+            raise ValueError(f"need 0 <= lambda_min <= lambda_max, got {lambda_min!r}, {lambda_max!r}.")
         self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
         self.inner_margin = float(inner_margin)
         self.rho_init, self.rho_max, self.gamma, self.tau_alm = float(rho_init), float(rho_max), float(gamma), tau_alm
         self.rho_interval = rho_interval
-        self.multiplier_average = check_choice("multiplier_average", multiplier_average, ("region", "all"))
+        self.multiplier_average = check_choice(
+            "multiplier_average", multiplier_average, ("region", "all", "all_padded")
+        )
+        self.tolerance = float(tolerance)
+        self.lambda_min, self.lambda_max, self.clamp_per_pixel = float(lambda_min), float(lambda_max), clamp_per_pixel
         self.register_buffer("lambdas", torch.full((classes, 2), float(lambda_init), dtype=torch.float64))
         self.register_buffer("rhos", torch.full((classes, 2), float(rho_init), dtype=torch.float64))
         # mean constraint per (k, r) at the previous outer step (nan: none yet), and the number of outer steps done
         self.register_buffer("previous_constraint", torch.full((classes, 2), float("nan"), dtype=torch.float64))
         self.register_buffer("outer_steps", torch.zeros((), dtype=torch.int64))
+
+    @classmethod
+    def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> "CRaCLoss":
+        """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
+
+        * ``"paper"``: Eq. 3/7/8/10 as written (today's defaults): ``inner_margin=1``, ``multiplier_average="region"``,
+          ``tolerance=0``, ``rho_init=0.1``. Every multiplier can only rise (see the class docstring).
+        * ``"authors"``: what github.com/Bala93/CRac (``aug_lagrangian_spatial_cls_bndry.py``) effectively does,
+          as far as our options express it: ``inner_margin=5``, ``multiplier_average="all_padded"``,
+          ``rho_init=1`` (their ``rho_min``), ``clamp_per_pixel=True`` with ``[1e-6, 1e6]``. Not reproduced: their
+          region rule (a floating-point sum that is 0 in exact arithmetic, so many mixed patches count as inner
+          and get the margin; we use the exact labels), their penalty mean over ``2K`` columns (half of ours) and
+          their strict ``>`` in the rho rule.
+        * ``"tolerance"``: the inequality ``|tau - l| <= 0.1`` with the paper's other settings, so that
+          multipliers can fall; 0.1 is a placeholder until the ablation study chooses ``eps``.
+        """
+        settings = dict(PRESETS[check_choice("preset", name, tuple(PRESETS))])
+        settings.update(overrides)
+        return cls(classes=classes, dim=dim, **settings)
 
     def constraints(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``h`` ``(B, K, *spatial)`` and the boundary mask ``(B, 1, *spatial)`` for checked ``int64`` labels ``(B, *spatial)``."""
@@ -132,11 +200,14 @@ class CRaCLoss(_Loss):
         h, boundary = self.constraints(logits, labels)
         lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
         rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
-        # h >= 0 and lam, rho >= 0, so PHR is always on its quadratic branch: lam h + rho h^2 / 2
-        return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
+        if self.tolerance == 0:
+            # h >= 0 and lam, rho >= 0, so PHR is always on its quadratic branch: lam h + rho h^2 / 2
+            return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
+        return F.cross_entropy(logits, labels) + phr(h - self.tolerance, rho, lam).mean()
 
     def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Sums for one validation batch, ``(3, K, 2)`` float64: ``sum P'(h)``, ``sum h`` and pixel count per (k, r).
+        """Sums for one validation batch, ``(4, K, 2)`` float64, per (k, r): ``sum P'(g)``, ``sum h``, the pixel
+        count and the count of satisfied pixels (``g <= 0``, i.e. ``h <= tolerance``).
 
         Sums (not means) so that batches, and DDP ranks, add up before :meth:`outer_update` divides.
         """
@@ -146,32 +217,43 @@ class CRaCLoss(_Loss):
             h, boundary = self.constraints(logits.double(), labels)
             lam = self._per_pixel_tables(boundary, self.lambdas, torch.float64)
             rho = self._per_pixel_tables(boundary, self.rhos, torch.float64)
-            grad = lam + rho * h  # = phr_derivative(h, rho, lam) for h, lam, rho >= 0
-            stats = torch.zeros(3, self.classes, 2, dtype=torch.float64, device=logits.device)
+            g = h - self.tolerance if self.tolerance else h
+            grad = phr_derivative(g, rho, lam)  # = lam + rho h when tolerance is 0
+            if self.clamp_per_pixel:
+                grad = grad.clamp(self.lambda_min, self.lambda_max)
+            satisfied = g <= 0
+            stats = torch.zeros(STATISTICS_ROWS, self.classes, 2, dtype=torch.float64, device=logits.device)
             spatial = tuple(range(2, h.ndim))
             for r, mask in enumerate((~boundary, boundary)):
                 stats[0, :, r] = (grad * mask).sum(dim=(0, *spatial))
                 stats[1, :, r] = (h * mask).sum(dim=(0, *spatial))
                 stats[2, :, r] = mask.sum()
+                stats[3, :, r] = (satisfied & mask).sum(dim=(0, *spatial))
             return stats
 
     def outer_update(self, stats: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
         """One ALM outer step from summed :meth:`validation_statistics` (all batches, all ranks).
 
-        ``lambda_kr <- clamp(mean P'(h_ikr), 1e-6, 1e6)`` (mean as set by ``multiplier_average``); every
-        ``rho_interval`` epochs, ``rho_kr <- min(gamma rho_kr, rho_max)`` where the mean constraint of ``(k, r)`` is
-        not below ``tau_alm`` times its value at the previous outer step (the previous epoch). Returns the new
-        tables and the mean constraints.
+        ``lambda_kr <- clamp(mean P'(g_ikr), lambda_min, lambda_max)`` (mean as set by ``multiplier_average``);
+        every ``rho_interval`` epochs, ``rho_kr <- min(gamma rho_kr, rho_max)`` where the mean ``h`` of ``(k, r)``
+        is not below ``tau_alm`` times its value at the previous outer step (the previous epoch). Returns the new
+        tables, the mean ``h`` ("constraint") and the fraction of satisfied pixels ("satisfied"), per (k, r).
         """
         stats = stats.to(self.lambdas.device, torch.float64)
-        grad_sum, h_sum, count = stats[0], stats[1], stats[2]
+        grad_sum, h_sum, count, satisfied = stats[0], stats[1], stats[2], stats[3]
         region_pixels = count.clamp(min=1)
         all_pixels = count[0].sum().clamp(min=1)  # every pixel is in exactly one region; same for each class
-        denominator = region_pixels if self.multiplier_average == "region" else all_pixels
+        if self.multiplier_average == "region":
+            mean_grad = grad_sum / region_pixels
+        elif self.multiplier_average == "all":
+            mean_grad = grad_sum / all_pixels
+        else:  # "all_padded": the other region's pixels each add P'(0) = lambda (clamped like any pixel's P')
+            at_zero = self.lambdas.clamp(self.lambda_min, self.lambda_max) if self.clamp_per_pixel else self.lambdas
+            mean_grad = (grad_sum + (count[0].sum() - count) * at_zero) / all_pixels
         mean_h = h_sum / region_pixels
         # a region absent from the validation set keeps its multiplier
         present = count > 0
-        new_lambdas = torch.where(present, (grad_sum / denominator).clamp(1e-6, 1e6), self.lambdas)
+        new_lambdas = torch.where(present, mean_grad.clamp(self.lambda_min, self.lambda_max), self.lambdas)
         previous = self.previous_constraint
         if epoch % self.rho_interval == 0:
             grow = present & ~torch.isnan(previous) & (mean_h >= self.tau_alm * previous)
@@ -179,4 +261,5 @@ class CRaCLoss(_Loss):
         self.previous_constraint.copy_(torch.where(present, mean_h, previous))
         self.lambdas.copy_(new_lambdas)
         self.outer_steps += 1
-        return {"lambda": self.lambdas.clone(), "rho": self.rhos.clone(), "constraint": mean_h}
+        return {"lambda": self.lambdas.clone(), "rho": self.rhos.clone(), "constraint": mean_h,
+                "satisfied": satisfied / region_pixels}  # fmt: skip
