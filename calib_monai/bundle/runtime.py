@@ -59,7 +59,9 @@ def log_run_start(data, epochs: int, device, output_dir: str) -> None:
     """Tell the user, before the first epoch, what data trains the model, where outputs go and how long it runs."""
     logger = logging.getLogger("calib_monai")
     datalist = data.datalist()  # on every rank: each reads (or, first, writes) the split
-    if _rank() > 0:  # one line per run, not one per DDP rank
+    import ignite.distributed as idist
+
+    if idist.get_rank() > 0:  # one line per run, not one per DDP rank
         return
     sizes = ", ".join(f"{len(datalist.get(k, []))} {k}" for k in ("training", "validation", "test"))
     logger.info(f"data: {data.source} ({sizes} volumes); outputs: {output_dir}; {epochs} epochs on {device}")
@@ -77,12 +79,6 @@ def as_bool(value) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
         return False
     raise ValueError(f"expected a boolean switch (true or false), got {value!r}")
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def init_distributed(backend: str) -> None:
