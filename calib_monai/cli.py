@@ -7,6 +7,7 @@ Example::
     calib-monai export --help
     calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
     calib-monai experiment main --dataset flare --demo --epochs 2   # the studies of scripts/experiments.py
+    calib-monai calibrate-probabilities preds/ labelsTr/ report/ --fit_predictions val/ --fit_labels labelsTr/
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ def main() -> None:
     """
     import fire
 
+    from calib_monai.calibration.external import calibrate_probabilities
     from calib_monai.experiments.cli import COMMANDS
     from calib_monai.export import export_bundle
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # fire prints the returned dict of written paths
-    fire.Fire({"export": export_bundle, "slicer": slicer, "experiment": COMMANDS}, name="calib-monai")
+    fire.Fire({"export": export_bundle, "slicer": slicer, "experiment": COMMANDS,
+               "calibrate-probabilities": calibrate_probabilities}, name="calib-monai")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     python scripts/experiments.py main --dataset hpc --dataset_dir ../shared/data/Task04_Hippocampus \\
         --results_dir docs/results/hpc --epochs 6 --lr_milestone 4 --train_fraction 0.5
 
-Studies: main, noise, data_fraction, nacl_ablation, crac_vs_nacl, posthoc, logit_epochs (see
+Studies: main, noise, data_fraction, nacl_ablation, crac_vs_nacl, crac_ablation, posthoc, logit_epochs (see
 calib_monai/experiments/cli.py for their flags).
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from calib_monai.losses.crac import PRESETS, CRaCLoss, phr_derivative
 from calib_monai.losses.priors import boundary_mask, class_proportion_prior
+from conftest import REPO_ROOT
 
 # as in test_crac.py: a 1x3 image, labels [0, 0, 1]; pixel 0 inner, tau = (1, 0); pixels 1, 2 boundary,
 # tau = (8/9, 1/9)
@@ -116,8 +118,11 @@ def test_presets_give_the_documented_settings():
     assert (authors.inner_margin, authors.multiplier_average, authors.tolerance) == (5.0, "all_padded", 0.0)
     assert authors.rho_init == 1.0 and float(authors.rhos.min()) == 1.0 and authors.clamp_per_pixel
     assert (authors.lambda_min, authors.lambda_max) == (1e-6, 1e6)
-    assert (tol.inner_margin, tol.multiplier_average, tol.tolerance, tol.rho_init) == (1.0, "region", 0.1, 0.1)
+    assert (tol.inner_margin, tol.multiplier_average, tol.tolerance, tol.rho_init) == (1.0, "region", 1.5, 1.0)
     assert set(PRESETS) == {"paper", "authors", "tolerance"}
+    # the bundles train the "tolerance" preset, every option of it written in their configs
+    loss_config = json.loads((REPO_ROOT / "bundles" / "crac_hpc" / "configs" / "train.json").read_text())["loss"]
+    assert {k: loss_config[k] for k in PRESETS["tolerance"]} == PRESETS["tolerance"]
     assert CRaCLoss.preset("tolerance", classes=3, dim=3, tolerance=0.25).tolerance == 0.25  # overrides win
     assert CRaCLoss.preset("paper", classes=4, dim=3).lambdas.shape == (4, 2)
     with pytest.raises(ValueError, match="preset"):

@@ -1,7 +1,8 @@
 """MONAI Label serving (calib_monai/label): a real ``monailabel start_server`` from ``.venv-label`` on 127.0.0.1.
 
 The served model folder is built in a temporary folder: ``nacl_flare`` trained for one epoch on tiny phantoms
-(``models/model.pt``), the same weights as TorchScript only (``nacl_flare_ts``, ``models/model.ts``) and
+(``models/model.pt``), the same weights as TorchScript only (``nacl_flare_ts``, ``models/model.ts``), the same
+weights with a calibration of temperature 100 (``nacl_flare_calibrated``: the calibrate step's file) and
 ``ce_dice_hpc`` without weights. What the server returns is compared with the bundle's own ``inferring`` run on the
 same file (main environment, another process), and the JSON summary with numpy on the returned files.
 """
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from calib_monai.calibration import TemperatureScaling, save_calibration
 from calib_monai.export import load_bundle_network
 from calib_monai.label import InputError, ServedBundle, confidence_summary
 from conftest import REPO_ROOT, free_port
@@ -82,6 +84,12 @@ def served_folder(tmp_path_factory):
     network = load_bundle_network(bundle, config_file="inference.json")
     (app / "model" / "nacl_flare_ts" / "models").mkdir()
     torch.jit.save(torch.jit.script(network.cpu()), str(app / "model" / "nacl_flare_ts" / "models" / "model.ts"))
+    # the same weights, calibrated with T = 100: every confidence near 1 / 5, the segmentation unchanged
+    calibrated = app / "model" / "nacl_flare_calibrated"
+    shutil.copytree(bundle / "configs", calibrated / "configs")
+    (calibrated / "models").mkdir()
+    shutil.copy(bundle / "models" / "model.pt", calibrated / "models" / "model.pt")
+    save_calibration(TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt")
     images = _write_images(root)
     # the reference: the bundle's own inference run on the same file, in the main environment
     _run([sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file",
@@ -188,7 +196,8 @@ def test_info_lists_both_tasks_per_bundle_with_weights(server):
     info = _get_json(f"{server['url']}/info/")
     models = info["models"]
     # ce_dice_hpc has no weights: not offered
-    assert sorted(models) == ["nacl_flare", "nacl_flare_confidence", "nacl_flare_ts", "nacl_flare_ts_confidence"]
+    assert sorted(models) == ["nacl_flare", "nacl_flare_calibrated", "nacl_flare_calibrated_confidence",
+                              "nacl_flare_confidence", "nacl_flare_ts", "nacl_flare_ts_confidence"]  # fmt: skip
     assert models["nacl_flare"]["type"] == "segmentation"
     assert models["nacl_flare_confidence"]["type"] == "others"
     for task in models.values():
@@ -247,6 +256,20 @@ def test_torchscript_weights_serve_the_same(server, tmp_path):
     assert status == 200, body[:2000]
     np.testing.assert_allclose(np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj), _reference(server)[1],
                                rtol=0, atol=1e-5)  # fmt: skip
+
+
+@needs_label_env
+def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
+    # T = 100 divides logits of a few units to a few hundredths: the softmax is nearly uniform over the 5 classes
+    status, _, body = _infer(server, "nacl_flare_calibrated_confidence", server["images"]["case"], output="image")
+    assert status == 200, body[:2000]
+    confidence = np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj)
+    assert confidence.min() >= 0.2 - 1e-6 and confidence.max() < 0.3
+    # a temperature above 1 can only lower the top probability: max_k softmax(z / T)_k = 1 / sum_j exp(-(z_max - z_j) / T)
+    assert (confidence <= _reference(server)[1] + 1e-6).all()
+    status, _, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"], output="image")
+    assert status == 200, body[:2000]
+    np.testing.assert_array_equal(np.asarray(_nifti(body, tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
 
 
 @needs_label_env

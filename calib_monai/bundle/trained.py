@@ -119,6 +119,8 @@ class TrainedBundle:
         overrides = dict(overrides or {})
         if device is not None:  # the config's own users of @device (evaluators, data) follow it too
             overrides["device"] = str(device)
+        if weights is not None:  # inference.json's calibration sits next to, and is checked against, model_path
+            overrides.setdefault("model_path", os.fspath(weights))
         self.parser = read_bundle_config(self.bundle_dir, self.config_paths, overrides)
         self._weights = Path(weights) if weights is not None else None
         self.key_in_ckpt = key_in_ckpt

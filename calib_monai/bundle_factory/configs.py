@@ -30,37 +30,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits
+from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from calib_monai.bundle_factory.data import data_component, preprocessing
 from calib_monai.bundle_factory.specs import Dataset, Method
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING
 
 __all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
-
-IMPORTS = [
-    "$import os",
-    "$import torch",
-    "$import monai",
-    "$import calib_monai",
-    "$import calib_monai.bundle",
-    "$import calib_monai.data",
-    "$import calib_monai.export",
-    "$import calib_monai.handlers",
-    "$import calib_monai.losses",
-    "$import calib_monai.networks",
-]
-
-# a 2D network on 3D volumes: axial slices (the last axis), each through the network in one window of roi_size[:2]
-# logits of an amp (fp16) forward back to float32 before softmax and metrics; a no-op in fp32
-FLOAT_PRED = {"_target_": "CastToTyped", "keys": "pred", "dtype": "$torch.float32"}
-
-SLICE_INFERER = {
-    "_target_": "SliceInferer",
-    "roi_size": "$@roi_size[:2]",
-    "sw_batch_size": "@batch_size",
-    "spatial_dim": 2,
-    "progress": False,
-}
-
 
 def _common(name: str, dataset: Dataset) -> dict[str, Any]:
     """Keys shared by training and inference: where things are, and the network."""
@@ -87,6 +63,19 @@ def _common(name: str, dataset: Dataset) -> dict[str, Any]:
     }
 
 
+def _postprocessing(*before_softmax: dict[str, Any]) -> dict[str, Any]:
+    """float32 logits, ``before_softmax`` (a copy of the logits, a calibration), softmax (also kept as ``prob``), and
+    the one-hot argmax and label for DSC."""
+    return {
+        "_target_": "Compose",
+        "transforms": [FLOAT_PRED, *before_softmax,
+            {"_target_": "Activationsd", "keys": "pred", "softmax": True},
+            {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
+            {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
+        ],
+    }  # fmt: skip
+
+
 def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     """Whole volumes through SliceInferer; DSC on the argmax, calibration on the softmax (``keep_logits``: also
     the raw logits, for CRaC's multiplier update). The logits are cast to float32 first (fp16 under ``amp``)."""
@@ -104,14 +93,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
             "persistent_workers": "$@num_workers > 0",
         },
         "inferer": dict(SLICE_INFERER),
-        "postprocessing": {
-            "_target_": "Compose",
-            "transforms": [FLOAT_PRED] + logits + [
-                {"_target_": "Activationsd", "keys": "pred", "softmax": True},
-                {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
-                {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
-            ],
-        },
+        "postprocessing": _postprocessing(*logits),
         "handlers": [{"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}],
         "key_metric": {
             "val_mean_dice": {
@@ -264,7 +246,11 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
     """``configs/evaluate.json`` (over train.json): the best model on the 3D test volumes, per-volume CSV and plots."""
     return {
         "eval_dir": "$@bundle_root + '/eval'",
+        "calibration_path": CALIBRATION_PATH,
         "validate#dataset": "$@data.test_dataset(@validate#preprocessing)",
+        # the calibrate step's calibration (when there is one) before the softmax; the softmax of the raw logits kept
+        # as prob_uncalibrated for test_ece_uncalibrated
+        "validate#postprocessing": _postprocessing(calibrate_logits("$@output_dir + '/model.pt'", "prob_uncalibrated")),
         "validate#handlers": [
             {
                 # CheckpointLoader's strict load, also for the module.-prefixed model.pt of older multi-GPU runs
@@ -273,6 +259,8 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "network": "@network",
                 "map_location": "@device",
             },
+            # one line of the evaluator's metrics: test_mean_dice, test_ece, test_ece_uncalibrated
+            {"_target_": "StatsHandler", "iteration_log": False},
             {
                 "_target_": "calib_monai.handlers.SegmentationReport",
                 "output_dir": "@eval_dir",
@@ -294,7 +282,14 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "num_bins": 15,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
-            }
+            },
+            "test_ece_uncalibrated": {
+                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "metric_name": "ece",
+                "num_bins": 15,
+                "foreground": "gt",
+                "output_transform": "$monai.handlers.from_engine(['prob_uncalibrated', 'label'])",
+            },
         },
         "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
         "run": ["$@validate#evaluator.run()"],
@@ -339,6 +334,8 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             "dataset_dir": "",  # a folder of images (NIfTI), or one image file
             "output_dir": "$@bundle_root + '/inference'",
             "model_path": "$@bundle_root + '/models/model.pt'",
+            # next to the weights, as the calibrate step writes it
+            "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
             "batch_size": 16,
             # no data set: the component lists the images to segment and holds the data set's settings
             "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
@@ -360,6 +357,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "_target_": "Compose",
                 "transforms": [
                     FLOAT_PRED,  # fp16 logits under amp
+                    calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
                     "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
                 ],
             },

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calib_monai.data.facts import DatasetFacts
+from calib_monai.losses.crac import PRESETS
 
 __all__ = ["DATASETS", "MEASURED", "METHODS", "Dataset", "Method"]
 
@@ -125,7 +126,9 @@ METHODS: dict[str, Method] = {
     ),
     "crac": Method(
         "class- and region-adaptive constraints (CRaC, Augmented Lagrangian)",
-        {"_target_": "calib_monai.losses.CRaCLoss", "classes": "@num_classes", "dim": 2, "kernel_size": 3},
+        # the "tolerance" preset (|tau - l| <= eps, so multipliers can fall), chosen by the CRaC ablation
+        {"_target_": "calib_monai.losses.CRaCLoss", "classes": "@num_classes", "dim": 2, "kernel_size": 3,
+         **PRESETS["tolerance"]},  # fmt: skip
         ("Murugesan B. et al., Class and Region-Adaptive Constraints for Network Calibration, MICCAI 2024",),
         epochs=75,
         alm=True,

@@ -30,6 +30,7 @@ from calib_monai.experiments.ablations import (
     posthoc_study,
 )
 from calib_monai.experiments.comparison import main_comparison
+from calib_monai.experiments.crac_study import CRAC_VARIANTS, crac_ablation_study
 from calib_monai.experiments.robustness import data_fraction_study, noise_study
 from calib_monai.experiments.study import StudySetup
 
@@ -71,6 +72,12 @@ def crac_vs_nacl(dataset: str, lambdas: Sequence[float] = (0.01, 0.1, 0.5, 1.0),
     return _run(crac_vs_nacl_study, "crac_vs_nacl", StudySetup(dataset, **setup), lambdas)
 
 
+def crac_ablation(dataset: str, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
+                  **setup: Any) -> str:  # fmt: skip
+    """CRaC presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, for every seed."""
+    return _run(crac_ablation_study, "crac_ablation", StudySetup(dataset, **setup), variants, seeds)
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -83,7 +90,7 @@ def logit_epochs(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), sna
 
 
 COMMANDS = {"main": main, "noise": noise, "data_fraction": data_fraction, "nacl_ablation": nacl_ablation,
-            "crac_vs_nacl": crac_vs_nacl, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
+            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
 
 
 def run() -> None:

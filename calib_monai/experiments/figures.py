@@ -110,14 +110,19 @@ def qualitative_figure(image: np.ndarray, label: np.ndarray, predictions: Mappin
 
 def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: str | Path, xlabel: str,
               ylabel: str, title: str = "") -> Path:  # fmt: skip
-    """One line per method (e.g. ECE against the test-noise sigma)."""
+    """One line per method (e.g. ECE against the test-noise sigma); beyond four lines the legend goes to the right
+    of the axes, where it hides none of them, and line styles repeat less often than the ten default colours."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.6), dpi=100)
-    for name, values in series.items():
-        ax.plot(list(x), list(values), marker="o", label=name)
+    many = len(series) > 4
+    fig, ax = plt.subplots(figsize=(7.5 if many else 5, 3.6), dpi=100)
+    for i, (name, values) in enumerate(series.items()):
+        ax.plot(list(x), list(values), marker="os^D"[i // 10 % 4], linestyle=("-", "--")[i // 10 % 2], label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if many:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        ax.legend(fontsize=8)
     return _save(fig, path)
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from calib_monai.calibration import fit_temperature, sample_voxels
 from calib_monai.experiments.evaluation import EvaluatedVolume
 
 __all__ = ["LocalTemperatureScaling", "TemperatureScaling"]
@@ -25,32 +26,18 @@ def _voxels(volumes: Sequence[EvaluatedVolume], max_voxels: int, seed: int) -> t
     """Logits ``(N, C)`` and labels ``(N,)`` of all voxels (a seeded sample of ``max_voxels`` when more)."""
     logits = torch.cat([v.logits.reshape(v.logits.shape[0], -1).T for v in volumes])
     labels = torch.cat([v.label.reshape(-1) for v in volumes])
-    if logits.shape[0] > max_voxels:
-        keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(seed))[:max_voxels]
-        logits, labels = logits[keep], labels[keep]
-    return logits, labels
+    return sample_voxels(logits, labels, max_voxels, seed)
 
 
 class TemperatureScaling:
-    """One temperature for all voxels, fitted by L-BFGS on ``log T`` (so ``T`` stays positive)."""
+    """One temperature for all voxels (:func:`calib_monai.calibration.fit_temperature`)."""
 
     def __init__(self, max_voxels: int = 2_000_000, seed: int = 0) -> None:
         self.max_voxels, self.seed = int(max_voxels), int(seed)
         self.temperature = 1.0
 
     def fit(self, volumes: Sequence[EvaluatedVolume]) -> TemperatureScaling:
-        logits, labels = _voxels(volumes, self.max_voxels, self.seed)
-        log_t = torch.zeros((), requires_grad=True)
-        optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(logits / log_t.exp(), labels)
-            loss.backward()
-            return loss
-
-        optimizer.step(closure)
-        self.temperature = float(log_t.detach().exp())
+        self.temperature = fit_temperature(*_voxels(volumes, self.max_voxels, self.seed))
         return self
 
     def __call__(self, volume: EvaluatedVolume) -> torch.Tensor:

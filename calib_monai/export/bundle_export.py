@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from calib_monai.bundle import TrainedBundle
+from calib_monai.calibration.stored import CALIBRATION_FILE, load_calibration
 
 from .wrapper import SegmentationWithConfidence
 
@@ -136,6 +137,8 @@ def export_bundle(
 
     The network is built from ``configs/<config_file>`` (``network_def`` only) with ``bundle_root`` set to
     ``bundle_dir``; nothing else in the config (data, workflows) is instantiated. Everything runs on the CPU.
+    ``model.ts`` holds the network's raw logits; the ``segmentation_confidence`` modules apply the bundle's calibration
+    (``calibration.pt`` next to the checkpoint, from the ``calibrate`` step) when it was fitted for that checkpoint.
 
     Args:
         bundle_dir: the bundle folder.
@@ -202,9 +205,12 @@ def export_bundle(
     meta = bundle_dir / "configs" / "metadata.json"
     extra = {"metadata.json": meta.read_text() if meta.exists() else "{}"}
 
-    wrapper = SegmentationWithConfidence(network, spatial_dim=spatial_dim).eval()
+    # the calibrate step's calibration, when it was fitted for these weights: the confidence is then calibrated
+    calibration = load_calibration(bundle.weights.parent / CALIBRATION_FILE, bundle.weights)
+    info["calibration"] = repr(calibration) if calibration is not None else None
+    wrapper = SegmentationWithConfidence(network, spatial_dim, calibration).eval()
     # a traced network is wrapped as is; the wrapper's own forward is always scripted (shape-generic)
-    ts = torch.jit.script(SegmentationWithConfidence(scripted, spatial_dim).eval() if traced else wrapper)
+    ts = torch.jit.script(SegmentationWithConfidence(scripted, spatial_dim, calibration).eval() if traced else wrapper)
     ts_info = {**info, "dynamic": "B, H, W, D" if not traced else f"B, D (H, W fixed at {list(shape[2:4])})"}
     ts_extra = {**extra, "export.json": json.dumps(ts_info)}
     torch.jit.save(ts, paths["segmentation_confidence.ts"], _extra_files=ts_extra)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from calib_monai.calibration.stored import Uncalibrated
+
 __all__ = ["SegmentationWithConfidence"]
 
 
@@ -20,6 +22,10 @@ class SegmentationWithConfidence(torch.nn.Module):
         - ``segmentation``: ``(B, 1, H, W, D)`` ``int64`` labels, the argmax of the softmax over classes;
         - ``confidence``: ``(B, 1, H, W, D)`` ``float32``, the maximum softmax probability, in ``[1 / C, 1]``.
 
+    With a ``calibration`` (the bundle's ``calibrate`` step: :class:`~calib_monai.calibration.TemperatureScaling` or
+    :class:`~calib_monai.calibration.LocalTemperatureScaling`), the softmax is taken of the calibrated logits of each
+    slice: the confidence is calibrated, the segmentation is unchanged.
+
     The module is ``torch.jit.script``-able and ``torch.export``-able (with dynamic batch and depth). All ``B x D``
     slices go through the network as one batch: memory grows with the volume, so feed a large CT (e.g. 512 x 512 x
     300 on a small GPU) in chunks of slices along the slice axis.
@@ -28,6 +34,7 @@ class SegmentationWithConfidence(torch.nn.Module):
         network: a 2D network mapping ``(N, C_in, H, W)`` to logits ``(N, C, H, W)``.
         spatial_dim: the spatial axis to slice along, ``0``, ``1`` or ``2`` for ``H``, ``W`` or ``D`` (the same
             convention as ``monai.inferers.SliceInferer``); defaults to the last axis.
+        calibration: a module ``(logits, image) -> logits`` applied to each batch of 2D slices; None: none.
 
     Example::
 
@@ -36,11 +43,12 @@ class SegmentationWithConfidence(torch.nn.Module):
         segmentation, confidence = model(torch.rand(1, 1, 192, 192, 30))
     """
 
-    def __init__(self, network: torch.nn.Module, spatial_dim: int = 2) -> None:
+    def __init__(self, network: torch.nn.Module, spatial_dim: int = 2, calibration: torch.nn.Module | None = None) -> None:
         super().__init__()
         if spatial_dim not in (0, 1, 2):
             raise ValueError(f"spatial_dim must be 0, 1 or 2 (an axis of H, W, D), got {spatial_dim}.")
         self.network = network
+        self.calibration = calibration if calibration is not None else Uncalibrated()
         self.axis = spatial_dim + 2  # tensor axis of the slices in (B, C, H, W, D)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +56,8 @@ class SegmentationWithConfidence(torch.nn.Module):
         # (B, C, *spatial) -> (B, S, C, P, Q): the slices next to the batch so that one reshape folds them in
         slices = x.movedim(self.axis, 1)
         b, s, c, p, q = slices.shape
-        logits = self.network(slices.reshape(b * s, c, p, q))
+        flat = slices.reshape(b * s, c, p, q)
+        logits = self.calibration(self.network(flat), flat)
         logits = logits.reshape(b, s, logits.shape[1], p, q).movedim(1, self.axis)
         # one max over the softmax gives both outputs, so the label is always the class the confidence belongs to
         confidence, segmentation = torch.softmax(logits.float(), dim=1).max(dim=1, keepdim=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .alm import ALMUpdateHandler
 from .calibration import SegmentationCalibration
+from .calibration_fit import CalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
 from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint

@@ -1,0 +1,19 @@
+"""Post-hoc calibration: temperatures fitted on held-out voxels, stored next to a bundle's weights and applied to its
+logits (or to saved probabilities) without changing the segmentation."""
+
+from calib_monai.calibration.external import calibrate_probabilities, temperature_scale
+from calib_monai.calibration.local_temperature import LocalTemperatureScaling
+from calib_monai.calibration.stored import (
+    CALIBRATION_FILE,
+    CalibratedNetwork,
+    CalibrateLogitsd,
+    Uncalibrated,
+    calibrate_volume,
+    load_calibration,
+    save_calibration,
+)
+from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+
+__all__ = ["CALIBRATION_FILE", "CalibrateLogitsd", "CalibratedNetwork", "LocalTemperatureScaling", "TemperatureScaling",
+           "Uncalibrated", "calibrate_probabilities", "calibrate_volume", "fit_temperature", "load_calibration",
+           "sample_voxels", "save_calibration", "temperature_scale"]  # fmt: skip

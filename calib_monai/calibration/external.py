@@ -1,0 +1,213 @@
+"""Calibrate and evaluate anyone's probabilities: saved softmax outputs of 3D segmentations and their labels in,
+the project's evaluation report before and after a fitted temperature out (``calib-monai calibrate-probabilities``).
+
+Input formats (``format="auto"`` picks nnU-Net when the folder holds ``.npz`` files):
+
+* ``"nnunet"``: nnU-Net v2's ``--save_probabilities`` output. Per case, ``<case>.npz`` with one array
+  ``probabilities`` of shape ``(C, z, y, x)``, float, softmax over the classes, in the *original* image geometry
+  (the crop reverted, background 1 outside it); ``<case>.pkl``, the properties dict; ``<case>.nii.gz``, the
+  segmentation; and ``dataset.json`` (class names) in the folder. Source: MIC-DKFZ/nnUNet,
+  ``nnunetv2/inference/export_prediction.py`` (``export_prediction_from_logits`` saves
+  ``np.savez_compressed(<case>.npz, probabilities=...)`` and ``save_pickle(properties, <case>.pkl)``; the array is
+  transposed back with ``transpose_backward`` into the reader's axis order) and ``nnunetv2/imageio/``: ``SimpleITKIO``
+  reads ``sitk.GetArrayFromImage`` (``(z, y, x)``), ``NibabelIO`` transposes nibabel's ``(x, y, z)`` by ``(2, 1, 0)``
+  to the same order, and ``NibabelIOWithReorient`` does so after reorienting to RAS (``nibabel_stuff.reoriented_affine``
+  in the ``.pkl``; the labels are then reoriented the same way). Labels are read with nibabel (``(x, y, z)``), so the
+  probabilities are transposed by ``(0, 3, 2, 1)``. Region-based (sigmoid) models are refused.
+* ``"nifti"``: ``<case>.nii.gz`` probability maps, 4D ``(x, y, z, C)`` (one channel per class on the last axis) or
+  5D ``(x, y, z, 1, C)`` (nibabel's view of an intent-vector image), in the label's voxel grid.
+
+Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``); predictions named
+``<case>_0000`` match the label ``<case>``. Shapes are checked and a mismatch names both files, both shapes and the
+likely cause.
+
+Output folder (the metrics are :class:`calib_monai.handlers.SegmentationReport`'s, written by its
+:func:`~calib_monai.handlers.report_saver.write_report`, so the files read like a bundle's evaluation report):
+
+* ``before/`` and ``after/``: ``metrics.csv`` (one row per case), ``summary.json`` (mean over cases, pooled values,
+  settings: ``after/`` also ``temperature``, ``fitted_on``, ``in_sample``) and ``reliability.png``, for the
+  probabilities as given and after temperature scaling. ECE / CECE / TACE on ground-truth foreground voxels, 15
+  bins. Temperature scaling keeps the argmax, so ``after/`` repeats the HD95 / ASD of ``before/`` (DSC is recomputed);
+* ``comparison.csv``: ``metric, before, after``: the means over cases of the calibration columns and DSC, and the
+  pooled values: the first file to read;
+* ``temperature.json``: ``{"temperature", "fitted_on" (cases), "in_sample", "voxels"}``;
+* ``calibrated/`` (``write_calibrated=True``): ``softmax(log(p) / T)`` in the input's format.
+
+The temperature (:func:`calib_monai.calibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on
+``fit_predictions`` / ``fit_labels`` when given, on a seeded sample of at most ``max_voxels`` voxels spread evenly
+over the cases. Without them it is fitted on the evaluated cases, and the ``after`` numbers are in-sample
+(optimistic): the log and ``summary.json`` say so. One volume is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from monai.data import MetaTensor
+
+from calib_monai.calibration import readers
+from calib_monai.calibration.readers import detect_format, label_names_from, match_cases, read_case
+from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+
+__all__ = ["calibrate_probabilities", "temperature_scale"]
+
+logger = logging.getLogger("calib_monai")
+#: ``comparison.csv`` rows: summary columns (mean over cases) then pooled values.
+COMPARED = ("ece", "cece", "tace", "ece_union", "cece_union", "tace_union", "nll", "brier", "mean_dice")
+LOG_FLOOR = 1e-12
+
+
+def temperature_scale(probabilities: torch.Tensor, temperature: float, dim: int = 0) -> torch.Tensor:
+    """``softmax(log(max(p, 1e-12)) / T)`` along ``dim``: temperature scaling of saved probabilities."""
+    return torch.softmax(TemperatureScaling(temperature)(probabilities.clamp_min(LOG_FLOOR).log()), dim=dim)
+
+
+def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int]:
+    """Temperature of a seeded sample of ``max_voxels`` voxels, an equal share from each case; and the count."""
+    share = max(1, math.ceil(max_voxels / len(cases)))
+    logits, labels = [], []
+    for i, case in enumerate(cases):
+        volume = read_case(case)
+        flat = torch.from_numpy(volume.probabilities).reshape(volume.probabilities.shape[0], -1).T
+        lg, lb = sample_voxels(flat, torch.from_numpy(volume.label).reshape(-1), share, seed + i)
+        logits.append(lg.clamp_min(LOG_FLOOR).log())
+        labels.append(lb.clone())
+        del volume, flat
+    classes = sorted({lg.shape[1] for lg in logits})
+    if len(classes) > 1:
+        raise ValueError(f"the fitting cases have different numbers of classes: {classes}")
+    logits_all, labels_all = torch.cat(logits), torch.cat(labels)
+    return fit_temperature(logits_all, labels_all), int(labels_all.numel())
+
+
+def _resolve(predictions: str | Path, labels: str | Path, fmt: str, ignore_extra_labels: bool) -> list:
+    predictions = Path(predictions)
+    fmt = detect_format(predictions) if fmt == "auto" else fmt
+    return match_cases(predictions, Path(labels), fmt, ignore_extra_labels)
+
+
+def calibrate_probabilities(
+    predictions: str,
+    labels: str,
+    output_dir: str,
+    fit_predictions: str | None = None,
+    fit_labels: str | None = None,
+    format: str = "auto",  # noqa: A002 - the command-line name
+    label_names: dict[str, str] | None = None,
+    num_bins: int = 15,
+    empty_class: str = "nan",
+    surface_distances: bool = True,
+    max_voxels: int = 2_000_000,
+    seed: int = 0,
+    write_calibrated: bool = False,
+    ignore_extra_labels: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Evaluate saved probabilities against labels, fit a temperature, evaluate again; write the report.
+
+    Args:
+        predictions: folder of ``<case>.npz`` (nnU-Net) or ``<case>.nii.gz`` probability maps.
+        labels: folder of ``<case>.nii.gz`` label maps (every label needs a prediction, see ``ignore_extra_labels``).
+        output_dir: where ``before/``, ``after/``, ``comparison.csv``, ``temperature.json`` (and ``calibrated/``) go.
+        fit_predictions, fit_labels: a separate calibration set (same format) to fit the temperature on; without
+            it the temperature is fitted on the evaluated cases (in-sample).
+        format: ``"auto"``, ``"nnunet"`` or ``"nifti"`` (see the module docstring).
+        label_names: ``{"0": "background", ...}``; default from the ``dataset.json`` beside the predictions, else
+            ``class_<i>``.
+        num_bins: bins of ECE / CECE / TACE (15 in the papers).
+        empty_class: ``"nan"`` or ``"papers"``: DSC / HD95 of classes absent from a label
+            (:func:`calib_monai.metrics.segmentation_metrics_per_volume`).
+        surface_distances: False leaves out HD95 and ASD (much faster on large volumes).
+        max_voxels: voxels sampled (seeded) to fit the temperature, bounding its memory.
+        seed: seed of that sample.
+        write_calibrated: also write the temperature-scaled probabilities to ``output_dir/calibrated``.
+        ignore_extra_labels: evaluate only the predicted cases when the label folder holds more (e.g. ``labelsTr``
+            against one fold's validation predictions).
+        device: where the metrics run (``"cuda"`` on a GPU machine).
+
+    Returns:
+        ``{"temperature", "in_sample", "cases", "output_dir", "comparison"}``.
+    """
+    from calib_monai.handlers.report import SegmentationReport
+    from calib_monai.handlers.report_saver import write_report
+
+    output_dir = Path(output_dir)
+    cases = _resolve(predictions, labels, format, ignore_extra_labels)
+    if (fit_predictions is None) != (fit_labels is None):
+        raise ValueError("give both fit_predictions and fit_labels (a calibration set), or neither")
+    fit_cases = cases if fit_predictions is None else _resolve(fit_predictions, fit_labels, format, True)
+    overlap = sorted({c.name for c in fit_cases} & {c.name for c in cases})
+    in_sample = bool(overlap)
+    if fit_predictions is None:
+        logger.warning("no calibration set given (--fit_predictions/--fit_labels): the temperature is fitted on "
+                       f"the {len(cases)} evaluated case(s), so the 'after' numbers are in-sample (optimistic)")
+    elif overlap:
+        logger.warning(f"{len(overlap)} case name(s) are in both the calibration and the evaluated set "
+                       f"({', '.join(overlap[:10])}): the 'after' numbers are partly in-sample (optimistic)")
+    temperature, voxels = _fit(fit_cases, max_voxels, seed)
+    fitted_on = [c.name for c in fit_cases]
+    logger.info(f"temperature {temperature:.4f} fitted on {voxels} voxels of {len(fit_cases)} case(s)")
+
+    before = after = None
+    for index, case in enumerate(cases):
+        volume = read_case(case)
+        if before is None:
+            names = label_names or label_names_from(case.probabilities.parent, volume.probabilities.shape[0])
+            before = SegmentationReport(output_dir / "before", names, num_bins, empty_class,
+                                        surface_distances=surface_distances)  # fmt: skip
+            after = SegmentationReport(output_dir / "after", names, num_bins, empty_class, surface_distances=False)
+        if volume.probabilities.shape[0] != len(before.class_names):
+            raise ValueError(f"case {case.name} has {volume.probabilities.shape[0]} classes, expected "
+                             f"{len(before.class_names)} ({before.class_names})")  # fmt: skip
+        image = MetaTensor(torch.zeros(1), affine=torch.as_tensor(volume.affine, dtype=torch.float64),
+                           meta={"filename_or_obj": case.name})  # spacing (mm) and case name of the row
+        label = torch.from_numpy(volume.label)[None].to(device)
+        prob = torch.from_numpy(volume.probabilities).to(device)
+        row = before.evaluate_volume({"image": image, "prob": prob, "pred": prob, "label": label}, index)
+        scaled = temperature_scale(prob, temperature)
+        del prob
+        scaled_row = after.evaluate_volume({"image": image, "prob": scaled, "pred": scaled, "label": label}, index)
+        before.rows.append(row)
+        after.rows.append({k: scaled_row.get(k, v) for k, v in row.items()})  # HD95 / ASD: the argmax is unchanged
+        if write_calibrated:
+            readers.write_calibrated(case, volume, scaled.cpu().numpy(), output_dir / "calibrated")
+        del volume, scaled
+
+    settings = {"num_bins": before.num_bins, "empty_class": empty_class, "classes": before.class_names,
+                "foreground": "ground-truth foreground voxels (ece, cece, tace, nll, brier)",
+                "predictions": str(predictions), "labels": str(labels)}  # fmt: skip
+    fit_info = {"temperature": temperature, "fitted_on": fitted_on, "in_sample": in_sample, "voxels": voxels}
+    write_report(before.output_dir, before.rows, before.reliability_data(), before.pooled(),
+                 {**settings, "probabilities": "as given"}, logger)  # fmt: skip
+    note = ("the temperature was fitted on these cases: in-sample, optimistic" if in_sample
+            else "the temperature was fitted on a separate calibration set")  # fmt: skip
+    write_report(after.output_dir, after.rows, after.reliability_data(), after.pooled(),
+                 {**settings, "probabilities": f"softmax(log(p) / {temperature:.6g})", **fit_info, "note": note},
+                 logger)  # fmt: skip
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "temperature.json").write_text(json.dumps(fit_info, indent=2))
+    comparison = _write_comparison(output_dir / "comparison.csv", before, after)
+    logger.info("before -> after temperature scaling: " + ", ".join(
+        f"{k} {v['before']:.4f} -> {v['after']:.4f}" for k, v in comparison.items() if k in ("ece", "cece", "nll")))
+    return {"temperature": temperature, "in_sample": in_sample, "cases": len(cases), "output_dir": str(output_dir),
+            "comparison": comparison}  # fmt: skip
+
+
+def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:
+    """``comparison.csv`` (``metric, before, after``) and its content: means over cases, then pooled values."""
+    means = [report.summary() for report in (before, after)]
+    pooled = [report.pooled() for report in (before, after)]
+    table = {k: {"before": means[0][k]["mean"], "after": means[1][k]["mean"]} for k in COMPARED if k in means[0]}
+    table.update({k: {"before": pooled[0][k], "after": pooled[1][k]} for k in pooled[0]})
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["metric", "before", "after"])
+        writer.writerows([k, v["before"], v["after"]] for k, v in table.items())
+    return table

@@ -1,0 +1,219 @@
+"""Readers and writers of saved probabilities for :mod:`calib_monai.calibration.external` (formats described there).
+
+Every reader gives a :class:`Volume` in nibabel's voxel order: probabilities ``(C, x, y, z)``, the label ``(x, y, z)``
+and the label image's affine, so that metrics, spacing and the written calibrated files all use one frame.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+from nibabel.orientations import io_orientation
+
+__all__ = ["FORMATS", "CaseFiles", "Volume", "detect_format", "label_names_from", "match_cases", "read_case",
+           "write_calibrated"]  # fmt: skip
+
+FORMATS = ("nnunet", "nifti")
+_NIFTI = (".nii.gz", ".nii")
+_CHANNEL_SUFFIX = re.compile(r"_\d{4}$")  # nnU-Net's image channel suffix, absent from label names
+SUM_TOLERANCE = 1e-2  # float16 files (older nnU-Net) sum to 1 within ~1e-3
+
+
+@dataclass(frozen=True)
+class CaseFiles:
+    name: str  # the label's case name
+    probabilities: Path
+    label: Path
+    format: str
+
+
+@dataclass
+class Volume:
+    probabilities: np.ndarray  # (C, x, y, z) float32, channels summing to 1
+    label: np.ndarray  # (x, y, z) int64
+    affine: np.ndarray  # of the label image, in the frame of the arrays
+    nifti_ndim: int = 0  # 4 or 5 for a NIfTI probability map (its layout is written back)
+    header: Any = None
+
+
+def _stem(path: Path) -> str:
+    return next(path.name[: -len(e)] for e in (*_NIFTI, ".npz") if path.name.endswith(e))
+
+
+def _files(folder: Path, endings: tuple[str, ...]) -> dict[str, Path]:
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    return {_stem(p): p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings)}
+
+
+def detect_format(predictions: Path) -> str:
+    """``"nnunet"`` when the folder holds ``.npz`` files, ``"nifti"`` when it holds NIfTI files only."""
+    if _files(predictions, (".npz",)):
+        return "nnunet"
+    if _files(predictions, _NIFTI):
+        return "nifti"
+    raise FileNotFoundError(f"no probabilities in {predictions}: expected nnU-Net's <case>.npz or <case>.nii.gz maps")
+
+
+def _listing(names: list[str], limit: int = 20) -> str:
+    more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: bool = False) -> list[CaseFiles]:
+    """Pair ``<case>.npz`` (nnU-Net) or ``<case>.nii.gz`` (NIfTI) predictions with ``labels/<case>.nii.gz`` by name;
+    a prediction ``<case>_0000`` also matches the label ``<case>``. Unpaired predictions (always) and unpaired labels
+    (unless ``ignore_extra_labels``) raise a ``ValueError`` naming them."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} or 'auto', got {fmt!r}")
+    preds = _files(predictions, (".npz",) if fmt == "nnunet" else _NIFTI)
+    label_files = _files(labels, _NIFTI)
+    if not preds:
+        raise FileNotFoundError(f"no {fmt} probabilities in {predictions}")
+    pairs, missing = {}, []
+    for name, path in preds.items():
+        key = name if name in label_files else _CHANNEL_SUFFIX.sub("", name)
+        if key in label_files:
+            pairs[key] = CaseFiles(key, path, label_files[key], fmt)
+        else:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"{len(missing)} prediction(s) in {predictions} have no label <case>.nii.gz in {labels}: "
+                         f"{_listing(missing)}")  # fmt: skip
+    extra = sorted(set(label_files) - set(pairs))
+    if extra and not ignore_extra_labels:
+        raise ValueError(f"{len(extra)} label(s) in {labels} have no prediction in {predictions}: {_listing(extra)} "
+                         "(pass --ignore_extra_labels to evaluate only the predicted cases)")
+    return [pairs[k] for k in sorted(pairs)]
+
+
+def label_names_from(predictions: Path, num_classes: int) -> dict[str, str]:
+    """Class names from the ``dataset.json`` nnU-Net writes beside its predictions (``{"background": 0, ...}``),
+    else ``class_<i>``."""
+    path = predictions / "dataset.json"
+    labels = json.loads(path.read_text()).get("labels", {}) if path.is_file() else {}
+    if any(isinstance(v, (list, tuple)) for v in labels.values()):
+        raise ValueError(f"{path} defines regions: region-based nnU-Net models save sigmoid probabilities per region, "
+                         f"not one probability per class, and cannot be evaluated here")  # fmt: skip
+    names = {str(v): k for k, v in labels.items() if k != "ignore"}
+    return {str(c): names.get(str(c), "background" if c == 0 else f"class_{c}") for c in range(num_classes)}
+
+
+def _read_label(path: Path, reorient: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    image = nib.load(str(path))
+    if reorient:  # nnU-Net's NibabelIOWithReorient works on the RAS-reoriented image
+        image = image.as_reoriented(io_orientation(image.affine))
+    data = np.asanyarray(image.dataobj)
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise ValueError(f"label {path} must be a 3D label map, got shape {data.shape}")
+    label = np.rint(data).astype(np.int64)
+    if not np.array_equal(label, data):
+        raise ValueError(f"label {path} holds non-integer values: is it a label map?")
+    return label, image.affine
+
+
+def _check(probabilities: np.ndarray, label: np.ndarray, case: CaseFiles) -> np.ndarray:
+    """Finite, non-negative, channels summing to 1 (renormalised within ``SUM_TOLERANCE``), labels in [0, C)."""
+    if not np.isfinite(probabilities).all() or probabilities.min() < 0:
+        raise ValueError(f"{case.probabilities} holds negative or non-finite values: probabilities expected")
+    total = probabilities.sum(0)
+    if np.abs(total - 1).max() > SUM_TOLERANCE:
+        raise ValueError(f"the channels of {case.probabilities} do not sum to 1 (range {total.min():.3g} to "
+                         f"{total.max():.3g}): softmax probabilities expected (not logits, not sigmoid regions)")
+    values = np.unique(label)
+    if values.min() < 0 or values.max() >= probabilities.shape[0]:
+        raise ValueError(f"label {case.label} has values {values.tolist()} but {case.probabilities} has "
+                         f"{probabilities.shape[0]} classes (an nnU-Net 'ignore' label is not supported)")
+    return (probabilities / total).astype(np.float32, copy=False)
+
+
+def _mismatch(case: CaseFiles, stored: tuple, expected: tuple, layout: str, cause: str) -> ValueError:
+    return ValueError(f"case {case.name}: the probabilities {case.probabilities} have shape {stored} ({layout}) but "
+                      f"the label {case.label} read by nibabel has shape (x, y, z) = {expected}: {cause}")
+
+
+def _read_nnunet(case: CaseFiles) -> Volume:
+    with np.load(case.probabilities) as f:
+        if "probabilities" not in f:
+            raise ValueError(f"{case.probabilities} has no 'probabilities' array (keys {list(f)}): not written by "
+                             f"nnU-Net's --save_probabilities")  # fmt: skip
+        stored = f["probabilities"]
+    pkl = case.probabilities.with_suffix(".pkl")
+    properties = pickle.loads(pkl.read_bytes()) if pkl.is_file() else {}  # nnU-Net's own trusted output
+    reorient = "reoriented_affine" in properties.get("nibabel_stuff", {})
+    label, affine = _read_label(case.label, reorient)
+    if stored.ndim != 4 or stored.shape[1:][::-1] != label.shape:
+        spatial = tuple(stored.shape[1:])
+        if spatial == label.shape:
+            cause = ("the array is in (x, y, z) order already, not nnU-Net's (z, y, x): was the .npz written by "
+                     "something other than nnU-Net's export? Use the NIfTI format for (x, y, z) maps")
+        elif sorted(spatial) == sorted(label.shape):
+            cause = "the same sizes in another axis order: the probabilities' axes are permuted"
+        else:
+            before = properties.get("shape_before_cropping")
+            cause = ("different grids: nnU-Net writes probabilities in the original image geometry"
+                     + (f" (its .pkl: shape_before_cropping {tuple(before)}, in nnU-Net's transposed order)"
+                   if before is not None else "")
+                     + "; are the labels resampled or cropped (e.g. from nnUNet_preprocessed), or for another image?")
+        raise _mismatch(case, tuple(stored.shape), label.shape, "(C, z, y, x) as nnU-Net saves it", cause)
+    probabilities = np.ascontiguousarray(stored.astype(np.float32).transpose(0, 3, 2, 1))
+    return Volume(_check(probabilities, label, case), label, affine)
+
+
+def _read_nifti(case: CaseFiles) -> Volume:
+    image = nib.load(str(case.probabilities))
+    data = np.asarray(image.dataobj, dtype=np.float32)
+    if data.ndim == 5 and data.shape[3] == 1:  # (x, y, z, 1, C): nibabel's view of an intent-vector image
+        data = data[:, :, :, 0]
+    elif data.ndim != 4:
+        raise ValueError(f"{case.probabilities} has shape {data.shape}: a 4D (x, y, z, C) or 5D (x, y, z, 1, C) "
+                         f"probability map expected, one channel per class")  # fmt: skip
+    label, affine = _read_label(case.label)
+    if data.shape[:3] != label.shape:
+        if data.shape[1:] == label.shape:
+            cause = "the channel axis comes first: NIfTI probability maps keep the classes on the last axis"
+        elif sorted(data.shape[:3]) == sorted(label.shape):
+            cause = "the same sizes in another axis order: the map was saved from a permuted, e.g. (z, y, x), array"
+        else:
+            cause = "different grids: resample the probabilities to the label image's geometry first"
+        raise _mismatch(case, data.shape, label.shape, "(x, y, z, C)", cause)
+    probabilities = np.ascontiguousarray(np.moveaxis(data, -1, 0))
+    return Volume(_check(probabilities, label, case), label, affine, image.ndim, image.header)
+
+
+def read_case(case: CaseFiles) -> Volume:
+    """The case's probabilities ``(C, x, y, z)``, label ``(x, y, z)`` and affine; shapes and values checked."""
+    return _read_nnunet(case) if case.format == "nnunet" else _read_nifti(case)
+
+
+def write_calibrated(case: CaseFiles, volume: Volume, probabilities: np.ndarray, folder: Path) -> Path:
+    """Write ``probabilities (C, x, y, z)`` as the input was written: nnU-Net's ``.npz`` (``(C, z, y, x)``, with the
+    ``.pkl`` and segmentation copied, the argmax being unchanged) or a NIfTI map with the input's header."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = _stem(case.probabilities)
+    if case.format == "nnunet":
+        out = folder / f"{stem}.npz"
+        np.savez_compressed(out, probabilities=probabilities.transpose(0, 3, 2, 1).astype(np.float32))
+        for name in (f"{stem}.pkl", f"{stem}.nii.gz", "dataset.json", "plans.json"):  # an nnU-Net output folder
+            src = case.probabilities.with_name(name)
+            if src.is_file():
+                shutil.copy2(src, folder / name)
+        return out
+    data = np.moveaxis(probabilities, 0, -1).astype(np.float32)
+    if volume.nifti_ndim == 5:
+        data = data[:, :, :, None]
+    header = volume.header.copy()
+    header.set_data_dtype(np.float32)
+    out = folder / case.probabilities.name
+    nib.save(nib.Nifti1Image(data, None, header), str(out))  # the input map's own affine, from its header
+    return out

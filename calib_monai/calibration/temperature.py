@@ -1,0 +1,86 @@
+"""Temperature scaling (Guo C. et al., On Calibration of Modern Neural Networks, ICML 2017).
+
+``softmax(z / T)`` with one scalar ``T > 0`` that minimises the negative log-likelihood of held-out voxels. Dividing
+every logit by the same positive number keeps their order, so the argmax (the segmentation, DSC, HD95) is unchanged.
+Log-probabilities are valid logits here (``softmax(log p) = p``), so the same fit recalibrates saved probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["TemperatureScaling", "check_voxels", "fit_temperature", "sample_voxels"]
+
+
+def sample_voxels(logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded sample of at most ``max_voxels`` rows of ``logits (N, C)`` and ``labels (N,)`` (all when fewer)."""
+    if logits.shape[0] <= max_voxels:
+        return logits, labels
+    keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(seed))[:max_voxels]
+    return logits[keep.to(logits.device)], labels[keep.to(labels.device)]
+
+
+def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """``logits (N, C)`` with ``N > 0`` finite rows and ``labels (N,)`` in ``[0, C)``, else a ValueError saying which."""
+    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"need logits (N, C) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    if logits.shape[0] == 0:
+        raise ValueError("no voxels to fit a temperature on")
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError("the logits hold NaN or inf values; a temperature cannot be fitted on them")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= logits.shape[1]:
+        raise ValueError(f"labels must lie in [0, {logits.shape[1]}) for {logits.shape[1]} classes, got [{low}, {high}]")
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> float:
+    """The temperature minimising ``NLL(softmax(logits / T), labels)``, by L-BFGS on ``log T`` (so ``T > 0``).
+
+    Args:
+        logits: ``(N, C)`` logits (or log-probabilities) of ``N`` voxels.
+        labels: ``(N,)`` class indices in ``[0, C)``.
+    """
+    check_voxels(logits, labels)
+    logits = logits.detach().double()
+    labels = labels.detach().long().to(logits.device)
+    log_t = torch.zeros((), dtype=torch.float64, device=logits.device, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+class TemperatureScaling(nn.Module):
+    """``logits / T`` for logits ``(N, C, *spatial)``; ``T`` is a buffer, so it travels in the ``state_dict``.
+
+    ``forward(logits, image=None)`` has the signature of every calibration module of this package (local temperature
+    scaling needs the image); it is TorchScript-able, so exported models carry it.
+    """
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+
+    def forward(self, logits: torch.Tensor, image: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return logits / self.temperature.to(logits.dtype)
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> TemperatureScaling:
+        """Fit ``T`` on voxels: ``logits (N, C)``, ``labels (N,)`` (:func:`fit_temperature`)."""
+        self.temperature.fill_(fit_temperature(logits, labels))
+        return self
+
+    def extra_repr(self) -> str:
+        return f"temperature={float(self.temperature):.4f}"

@@ -1,0 +1,191 @@
+"""The CRaC ablation (issue 13): presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, over seeds.
+
+Every variant is the ``crac`` bundle with ``loss#<option>`` overrides; CE+Dice and NACL are their bundles' runs at
+the same budget and seed. For each seed the study ranks CE+Dice, NACL and one CRaC variant at a time (the CRaC
+paper's Friedman rank over its Table 1 columns DSC, HD95, ECE, TACE), divides the variant's ECE by CE+Dice's, and
+reads the validation ECE of every epoch from the run's ``train.log`` to see whether it climbs.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from calib_monai.experiments import figures
+from calib_monai.experiments.evaluation import evaluate_run
+from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_table
+from calib_monai.losses.crac import PRESETS
+from calib_monai.metrics import friedman_rank
+
+__all__ = ["CRAC_VARIANTS", "CRAC_CRITERIA", "crac_ablation_study", "validation_curve", "ece_climb", "alm_health"]
+
+
+def _preset(name: str, **changes: object) -> dict[str, object]:
+    """Bundle overrides (``loss#<option>``) of a :data:`~calib_monai.losses.crac.PRESETS` entry with ``changes``."""
+    return {f"loss#{k}": v for k, v in {**PRESETS[name], **changes}.items()}
+
+
+# variant name -> the crac bundle's loss overrides; the "tolerance" family changes one option at a time
+CRAC_VARIANTS: dict[str, dict[str, object]] = {
+    "paper": _preset("paper"),
+    "authors": _preset("authors"),
+    "tol0.5_rho1": _preset("tolerance", tolerance=0.5, rho_init=1.0),
+    "tol1_rho1": _preset("tolerance", tolerance=1.0, rho_init=1.0),
+    "tol1.5_rho1": _preset("tolerance", tolerance=1.5, rho_init=1.0),
+    "tol2_rho1": _preset("tolerance", tolerance=2.0, rho_init=1.0),
+    "tol1_rho0.1": _preset("tolerance", tolerance=1.0, rho_init=0.1),
+    "tol1_rho1_margin5": _preset("tolerance", tolerance=1.0, rho_init=1.0, inner_margin=5.0),
+    "tol1_rho1_all_padded": _preset("tolerance", tolerance=1.0, rho_init=1.0, multiplier_average="all_padded"),
+}
+RANKED = (("mean_dice", True), ("mean_hd95", False), ("ece", False), ("tace", False))  # CRaC's Table 1 columns
+COLUMNS = ("mean_dice", "mean_hd95", "ece", "cece", "tace")
+# issue 13's bar, per seed: rank <= NACL's, ECE <= 0.5x CE+Dice's, validation ECE not climbing (tolerance below)
+CRAC_CRITERIA = {"ece_ratio": 0.5, "climb": 0.01}
+_EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ .*val_ece ([0-9.eE+-]+|nan)")
+_ALM_LINE = re.compile(r"ALM outer step \d+ \(epoch \d+\): (.*)$")
+_ALM_ENTRY = re.compile(r"lambda ([0-9.eE+-]+) rho ([0-9.eE+-]+) h ([0-9.eE+-]+) satisfied ([0-9.eE+-]+)")
+
+
+def validation_curve(log: str | Path) -> list[float]:
+    """Validation ECE per epoch from a run's ``train.log`` (the ``EpochSummary`` lines; a resumed epoch's last line)."""
+    by_epoch: dict[int, float] = {}
+    for line in Path(log).read_text().splitlines():
+        m = _EPOCH_LINE.search(line)
+        if m:
+            by_epoch[int(m.group(1))] = float(m.group(2))
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def ece_climb(curve: Sequence[float]) -> float:
+    """Mean validation ECE over the last third of the epochs minus the mean over the middle third.
+
+    Positive: the ECE rises in the second half of training (issue 13 measured CRaC rising every epoch); a
+    network that settles gives about 0. NaN with fewer than 3 epochs."""
+    n = len(curve)
+    if n < 3:
+        return float("nan")
+    third = n // 3
+    return float(np.mean(curve[n - third:]) - np.mean(curve[third:n - third]))
+
+
+def alm_health(log: str | Path) -> dict[str, float]:
+    """From the last ALM line of ``train.log``: the largest lambda and the mean satisfied fraction over (k, r)."""
+    last = None
+    for line in Path(log).read_text().splitlines():
+        m = _ALM_LINE.search(line)
+        if m:
+            last = m.group(1)
+    if last is None:
+        return {"lambda_max": float("nan"), "satisfied": float("nan")}
+    entries = np.array([[float(x) for x in e] for e in _ALM_ENTRY.findall(last)])
+    return {"lambda_max": float(entries[:, 0].max()), "satisfied": float(entries[:, 3].mean())}
+
+
+def _seed_setup(setup: StudySetup, seed: int) -> StudySetup:
+    return replace(setup, seed=int(seed), runs_dir=str(Path(setup.runs_dir) / f"seed{seed}"))
+
+
+def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
+                        command: str = "") -> str:  # fmt: skip
+    """Train CE+Dice, NACL and the CRaC ``variants`` (keys of :data:`CRAC_VARIANTS`) for every seed; write
+    ``<results_dir>/crac_ablation``: the table (mean ± std over seeds of each seed's mean over test volumes),
+    ``per_seed.csv``, ``per_volume.csv``, ``val_ece_seed<s>.png`` and README."""
+    variants = [variants] if isinstance(variants, str) else list(variants)
+    unknown = [v for v in variants if v not in CRAC_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"variants must be among {list(CRAC_VARIANTS)}, got {variants}")
+    seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    out = setup.study_dir("crac_ablation")
+    entries = [("CE+Dice", "ce_dice", "", {}), ("NACL", "nacl", "", {})]
+    entries += [(f"CRaC {v}", "crac", v, CRAC_VARIANTS[v]) for v in variants]
+    per_seed, per_volume, specs = [], [], []
+    for seed in seeds:
+        seeded = _seed_setup(setup, seed)
+        curves, results = {}, {}
+        for name, method, variant, extra in entries:
+            spec = seeded.spec(method, variant, extra)
+            run = seeded.trained(method, variant, extra)
+            specs.append(spec)
+            report = evaluate_run(run, "test")
+            results[name] = {k: v["mean"] for k, v in report.summary().items()}
+            per_volume += [{"seed": seed, "method": name, **row} for row in report.rows]
+            log = Path(spec.run_dir) / "train.log"
+            curves[name] = validation_curve(log)
+            results[name].update(climb=ece_climb(curves[name]), **alm_health(log))
+        per_seed += _score_seed(seed, results)
+        figures.line_plot(list(range(1, 1 + max(len(c) for c in curves.values()))),
+                          {n: c + [float("nan")] * (max(len(x) for x in curves.values()) - len(c)) for n, c in curves.items()},
+                          out / f"val_ece_seed{seed}.png", "epoch", "validation ECE",
+                          f"{setup.dataset}, seed {seed}: validation ECE per epoch")  # fmt: skip
+    _write_csv(out / "per_seed.csv", per_seed)
+    _write_csv(out / "per_volume.csv", per_volume)
+    table = write_table(_summary_rows(per_seed, [e[0] for e in entries]), out / "crac_ablation",
+                        f"CRaC variants against CE+Dice and NACL, mean ± std over seeds {seeds}")  # fmt: skip
+    legend = "\n".join(f"- `{v}`: " + ", ".join(f"{k.split('#')[1]}={val}" for k, val in CRAC_VARIANTS[v].items())
+                       for v in variants)  # fmt: skip
+    notes = [
+        "Friedman rank: for each seed, CE+Dice, NACL and that CRaC variant ranked on mean DSC, HD95, ECE and TACE "
+        "(CRaC paper, Table 1 columns), averaged over the four (lower is better); CE+Dice's and NACL's rows show "
+        "their rank against the best CRaC variant of that seed. `ECE / CE+Dice`: the ratio per seed. `val ECE "
+        "climb`: mean validation ECE over the last third of the epochs minus the middle third. `meets`: seeds "
+        f"where rank <= NACL's, ECE <= {CRAC_CRITERIA['ece_ratio']}x CE+Dice's and climb <= {CRAC_CRITERIA['climb']}. "
+        "`lambda max`, `satisfied`: the last ALM step's largest multiplier and mean fraction of validation pixels "
+        "whose constraint holds.",
+        "Variants:\n\n" + legend,
+        "Figures: `val_ece_seed<s>.png`; values per seed: `per_seed.csv`; per test volume: `per_volume.csv`.",
+    ]
+    setup.write_readme("crac_ablation", f"CRaC ablation on {setup.dataset}", command or "(called from Python)",
+                       [table, *notes], specs)  # fmt: skip
+    return table
+
+
+def _score_seed(seed: int, results: Mapping[str, Mapping[str, float]]) -> list[dict]:
+    """Rows of one seed: each CRaC variant ranked against CE+Dice and NACL, and the criteria it meets."""
+    columns, higher = [c for c, _ in RANKED], [h for _, h in RANKED]
+    crac = [n for n in results if n.startswith("CRaC")]
+    rows, ranks = [], {}
+    for name in crac:
+        trio = ["CE+Dice", "NACL", name]
+        rank = friedman_rank(np.array([[results[m][c] for c in columns] for m in trio]), higher)
+        ranks[name] = dict(zip(trio, rank.tolist()))
+    best = min(crac, key=lambda n: (ranks[n][n], results[n]["ece"])) if crac else None
+    for name, values in results.items():
+        rank = ranks[name][name] if name in ranks else (ranks[best][name] if best else float("nan"))
+        ratio = values["ece"] / results["CE+Dice"]["ece"]
+        meets = (name in ranks and rank <= ranks[name]["NACL"] and ratio <= CRAC_CRITERIA["ece_ratio"]
+                 and values["climb"] <= CRAC_CRITERIA["climb"])  # fmt: skip
+        rows.append({"seed": seed, "method": name, **{c: values[c] for c in COLUMNS}, "ece_ratio": ratio,
+                     "friedman_rank": rank, "climb": values["climb"], "lambda_max": values["lambda_max"],
+                     "satisfied": values["satisfied"], "meets": meets})  # fmt: skip
+    return rows
+
+
+def _summary_rows(per_seed: Sequence[Mapping], names: Sequence[str]) -> list[dict[str, str]]:
+    rows = []
+    for name in names:
+        mine = [r for r in per_seed if r["method"] == name]
+
+        def cell(key: str, digits: int = 3) -> str:
+            values = np.array([r[key] for r in mine], dtype=np.float64)
+            if np.isnan(values).all():
+                return ""
+            return format_mean_std(float(np.nanmean(values)), float(np.nanstd(values)) if len(values) > 1 else None, digits)
+
+        row = {"method": name, **{heading(c): cell(c) for c in COLUMNS}, "ECE / CE+Dice": cell("ece_ratio", 2),
+               "Friedman rank": cell("friedman_rank", 2), "val ECE climb": cell("climb"),
+               "lambda max": cell("lambda_max", 2), "satisfied": cell("satisfied", 2)}  # fmt: skip
+        row["meets"] = f"{sum(bool(r['meets']) for r in mine)}/{len(mine)}" if name.startswith("CRaC") else ""
+        rows.append(row)
+    return rows
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,127 @@
+"""The bundle ``calibrate`` step: fit a post-hoc calibration on the evaluator's validation logits and store it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from ignite.engine import Engine, Events
+from torch.nn import functional as F
+
+from calib_monai.calibration import LocalTemperatureScaling, TemperatureScaling, calibrate_volume, save_calibration
+from calib_monai.calibration.temperature import check_voxels
+from calib_monai.metrics import ece
+
+__all__ = ["CalibrationFitter"]
+
+logger = logging.getLogger("calib_monai")
+METHODS = ("temperature", "local_temperature")
+
+
+class CalibrationFitter:
+    """Attach to a validation evaluator whose outputs keep the raw logits; when it completes, fit ``method`` on them
+    and write ``output_path`` (``<models>/calibration.pt`` and its readable ``calibration.json``).
+
+    ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded);
+    ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
+    2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
+    (ground-truth foreground voxels, 15 bins) of the fitted data before and after.
+
+    Args:
+        output_path: the calibration file.
+        weights: the network's weights file it is fitted for (its SHA-256 is stored; the calibration is never
+            applied to other weights).
+        method: ``"temperature"`` or ``"local_temperature"``.
+        num_classes, in_channels: of the network (local temperature scaling).
+        max_voxels, max_slices, lts_steps, seed: fit budget and seed.
+        logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
+        spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
+    """
+
+    def __init__(self, output_path: str | os.PathLike, weights: str | os.PathLike, method: str = "temperature",
+                 num_classes: int | None = None, in_channels: int = 1, max_voxels: int = 2_000_000,
+                 max_slices: int = 4_000, lts_steps: int = 300, seed: int = 0, logits_key: str = "pred",
+                 label_key: str = "label", image_key: str = "image", spatial_dim: int = 2) -> None:  # fmt: skip
+        if method not in METHODS:
+            raise ValueError(f"calibrate method must be one of {METHODS}, got {method!r} (set --calibration_method)")
+        if method == "local_temperature" and num_classes is None:
+            raise ValueError("local temperature scaling needs num_classes")
+        self.output_path, self.weights, self.method = Path(output_path), Path(weights), method
+        self.num_classes, self.in_channels = num_classes, in_channels
+        self.max_voxels, self.max_slices, self.lts_steps, self.seed = max_voxels, max_slices, lts_steps, seed
+        self.keys = (logits_key, label_key, image_key)
+        self.spatial_dim = spatial_dim
+        self._volumes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, lambda _: self._volumes.clear())
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._collect)
+        engine.add_event_handler(Events.COMPLETED, self._fit)
+
+    def _collect(self, engine: Engine) -> None:
+        logits_key, label_key, image_key = self.keys
+        items = engine.state.output if isinstance(engine.state.output, list) else [engine.state.output]
+        for item in items:
+            logits = torch.as_tensor(item[logits_key]).detach().float().cpu()
+            label = torch.as_tensor(item[label_key]).detach().cpu()
+            label = (label.argmax(0) if label.shape[0] > 1 else label[0]).long()
+            image = torch.as_tensor(item[image_key]).detach().float().cpu()
+            self._volumes.append((logits.as_subclass(torch.Tensor), label.as_subclass(torch.Tensor),
+                                  image.as_subclass(torch.Tensor)))  # fmt: skip
+
+    def _voxels(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``(N, C)`` and labels ``(N,)``: at most ``max_voxels`` in all, the same share from each volume."""
+        generator = torch.Generator().manual_seed(self.seed)
+        share = max(1, self.max_voxels // max(1, len(self._volumes)))
+        logits, labels = [], []
+        for z, y, _ in self._volumes:
+            z, y = z.reshape(z.shape[0], -1).T, y.reshape(-1)
+            if z.shape[0] > share:
+                keep = torch.randperm(z.shape[0], generator=generator)[:share]
+                z, y = z[keep], y[keep]
+            logits.append(z)
+            labels.append(y)
+        return torch.cat(logits), torch.cat(labels)
+
+    def _slices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        axis = self.spatial_dim + 1
+        logits = torch.cat([z.movedim(axis, 0) for z, _, _ in self._volumes])
+        images = torch.cat([x.movedim(axis, 0) for _, _, x in self._volumes])
+        labels = torch.cat([y.movedim(self.spatial_dim, 0) for _, y, _ in self._volumes])
+        if logits.shape[0] > self.max_slices:
+            keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(self.seed))[: self.max_slices]
+            logits, images, labels = logits[keep], images[keep], labels[keep]
+        return logits, images, labels
+
+    def _fit(self, engine: Engine) -> None:
+        if not self._volumes:
+            raise RuntimeError("the calibrate step saw no validation volume: check the data set's validation split")
+        if self.method == "temperature":
+            logits, labels = self._voxels()
+            check_voxels(logits, labels)
+            module = TemperatureScaling().fit(logits, labels)
+            calibrated = module(logits)
+        else:
+            logits, images, labels = self._slices()
+            check_voxels(logits.movedim(1, -1).reshape(-1, logits.shape[1]), labels.reshape(-1))
+            module = LocalTemperatureScaling(self.num_classes, self.in_channels)
+            module.fit(logits, images, labels, steps=self.lts_steps, seed=self.seed)
+            with torch.no_grad():
+                calibrated = torch.cat([module(logits[i : i + 64], images[i : i + 64]) for i in range(0, len(logits), 64)])
+            logits, calibrated = (t.movedim(1, -1).reshape(-1, t.shape[1]) for t in (logits, calibrated))
+            labels = labels.reshape(-1)
+        stats = {"fitted_on": "validation", "volumes": len(self._volumes), "voxels": int(labels.numel())}
+        with torch.no_grad():
+            for when, z in (("before", logits), ("after", calibrated)):
+                prob = torch.softmax(z.double(), dim=1)
+                stats[f"nll_{when}"] = float(F.nll_loss(prob.clamp_min(1e-12).log(), labels))
+                stats[f"ece_{when}"] = ece(prob.T[None], labels[None], 15, "gt")
+        self.output_path.parent.mkdir(parents=True, exist_ok=True)
+        save_calibration(module, self.output_path, self.weights, **stats)
+        what = f"temperature {float(module.temperature):.4f}" if self.method == "temperature" else "local temperature"
+        logger.info(f"calibrate: {what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels): "
+                    f"NLL {stats['nll_before']:.4f} -> {stats['nll_after']:.4f}, ECE (ground-truth foreground) "
+                    f"{stats['ece_before']:.4f} -> {stats['ece_after']:.4f}; wrote {self.output_path}")  # fmt: skip
+        self._volumes.clear()

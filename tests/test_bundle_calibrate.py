@@ -1,0 +1,101 @@
+"""nacl_flare's calibrate step on tiny phantoms, and evaluate / inference / export applying what it fitted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from monai.bundle import ConfigWorkflow
+
+from calib_monai.bundle import TrainedBundle
+from calib_monai.calibration import load_calibration
+from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
+BUNDLE = REPO_ROOT / "bundles" / "nacl_flare"
+CONFIGS = BUNDLE / "configs"
+TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
+
+
+def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
+    workflow = ConfigWorkflow(config_file=[str(CONFIGS / c) for c in configs], workflow_type="train", run_id=run_id,
+                              logging_file=False, **overrides)  # fmt: skip
+    workflow.initialize()
+    workflow.run()
+    return workflow
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A bundle folder (configs + models) trained for 2 epochs on six tiny phantoms, then calibrated."""
+    root = tmp_path_factory.mktemp("calibrate")
+    shutil.copytree(CONFIGS, root / "bundle" / "configs")
+    overrides = {**TINY, "output_dir": str(root / "bundle" / "models"), "data#cache_dir": str(root / "phantoms")}
+    _workflow(["train.json"], "run", epochs=2, **overrides)
+    _workflow(["train.json", "calibrate.json"], "calibrate", **overrides)
+    return root, overrides
+
+
+def _metrics(workflow: ConfigWorkflow) -> dict:
+    return workflow.parser.get_parsed_content("validate#evaluator").state.metrics
+
+
+def test_calibrate_writes_a_temperature_fitted_on_the_validation_volumes(calibrated):
+    root, _ = calibrated
+    models = root / "bundle" / "models"
+    record = json.loads((models / "calibration.json").read_text())
+    datalist = json.loads((models / "datalist.json").read_text())
+    assert record["method"] == "temperature" and record["fitted_on"] == "validation"
+    assert record["volumes"] == len(datalist["validation"]) and record["temperature"] > 0
+    assert record["nll_after"] <= record["nll_before"] + 1e-9  # the NLL is what the temperature minimises
+    assert float(load_calibration(models, models / "model.pt").temperature) == pytest.approx(record["temperature"])
+
+
+def test_evaluate_reports_ece_before_and_after_with_the_same_segmentation(calibrated, tmp_path):
+    root, overrides = calibrated
+    with_calibration = _metrics(_workflow(["train.json", "evaluate.json"], "evaluating", **overrides,
+                                          eval_dir=str(tmp_path / "a")))  # fmt: skip
+    # the same evaluation with the calibration moved away: its ECE is the "uncalibrated" one above
+    models = root / "bundle" / "models"
+    (models / "calibration.pt").rename(tmp_path / "calibration.pt")
+    try:
+        without = _metrics(_workflow(["train.json", "evaluate.json"], "evaluating", **overrides,
+                                     eval_dir=str(tmp_path / "b")))  # fmt: skip
+    finally:
+        (tmp_path / "calibration.pt").rename(models / "calibration.pt")
+    assert with_calibration["test_mean_dice"] == pytest.approx(without["test_mean_dice"], abs=1e-9)
+    assert with_calibration["test_ece_uncalibrated"] == pytest.approx(without["test_ece"], abs=1e-9)
+    assert without["test_ece_uncalibrated"] == pytest.approx(without["test_ece"], abs=1e-9)
+    assert with_calibration["test_ece"] != pytest.approx(with_calibration["test_ece_uncalibrated"], abs=1e-6)
+
+
+def test_inference_and_export_apply_the_temperature(calibrated, tmp_path):
+    root, overrides = calibrated
+    bundle_dir, models = root / "bundle", root / "bundle" / "models"
+    temperature = float(load_calibration(models).temperature)
+    image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
+    settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
+    calibrated_seg, calibrated_conf = TrainedBundle(bundle_dir, overrides=settings).predict(image)
+    (models / "calibration.pt").rename(tmp_path / "calibration.pt")
+    try:
+        raw_seg, raw_conf = TrainedBundle(bundle_dir, overrides=settings).predict(image)
+    finally:
+        (tmp_path / "calibration.pt").rename(models / "calibration.pt")
+    assert torch.equal(calibrated_seg, raw_seg)
+    assert not torch.allclose(calibrated_conf, raw_conf, atol=1e-4)
+    # the exported module equals the eager network with the temperature, and differs from it without
+    paths = export_bundle(bundle_dir, output_dir=tmp_path / "export", example_shape=(1, 1, 32, 32, 2))
+    exported = torch.jit.load(paths["segmentation_confidence.ts"])
+    network = load_bundle_network(bundle_dir)
+    x = torch.rand(1, 1, 32, 32, 5, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        seg, conf = exported(x)
+        slices = x.movedim(4, 1).reshape(5, 1, 32, 32)
+        prob = torch.softmax(network(slices) / temperature, 1).reshape(1, 5, -1, 32, 32).movedim(1, 4)
+        raw = SegmentationWithConfidence(network)(x)
+    np.testing.assert_allclose(conf.numpy(), prob.max(1, keepdim=True).values.numpy(), atol=1e-5)
+    assert torch.equal(seg, raw[0]) and not torch.allclose(conf, raw[1], atol=1e-4)

@@ -1,0 +1,104 @@
+"""The CRaC ablation study: log parsing and scoring on hand-made cases, and one real run of the study on phantoms."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from calib_monai.experiments import StudySetup, read_record
+from calib_monai.experiments.crac_study import (
+    CRAC_VARIANTS,
+    _score_seed,
+    alm_health,
+    crac_ablation_study,
+    ece_climb,
+    validation_curve,
+)
+from calib_monai.losses.crac import PRESETS
+
+LOG = """\
+2026-11-23 17:29:33,955 - calib_monai - INFO - ALM outer step 1 (epoch 1): background/inner lambda 0.17 rho 1 h 0.979 satisfied 0.424; Liver/boundary lambda 0.134 rho 1 h 0.776 satisfied 0.676
+2026-11-23 17:29:33,955 - calib_monai - INFO - epoch 1/3  loss 0.4729  val_mean_dice 0.3350  val_ece 0.3270  lr 1.0e-03  time 19.8 s
+2026-11-23 17:29:53,000 - calib_monai - INFO - epoch 2/3  loss 0.4  val_mean_dice 0.5  val_ece 0.2500  lr 1.0e-03  time 19.8 s
+$ python -m monai.bundle run training ... (resumed)
+2026-11-23 17:30:13,000 - calib_monai - INFO - ALM outer step 2 (epoch 2): background/inner lambda 0.5 rho 1 h 0.5 satisfied 0.8; Liver/boundary lambda 2.5 rho 1.2 h 0.7 satisfied 0.4
+2026-11-23 17:30:13,000 - calib_monai - INFO - epoch 2/3  loss 0.4  val_mean_dice 0.5  val_ece 0.2000  lr 1.0e-03  time 19.8 s
+2026-11-23 17:30:33,000 - calib_monai - INFO - epoch 3/3  loss 0.3  val_mean_dice 0.6  val_ece 0.1000  lr 1.0e-04  time 19.8 s
+"""
+
+
+def test_validation_curve_keeps_the_last_line_of_a_resumed_epoch(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    assert validation_curve(log) == [0.327, 0.2, 0.1]
+    assert alm_health(log) == {"lambda_max": 2.5, "satisfied": pytest.approx(0.6)}  # the last ALM line only
+
+
+def test_alm_health_without_alm_lines_is_nan(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("epoch 1/1  loss 1  val_mean_dice 0.1  val_ece 0.2\n")
+    assert all(math.isnan(v) for v in alm_health(log).values())
+
+
+def test_ece_climb_compares_the_last_third_with_the_middle_third():
+    assert ece_climb([0.3, 0.2, 0.1, 0.1, 0.2, 0.3]) == pytest.approx(0.25 - 0.1)
+    assert ece_climb([0.3, 0.2, 0.1]) == pytest.approx(-0.1)
+    assert ece_climb([0.05] * 9) == 0
+    assert math.isnan(ece_climb([0.1, 0.2]))
+
+
+def _result(dice, hd, ece, tace, climb=0.0):
+    return {"mean_dice": dice, "mean_hd95": hd, "ece": ece, "cece": ece, "tace": tace, "climb": climb,
+            "lambda_max": 1.0, "satisfied": 0.5}  # fmt: skip
+
+
+def test_score_seed_ranks_each_variant_against_ce_dice_and_nacl():
+    results = {
+        "CE+Dice": _result(0.80, 2.0, 0.10, 0.12),
+        "NACL": _result(0.79, 2.1, 0.05, 0.10),
+        "CRaC a": _result(0.81, 1.9, 0.04, 0.09),  # first on all four: rank 1; ECE ratio 0.4
+        "CRaC b": _result(0.78, 2.2, 0.06, 0.11),  # last on DSC, HD95; second on ECE, TACE: rank 2.5
+        "CRaC c": _result(0.81, 1.9, 0.04, 0.09, climb=0.02),  # as a, but its validation ECE climbs
+    }
+    rows = {r["method"]: r for r in _score_seed(7, results)}
+    assert rows["CRaC a"]["friedman_rank"] == 1.0 and rows["CRaC a"]["ece_ratio"] == pytest.approx(0.4)
+    assert rows["CRaC a"]["meets"] and not rows["CRaC c"]["meets"]
+    # b: DSC 3, HD95 3, ECE 2, TACE 2 -> 2.5; NACL then 2, 2, 1, 1 -> 1.5, better than b
+    assert rows["CRaC b"]["friedman_rank"] == 2.5 and not rows["CRaC b"]["meets"]
+    # CE+Dice and NACL are shown against the best variant of the seed (a, the first of the ties): 2,2,3,3 and 3,3,2,2
+    assert rows["CE+Dice"]["friedman_rank"] == 2.5 and rows["NACL"]["friedman_rank"] == 2.5
+    assert rows["CE+Dice"]["ece_ratio"] == 1.0 and not rows["NACL"]["meets"]
+    assert {r["seed"] for r in rows.values()} == {7}
+
+
+def test_variants_are_crac_options_and_presets_come_from_the_loss():
+    assert {k.split("#")[1] for v in CRAC_VARIANTS.values() for k in v} <= set(PRESETS["paper"])
+    assert CRAC_VARIANTS["authors"] == {f"loss#{k}": v for k, v in PRESETS["authors"].items()}
+
+
+def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
+    setup = StudySetup("flare", demo=True, epochs=3, results_dir=str(tmp_path / "results"),
+                       runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    crac_ablation_study(setup, ["tol1_rho1"], seeds=[0, 1])
+    out = tmp_path / "results" / "crac_ablation"
+    for seed in (0, 1):  # one runs folder per seed, the seed in each run's overrides
+        record = read_record(tmp_path / "runs" / f"seed{seed}" / "crac_flare__tol1_rho1")
+        assert record["status"] == "finished" and record["overrides"].get("seed", 0) == seed
+        assert record["overrides"]["loss#tolerance"] == 1.0 and record["overrides"]["loss#rho_init"] == 1.0
+        assert (out / f"val_ece_seed{seed}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "per_seed.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["seed"], r["method"]) for r in rows] == [(s, m) for s in ("0", "1")
+                                                         for m in ("CE+Dice", "NACL", "CRaC tol1_rho1")]  # fmt: skip
+    crac = [r for r in rows if r["method"].startswith("CRaC")]
+    assert all(float(r["lambda_max"]) > 0 and 0 <= float(r["satisfied"]) <= 1 for r in crac)  # ALM lines were read
+    assert all(not math.isnan(float(r["climb"])) for r in rows)  # three epochs of validation ECE each
+    with open(out / "per_volume.csv", newline="") as f:
+        volumes = list(csv.DictReader(f))
+    assert len(volumes) % 6 == 0 and volumes and {v["method"] for v in volumes} == {"CE+Dice", "NACL", "CRaC tol1_rho1"}
+    readme = (out / "README.md").read_text()
+    assert "Friedman" in readme and "`tol1_rho1`: " in readme and "| CRaC tol1_rho1 |" in readme
+    assert Path(out / "crac_ablation.md").is_file()
