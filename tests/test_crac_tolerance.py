@@ -118,7 +118,7 @@ def test_presets_give_the_documented_settings():
     assert (authors.inner_margin, authors.multiplier_average, authors.tolerance) == (5.0, "all_padded", 0.0)
     assert authors.rho_init == 1.0 and float(authors.rhos.min()) == 1.0 and authors.clamp_per_pixel
     assert (authors.lambda_min, authors.lambda_max) == (1e-6, 1e6)
-    assert (tol.inner_margin, tol.multiplier_average, tol.tolerance, tol.rho_init) == (1.0, "region", 1.5, 1.0)
+    assert (tol.inner_margin, tol.multiplier_average, tol.tolerance, tol.rho_init) == (1.0, "region", 2.0, 1.0)
     assert set(PRESETS) == {"paper", "authors", "tolerance"}
     # the bundles train the "tolerance" preset, every option of it written in their configs
     loss_config = json.loads((REPO_ROOT / "bundles" / "crac_hpc" / "configs" / "train.json").read_text())["loss"]

@@ -134,6 +134,45 @@ def test_save_atomically_keeps_previous_file_when_save_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temporary file left behind
 
 
+def _select(save_dir, dice, ece, bounds, stop_after=None):
+    """A trainer whose evaluator reports the given val_mean_dice / val_ece at each epoch; each epoch's network has
+    its epoch number as weight, so model.pt tells which epoch was selected."""
+    net = torch.nn.Linear(1, 1, bias=False)
+    evaluator = Engine(lambda e, b: None)
+
+    @evaluator.on(Events.COMPLETED)
+    def _metrics(engine):
+        epoch = trainer.state.epoch
+        engine.state.metrics.update(val_mean_dice=dice[epoch - 1], val_ece=ece[epoch - 1])
+
+    def step(engine, batch):
+        with torch.no_grad():
+            net.weight.fill_(engine.state.epoch)
+
+    trainer = Engine(step)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    TrainingCheckpoint(save_dir, net, opt, evaluator=evaluator, bounds=bounds).attach(trainer)
+    if stop_after is not None:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
+    trainer.run([0], max_epochs=len(dice))
+    return int(torch.load(save_dir / "model.pt", weights_only=True)["weight"].item())
+
+
+def test_selection_with_an_ece_bound_takes_the_best_dice_within_it(tmp_path, caplog):
+    dice, ece = [0.5, 0.7, 0.6, 0.9], [0.2, 0.04, 0.03, 0.2]
+    assert _select(tmp_path / "dsc", dice, ece, {}) == 4  # the papers' rule: best DSC
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        assert _select(tmp_path / "bound", dice, ece, {"val_ece": 0.05}) == 2  # best DSC among ECE <= 0.05
+    assert "no epoch within {'val_ece': 0.05} yet" in caplog.text  # epoch 1 was kept only until epoch 2
+    assert _select(tmp_path / "none", dice, [0.3] * 4, {"val_ece": 0.05}) == 4  # none within: best DSC regardless
+    # a run stopped after epoch 3 and resumed keeps epoch 2 (within the bound) against epoch 4 (outside it)
+    _select(tmp_path / "resumed", dice, ece, {"val_ece": 0.05}, stop_after=3)
+    assert _select(tmp_path / "resumed", dice, ece, {"val_ece": 0.05}) == 2
+    with pytest.raises(KeyError, match="val_nll"):
+        _select(tmp_path / "bad", dice, ece, {"val_nll": 0.5})
+
+
 def test_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="'max' or 'min'"):
         TrainingCheckpoint(tmp_path, torch.nn.Linear(1, 1), None, mode="best")

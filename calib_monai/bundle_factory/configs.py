@@ -109,7 +109,13 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
                 "num_bins": 15,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
-            }
+            },
+            "val_nll": {
+                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "metric_name": "nll",
+                "foreground": "gt",
+                "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
+            },
         },
         "evaluator": {
             "_target_": "SupervisedEvaluator",
@@ -147,7 +153,9 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
         "optimizer": "@optimizer",
         "lr_scheduler": "@lr_scheduler",
         "evaluator": "@validate#evaluator",
-        "metric_name": "val_mean_dice",
+        "metric_name": "@selection_metric",
+        "mode": "@selection_mode",
+        "bounds": "@selection_bounds",
     }
     if method.alm:
         checkpoint["extra"] = {"loss": "@loss"}  # the ALM multipliers are the loss's buffers
@@ -189,6 +197,11 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "pin_memory": "$calib_monai.bundle.pin_memory(@device)",
             "val_interval": 1,
             "train_fraction": 1.0,  # share of the training cases (data-size studies)
+            # which validation epoch becomes model.pt: the best selection_metric (DSC, as in the papers; or val_nll
+            # with mode "min"), among the epochs whose metrics stay within selection_bounds ({"val_ece": 0.05})
+            "selection_metric": "val_mean_dice",
+            "selection_mode": "max",
+            "selection_bounds": {},
             "loss": dict(method.loss),
             "optimizer": {"_target_": "torch.optim.Adam", "params": "$@network.parameters()", "lr": "@lr"},
             "lr_scheduler": {

@@ -101,7 +101,10 @@ section's (`--data#<name>`); any transform argument is overridden on the command
 Adam lr 1e-3 then 1e-4 at half time, {method.epochs} epochs, batch 16; validation every epoch on whole 3D volumes
 (SliceInferer) with mean DSC and ECE; the best model by validation mean DSC is `models/model.pt`.
 Other keys a command line may set: `--epochs`, `--lr_milestone`, `--seed`, `--train_fraction` (share of the
-training cases, e.g. 0.25), `--output_dir`, and any loss argument as `--loss#<name>`.
+training cases, e.g. 0.25), `--output_dir`, and any loss argument as `--loss#<name>`. Model selection:
+`--selection_metric val_nll --selection_mode min` picks the epoch of lowest validation NLL instead of highest DSC;
+`--selection_bounds '{{"val_ece": 0.05}}'` picks the best DSC among the epochs with validation ECE <= 0.05 (until one
+is, the best DSC regardless, and the log says so).
 
 ## Commands
 From the repository root, after the set-up in the top-level README:

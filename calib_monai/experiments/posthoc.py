@@ -4,8 +4,10 @@
   one scalar ``T > 0`` minimising the NLL of the validation voxels. Argmax, hence DSC and HD95, is unchanged.
 * Local temperature scaling (Ding Z. et al., Local Temperature Scaling for Probability Calibration, ICCV 2021):
   ``softmax(z / T(x))`` with a per-pixel temperature predicted from the logits and the image by a small CNN, fitted
-  on the validation slices by NLL. This is a small version of the paper's network (two 3x3 convolutions, applied
-  to 2D slices like the segmentation network); argmax is unchanged as ``T(x) > 0``.
+  on the validation slices by NLL (:class:`calib_monai.calibration.LocalTemperatureScaling`); argmax is unchanged.
+
+Both are the library's modules (``calib_monai.calibration``, which the bundles' ``calibrate`` step also uses),
+wrapped here to take the harness's evaluated volumes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-from calib_monai.calibration import fit_temperature, sample_voxels
+from calib_monai.calibration import LocalTemperatureScaling as LocalTemperatureModule
+from calib_monai.calibration import calibrate_volume, fit_temperature, sample_voxels
 from calib_monai.experiments.evaluation import EvaluatedVolume
 
 __all__ = ["LocalTemperatureScaling", "TemperatureScaling"]
@@ -44,20 +45,9 @@ class TemperatureScaling:
         return torch.softmax(volume.logits / self.temperature, dim=0)
 
 
-class _TemperatureNet(nn.Module):
-    def __init__(self, channels: int, hidden: int = 16) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(channels, hidden, 3, padding=1), nn.ReLU(),
-                                  nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU(), nn.Conv2d(hidden, 1, 1))  # fmt: skip
-        nn.init.zeros_(self.body[-1].weight)
-        nn.init.constant_(self.body[-1].bias, 0.5413)  # softplus(0.5413) + 0.05 = 1.05: starts near T = 1
-
-    def forward(self, logits: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        return F.softplus(self.body(torch.cat([logits, image], dim=1))) + 0.05
-
-
 class LocalTemperatureScaling:
-    """A per-pixel temperature ``T(x) = softplus(CNN([logits, image])) + 0.05`` fitted on validation slices.
+    """Per-voxel temperatures (:class:`calib_monai.calibration.LocalTemperatureScaling`) fitted on the validation
+    volumes' slices.
 
     Args:
         steps: Adam steps (batches of ``batch_size`` random validation slices).
@@ -67,7 +57,7 @@ class LocalTemperatureScaling:
 
     def __init__(self, steps: int = 300, batch_size: int = 16, lr: float = 1e-2, seed: int = 0) -> None:
         self.steps, self.batch_size, self.lr, self.seed = int(steps), int(batch_size), float(lr), int(seed)
-        self.net: _TemperatureNet | None = None
+        self.net: LocalTemperatureModule | None = None
 
     @staticmethod
     def _slices(volume: EvaluatedVolume) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,18 +69,8 @@ class LocalTemperatureScaling:
         logits = torch.cat([p[0] for p in pairs])
         images = torch.cat([p[1] for p in pairs])
         labels = torch.cat([v.label[0].permute(2, 0, 1) for v in volumes])
-        torch.manual_seed(self.seed)
-        self.net = _TemperatureNet(logits.shape[1] + images.shape[1])
-        optimizer = torch.optim.Adam(self.net.parameters(), lr=self.lr)
-        generator = torch.Generator().manual_seed(self.seed)
-        for _ in range(self.steps):
-            batch = torch.randint(0, logits.shape[0], (self.batch_size,), generator=generator)
-            temperature = self.net(logits[batch], images[batch])
-            loss = F.cross_entropy(logits[batch] / temperature, labels[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        self.net.eval()
+        self.net = LocalTemperatureModule(logits.shape[1], images.shape[1])
+        self.net.fit(logits, images, labels, self.steps, self.batch_size, self.lr, self.seed)
         return self
 
     @torch.no_grad()
@@ -99,7 +79,10 @@ class LocalTemperatureScaling:
         if self.net is None:
             raise RuntimeError("LocalTemperatureScaling.fit must run before it is applied")
         logits, image = self._slices(volume)
-        return self.net(logits, image).permute(1, 2, 3, 0)
+        return self.net.temperature_map(logits, image).permute(1, 2, 3, 0)
 
+    @torch.no_grad()
     def __call__(self, volume: EvaluatedVolume) -> torch.Tensor:
-        return torch.softmax(volume.logits / self.temperature_map(volume), dim=0)
+        if self.net is None:
+            raise RuntimeError("LocalTemperatureScaling.fit must run before it is applied")
+        return torch.softmax(calibrate_volume(self.net, volume.logits, torch.as_tensor(volume.image).float()), dim=0)

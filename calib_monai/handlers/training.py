@@ -142,7 +142,11 @@ class TrainingCheckpoint:
         network, optimizer, lr_scheduler, trainer: the objects to save and restore.
         evaluator: validation engine holding ``metric_name`` (None: no best model, only the latest state).
         metric_name: evaluator metric that selects the best model.
-        mode: ``"max"`` (higher is better) or ``"min"`` (e.g. for ECE).
+        mode: ``"max"`` (higher is better) or ``"min"`` (e.g. for ECE or NLL).
+        bounds: ``{evaluator metric: upper bound}`` an epoch must meet to be selected, e.g. ``{"val_ece": 0.05}``:
+            the best ``metric_name`` among the epochs within the bounds (calibration-aware selection). Until an epoch
+            is within them, the best epoch regardless of them is kept (``model.pt`` always exists), and the log says
+            so; the first epoch within the bounds replaces it.
         extra: more objects with ``state_dict``/``load_state_dict`` to save and restore in the latest checkpoint,
             e.g. ``{"loss": crac_loss}`` so that CRaC's multipliers survive a restart.
     """
@@ -161,9 +165,11 @@ class TrainingCheckpoint:
         resume: bool = True,
         extra: dict[str, Any] | None = None,
         logger_name: str = "calib_monai",
+        bounds: dict[str, float] | None = None,
     ) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"TrainingCheckpoint mode must be 'max' or 'min', got {mode!r}.")
+        self.bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
         self.save_dir = Path(save_dir)
         self.network = network
         self.optimizer = optimizer
@@ -178,6 +184,7 @@ class TrainingCheckpoint:
         self.logger = logging.getLogger(logger_name)
         self.best_metric = -math.inf if mode == "max" else math.inf
         self.best_metric_epoch = -1
+        self.best_within_bounds = False
         self._trainer: Engine | None = None
 
     def attach(self, engine: Engine) -> None:
@@ -212,6 +219,7 @@ class TrainingCheckpoint:
         Checkpoint.load_objects(to_load=self._objects(), checkpoint=checkpoint)
         self.best_metric = checkpoint["best_metric"]
         self.best_metric_epoch = checkpoint["best_metric_epoch"]
+        self.best_within_bounds = checkpoint.get("best_within_bounds", not self.bounds)
         # the command line may ask for more (or fewer) epochs than the stopped run had
         engine.state.max_epochs = max_epochs
         if engine.state.epoch >= max_epochs:
@@ -229,17 +237,30 @@ class TrainingCheckpoint:
     def _improved(self, value: float) -> bool:
         return value > self.best_metric if self.mode == "max" else value < self.best_metric
 
+    def _within_bounds(self, metrics: dict[str, Any]) -> bool:
+        missing = [name for name in self.bounds if name not in metrics]
+        if missing:
+            raise KeyError(f"TrainingCheckpoint bounds name {missing}, which the evaluator does not compute; its metrics "
+                           f"are {sorted(metrics)}")  # fmt: skip
+        return all(float(metrics[name]) <= bound for name, bound in self.bounds.items())
+
     def __call__(self, engine: Engine) -> None:
         if idist.get_rank() > 0:  # DDP: every rank holds the same weights; rank 0 writes them
             return
         if self.evaluator is not None and self.metric_name in self.evaluator.state.metrics:
-            value = float(self.evaluator.state.metrics[self.metric_name])
-            if math.isfinite(value) and self._improved(value):
-                self.best_metric, self.best_metric_epoch = value, engine.state.epoch
+            metrics = self.evaluator.state.metrics
+            value = float(metrics[self.metric_name])
+            within = self._within_bounds(metrics)
+            # an epoch within the bounds beats any epoch outside them; otherwise the metric decides
+            better = (within and not self.best_within_bounds) or (within == self.best_within_bounds and self._improved(value))
+            if math.isfinite(value) and better:
+                self.best_metric, self.best_metric_epoch, self.best_within_bounds = value, engine.state.epoch, within
                 save_atomically(unwrap_network(self.network).state_dict(), self.best_path)
-                self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}")
+                note = "" if within else f" (no epoch within {self.bounds} yet: the best regardless of them)"
+                self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}{note}")
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
-        state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch)
+        state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch,
+                     best_within_bounds=self.best_within_bounds)  # fmt: skip
         save_atomically(state, self.latest_path)
 
 
