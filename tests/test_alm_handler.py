@@ -74,7 +74,7 @@ def test_outer_step_on_volumes_changes_lambda_and_logs(caplog):
 
 def test_outer_step_reports_the_satisfied_fraction_and_lets_lambda_fall(caplog):
     # every logit of the untrained network lies within 100 of its prior: all constraints hold, lambda falls
-    loss = CRaCLoss.preset("tolerance", classes=3, dim=2, tolerance=100.0, lambda_init=0.5)
+    loss = CRaCLoss.preset("tolerance", classes=3, dim=2, tolerance=100.0, lambda_init=0.5, rho_init=0.1)
     handler = _handler(loss, _network(), _volumes())
     engine = Engine(lambda e, b: None)
     engine.state.epoch = 1

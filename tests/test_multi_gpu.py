@@ -204,7 +204,7 @@ def test_export_of_a_module_prefixed_model(ddp_run, tmp_path):
 
 def test_validation_metrics_equal_one_process(tmp_path):
     """1 volume (fewer than ranks: every rank validates it), 2 (one each) and 3 (2 + 1, no padding): the gathered
-    MeanDice and ECE of 2 gloo ranks equal one process's, on every rank."""
+    MeanDice, ECE and NLL of 2 gloo ranks equal one process's, on every rank."""
     cmd = _torchrun([str(Path(__file__)), str(tmp_path)])
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -212,6 +212,6 @@ def test_validation_metrics_equal_one_process(tmp_path):
     assert [[ranks[r][n][1] for r in (0, 1)] for n in ("1", "2", "3")] == [[1, 1], [1, 1], [2, 1]]
     for n in (1, 2, 3):
         reference, count = validate_synthetic(n)
-        assert count == n and set(reference) == {"val_mean_dice", "val_ece"}
+        assert count == n and set(reference) == {"val_mean_dice", "val_ece", "val_nll"}
         for rank in ranks:
             assert rank[str(n)][0] == pytest.approx(reference, abs=1e-6), n
