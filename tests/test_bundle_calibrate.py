@@ -49,7 +49,7 @@ def test_calibrate_writes_a_temperature_fitted_on_the_validation_volumes(calibra
     models = root / "bundle" / "models"
     record = json.loads((models / "calibration.json").read_text())
     datalist = json.loads((models / "datalist.json").read_text())
-    assert record["method"] == "temperature" and record["fitted_on"] == "validation"
+    assert record["method"] == "temperature" and record["fitted_on"] == "ground-truth foreground of the validation volumes"
     assert record["volumes"] == len(datalist["validation"]) and record["temperature"] > 0
     assert record["nll_after"] <= record["nll_before"] + 1e-9  # the NLL is what the temperature minimises
     assert float(load_calibration(models, models / "model.pt").temperature) == pytest.approx(record["temperature"])

@@ -131,12 +131,20 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     weights = tmp_path / "model.pt"
     torch.save({}, weights)
     engine = Engine(lambda e, batch: [batch])
-    CalibrationFitter(tmp_path / "calibration.pt", weights).attach(engine)
+    CalibrationFitter(tmp_path / "calibration.pt", weights, voxels="all").attach(engine)
     engine.run(volumes, max_epochs=1)
     fitted = load_calibration(tmp_path / "calibration.pt", weights)
     assert float(fitted.temperature) == pytest.approx(2.0, rel=0.05)
     record = torch.load(tmp_path / "calibration.pt", weights_only=True)
     assert record["volumes"] == 3 and record["voxels"] == 3 * 24 * 24 * 6
+    # the default fits on the ground-truth foreground voxels only, where the papers' ECE is measured
+    engine = Engine(lambda e, batch: [batch])
+    CalibrationFitter(tmp_path / "fg.pt", weights).attach(engine)
+    engine.run(volumes, max_epochs=1)
+    foreground = sum(int((v["label"] > 0).sum()) for v in volumes)
+    assert torch.load(tmp_path / "fg.pt", weights_only=True)["voxels"] == foreground < 3 * 24 * 24 * 6
     assert record["nll_after"] < record["nll_before"] and record["ece_after"] < record["ece_before"]
     with pytest.raises(ValueError, match="calibrate method must be one of"):
         CalibrationFitter(tmp_path / "c.pt", weights, method="platt")
+    with pytest.raises(ValueError, match="'foreground' or 'all'"):
+        CalibrationFitter(tmp_path / "c.pt", weights, voxels="background")

@@ -34,6 +34,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
     return {
         "calibration_path": CALIBRATION_PATH,
         "calibration_method": "temperature",
+        "calibration_voxels": "foreground",  # temperature scaling's NLL on ground-truth foreground voxels, or "all"
         # the raw logits only: no softmax, no one-hot, no metrics
         "validate#postprocessing": {"_target_": "Compose", "transforms": [FLOAT_PRED]},
         "validate#key_metric": None,
@@ -50,6 +51,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "output_path": "@calibration_path",
                 "weights": "$@output_dir + '/model.pt'",
                 "method": "@calibration_method",
+                "voxels": "@calibration_voxels",
                 "num_classes": "@num_classes",
                 "in_channels": "@in_channels",
                 "seed": "@seed",

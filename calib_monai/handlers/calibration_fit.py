@@ -24,7 +24,11 @@ class CalibrationFitter:
     """Attach to a validation evaluator whose outputs keep the raw logits; when it completes, fit ``method`` on them
     and write ``output_path`` (``<models>/calibration.pt`` and its readable ``calibration.json``).
 
-    ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded);
+    ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded), by
+    default their ground-truth foreground voxels (``voxels="foreground"``), the voxels the papers' ECE is measured
+    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels. On the demo bundle (one
+    validation volume) T fitted on all voxels was 0.47 and raised the test ECE from 0.10 to 0.24; on the foreground,
+    0.73 and 0.16: a temperature from a single volume did not transfer there either way;
     ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
     2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
     (ground-truth foreground voxels, 15 bins) of the fitted data before and after.
@@ -36,6 +40,8 @@ class CalibrationFitter:
         method: ``"temperature"`` or ``"local_temperature"``.
         num_classes, in_channels: of the network (local temperature scaling).
         max_voxels, max_slices, lts_steps, seed: fit budget and seed.
+        voxels: ``"foreground"`` (ground-truth foreground, default) or ``"all"``: the voxels temperature scaling is
+            fitted on.
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
@@ -43,7 +49,11 @@ class CalibrationFitter:
     def __init__(self, output_path: str | os.PathLike, weights: str | os.PathLike, method: str = "temperature",
                  num_classes: int | None = None, in_channels: int = 1, max_voxels: int = 2_000_000,
                  max_slices: int = 4_000, lts_steps: int = 300, seed: int = 0, logits_key: str = "pred",
-                 label_key: str = "label", image_key: str = "image", spatial_dim: int = 2) -> None:  # fmt: skip
+                 label_key: str = "label", image_key: str = "image", spatial_dim: int = 2,
+                 voxels: str = "foreground") -> None:  # fmt: skip
+        if voxels not in ("foreground", "all"):
+            raise ValueError(f"calibrate voxels must be 'foreground' or 'all', got {voxels!r}")
+        self.voxels = voxels
         if method not in METHODS:
             raise ValueError(f"calibrate method must be one of {METHODS}, got {method!r} (set --calibration_method)")
         if method == "local_temperature" and num_classes is None:
@@ -78,6 +88,8 @@ class CalibrationFitter:
         logits, labels = [], []
         for z, y, _ in self._volumes:
             z, y = z.reshape(z.shape[0], -1).T, y.reshape(-1)
+            if self.voxels == "foreground":
+                z, y = z[y > 0], y[y > 0]
             if z.shape[0] > share:
                 keep = torch.randperm(z.shape[0], generator=generator)[:share]
                 z, y = z[keep], y[keep]
@@ -112,7 +124,8 @@ class CalibrationFitter:
                 calibrated = torch.cat([module(logits[i : i + 64], images[i : i + 64]) for i in range(0, len(logits), 64)])
             logits, calibrated = (t.movedim(1, -1).reshape(-1, t.shape[1]) for t in (logits, calibrated))
             labels = labels.reshape(-1)
-        stats = {"fitted_on": "validation", "volumes": len(self._volumes), "voxels": int(labels.numel())}
+        where = "ground-truth foreground of the validation volumes" if self.voxels == "foreground" else "validation"
+        stats = {"fitted_on": where, "volumes": len(self._volumes), "voxels": int(labels.numel())}
         with torch.no_grad():
             for when, z in (("before", logits), ("after", calibrated)):
                 prob = torch.softmax(z.double(), dim=1)
