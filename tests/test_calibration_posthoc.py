@@ -15,6 +15,7 @@ from calib_monai.calibration import (
     LocalTemperatureScaling,
     TemperatureScaling,
     calibrate_volume,
+    calibration_voxels,
     fit_temperature,
     load_calibration,
     save_calibration,
@@ -36,6 +37,14 @@ def test_fit_recovers_the_temperature_the_labels_were_drawn_with(t0):
     logits, labels = _drawn_with_temperature(t0)
     assert fit_temperature(logits, labels) == pytest.approx(t0, rel=0.03)
     assert float(TemperatureScaling().fit(logits, labels).temperature) == pytest.approx(t0, rel=0.03)
+
+
+def test_fit_is_clipped_to_the_temperature_range_with_a_warning(caplog):
+    # every voxel labelled 1 where the logits say 0: the NLL falls towards a uniform softmax, T -> inf
+    wrong = torch.tensor([[5.0, 0.0]]).repeat(100, 1), torch.ones(100, dtype=torch.long)
+    with caplog.at_level(logging.WARNING, logger="calib_monai"):
+        assert fit_temperature(*wrong) == 100.0
+    assert "clipped" in caplog.text and "next to no information" in caplog.text
 
 
 def test_fit_rejects_bad_voxels():
@@ -146,5 +155,20 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     assert record["nll_after"] < record["nll_before"] and record["ece_after"] < record["ece_before"]
     with pytest.raises(ValueError, match="calibrate method must be one of"):
         CalibrationFitter(tmp_path / "c.pt", weights, method="platt")
-    with pytest.raises(ValueError, match="'foreground' or 'all'"):
+    with pytest.raises(ValueError, match=r"one of \('foreground', 'all'\)"):
         CalibrationFitter(tmp_path / "c.pt", weights, voxels="background")
+
+
+def test_calibration_voxels_keep_the_foreground_and_share_the_budget_between_volumes():
+    # volume a: labels [0, 1, 2, 0] with logits 0..3 per class row; volume b: 6 foreground voxels
+    a = (torch.arange(8.0).reshape(2, 4), torch.tensor([0, 1, 2, 0]))
+    b = (torch.ones(2, 2, 3), torch.ones(2, 3, dtype=torch.long))
+    logits, labels = calibration_voxels([a, b], "foreground")
+    assert labels.tolist() == [1, 2] + [1] * 6
+    assert logits[:2].tolist() == [[1.0, 5.0], [2.0, 6.0]]  # (N, C): voxel 1 and voxel 2 of volume a
+    assert calibration_voxels([a, b], "all")[1].tolist() == [0, 1, 2, 0] + [1] * 6
+    # at most max_voxels in all, the same share (2) from each volume
+    assert calibration_voxels([a, b], "all", max_voxels=4)[1].shape == (4,)
+    assert calibration_voxels([a, b], "all", max_voxels=4, seed=3)[1][2:].tolist() == [1, 1]
+    with pytest.raises(ValueError, match="one of"):
+        calibration_voxels([a], "inside")

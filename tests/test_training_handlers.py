@@ -3,6 +3,7 @@ saved unwrapped, and the readers of model.pt (load_network_weights, NetworkWeigh
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -24,7 +25,7 @@ from calib_monai.bundle import (
     weights_state_dict,
 )
 from calib_monai.handlers import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint
-from calib_monai.handlers.training import save_atomically
+from calib_monai.handlers.training import save_atomically, select_epoch
 
 
 def _items(n: int, seed: int) -> list[dict]:
@@ -134,7 +135,7 @@ def test_save_atomically_keeps_previous_file_when_save_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temporary file left behind
 
 
-def _select(save_dir, dice, ece, bounds, stop_after=None):
+def _select(save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_dice", mode="max", keep_every_epoch=False):
     """A trainer whose evaluator reports the given val_mean_dice / val_ece at each epoch; each epoch's network has
     its epoch number as weight, so model.pt tells which epoch was selected."""
     net = torch.nn.Linear(1, 1, bias=False)
@@ -143,7 +144,7 @@ def _select(save_dir, dice, ece, bounds, stop_after=None):
     @evaluator.on(Events.COMPLETED)
     def _metrics(engine):
         epoch = trainer.state.epoch
-        engine.state.metrics.update(val_mean_dice=dice[epoch - 1], val_ece=ece[epoch - 1])
+        engine.state.metrics.update(val_mean_dice=dice[epoch - 1], val_ece=ece[epoch - 1], val_nll=1.0 - dice[epoch - 1] + ece[epoch - 1])
 
     def step(engine, batch):
         with torch.no_grad():
@@ -152,7 +153,8 @@ def _select(save_dir, dice, ece, bounds, stop_after=None):
     trainer = Engine(step)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    TrainingCheckpoint(save_dir, net, opt, evaluator=evaluator, bounds=bounds).attach(trainer)
+    TrainingCheckpoint(save_dir, net, opt, evaluator=evaluator, bounds=bounds, metric_name=metric_name, mode=mode,
+                       keep_every_epoch=keep_every_epoch).attach(trainer)  # fmt: skip
     if stop_after is not None:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run([0], max_epochs=len(dice))
@@ -169,8 +171,44 @@ def test_selection_with_an_ece_bound_takes_the_best_dice_within_it(tmp_path, cap
     # a run stopped after epoch 3 and resumed keeps epoch 2 (within the bound) against epoch 4 (outside it)
     _select(tmp_path / "resumed", dice, ece, {"val_ece": 0.05}, stop_after=3)
     assert _select(tmp_path / "resumed", dice, ece, {"val_ece": 0.05}) == 2
-    with pytest.raises(KeyError, match="val_nll"):
-        _select(tmp_path / "bad", dice, ece, {"val_nll": 0.5})
+    with pytest.raises(KeyError, match="val_tace"):
+        _select(tmp_path / "bad", dice, ece, {"val_tace": 0.5})
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"metric_name": "val_mean_dice", "mode": "max", "bounds": {}},
+        {"metric_name": "val_mean_dice", "mode": "max", "bounds": {"val_ece": 0.05}},
+        {"metric_name": "val_mean_dice", "mode": "max", "bounds": {"val_ece": 0.01}},  # no epoch within it
+        {"metric_name": "val_nll", "mode": "min", "bounds": {}},
+    ],
+)
+def test_select_epoch_on_the_history_picks_what_the_handler_saved(tmp_path, rule):
+    """Any rule applied after training to validation_history.json (select_epoch) gives the epoch the handler would
+    have saved as model.pt with that rule, and keep_every_epoch keeps that epoch's weights."""
+    dice, ece = [0.5, 0.7, 0.6, 0.9, 0.9], [0.2, 0.04, 0.03, 0.2, 0.1]
+    # the run is stopped after epoch 3 and resumed: the history survives the restart
+    _select(tmp_path / "run", dice, ece, {}, stop_after=3, keep_every_epoch=True)
+    _select(tmp_path / "run", dice, ece, {}, keep_every_epoch=True)
+    history = json.loads((tmp_path / "run" / "validation_history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4, 5]
+    assert [h["val_ece"] for h in history] == pytest.approx(ece)
+    chosen = select_epoch(history, rule["metric_name"], rule["mode"], rule["bounds"])
+    # worked out by hand: best DSC 4 (earliest of the tie 4/5); within ECE <= 0.05: 2; none within 0.01: best
+    # DSC regardless, 4; lowest NLL = 1 - dice + ece: epoch 5 (0.2)
+    expected = {(): 4, ("val_ece", 0.05): 2, ("val_ece", 0.01): 4}.get(tuple(*rule["bounds"].items()), 4)
+    expected = 5 if rule["metric_name"] == "val_nll" else expected
+    assert chosen == expected
+    assert _select(tmp_path / "online", dice, ece, **rule) == chosen  # the handler with that rule saves this epoch
+    kept = torch.load(tmp_path / "run" / f"epoch_{chosen}.pt", weights_only=True)["weight"].item()
+    assert kept == chosen
+
+
+def test_select_epoch_without_a_finite_metric_is_minus_one():
+    assert select_epoch([{"epoch": 1, "val_mean_dice": float("nan")}]) == -1
+    with pytest.raises(ValueError, match="'max' or 'min'"):
+        select_epoch([], mode="best")
 
 
 def test_mode_is_checked(tmp_path):

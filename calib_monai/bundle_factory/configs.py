@@ -156,6 +156,7 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
         "metric_name": "@selection_metric",
         "mode": "@selection_mode",
         "bounds": "@selection_bounds",
+        "keep_every_epoch": "$calib_monai.bundle.as_bool(@keep_epoch_weights)",
     }
     if method.alm:
         checkpoint["extra"] = {"loss": "@loss"}  # the ALM multipliers are the loss's buffers
@@ -202,6 +203,9 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "selection_metric": "val_mean_dice",
             "selection_mode": "max",
             "selection_bounds": {},
+            # also keep every epoch's network as epoch_<e>.pt, for other selection rules after training (the
+            # per-epoch validation metrics are always in validation_history.json)
+            "keep_epoch_weights": False,
             "loss": dict(method.loss),
             "optimizer": {"_target_": "torch.optim.Adam", "params": "$@network.parameters()", "lr": "@lr"},
             "lr_scheduler": {

@@ -104,7 +104,10 @@ Other keys a command line may set: `--epochs`, `--lr_milestone`, `--seed`, `--tr
 training cases, e.g. 0.25), `--output_dir`, and any loss argument as `--loss#<name>`. Model selection:
 `--selection_metric val_nll --selection_mode min` picks the epoch of lowest validation NLL instead of highest DSC;
 `--selection_bounds '{{"val_ece": 0.05}}'` picks the best DSC among the epochs with validation ECE <= 0.05 (until one
-is, the best DSC regardless, and the log says so).
+is, the best DSC regardless, and the log says so). Every epoch's validation metrics are written to
+`models/validation_history.json`; with `--keep_epoch_weights true` every epoch's network is kept as
+`models/epoch_<e>.pt`, so another rule can be applied after training
+(`calib_monai.handlers.select_epoch(history, "val_nll", "min")` names the epoch).
 
 ## Commands
 From the repository root, after the set-up in the top-level README:

@@ -12,8 +12,8 @@ from calib_monai.calibration.stored import (
     load_calibration,
     save_calibration,
 )
-from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
 
 __all__ = ["CALIBRATION_FILE", "CalibrateLogitsd", "CalibratedNetwork", "LocalTemperatureScaling", "TemperatureScaling",
-           "Uncalibrated", "calibrate_probabilities", "calibrate_volume", "fit_temperature", "load_calibration",
+           "Uncalibrated", "calibrate_probabilities", "calibration_voxels", "calibrate_volume", "fit_temperature", "load_calibration",
            "sample_voxels", "save_calibration", "temperature_scale"]  # fmt: skip

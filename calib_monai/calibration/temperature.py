@@ -7,14 +7,20 @@ Log-probabilities are valid logits here (``softmax(log p) = p``), so the same fi
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterable
 from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["TemperatureScaling", "check_voxels", "fit_temperature", "sample_voxels"]
+__all__ = ["TemperatureScaling", "calibration_voxels", "check_voxels", "fit_temperature", "sample_voxels"]
+
+VOXEL_CHOICES = ("foreground", "all")
+TEMPERATURE_RANGE = (0.01, 100.0)
+logger = logging.getLogger("calib_monai")
 
 
 def sample_voxels(logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,6 +29,32 @@ def sample_voxels(logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, s
         return logits, labels
     keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(seed))[:max_voxels]
     return logits[keep.to(logits.device)], labels[keep.to(labels.device)]
+
+
+def calibration_voxels(volumes: Iterable[tuple[torch.Tensor, torch.Tensor]], voxels: str = "foreground",
+                       max_voxels: int = 2_000_000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The voxels a temperature is fitted on: logits ``(N, C)`` and labels ``(N,)`` from ``(logits (C, *spatial),
+    label (*spatial))`` volumes, at most ``max_voxels`` in all, the same share from each volume (seeded).
+
+    ``voxels="foreground"`` keeps the ground-truth foreground voxels (label > 0), where the papers' ECE is measured;
+    ``"all"`` keeps every voxel (the NLL is then dominated by easy background voxels).
+    """
+    if voxels not in VOXEL_CHOICES:
+        raise ValueError(f"calibration voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
+    volumes = list(volumes)
+    generator = torch.Generator().manual_seed(seed)
+    share = max(1, int(max_voxels) // max(1, len(volumes)))
+    logits, labels = [], []
+    for z, y in volumes:
+        z, y = z.reshape(z.shape[0], -1).T, y.reshape(-1).long()
+        if voxels == "foreground":
+            z, y = z[y > 0], y[y > 0]
+        if z.shape[0] > share:
+            keep = torch.randperm(z.shape[0], generator=generator)[:share]
+            z, y = z[keep], y[keep]
+        logits.append(z)
+        labels.append(y)
+    return torch.cat(logits), torch.cat(labels)
 
 
 def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -39,7 +71,9 @@ def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> float:
-    """The temperature minimising ``NLL(softmax(logits / T), labels)``, by L-BFGS on ``log T`` (so ``T > 0``).
+    """The temperature minimising ``NLL(softmax(logits / T), labels)``, by L-BFGS on ``log T`` (so ``T > 0``), within
+    :data:`TEMPERATURE_RANGE` (a warning says when the fit lies outside and is clipped: with voxels whose labels the
+    logits never predict the NLL falls all the way to a uniform softmax, ``T -> inf``).
 
     Args:
         logits: ``(N, C)`` logits (or log-probabilities) of ``N`` voxels.
@@ -58,7 +92,14 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
         return loss
 
     optimizer.step(closure)
-    return float(log_t.detach().exp())
+    temperature = float(log_t.detach().exp())
+    low, high = TEMPERATURE_RANGE
+    if not low <= temperature <= high:
+        # NLL is convex in 1 / T, so the bound is the best temperature within the range
+        logger.warning(f"the fitted temperature {temperature:.3g} lies outside [{low}, {high}] and is clipped to it: "
+                       f"{'the logits carry next to no information on these voxels (e.g. a network that predicts background on all ground-truth foreground voxels): check the model, or fit on every voxel (--calibration_voxels all)' if temperature > high else 'the voxels are all classified correctly with room to sharpen'}")  # fmt: skip
+        temperature = min(max(temperature, low), high)
+    return temperature
 
 
 class TemperatureScaling(nn.Module):

@@ -29,6 +29,7 @@ from calib_monai.experiments.ablations import (
     nacl_ablation_study,
     posthoc_study,
 )
+from calib_monai.experiments.calibrated import calibrated_study
 from calib_monai.experiments.comparison import main_comparison
 from calib_monai.experiments.crac_study import CRAC_VARIANTS, crac_ablation_study
 from calib_monai.experiments.robustness import data_fraction_study, noise_study
@@ -78,6 +79,15 @@ def crac_ablation(dataset: str, variants: Sequence[str] = tuple(CRAC_VARIANTS), 
     return _run(crac_ablation_study, "crac_ablation", StudySetup(dataset, **setup), variants, seeds)
 
 
+def calibrated(dataset: str, methods: Sequence[str] = tuple(METHODS), seeds: Sequence[int] = (0, 1),
+               ece_bound: float = 0.05, surface_distances: bool = False, lts_steps: int = 300,
+               **setup: Any) -> str:  # fmt: skip
+    """Every method with and without temperature scaling (and local temperature scaling) under each model-selection
+    rule (best validation DSC, lowest validation NLL, best DSC with validation ECE <= ``ece_bound``), every seed."""
+    return _run(calibrated_study, "calibrated", StudySetup(dataset, **setup), methods, seeds, ece_bound,
+                surface_distances, lts_steps)  # fmt: skip
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -90,7 +100,7 @@ def logit_epochs(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), sna
 
 
 COMMANDS = {"main": main, "noise": noise, "data_fraction": data_fraction, "nacl_ablation": nacl_ablation,
-            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
+            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "calibrated": calibrated, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
 
 
 def run() -> None:

@@ -8,17 +8,15 @@ reads the validation ECE of every epoch from the run's ``train.log`` to see whet
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from calib_monai.experiments import figures
 from calib_monai.experiments.evaluation import evaluate_run
-from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_table
+from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_csv, write_table
 from calib_monai.losses.crac import PRESETS
 from calib_monai.metrics import friedman_rank
 
@@ -86,10 +84,6 @@ def alm_health(log: str | Path) -> dict[str, float]:
     return {"lambda_max": float(entries[:, 0].max()), "satisfied": float(entries[:, 3].mean())}
 
 
-def _seed_setup(setup: StudySetup, seed: int) -> StudySetup:
-    return replace(setup, seed=int(seed), runs_dir=str(Path(setup.runs_dir) / f"seed{seed}"))
-
-
 def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
                         command: str = "") -> str:  # fmt: skip
     """Train CE+Dice, NACL and the CRaC ``variants`` (keys of :data:`CRAC_VARIANTS`) for every seed; write
@@ -105,7 +99,7 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
     entries += [(f"CRaC {v}", "crac", v, CRAC_VARIANTS[v]) for v in variants]
     per_seed, per_volume, specs = [], [], []
     for seed in seeds:
-        seeded = _seed_setup(setup, seed)
+        seeded = setup.seeded(seed)
         curves, results = {}, {}
         for name, method, variant, extra in entries:
             spec = seeded.spec(method, variant, extra)
@@ -122,8 +116,8 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
                           {n: c + [float("nan")] * (max(len(x) for x in curves.values()) - len(c)) for n, c in curves.items()},
                           out / f"val_ece_seed{seed}.png", "epoch", "validation ECE",
                           f"{setup.dataset}, seed {seed}: validation ECE per epoch")  # fmt: skip
-    _write_csv(out / "per_seed.csv", per_seed)
-    _write_csv(out / "per_volume.csv", per_volume)
+    write_csv(out / "per_seed.csv", per_seed)
+    write_csv(out / "per_volume.csv", per_volume)
     table = write_table(_summary_rows(per_seed, [e[0] for e in entries]), out / "crac_ablation",
                         f"CRaC variants against CE+Dice and NACL, mean ± std over seeds {seeds}")  # fmt: skip
     legend = "\n".join(f"- `{v}`: " + ", ".join(f"{k.split('#')[1]}={val}" for k, val in CRAC_VARIANTS[v].items())
@@ -182,10 +176,3 @@ def _summary_rows(per_seed: Sequence[Mapping], names: Sequence[str]) -> list[dic
         row["meets"] = f"{sum(bool(r['meets']) for r in mine)}/{len(mine)}" if name.startswith("CRaC") else ""
         rows.append(row)
     return rows
-
-
-def _write_csv(path: Path, rows: Sequence[Mapping]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        writer.writeheader()
-        writer.writerows(rows)

@@ -10,7 +10,7 @@ over volumes).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from calib_monai.bundle import TrainedBundle, locate_bundle
 from calib_monai.experiments.runs import read_record
 from calib_monai.handlers.report import SegmentationReport, case_name
 
-__all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run"]
+__all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run", "score_volumes"]
 
 
 @dataclass
@@ -114,15 +114,30 @@ def evaluate_run(
     Returns:
         the report: ``.rows`` (one dict per volume), ``.summary()``, ``.reliability_data()``.
     """
-    report = SegmentationReport(output_dir or run.run_dir / "eval", run.label_names, num_bins=num_bins,
-                                surface_distances=surface_distances)  # fmt: skip
-    for vol in run.volumes(subset, noise_sigma=noise_sigma):
+    return score_volumes(run.volumes(subset, noise_sigma=noise_sigma), run.label_names, output_dir or run.run_dir / "eval",
+                         calibrate, write=output_dir is not None, on_volume=on_volume, num_bins=num_bins,
+                         surface_distances=surface_distances)  # fmt: skip
+
+
+def score_volumes(
+    volumes: Iterable[EvaluatedVolume],
+    label_names: dict[str, str],
+    output_dir: str | os.PathLike,
+    calibrate: Callable[[EvaluatedVolume], torch.Tensor] | None = None,
+    write: bool = False,
+    on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
+    num_bins: int = 15,
+    surface_distances: bool = True,
+) -> SegmentationReport:
+    """:func:`evaluate_run` on volumes whose logits are already computed (one inference, several calibrations)."""
+    report = SegmentationReport(output_dir, label_names, num_bins=num_bins, surface_distances=surface_distances)
+    for vol in volumes:
         prob = calibrate(vol) if calibrate is not None else torch.softmax(vol.logits, dim=0)
         item: dict[str, Any] = {"image": vol.image, "prob": prob, "pred": prob, "label": vol.label}
         report.rows.append(report.evaluate_volume(item, len(report.rows)))
         if on_volume is not None:
             on_volume(vol, prob)
-    if output_dir is not None:
+    if write:
         report.write()
     return report
 

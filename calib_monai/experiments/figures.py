@@ -9,7 +9,7 @@ import numpy as np
 
 from calib_monai.metrics import plot_reliability
 
-__all__ = ["line_plot", "logit_histograms", "qualitative_figure", "radar_plot", "reliability_grid"]
+__all__ = ["grouped_bars", "line_plot", "logit_histograms", "qualitative_figure", "radar_plot", "reliability_grid"]
 
 
 def _pyplot():
@@ -123,6 +123,24 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: s
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     else:
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, ylabel: str,
+                 title: str = "") -> Path:  # fmt: skip
+    """One group of bars per entry of ``groups`` (e.g. methods), one bar per series (e.g. selection rule and
+    temperature); the legend sits right of the axes."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) + 3), 3.8), dpi=100)
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(groups))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, list(values), width, label=name,
+               hatch="//" if name.endswith("+ T") else None)  # fmt: skip
+    ax.set_xticks(x, list(groups), rotation=20, ha="right")
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, path)
 
 

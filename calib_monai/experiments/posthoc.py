@@ -17,28 +17,24 @@ from collections.abc import Sequence
 import torch
 
 from calib_monai.calibration import LocalTemperatureScaling as LocalTemperatureModule
-from calib_monai.calibration import calibrate_volume, fit_temperature, sample_voxels
+from calib_monai.calibration import calibrate_volume, calibration_voxels, fit_temperature
 from calib_monai.experiments.evaluation import EvaluatedVolume
 
 __all__ = ["LocalTemperatureScaling", "TemperatureScaling"]
 
 
-def _voxels(volumes: Sequence[EvaluatedVolume], max_voxels: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits ``(N, C)`` and labels ``(N,)`` of all voxels (a seeded sample of ``max_voxels`` when more)."""
-    logits = torch.cat([v.logits.reshape(v.logits.shape[0], -1).T for v in volumes])
-    labels = torch.cat([v.label.reshape(-1) for v in volumes])
-    return sample_voxels(logits, labels, max_voxels, seed)
-
-
 class TemperatureScaling:
-    """One temperature for all voxels (:func:`calib_monai.calibration.fit_temperature`)."""
+    """One temperature for all voxels (:func:`calib_monai.calibration.fit_temperature`), fitted as the bundles'
+    ``calibrate`` step fits it: on the validation volumes' ground-truth foreground voxels by default
+    (``voxels="all"``: every voxel), at most ``max_voxels``, the same share from each volume."""
 
-    def __init__(self, max_voxels: int = 2_000_000, seed: int = 0) -> None:
-        self.max_voxels, self.seed = int(max_voxels), int(seed)
+    def __init__(self, max_voxels: int = 2_000_000, seed: int = 0, voxels: str = "foreground") -> None:
+        self.max_voxels, self.seed, self.voxels = int(max_voxels), int(seed), voxels
         self.temperature = 1.0
 
     def fit(self, volumes: Sequence[EvaluatedVolume]) -> TemperatureScaling:
-        self.temperature = fit_temperature(*_voxels(volumes, self.max_voxels, self.seed))
+        pairs = ((v.logits, v.label[0]) for v in volumes)
+        self.temperature = fit_temperature(*calibration_voxels(pairs, self.voxels, self.max_voxels, self.seed))
         return self
 
     def __call__(self, volume: EvaluatedVolume) -> torch.Tensor:

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from calib_monai.bundle_factory.specs import DATASETS, METHODS
 from calib_monai.experiments.evaluation import TrainedRun
 from calib_monai.experiments.runs import RunSpec, read_record, train
 
-__all__ = ["StudySetup", "format_mean_std", "heading", "write_table"]
+__all__ = ["StudySetup", "format_mean_std", "heading", "write_csv", "write_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,10 @@ class StudySetup:
         train(spec)
         return TrainedRun(spec.run_dir)
 
+    def seeded(self, seed: int) -> StudySetup:
+        """The same setup at ``seed``, its runs in ``<runs_dir>/seed<seed>`` (multi-seed studies)."""
+        return replace(self, seed=int(seed), runs_dir=str(Path(self.runs_dir) / f"seed{int(seed)}"))
+
     def study_dir(self, study: str) -> Path:
         path = Path(self.results_dir) / study
         path.mkdir(parents=True, exist_ok=True)
@@ -164,3 +168,11 @@ def write_table(rows: Sequence[Mapping[str, Any]], path_stem: str | os.PathLike,
     text = "\n".join(md) + "\n"
     stem.with_suffix(".md").write_text(text)
     return text
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Rows whose keys may differ (the union of the keys, in order of appearance) as a CSV file."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)

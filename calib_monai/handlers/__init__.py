@@ -7,4 +7,4 @@ from .calibration import SegmentationCalibration
 from .calibration_fit import CalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
-from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint
+from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint, select_epoch

@@ -11,7 +11,7 @@ from ignite.engine import Engine, Events
 from torch.nn import functional as F
 
 from calib_monai.calibration import LocalTemperatureScaling, TemperatureScaling, calibrate_volume, save_calibration
-from calib_monai.calibration.temperature import check_voxels
+from calib_monai.calibration.temperature import VOXEL_CHOICES, calibration_voxels, check_voxels
 from calib_monai.metrics import ece
 
 __all__ = ["CalibrationFitter"]
@@ -51,8 +51,8 @@ class CalibrationFitter:
                  max_slices: int = 4_000, lts_steps: int = 300, seed: int = 0, logits_key: str = "pred",
                  label_key: str = "label", image_key: str = "image", spatial_dim: int = 2,
                  voxels: str = "foreground") -> None:  # fmt: skip
-        if voxels not in ("foreground", "all"):
-            raise ValueError(f"calibrate voxels must be 'foreground' or 'all', got {voxels!r}")
+        if voxels not in VOXEL_CHOICES:
+            raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
         self.voxels = voxels
         if method not in METHODS:
             raise ValueError(f"calibrate method must be one of {METHODS}, got {method!r} (set --calibration_method)")
@@ -82,20 +82,7 @@ class CalibrationFitter:
                                   image.as_subclass(torch.Tensor)))  # fmt: skip
 
     def _voxels(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``(N, C)`` and labels ``(N,)``: at most ``max_voxels`` in all, the same share from each volume."""
-        generator = torch.Generator().manual_seed(self.seed)
-        share = max(1, self.max_voxels // max(1, len(self._volumes)))
-        logits, labels = [], []
-        for z, y, _ in self._volumes:
-            z, y = z.reshape(z.shape[0], -1).T, y.reshape(-1)
-            if self.voxels == "foreground":
-                z, y = z[y > 0], y[y > 0]
-            if z.shape[0] > share:
-                keep = torch.randperm(z.shape[0], generator=generator)[:share]
-                z, y = z[keep], y[keep]
-            logits.append(z)
-            labels.append(y)
-        return torch.cat(logits), torch.cat(labels)
+        return calibration_voxels(((z, y) for z, y, _ in self._volumes), self.voxels, self.max_voxels, self.seed)
 
     def _slices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         axis = self.spatial_dim + 1

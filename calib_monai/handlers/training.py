@@ -6,6 +6,7 @@ Both attach to the trainer *after* MONAI's ``ValidationHandler`` (bundle configs
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from ignite.handlers import Checkpoint
 
 from calib_monai.bundle import load_network_weights, unwrap_network, weights_state_dict
 
-__all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "save_atomically"]
+__all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "save_atomically", "select_epoch"]
 
 
 def save_atomically(obj: Any, path: str | os.PathLike) -> None:
@@ -39,6 +40,48 @@ def save_atomically(obj: Any, path: str | os.PathLike) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
+    missing = [name for name in bounds if name not in metrics]
+    if missing:
+        raise KeyError(f"selection bounds name {missing}, which the evaluator does not compute; its metrics are "
+                       f"{sorted(metrics)}")  # fmt: skip
+    return all(float(metrics[name]) <= bound for name, bound in bounds.items())
+
+
+def _better(value: float, within: bool, best: float, best_within: bool, mode: str) -> bool:
+    """The selection rule: an epoch within the bounds beats any epoch outside them; otherwise the metric decides
+    (strictly, so the earliest of equal epochs stays)."""
+    if not math.isfinite(value):
+        return False
+    if within != best_within:
+        return within
+    return value > best if mode == "max" else value < best
+
+
+def select_epoch(history: list[dict[str, Any]], metric_name: str = "val_mean_dice", mode: str = "max",
+                 bounds: dict[str, float] | None = None) -> int:  # fmt: skip
+    """The epoch ``TrainingCheckpoint`` saves as ``model.pt`` for a selection rule, from a run's validation history.
+
+    Args:
+        history: one dict per validated epoch with its ``"epoch"`` and the evaluator's metrics (the handler's
+            ``validation_history.json``).
+        metric_name, mode, bounds: the rule, as ``TrainingCheckpoint`` takes it.
+    Returns:
+        the selected epoch, -1 when no epoch has a finite ``metric_name``.
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"selection mode must be 'max' or 'min', got {mode!r}")
+    bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
+    best, best_within, best_epoch = (-math.inf if mode == "max" else math.inf), False, -1
+    for entry in history:
+        if metric_name not in entry:
+            continue
+        value, within = float(entry[metric_name]), _within_bounds(entry, bounds)
+        if _better(value, within, best, best_within, mode):
+            best, best_within, best_epoch = value, within, int(entry["epoch"])
+    return best_epoch
 
 
 class EpochSummary:
@@ -121,7 +164,12 @@ class TrainingCheckpoint:
     * writes ``latest_filename`` with network, optimizer, scheduler, trainer state (epoch, iteration)
       and the best value so far, so that a stopped run resumes exactly where it stopped.
 
-    Both files are written atomically, by DDP rank 0 only (every rank loads them). At ``STARTED``, if ``latest_filename`` exists, everything is loaded
+    Every validated epoch's evaluator metrics are also appended to ``validation_history.json`` (a list of
+    ``{"epoch": e, "val_mean_dice": ..., ...}``), so any other selection rule can be applied after training with
+    :func:`select_epoch`; ``keep_every_epoch=True`` also keeps each epoch's network as ``epoch_<e>.pt``, the weights
+    those rules pick (model-selection studies).
+
+    The files are written atomically, by DDP rank 0 only (every rank loads them). At ``STARTED``, if ``latest_filename`` exists, everything is loaded
     back and training continues at the next epoch; ``resume=False`` ignores (and later overwrites) it.
 
     A ``DistributedDataParallel`` (or ``DataParallel``) network is unwrapped: both files hold the plain network's
@@ -149,6 +197,7 @@ class TrainingCheckpoint:
             so; the first epoch within the bounds replaces it.
         extra: more objects with ``state_dict``/``load_state_dict`` to save and restore in the latest checkpoint,
             e.g. ``{"loss": crac_loss}`` so that CRaC's multipliers survive a restart.
+        keep_every_epoch: also write every epoch's network as ``epoch_<e>.pt`` (a plain state_dict, like ``model.pt``).
     """
 
     def __init__(
@@ -166,6 +215,8 @@ class TrainingCheckpoint:
         extra: dict[str, Any] | None = None,
         logger_name: str = "calib_monai",
         bounds: dict[str, float] | None = None,
+        keep_every_epoch: bool = False,
+        history_filename: str = "validation_history.json",
     ) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"TrainingCheckpoint mode must be 'max' or 'min', got {mode!r}.")
@@ -185,6 +236,9 @@ class TrainingCheckpoint:
         self.best_metric = -math.inf if mode == "max" else math.inf
         self.best_metric_epoch = -1
         self.best_within_bounds = False
+        self.keep_every_epoch = bool(keep_every_epoch)
+        self.history_path = self.save_dir / history_filename
+        self.history: list[dict[str, float]] = []
         self._trainer: Engine | None = None
 
     def attach(self, engine: Engine) -> None:
@@ -220,6 +274,7 @@ class TrainingCheckpoint:
         self.best_metric = checkpoint["best_metric"]
         self.best_metric_epoch = checkpoint["best_metric_epoch"]
         self.best_within_bounds = checkpoint.get("best_within_bounds", not self.bounds)
+        self.history = [e for e in checkpoint.get("history", []) if e["epoch"] <= engine.state.epoch]
         # the command line may ask for more (or fewer) epochs than the stopped run had
         engine.state.max_epochs = max_epochs
         if engine.state.epoch >= max_epochs:
@@ -234,34 +289,39 @@ class TrainingCheckpoint:
             f"{self.best_metric:.4f} at epoch {self.best_metric_epoch}"
         )
 
-    def _improved(self, value: float) -> bool:
-        return value > self.best_metric if self.mode == "max" else value < self.best_metric
-
-    def _within_bounds(self, metrics: dict[str, Any]) -> bool:
-        missing = [name for name in self.bounds if name not in metrics]
-        if missing:
-            raise KeyError(f"TrainingCheckpoint bounds name {missing}, which the evaluator does not compute; its metrics "
-                           f"are {sorted(metrics)}")  # fmt: skip
-        return all(float(metrics[name]) <= bound for name, bound in self.bounds.items())
-
     def __call__(self, engine: Engine) -> None:
         if idist.get_rank() > 0:  # DDP: every rank holds the same weights; rank 0 writes them
             return
+        weights = unwrap_network(self.network).state_dict()
+        if self.keep_every_epoch:
+            save_atomically(weights, self.save_dir / f"epoch_{engine.state.epoch}.pt")
         if self.evaluator is not None and self.metric_name in self.evaluator.state.metrics:
             metrics = self.evaluator.state.metrics
+            self.history.append({"epoch": engine.state.epoch, **{k: _as_float(v) for k, v in metrics.items()}})
             value = float(metrics[self.metric_name])
-            within = self._within_bounds(metrics)
-            # an epoch within the bounds beats any epoch outside them; otherwise the metric decides
-            better = (within and not self.best_within_bounds) or (within == self.best_within_bounds and self._improved(value))
-            if math.isfinite(value) and better:
+            within = _within_bounds(metrics, self.bounds)
+            if _better(value, within, self.best_metric, self.best_within_bounds, self.mode):
                 self.best_metric, self.best_metric_epoch, self.best_within_bounds = value, engine.state.epoch, within
-                save_atomically(unwrap_network(self.network).state_dict(), self.best_path)
+                save_atomically(weights, self.best_path)
                 note = "" if within else f" (no epoch within {self.bounds} yet: the best regardless of them)"
                 self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}{note}")
+            _write_json_atomically(self.history, self.history_path)
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch,
-                     best_within_bounds=self.best_within_bounds)  # fmt: skip
+                     best_within_bounds=self.best_within_bounds, history=self.history)  # fmt: skip
         save_atomically(state, self.latest_path)
+
+
+def _as_float(value: Any) -> float:
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def _write_json_atomically(data: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
 
 
 class NetworkWeightsLoader:
