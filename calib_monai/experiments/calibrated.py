@@ -100,9 +100,9 @@ def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS),
     write_csv(out / "per_volume.csv", per_volume)
     rows = _summary_rows(per_seed, methods, list(rules), len(seeds), surface_distances)
     table = write_table(rows, out / "calibrated", f"Every method × selection rule × recalibration, mean ± std over seeds {seeds}")
-    _ece_figure(rows, methods, list(rules), out / "ece_by_method.png", setup.dataset)
+    _ece_figure(per_seed, methods, list(rules), out / "ece_by_method.png", setup.dataset)
     notes = [
-        _verdict(rows),
+        _verdict(per_seed, rows),
         "Columns: the mean over test volumes of each seed, then mean ± std over the seeds. `epoch`: the epochs the "
         "rule selected, per seed. `T`: the fitted temperature (global temperature scaling). `ECE / ref` and `Δ DSC`: against the papers' protocol "
         "(CE+Dice, selection by validation DSC, no temperature) of the same seed. `meets`: seeds where ECE <= "
@@ -132,61 +132,68 @@ def _add_ratios(per_seed: list[dict]) -> None:
                             and row["dice_change"] >= -CALIBRATED_TARGET["dice_drop"])  # fmt: skip
 
 
+def _groups(per_seed: Sequence[Mapping]) -> dict[tuple[str, str, str], list[Mapping]]:
+    """The seeds' rows of each (method, selection rule, recalibration), in order of appearance."""
+    groups: dict[tuple[str, str, str], list[Mapping]] = {}
+    for row in per_seed:
+        groups.setdefault((row["method"], row["selection"], row["calibration"]), []).append(row)
+    return groups
+
+
+def _mean(rows: Sequence[Mapping], key: str) -> float:
+    return float(np.mean([float(r[key]) for r in rows]))
+
+
 def _summary_rows(per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], n_seeds: int,
                   surface_distances: bool) -> list[dict]:  # fmt: skip
     columns = (*COLUMNS, "mean_hd95") if surface_distances else COLUMNS
+    groups = _groups(per_seed)
     rows = []
-    for method in methods:
-        for rule in rules:
-            for calibration in CALIBRATIONS:
-                mine = [r for r in per_seed if (r["method"], r["selection"], r["calibration"]) == (method, rule, calibration)]
-                if not mine:
-                    continue
+    for key in ((m, r, c) for m in methods for r in rules for c in CALIBRATIONS):
+        mine = groups.get(key)
+        if not mine:
+            continue
 
-                def cell(key: str, digits: int = 3) -> str:
-                    values = np.array([r[key] for r in mine], dtype=np.float64)
-                    return format_mean_std(float(values.mean()), float(values.std()) if len(values) > 1 else None, digits)
+        def cell(name: str, digits: int = 3) -> str:
+            values = np.array([r[name] for r in mine], dtype=np.float64)
+            return format_mean_std(float(values.mean()), float(values.std()) if len(values) > 1 else None, digits)
 
-                rows.append({"method": method, "selection": rule, "calibration": calibration,
-                             "epoch": "/".join(str(r["epoch"]) for r in mine),
-                             "T": cell("temperature", 2) if calibration == "temperature" else "",
-                             **{heading(c): cell(c) for c in columns}, "ECE / ref": cell("ece_ratio", 2),
-                             "Δ DSC": cell("dice_change"), "meets": f"{sum(r['meets'] for r in mine)}/{n_seeds}"})  # fmt: skip
+        method, rule, calibration = key
+        rows.append({"method": method, "selection": rule, "calibration": calibration,
+                     "epoch": "/".join(str(r["epoch"]) for r in mine),
+                     "T": cell("temperature", 2) if calibration == "temperature" else "",
+                     **{heading(c): cell(c) for c in columns}, "ECE / ref": cell("ece_ratio", 2),
+                     "Δ DSC": cell("dice_change"), "meets": f"{sum(r['meets'] for r in mine)}/{n_seeds}"})  # fmt: skip
     return rows
 
 
-def _mean(cell: str) -> float:
-    return float(cell.split(" ± ")[0])
-
-
-def _verdict(rows: Sequence[Mapping]) -> str:
-    """Which configuration reaches the target on every seed, or which comes closest (lowest ECE ratio among those
-    within the DSC margin on average)."""
-    met = [r for r in rows if r["meets"].split("/")[0] == r["meets"].split("/")[1]]
-    within = [r for r in rows if _mean(r["Δ DSC"]) >= -CALIBRATED_TARGET["dice_drop"]]
-    name = lambda r: f"{r['method']}, selection `{r['selection']}`, calibration {r['calibration']}"  # noqa: E731
+def _verdict(per_seed: Sequence[Mapping], summary: Sequence[Mapping]) -> str:
+    """Which configuration reaches the target on every seed, or which comes closest (lowest mean ECE ratio among
+    those within the DSC margin on average); ``summary`` (:func:`_summary_rows`) gives the cells it quotes."""
+    groups = _groups(per_seed)
+    met = [k for k, rows in groups.items() if all(r["meets"] for r in rows)]
+    within = [k for k, rows in groups.items() if _mean(rows, "dice_change") >= -CALIBRATED_TARGET["dice_drop"]]
+    if not met and not within:
+        return "**Target not met**: no configuration keeps the DSC within the margin."
+    best_key = min(met or within, key=lambda k: _mean(groups[k], "ece_ratio"))
+    best = next(r for r in summary if (r["method"], r["selection"], r["calibration"]) == best_key)
+    name = f"{best['method']}, selection `{best['selection']}`, calibration {best['calibration']}"
     if met:
-        best = min(met, key=lambda r: _mean(r["ECE / ref"]))
-        head = (f"**Target met** on every seed by {len(met)} configuration(s); the best is {name(best)}: ECE "
+        return (f"**Target met** on every seed by {len(met)} configuration(s); the best is {name}: ECE "
                 f"{best['ECE']} ({best['ECE / ref']} of the reference), DSC {best['mean DSC']} (Δ {best['Δ DSC']}).")
-    elif within:
-        best = min(within, key=lambda r: _mean(r["ECE / ref"]))
-        head = (f"**Target not met.** Closest: {name(best)}: ECE {best['ECE']} ({best['ECE / ref']} of the "
-                f"reference, target {CALIBRATED_TARGET['ece_ratio']}), DSC {best['mean DSC']} (Δ {best['Δ DSC']}); "
-                f"met on {best['meets']} seeds.")
-    else:
-        head = "**Target not met**: no configuration keeps the DSC within the margin."
-    return head
+    return (f"**Target not met.** Closest: {name}: ECE {best['ECE']} ({best['ECE / ref']} of the reference, target "
+            f"{CALIBRATED_TARGET['ece_ratio']}), DSC {best['mean DSC']} (Δ {best['Δ DSC']}); met on {best['meets']} seeds.")
 
 
-def _ece_figure(rows: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], path: Path, dataset: str) -> None:
+def _ece_figure(per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], path: Path, dataset: str) -> None:
     """ECE per method for each selection rule and recalibration (mean over seeds)."""
     short = {"none": "", "temperature": " + T", "local temperature": " + local T"}
+    groups = _groups(per_seed)
     series = {}
     for rule in rules:
         for calibration in CALIBRATIONS:
-            values = [next((_mean(r["ECE"]) for r in rows if (r["method"], r["selection"], r["calibration"]) ==
-                            (method, rule, calibration)), float("nan")) for method in methods]  # fmt: skip
+            values = [_mean(groups[(m, rule, calibration)], "ece") if (m, rule, calibration) in groups else float("nan")
+                      for m in methods]  # fmt: skip
             if not all(np.isnan(values)):
                 series[f"{rule}{short[calibration]}"] = values
     figures.grouped_bars(list(methods), series, path, "test ECE (mean over volumes)",

@@ -25,8 +25,9 @@ from calib_monai.bundle import load_network_weights, unwrap_network, weights_sta
 __all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "save_atomically", "select_epoch"]
 
 
-def save_atomically(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the target folder, then rename it over ``path``.
+def save_atomically(obj: Any, path: str | os.PathLike, write: Any = torch.save) -> None:
+    """``write(obj, tmp)`` (``torch.save`` by default) to a temporary file in the target folder, then rename it over
+    ``path``.
 
     A run killed mid-write leaves the previous file intact instead of a truncated one.
     """
@@ -35,11 +36,15 @@ def save_atomically(obj: Any, path: str | os.PathLike) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        write(obj, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _write_json(data: Any, path: str) -> None:
+    Path(path).write_text(json.dumps(data, indent=1))
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
@@ -305,7 +310,7 @@ class TrainingCheckpoint:
                 save_atomically(weights, self.best_path)
                 note = "" if within else f" (no epoch within {self.bounds} yet: the best regardless of them)"
                 self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}{note}")
-            _write_json_atomically(self.history, self.history_path)
+            save_atomically(self.history, self.history_path, write=_write_json)
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch,
                      best_within_bounds=self.best_within_bounds, history=self.history)  # fmt: skip
@@ -314,14 +319,6 @@ class TrainingCheckpoint:
 
 def _as_float(value: Any) -> float:
     return float(value.item() if isinstance(value, torch.Tensor) else value)
-
-
-def _write_json_atomically(data: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 class NetworkWeightsLoader:
