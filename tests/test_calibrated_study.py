@@ -83,7 +83,7 @@ def test_calibrated_study_end_to_end_on_phantoms(tmp_path):
         mine = [float(v["ece"]) for v in volumes if all(v[k] == row[k] for k in ("seed", "method", "selection", "calibration"))]
         assert len(mine) == 3 and float(row["ece"]) == pytest.approx(np.mean(mine), rel=1e-9)
     readme = (out / "README.md").read_text()
-    assert "Target" in readme and "--selection_metric val_nll --selection_mode min" in readme
+    assert "; seeds 0, 1" in readme and "Target" in readme and "--selection_metric val_nll --selection_mode min" in readme
     assert "| ce_dice | dsc | temperature |" in readme and "| ce_dice | dsc | local temperature |" in readme
     assert (out / "ece_by_method.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="include 'ce_dice'"):

@@ -11,10 +11,12 @@ import pytest
 from calib_monai.experiments import StudySetup, read_record
 from calib_monai.experiments.crac_study import (
     CRAC_VARIANTS,
+    _paired_cells,
     _score_seed,
     alm_health,
     crac_ablation_study,
     ece_climb,
+    paired_differences,
     validation_curve,
 )
 from calib_monai.losses.crac import PRESETS
@@ -101,4 +103,29 @@ def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
     assert len(volumes) % 6 == 0 and volumes and {v["method"] for v in volumes} == {"CE+Dice", "NACL", "CRaC tol1_rho1"}
     readme = (out / "README.md").read_text()
     assert "Friedman" in readme and "`tol1_rho1`: " in readme and "| CRaC tol1_rho1 |" in readme
+    assert "; seeds 0, 1" in readme and "| CRaC tol1_rho1 | CE+Dice | 3 |" in readme  # paired table, 3 test volumes
     assert Path(out / "crac_ablation.md").is_file()
+
+
+def test_paired_differences_hand_worked():
+    # CRaC's ECE is below NACL's on all 6 volumes, by distinct amounts: the exact two-sided signed-rank p is
+    # 2 / 2**6 = 0.03125. DSC differs by +0.125 on 3 volumes and -0.125 on 3: mean 0, ranks tie, p = 1.
+    # HD95 is equal everywhere (p 1 by definition) except a volume with an infinite HD95, which is left out.
+    per_volume = []
+    for i in range(6):
+        case = f"v{i}"
+        per_volume.append({"seed": "3", "method": "NACL", "case": case, "mean_dice": 0.75, "mean_hd95": 2.0,
+                           "ece": 0.10, "tace": 0.2})  # fmt: skip
+        per_volume.append({"seed": "3", "method": "CRaC x", "case": case, "mean_dice": 0.75 + (0.125 if i < 3 else -0.125),
+                           "mean_hd95": math.inf if i == 5 else 2.0, "ece": 0.10 - 0.01 * (i + 1), "tace": 0.2})  # fmt: skip
+    per_volume.append({"seed": "4", "method": "NACL", "case": "v0", "mean_dice": 0.0, "mean_hd95": 0.0, "ece": 0.0,
+                       "tace": 0.0})  # another seed: not paired  # fmt: skip
+    row = paired_differences(per_volume, 3, "CRaC x", "NACL")
+    assert row["volumes"] == 6 and row["reference"] == "NACL"
+    assert row["ece_diff"] == pytest.approx(-0.035) and row["ece_p"] == pytest.approx(0.03125)
+    assert row["mean_dice_diff"] == 0.0 and row["mean_dice_p"] == pytest.approx(1.0)
+    assert row["mean_hd95_diff"] == 0.0 and row["mean_hd95_p"] == 1.0
+    assert row["tace_p"] == 1.0
+    assert math.isnan(paired_differences(per_volume, 4, "CRaC x", "NACL")["ece_p"])  # no CRaC volume in seed 4
+    cells = _paired_cells(row | {"tace_p": 2e-4})
+    assert cells["ECE"] == "-0.035 (0.031)" and cells["TACE"] == "+0.000 (<0.001)"

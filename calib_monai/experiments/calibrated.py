@@ -117,7 +117,7 @@ def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS),
         "Figure: `ece_by_method.png`; values per seed: `per_seed.csv`; per test volume: `per_volume.csv`.",
     ]
     setup.write_readme("calibrated", f"Calibrated by default on {setup.dataset}", command or "(called from Python)",
-                       [table, *notes], specs)  # fmt: skip
+                       [table, *notes], specs, seeds)  # fmt: skip
     return table
 
 

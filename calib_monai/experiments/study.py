@@ -109,21 +109,22 @@ class StudySetup:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def describe(self) -> str:
-        """The budget in words, for the study README."""
+    def describe(self, seeds: Sequence[int] | None = None) -> str:
+        """The budget in words, for the study README; ``seeds`` for a study that trains over several."""
         parts = [f"data set `{self.dataset}` ({DATASETS[self.dataset].title})",
                  f"data `{self.dataset_dir or 'embedded phantoms'}`",
                  f"epochs {self.epochs or 'bundle default'}", f"lr 1e-3, x0.1 from epoch {self.lr_milestone}" if self.lr_milestone else "lr 1e-3, x0.1 at half time",
-                 f"training cases {self.train_fraction:.0%}", f"seed {self.seed}"]  # fmt: skip
+                 f"training cases {self.train_fraction:.0%}",
+                 f"seeds {', '.join(str(s) for s in seeds)}" if seeds else f"seed {self.seed}"]  # fmt: skip
         if self.overrides:
             parts.append("overrides " + ", ".join(f"`{k}={json.dumps(v)}`" for k, v in self.overrides.items()))
         return "; ".join(parts)
 
     def write_readme(self, study: str, title: str, command: str, sections: Sequence[str],
-                     runs: Sequence[RunSpec]) -> Path:  # fmt: skip
+                     runs: Sequence[RunSpec], seeds: Sequence[int] | None = None) -> Path:  # fmt: skip
         """``<results_dir>/<study>/README.md``: the command, the budget, the results and the runs' records."""
         lines = [f"# {title}", "", "Command (from the repository root):", "", f"    {command}", "",
-                 f"Budget: {self.describe()}.", ""]  # fmt: skip
+                 f"Budget: {self.describe(seeds)}.", ""]  # fmt: skip
         for section in sections:
             lines += [section, ""]
         lines += ["## Runs", "", "| run | wall time (s) | attempts | seed | torch | monai | commit |", "|---|---|---|---|---|---|---|"]
