@@ -158,13 +158,12 @@ def paired_differences(per_volume: Sequence[Mapping], seed: int, method: str, re
     cases = sorted(case for m, case in values if m == reference and (method, case) in values)
     row: dict[str, object] = {"seed": seed, "method": method, "reference": reference, "volumes": len(cases)}
     for column, _ in RANKED:
-        pairs = np.array([[float(values[method, c][column]), float(values[reference, c][column])] for c in cases])
-        pairs = pairs[np.isfinite(pairs).all(axis=1)] if len(pairs) else pairs.reshape(0, 2)
-        diff = pairs[:, 0] - pairs[:, 1]
+        diff = np.array([float(values[method, c][column]) - float(values[reference, c][column]) for c in cases])
+        diff = diff[np.isfinite(diff)]  # inf - inf is NaN: a pair with a non-finite side drops out either way
         if not len(diff):
             row[f"{column}_diff"], row[f"{column}_p"] = float("nan"), float("nan")
             continue
-        p = 1.0 if np.all(diff == 0) else float(wilcoxon(pairs[:, 0], pairs[:, 1]).pvalue)
+        p = 1.0 if np.all(diff == 0) else float(wilcoxon(diff).pvalue)
         row[f"{column}_diff"], row[f"{column}_p"] = float(diff.mean()), p
     return row
 
