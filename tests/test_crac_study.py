@@ -104,6 +104,10 @@ def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
     readme = (out / "README.md").read_text()
     assert "Friedman" in readme and "`tol1_rho1`: " in readme and "| CRaC tol1_rho1 |" in readme
     assert "; seeds 0, 1" in readme and "| CRaC tol1_rho1 | CE+Dice | 3 |" in readme  # paired table, 3 test volumes
+    with open(out / "paired_per_seed.csv", newline="") as f:  # the values behind the table, not its cells
+        paired = list(csv.DictReader(f))
+    assert [(r["seed"], r["reference"]) for r in paired] == [(s, m) for s in ("0", "1") for m in ("NACL", "CE+Dice")]
+    assert all(0 <= float(r["ece_p"]) <= 1 and r["volumes"] == "3" for r in paired)
     assert Path(out / "crac_ablation.md").is_file()
 
 

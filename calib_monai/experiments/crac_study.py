@@ -124,7 +124,7 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
                         f"CRaC variants against CE+Dice and NACL, mean ± std over seeds {seeds}")  # fmt: skip
     paired = [paired_differences(per_volume, seed, name, reference)
               for seed in seeds for name, *_ in entries[2:] for reference in ("NACL", "CE+Dice")]  # fmt: skip
-    write_csv(out / "paired.csv", paired)
+    write_csv(out / "paired_per_seed.csv", paired)  # the values; write_table writes the formatted paired.csv/.md
     paired_table = write_table([_paired_cells(r) for r in paired], out / "paired",
                                "Per test volume, CRaC minus the reference: mean difference (Wilcoxon signed-rank p)")
     legend = "\n".join(f"- `{v}`: " + ", ".join(f"{k.split('#')[1]}={val}" for k, val in CRAC_VARIANTS[v].items())
@@ -143,7 +143,7 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
         "test over the volumes of that seed (volumes without a finite value on either side left out).",
         "Variants:\n\n" + legend,
         "Figures: `val_ece_seed<s>.png`; values per seed: `per_seed.csv`; per test volume: `per_volume.csv`; "
-        "paired differences: `paired.csv`.",
+        "paired differences and p: `paired_per_seed.csv`.",
     ]
     setup.write_readme("crac_ablation", f"CRaC ablation on {setup.dataset}", command or "(called from Python)",
                        [table, *notes], specs, seeds)  # fmt: skip
