@@ -79,10 +79,10 @@ def test_inference_and_export_apply_the_temperature(calibrated, tmp_path):
     temperature = float(load_calibration(models).temperature)
     image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
     settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
-    calibrated_seg, calibrated_conf = TrainedBundle(bundle_dir, overrides=settings).predict(image)
+    calibrated_seg, calibrated_conf, _ = TrainedBundle(bundle_dir, overrides=settings).predict(image)
     (models / "calibration.pt").rename(tmp_path / "calibration.pt")
     try:
-        raw_seg, raw_conf = TrainedBundle(bundle_dir, overrides=settings).predict(image)
+        raw_seg, raw_conf, _ = TrainedBundle(bundle_dir, overrides=settings).predict(image)
     finally:
         (tmp_path / "calibration.pt").rename(models / "calibration.pt")
     assert torch.equal(calibrated_seg, raw_seg)

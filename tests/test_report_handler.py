@@ -13,7 +13,13 @@ from ignite.engine import Engine
 from monai.data import MetaTensor
 
 from calib_monai.handlers import SegmentationReport
-from calib_monai.metrics import cece, ece, tace
+from calib_monai.metrics import SegmentationReportTable, cece, ece, tace
+from calib_monai.metrics.report_table import case_name, voxel_spacing
+
+
+def _add(table: SegmentationReportTable, vol: dict) -> dict:
+    """One volume into the table, as the harness adds it (spacing from the image affine, name from its meta)."""
+    return table.add(vol["prob"], vol["label"], pred=vol["pred"], spacing=voxel_spacing(vol), case=case_name(vol, len(table)))
 
 
 def _volume(seed: int, spacing: float) -> dict:
@@ -58,24 +64,24 @@ def test_report_rows_match_direct_metrics(tmp_path):
 
 def test_distances_are_in_mm_from_the_affine(tmp_path):
     one, two = _volume(0, 1.0), _volume(0, 2.0)  # same arrays, spacing 1 mm and 2 mm
-    report = SegmentationReport(tmp_path, {"0": "background", "1": "outer", "2": "inner"})
-    row1, row2 = report.evaluate_volume(one), report.evaluate_volume(two)
+    report = SegmentationReportTable({"0": "background", "1": "outer", "2": "inner"})
+    row1, row2 = _add(report, one), _add(report, two)
     assert row2["dice_outer"] == row1["dice_outer"]
     assert row2["hd95_outer"] == pytest.approx(2 * row1["hd95_outer"])
     assert row2["asd_inner"] == pytest.approx(2 * row1["asd_inner"])
 
 
 def test_empty_run_writes_nothing_and_says_so(tmp_path, caplog):
-    report = SegmentationReport(tmp_path / "out", {"0": "background", "1": "a"})
-    report.write()
+    report = SegmentationReportTable({"0": "background", "1": "a"})
+    report.write(tmp_path / "out")
     assert not (tmp_path / "out" / "metrics.csv").exists()
     assert "no volumes were evaluated" in caplog.text
 
 
 def test_regions_are_scored_as_binary_unions_of_classes(tmp_path):
     vol = _volume(0, 1.0)
-    report = SegmentationReport(tmp_path, {"0": "background", "1": "outer", "2": "inner"}, regions={"core": [2], "whole": [1, 2]})
-    row = report.evaluate_volume(vol)
+    report = SegmentationReportTable({"0": "background", "1": "outer", "2": "inner"}, regions={"core": [2], "whole": [1, 2]})
+    row = _add(report, vol)
     # "core" is class 2 alone: the same DSC as the per-class column
     assert row["dice_core"] == pytest.approx(row["dice_inner"])
     # "whole" is classes 1 and 2 together, by hand

@@ -20,7 +20,13 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from calib_monai.handlers import SegmentationReport, SegmentationReportMetricHandler, SegmentationReportSaver
-from calib_monai.metrics import SegmentationReportMetric, calibration_errors, segmentation_metrics_per_volume
+from calib_monai.metrics import (
+    SegmentationReportMetric,
+    SegmentationReportTable,
+    calibration_errors,
+    segmentation_metrics_per_volume,
+)
+from calib_monai.metrics.report_table import case_name, voxel_spacing
 
 NAMES = {"0": "background", "1": "outer", "2": "inner"}
 REGIONS = {"core": [2], "whole": [1, 2]}
@@ -69,6 +75,35 @@ def _reference_row(vol: dict, regions: dict | None = None) -> dict[str, float]:
     row.update({c: gt[c] for c in ("ece", "cece", "tace")})
     row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace")})
     row["nll"], row["brier"] = gt["nll"], gt["brier"]
+    row.update(_reference_quality(vol, spacing))
+    return row
+
+
+def _reference_quality(vol: dict, spacing: list[float], radius: int = 3, threshold: float = 0.8) -> dict[str, float]:
+    """The label-free columns by their definitions, in NumPy float64 (scipy's dilation for the band)."""
+    from scipy.ndimage import binary_dilation
+
+    p = vol["prob"].double().numpy()
+    pred = vol["pred"].argmax(0).numpy()
+    y = vol["label"][0].numpy()
+    ml = float(np.prod(spacing)) / 1000.0
+    row: dict[str, float] = {}
+    for k, name in ((1, "outer"), (2, "inner")):
+        mine = pred == k
+        row[f"est_dice_{name}"] = 2 * p[k][mine].sum() / (mine.sum() + p[k].sum())
+        row[f"volume_{name}"] = (y == k).sum() * ml
+        row[f"volume_pred_{name}"] = mine.sum() * ml
+        row[f"volume_prob_{name}"] = p[k].sum() * ml
+        half = 1.959963984540054 * np.sqrt((p[k] * (1 - p[k])).sum())
+        row[f"volume_prob_low_{name}"] = max(p[k].sum() - half, 0) * ml
+        row[f"volume_prob_high_{name}"] = (p[k].sum() + half) * ml
+        row[f"low_conf_{name}"] = (p.max(0)[mine] < threshold).mean() if mine.any() else math.nan
+    row["est_mean_dice"] = (row["est_dice_outer"] + row["est_dice_inner"]) / 2
+    row["ece_all"] = calibration_errors(vol["prob"][None], vol["label"][None], ("ece",), foreground="all")["ece"]
+    band = binary_dilation((pred > 0) | (y > 0), np.ones((2 * radius + 1,) * 3))
+    inside = torch.from_numpy(band.reshape(-1))
+    row["ece_band"] = calibration_errors(vol["prob"].reshape(3, -1)[:, inside][None], vol["label"].reshape(-1)[inside][None],
+                                         ("ece",), foreground="all")["ece"]  # fmt: skip
     return row
 
 
@@ -94,9 +129,9 @@ def test_metric_table_equals_the_report_rows():
         metric([v["prob"] for v in vols], [v["label"] for v in vols], pred=[v["pred"] for v in vols], spacing=spacings)
     table = metric.aggregate()
     assert table.shape == (len(vols), len(metric.columns)) and table.dtype == torch.float64
-    report = SegmentationReport("unused", NAMES, regions=REGIONS)
+    report = SegmentationReportTable(NAMES, regions=REGIONS)
     with pytest.warns(UserWarning):
-        rows = [report.evaluate_volume(v, i) for i, v in enumerate(vols)]
+        rows = [report.add(v["prob"], v["label"], v["pred"], voxel_spacing(v), case_name(v, i)) for i, v in enumerate(vols)]
     for values, row, vol in zip(table.tolist(), rows, vols):
         reference = _reference_row(vol, REGIONS)
         assert list(row)[1:] == list(metric.columns) and set(reference) == set(metric.columns)
@@ -123,12 +158,12 @@ def test_saver_files_equal_the_report_written_by_hand(tmp_path, caplog):
         engine = _run(vols, handler, saver)
     assert "evaluated 5 volume(s), mean over 5 volumes" in caplog.text
 
-    by_hand = SegmentationReport(tmp_path / "hand", NAMES, regions=REGIONS)
+    by_hand = SegmentationReportTable(NAMES, regions=REGIONS)
     with pytest.warns(UserWarning):
         for v in vols:
-            by_hand.rows.append(by_hand.evaluate_volume(v, len(by_hand.rows)))
-    by_hand.write()
-    for name in ("metrics.csv", "summary.json", "reliability.png"):
+            by_hand.add(v["prob"], v["label"], v["pred"], voxel_spacing(v), case_name(v, len(by_hand)))
+    by_hand.write(tmp_path / "hand")
+    for name in ("metrics.csv", "summary.json", "reliability.png", "risk_coverage.png"):
         assert (tmp_path / "engine" / name).read_bytes() == (tmp_path / "hand" / name).read_bytes(), name
 
     with open(tmp_path / "engine" / "metrics.csv") as f:

@@ -233,3 +233,29 @@ def test_cli_slicer_names_segments_from_the_bundle(tmp_path):
     assert names["pancreas"] == "4" and names["liver"] == "1"
     values, _ = nrrd.read(written["confidence"])
     assert values[0, 0, 0] == np.float32(0.5)
+
+
+def test_case_quality_travels_with_the_slicer_files(tmp_path, nrrd):
+    """The inference run's <case>_quality.json: copied beside the files, its verdict in the header, each structure's
+    estimated DSC and volume as tags of its segment."""
+    import json
+
+    seg, conf = synthetic_case()
+    inference_dir = tmp_path / "inference"
+    inference_dir.mkdir()
+    nib.save(nib.Nifti1Image(seg, AFFINE_FLIPPED), inference_dir / "case7_seg.nii.gz")
+    nib.save(nib.Nifti1Image(conf, AFFINE_FLIPPED), inference_dir / "case7_conf.nii.gz")
+    quality = {"case_score": 0.4123, "review": {"flag": True, "reasons": ["estimated mean DSC 0.412 is below"]},
+               "classes": {"liver": {"est_dice": 0.61234, "volume": 12.5}, "kidney": {"est_dice": 0.2, "volume": 3.0}}}
+    (inference_dir / "case7_quality.json").write_text(json.dumps({"case": "case7", **quality}))
+    files = slicer_files_from_inference(inference_dir, "case7", ["background", "liver", "kidney"], tmp_path / "slicer")
+    _, header = nrrd.read(str(files.segmentation))
+    assert header["calib_monai_case_score"] == "0.4123" and header["calib_monai_review"] == "yes"
+    assert header["calib_monai_review_reasons"] == "estimated mean DSC 0.412 is below"
+    segments = segments_of(header)
+    assert segments["label_1"]["Tags"] == "calib_monai.est_dice:0.612|calib_monai.volume_ml:12.5|"
+    assert json.loads(files.quality.read_text()) == {"case": "case7", **quality}
+    # without a quality file: no quality fields, no JSON
+    (inference_dir / "case7_quality.json").unlink()
+    files = slicer_files_from_inference(inference_dir, "case7", ["background", "liver", "kidney"], tmp_path / "plain")
+    assert files.quality is None and "calib_monai_review" not in nrrd.read(str(files.segmentation))[1]

@@ -7,6 +7,8 @@ and anisotropic voxels, so the outputs must be inverted back onto the input's gr
 
 from __future__ import annotations
 
+import json
+
 import shutil
 
 import nibabel as nib
@@ -53,7 +55,7 @@ def trained(tmp_path_factory):
 
 
 def _reference(trained):
-    seg_path, conf_path = output_paths(trained["reference"], "case")
+    seg_path, conf_path, _ = output_paths(trained["reference"], "case")
     return nib.load(str(seg_path)), nib.load(str(conf_path))
 
 
@@ -61,7 +63,7 @@ def test_predict_equals_the_inferring_run_and_writes_its_files(trained, tmp_path
     bundle = TrainedBundle(trained["bundle"], overrides=INFER, device="cpu")
     assert bundle.weights == trained["bundle"] / "models" / "model.pt"
     assert bundle.num_classes == 5 and bundle.label_names[4] == "pancreas" and bundle.in_channels == 1
-    segmentation, confidence = bundle.predict(trained["image"])
+    segmentation, confidence, quality = bundle.predict(trained["image"])
     ref_seg, ref_conf = _reference(trained)
     assert segmentation.shape == confidence.shape == (1, *SHAPE)
     assert segmentation.dtype == torch.uint8 and confidence.dtype == torch.float32
@@ -70,8 +72,13 @@ def test_predict_equals_the_inferring_run_and_writes_its_files(trained, tmp_path
     np.testing.assert_allclose(np.asarray(segmentation.affine), AFFINE, atol=1e-5)  # the input's grid
 
     # written as the inferring run writes them: same names, dtypes, affines and voxels
-    written = bundle.write(segmentation, confidence, output_dir=tmp_path)
+    written = bundle.write(segmentation, confidence, quality, output_dir=tmp_path)
     assert written == output_paths(tmp_path, "case")
+    # the quality JSON is the inferring run's (same case score, same review verdict)
+    reference_quality = json.loads(output_paths(trained["reference"], "case").quality.read_text())
+    mine = json.loads(written.quality.read_text())
+    assert mine["case_score"] == pytest.approx(reference_quality["case_score"], rel=1e-6)
+    assert mine["review"] == reference_quality["review"] and mine["classes"].keys() == reference_quality["classes"].keys()
     for path, reference in zip(written, (ref_seg, ref_conf)):
         out = nib.load(str(path))
         assert out.get_data_dtype() == reference.get_data_dtype() and out.shape == reference.shape == SHAPE
@@ -97,7 +104,7 @@ def test_every_weights_layout_predicts_the_same(trained, tmp_path):
                                    key_in_ckpt="ema" if name == "custom.pt" else "")
                for name in (*layouts, "model.ts")}  # fmt: skip
     for name, bundle in bundles.items():
-        segmentation, confidence = bundle.predict(trained["image"])
+        segmentation, confidence, _ = bundle.predict(trained["image"])
         assert torch.equal(segmentation, expected[0]), name
         torch.testing.assert_close(confidence, expected[1], rtol=0, atol=1e-6, msg=name)
 

@@ -10,7 +10,17 @@
 
 from __future__ import annotations
 
-from .outputs import OUTPUT_EXT, OUTPUT_KEYS, OUTPUT_POSTFIXES, OutputFiles, output_case, output_path, output_paths
+from .outputs import (
+    OUTPUT_EXT,
+    OUTPUT_KEYS,
+    OUTPUT_POSTFIXES,
+    OutputFiles,
+    output_case,
+    output_path,
+    output_paths,
+    quality_path,
+    write_case_quality,
+)
 from .runtime import (
     as_bool,
     dataloader_workers,
@@ -48,6 +58,8 @@ __all__ = [
     "output_path",
     "output_paths",
     "pin_memory",
+    "quality_path",
+    "write_case_quality",
     "read_bundle_config",
     "unwrap_network",
     "validation_sampler",

@@ -1,4 +1,5 @@
-"""Where a bundle's inference outputs go: the one naming rule of ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``.
+"""Where a bundle's inference outputs go: the one naming rule of ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
+``<case>_quality.json`` (the case quality and review flag; every case of a run also gets a row of ``quality.csv``).
 
 The bundle's ``inferring`` run (``calib_monai.data.segmentation_and_confidence``), ``TrainedBundle.write``, MONAI Label
 serving and the 3D Slicer files (``calib_monai.export.slicer``) all name and find the files through here.
@@ -6,16 +7,37 @@ serving and the 3D Slicer files (``calib_monai.export.slicer``) all name and fin
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["OUTPUT_EXT", "OUTPUT_KEYS", "OUTPUT_POSTFIXES", "OutputFiles", "output_case", "output_path", "output_paths"]
+__all__ = ["OUTPUT_EXT", "OUTPUT_KEYS", "OUTPUT_POSTFIXES", "QUALITY_TABLE", "OutputFiles", "OutputWriter", "Prediction",
+           "output_case", "output_path",
+           "output_paths", "quality_path", "quality_row", "write_case_quality"]  # fmt: skip
 
 OUTPUT_KEYS = ("segmentation", "confidence")  # the item keys of the two outputs (``ConfidenceAndSegmentationd``)
 OUTPUT_POSTFIXES = {"segmentation": "seg", "confidence": "conf"}  # <case>_<postfix><ext>
 OUTPUT_EXT = ".nii.gz"
+QUALITY_POSTFIX = "quality.json"  # <case>_quality.json
+QUALITY_TABLE = "quality.csv"  # one row per case of the folder
+
+
+class OutputWriter:
+    """Marks a postprocessing transform that writes files: ``TrainedBundle.predict`` leaves it out (outputs stay in
+    memory), the ``inferring`` run keeps it."""
+
+
+class Prediction(NamedTuple):
+    """One case segmented in memory (``TrainedBundle.predict``)."""
+
+    segmentation: Any  # (1, *spatial) uint8 MetaTensor on the input's grid
+    confidence: Any  # (1, *spatial) float32 MetaTensor, the max softmax probability
+    quality: dict | None = None  # case quality and review flag (calib_monai.calibration.CaseQualityd), if configured
 
 
 class OutputFiles(NamedTuple):
@@ -23,6 +45,7 @@ class OutputFiles(NamedTuple):
 
     segmentation: Path | None  # <case>_seg.nii.gz: uint8 label values on the input's grid
     confidence: Path | None  # <case>_conf.nii.gz: float32 max softmax probability on the input's grid
+    quality: Path | None = None  # <case>_quality.json: case quality and review flag
 
 
 def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = OUTPUT_EXT) -> Path:
@@ -33,8 +56,8 @@ def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = O
 
 
 def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:
-    """Both output files of ``case`` in ``output_dir`` (what an ``inferring`` run writes there)."""
-    return OutputFiles(*(output_path(output_dir, case, key) for key in OUTPUT_KEYS))
+    """The output files of ``case`` in ``output_dir`` (what an ``inferring`` run writes there)."""
+    return OutputFiles(*(output_path(output_dir, case, key) for key in OUTPUT_KEYS), quality_path(output_dir, case))
 
 
 def output_case(meta: Mapping) -> str:
@@ -50,3 +73,54 @@ def output_case(meta: Mapping) -> str:
         raise ValueError("the output has no case name and no source file in its meta data: pass case=...")
     name, ext = os.path.splitext(os.path.basename(str(source)))
     return os.path.splitext(name)[0] if ext == ".gz" else name
+
+
+def quality_path(output_dir: str | os.PathLike, case: str) -> Path:
+    """``<output_dir>/<case>_quality.json``."""
+    return Path(output_dir) / f"{case}_{QUALITY_POSTFIX}"
+
+
+def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``quality.csv`` row of one case: the case score and review flag first, then per class."""
+    review = quality.get("review", {})
+    flag = review.get("flag")
+    row: dict[str, Any] = {"case": case, "case_score": quality["case_score"],
+                           "review": "" if flag is None else ("yes" if flag else "no"),
+                           "reasons": "; ".join(review.get("reasons", []))}  # fmt: skip
+    names = {"est_dice": "est_dice", "volume": "volume_ml", "volume_low": "volume_ml_low", "volume_high": "volume_ml_high",
+             "volume_predicted": "predicted_volume_ml", "low_confidence_fraction": "low_confidence"}  # fmt: skip
+    for name, values in quality["classes"].items():
+        row.update({f"{column}_{name}": values[key] for key, column in names.items()})
+    return row
+
+
+def _replace(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)  # a reader never sees half a file
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
+    """Write ``<case>_quality.json`` and put the case's row into ``<output_dir>/quality.csv`` (replacing an earlier
+    row of the same case), each atomically; returns the JSON's path."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = quality_path(folder, case)
+    _replace(path, json.dumps({"case": case, **quality}, indent=2) + "\n")
+    table = folder / QUALITY_TABLE
+    rows = []
+    if table.is_file():
+        with open(table, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("case") != case]
+    rows.append(quality_row(case, quality))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    _replace(table, buffer.getvalue())
+    return path

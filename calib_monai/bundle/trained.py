@@ -21,7 +21,7 @@ from monai.data import MetaTensor, decollate_batch, list_data_collate
 from monai.transforms import Compose, SaveImaged
 from monai.utils import get_equivalent_dtype
 
-from .outputs import OUTPUT_KEYS, OutputFiles, output_case, output_path
+from .outputs import OUTPUT_KEYS, OutputFiles, OutputWriter, Prediction, output_case, output_path, write_case_quality
 from .runtime import as_bool
 from .weights import load_network_weights
 
@@ -100,8 +100,8 @@ class TrainedBundle:
     Example::
 
         bundle = TrainedBundle("bundles/nacl_flare")
-        segmentation, confidence = bundle.predict("case_0000.nii.gz")  # MetaTensors on the input's grid
-        bundle.write(segmentation, confidence, output_dir="out")  # out/case_seg.nii.gz, out/case_conf.nii.gz
+        prediction = bundle.predict("case_0000.nii.gz")  # MetaTensors on the input's grid, and the case quality
+        bundle.write(*prediction, output_dir="out")  # out/case_seg.nii.gz, case_conf.nii.gz, case_quality.json
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class TrainedBundle:
         post = self.postprocessing
         transforms = post.flatten().transforms if isinstance(post, Compose) else [post]
         savers = {t.keys[0]: t for t in transforms if isinstance(t, SaveImaged) and len(t.keys) == 1}
-        return Compose([t for t in transforms if not isinstance(t, SaveImaged)]), savers
+        return Compose([t for t in transforms if not isinstance(t, (SaveImaged, OutputWriter))]), savers
 
     def _autocast(self):
         # as MONAI's SupervisedEvaluator: autocast for CUDA when the config's amp switch is on
@@ -238,8 +238,8 @@ class TrainedBundle:
             item["case"] = case
         return self.preprocessing(item)
 
-    def predict_item(self, item: Mapping) -> tuple[MetaTensor, MetaTensor]:
-        """``(segmentation, confidence)`` of one preprocessed item (``preprocess``); see ``predict``."""
+    def predict_item(self, item: Mapping) -> Prediction:
+        """``(segmentation, confidence, quality)`` of one preprocessed item (``preprocess``); see ``predict``."""
         batch = list_data_collate([dict(item)])  # as the bundle's DataLoader hands it to the evaluator
         network = self.network
         with torch.no_grad(), self._autocast():
@@ -255,25 +255,29 @@ class TrainedBundle:
             dtype = savers[key].saver.init_kwargs.get("output_dtype") if key in savers else None
             if dtype is not None:
                 outputs[key] = outputs[key].to(get_equivalent_dtype(dtype, torch.Tensor))
-        return outputs["segmentation"].cpu(), outputs["confidence"].cpu()
+        return Prediction(outputs["segmentation"].cpu(), outputs["confidence"].cpu(), outputs.get("quality"))
 
-    def predict(self, image: Any, case: str | None = None) -> tuple[MetaTensor, MetaTensor]:
-        """Segment ``image`` in memory: ``(segmentation, confidence)``, uint8 labels and float32 max softmax
-        probability, each ``(1, *spatial)`` on the CPU on the input's grid (its affine in ``.affine``): the numbers
-        that ``monai.bundle run inferring`` writes to ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``."""
+    def predict(self, image: Any, case: str | None = None) -> Prediction:
+        """Segment ``image`` in memory: ``(segmentation, confidence, quality)``, uint8 labels and float32 max softmax
+        probability, each ``(1, *spatial)`` on the CPU on the input's grid (its affine in ``.affine``), and the case
+        quality with its review flag (None when the postprocessing has no ``CaseQualityd``): the numbers that
+        ``monai.bundle run inferring`` writes to ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
+        ``<case>_quality.json``."""
         return self.predict_item(self.preprocess(image, case))
 
     def write(
         self,
         segmentation: MetaTensor | None = None,
         confidence: MetaTensor | None = None,
+        quality: dict | None = None,
         output_dir: str | os.PathLike | None = None,
         case: str | None = None,
     ) -> OutputFiles:
         """Write the outputs of ``predict`` as the ``inferring`` run does (the bundle's own writers: NIfTI with the
-        input's affine, uint8 and float32) to ``<output_dir>/<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``
-        (``calib_monai.bundle.outputs``); ``output_dir`` defaults to the config's ``output_dir``, ``case`` to the one
-        the outputs carry. Either output may be left out; returns the paths written."""
+        input's affine, uint8 and float32) to ``<output_dir>/<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``, and the
+        quality to ``<case>_quality.json`` and a row of ``quality.csv`` (``calib_monai.bundle.outputs``);
+        ``output_dir`` defaults to the config's ``output_dir``, ``case`` to the one the outputs carry. Any output may
+        be left out; returns the paths written."""
         savers = self._postprocessing_parts[1]
         folder = Path(output_dir if output_dir is not None else self.get("output_dir"))
         written: dict[str, Path | None] = {}
@@ -290,4 +294,10 @@ class TrainedBundle:
             folder.mkdir(parents=True, exist_ok=True)
             saver(value, filename=str(path)[: -len(saver.output_ext)])  # SaveImage appends the extension
             written[key] = path
+        if quality is not None:
+            images = [v for v in (segmentation, confidence) if isinstance(v, MetaTensor)]
+            name = case or (output_case(images[0].meta) if images else None)
+            if name is None:
+                raise ValueError("write(quality=...) without an image output needs case=...")
+            written["quality"] = write_case_quality(folder, name, quality)
         return OutputFiles(**written)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits
+from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, case_quality_keys
 from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from calib_monai.bundle_factory.data import data_component, preprocessing
 from calib_monai.bundle_factory.specs import Dataset, Method
@@ -353,6 +353,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             "model_path": "$@bundle_root + '/models/model.pt'",
             # next to the weights, as the calibrate step writes it
             "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
+            **case_quality_keys(),
             "batch_size": 16,
             # no data set: the component lists the images to segment and holds the data set's settings
             "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
@@ -375,7 +376,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "transforms": [
                     FLOAT_PRED,  # fp16 logits under amp
                     calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
-                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir)",
+                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality)",
                 ],
             },
             "handlers": [

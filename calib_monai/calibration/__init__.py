@@ -13,7 +13,15 @@ from calib_monai.calibration.stored import (
     save_calibration,
 )
 from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
+from calib_monai.calibration.validated_range import (
+    VALIDATED_RANGE_FILE,
+    CaseQualityd,
+    ValidatedRange,
+    load_validated_range,
+    review_case,
+)
 
-__all__ = ["CALIBRATION_FILE", "CalibrateLogitsd", "CalibratedNetwork", "LocalTemperatureScaling", "TemperatureScaling",
+__all__ = ["CALIBRATION_FILE", "VALIDATED_RANGE_FILE", "CaseQualityd", "ValidatedRange", "load_validated_range",
+           "review_case", "CalibrateLogitsd", "CalibratedNetwork", "LocalTemperatureScaling", "TemperatureScaling",
            "Uncalibrated", "calibrate_probabilities", "calibration_voxels", "calibrate_volume", "fit_temperature", "load_calibration",
            "sample_voxels", "save_calibration", "temperature_scale"]  # fmt: skip

@@ -21,13 +21,16 @@ Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's
 ``<case>_0000`` match the label ``<case>``. Shapes are checked and a mismatch names both files, both shapes and the
 likely cause.
 
-Output folder (the metrics are :class:`calib_monai.handlers.SegmentationReport`'s, written by its
-:func:`~calib_monai.handlers.report_saver.write_report`, so the files read like a bundle's evaluation report):
+Output folder (the metrics are :class:`calib_monai.metrics.SegmentationReportTable`'s, the table a bundle's
+``evaluating`` run writes, so the files read like a bundle's evaluation report):
 
-* ``before/`` and ``after/``: ``metrics.csv`` (one row per case), ``summary.json`` (mean over cases, pooled values,
-  settings: ``after/`` also ``temperature``, ``fitted_on``, ``in_sample``) and ``reliability.png``, for the
-  probabilities as given and after temperature scaling. ECE / CECE / TACE on ground-truth foreground voxels, 15
-  bins. Temperature scaling keeps the argmax, so ``after/`` repeats the HD95 / ASD of ``before/`` (DSC is recomputed);
+* ``before/`` and ``after/``: ``metrics.csv`` (one row per case: DSC, HD95, ASD, ECE / CECE / TACE on ground-truth
+  foreground voxels, 15 bins, and the case quality a user could read without the label: estimated DSC per class and
+  ``est_mean_dice``, ECE over all voxels and around the structures, volumes from the probabilities), ``summary.json``
+  (mean over cases, pooled values, ``case_quality``: how well the estimate ranks the cases' failures; settings:
+  ``after/`` also ``temperature``, ``fitted_on``, ``in_sample``), ``reliability.png`` and ``risk_coverage.png``,
+  for the probabilities as given and after temperature scaling. Temperature scaling keeps the argmax, so ``after/``
+  repeats the HD95 / ASD of ``before/`` (DSC is recomputed);
 * ``comparison.csv``: ``metric, before, after``: the means over cases of the calibration columns and DSC, and the
   pooled values: the first file to read;
 * ``temperature.json``: ``{"temperature", "fitted_on" (cases), "in_sample", "voxels"}``;
@@ -50,17 +53,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.data import MetaTensor
-
 from calib_monai.calibration import readers
 from calib_monai.calibration.readers import detect_format, label_names_from, match_cases, read_case
 from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+from calib_monai.metrics.report_table import SegmentationReportTable
 
 __all__ = ["calibrate_probabilities", "temperature_scale"]
 
 logger = logging.getLogger("calib_monai")
 #: ``comparison.csv`` rows: summary columns (mean over cases) then pooled values.
-COMPARED = ("ece", "cece", "tace", "ece_union", "cece_union", "tace_union", "nll", "brier", "mean_dice")
+COMPARED = ("ece", "cece", "tace", "ece_union", "cece_union", "tace_union", "nll", "brier", "ece_all", "ece_band",
+            "mean_dice", "est_mean_dice")  # fmt: skip
 LOG_FLOOR = 1e-12
 
 
@@ -135,9 +138,6 @@ def calibrate_probabilities(
     Returns:
         ``{"temperature", "in_sample", "cases", "output_dir", "comparison"}``.
     """
-    from calib_monai.handlers.report import SegmentationReport
-    from calib_monai.handlers.report_saver import write_report
-
     output_dir = Path(output_dir)
     cases = _resolve(predictions, labels, format, ignore_extra_labels)
     if (fit_predictions is None) != (fit_labels is None):
@@ -156,41 +156,36 @@ def calibrate_probabilities(
     logger.info(f"temperature {temperature:.4f} fitted on {voxels} voxels of {len(fit_cases)} case(s)")
 
     before = after = None
-    for index, case in enumerate(cases):
+    for case in cases:
         volume = read_case(case)
         if before is None:
             names = label_names or label_names_from(case.probabilities.parent, volume.probabilities.shape[0])
-            before = SegmentationReport(output_dir / "before", names, num_bins, empty_class,
-                                        surface_distances=surface_distances)  # fmt: skip
-            after = SegmentationReport(output_dir / "after", names, num_bins, empty_class, surface_distances=False)
+            before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
+            after = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
         if volume.probabilities.shape[0] != len(before.class_names):
             raise ValueError(f"case {case.name} has {volume.probabilities.shape[0]} classes, expected "
                              f"{len(before.class_names)} ({before.class_names})")  # fmt: skip
-        image = MetaTensor(torch.zeros(1), affine=torch.as_tensor(volume.affine, dtype=torch.float64),
-                           meta={"filename_or_obj": case.name})  # spacing (mm) and case name of the row
+        affine = torch.as_tensor(volume.affine, dtype=torch.float64)
+        spacing = [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]  # mm, for HD95 / ASD and volumes
         label = torch.from_numpy(volume.label)[None].to(device)
         prob = torch.from_numpy(volume.probabilities).to(device)
-        row = before.evaluate_volume({"image": image, "prob": prob, "pred": prob, "label": label}, index)
+        row = before.add(prob, label, spacing=spacing, case=case.name)
         scaled = temperature_scale(prob, temperature)
         del prob
-        scaled_row = after.evaluate_volume({"image": image, "prob": scaled, "pred": scaled, "label": label}, index)
-        before.rows.append(row)
-        after.rows.append({k: scaled_row.get(k, v) for k, v in row.items()})  # HD95 / ASD: the argmax is unchanged
+        after.add(scaled, label, spacing=spacing, case=case.name, same_segmentation_as=row)  # the argmax is unchanged
         if write_calibrated:
             readers.write_calibrated(case, volume, scaled.cpu().numpy(), output_dir / "calibrated")
         del volume, scaled
 
-    settings = {"num_bins": before.num_bins, "empty_class": empty_class, "classes": before.class_names,
-                "foreground": "ground-truth foreground voxels (ece, cece, tace, nll, brier)",
+    settings = {"empty_class": empty_class, "foreground": "ground-truth foreground voxels (ece, cece, tace, nll, brier)",
                 "predictions": str(predictions), "labels": str(labels)}  # fmt: skip
     fit_info = {"temperature": temperature, "fitted_on": fitted_on, "in_sample": in_sample, "voxels": voxels}
-    write_report(before.output_dir, before.rows, before.reliability_data(), before.pooled(),
-                 {**settings, "probabilities": "as given"}, logger)  # fmt: skip
+    before.write(output_dir / "before", {**settings, "probabilities": "as given"}, logger)
     note = ("the temperature was fitted on these cases: in-sample, optimistic" if in_sample
             else "the temperature was fitted on a separate calibration set")  # fmt: skip
-    write_report(after.output_dir, after.rows, after.reliability_data(), after.pooled(),
-                 {**settings, "probabilities": f"softmax(log(p) / {temperature:.6g})", **fit_info, "note": note},
-                 logger)  # fmt: skip
+    after.write(output_dir / "after", {**settings, "probabilities": f"softmax(log(p) / {temperature:.6g})", **fit_info,
+                                       "note": note, "segmentation": "DSC / HD95 / ASD of before/ (same argmax)"},
+                logger)  # fmt: skip
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "temperature.json").write_text(json.dumps(fit_info, indent=2))
     comparison = _write_comparison(output_dir / "comparison.csv", before, after)

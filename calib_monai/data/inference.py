@@ -13,13 +13,14 @@ from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
 from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveImaged
 
-from calib_monai.bundle.outputs import OUTPUT_POSTFIXES  # the <case>_seg / <case>_conf naming rule
+from calib_monai.bundle.outputs import OUTPUT_POSTFIXES, OutputWriter, output_case, write_case_quality
 from calib_monai.data.layouts import NIFTI_SUFFIXES
 
 __all__ = [
     "CaseNamed",
     "ConfidenceAndSegmentationd",
     "GridNibabelWriter",
+    "SaveCaseQualityd",
     "image_datalist",
     "inference_preprocessing",
     "nifti_items",
@@ -158,7 +159,25 @@ class GridNibabelWriter(NibabelWriter):
                                           output_spatial_shape=output_spatial_shape, **kwargs)  # fmt: skip
 
 
-def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.PathLike) -> Compose:
+class SaveCaseQualityd(MapTransform, OutputWriter):
+    """Write the case quality under ``keys`` (``CaseQualityd``'s dict) to ``<output_dir>/<case>_quality.json`` and
+    its row to ``<output_dir>/quality.csv`` (:func:`calib_monai.bundle.outputs.write_case_quality`); the case is
+    named as the images are (``CaseNamed``'s case name, else the input file), read from ``name_key``'s meta data."""
+
+    def __init__(self, keys: KeysCollection, output_dir: str | os.PathLike, name_key: str = "segmentation") -> None:
+        super().__init__(keys)
+        self.output_dir, self.name_key = output_dir, name_key
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        meta = getattr(d.get(self.name_key), "meta", {}) or {}
+        for key in self.key_iterator(d):
+            write_case_quality(self.output_dir, output_case(meta), d[key])
+        return d
+
+
+def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.PathLike,
+                                case_quality: MapTransform | None = None) -> Compose:  # fmt: skip
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
     softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) -> ``Invertd`` back to each input's
@@ -166,16 +185,22 @@ def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.Pat
     -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's affine; a PNG's outputs
     are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
-    file's name without extension.
+    file's name without extension. With ``case_quality`` (``calib_monai.calibration.CaseQualityd`` on ``"pred"``,
+    run on the probabilities of the network's grid) each case also gets ``<name>_quality.json`` and a row of
+    ``<output_dir>/quality.csv``: its estimated DSC, volumes and review flag.
     """
     keys = ("segmentation", "confidence")
     save = {"output_dir": str(output_dir), "separate_folder": False, "resample": False, "print_log": False,
             "output_name_formatter": case_name_formatter, "writer": GridNibabelWriter}  # fmt: skip
+    quality = [] if case_quality is None else [case_quality]
+    saved = [] if case_quality is None else [SaveCaseQualityd(case_quality.quality_key, output_dir)]
     return Compose([
         Activationsd("pred", softmax=True),
+        *quality,
         ConfidenceAndSegmentationd("pred"),
         Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
         CaseNamed(keys),
         SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
         SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
+        *saved,
     ])  # fmt: skip

@@ -32,6 +32,7 @@ from calib_monai.experiments.ablations import (
 from calib_monai.experiments.calibrated import calibrated_study
 from calib_monai.experiments.comparison import main_comparison
 from calib_monai.experiments.crac_study import CRAC_VARIANTS, crac_ablation_study
+from calib_monai.experiments.quality import quality_study
 from calib_monai.experiments.robustness import data_fraction_study, noise_study
 from calib_monai.experiments.study import StudySetup
 
@@ -88,6 +89,21 @@ def calibrated(dataset: str, methods: Sequence[str] = tuple(METHODS), seeds: Seq
                 surface_distances, lts_steps)  # fmt: skip
 
 
+def quality(dataset: str, methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
+            seeds: Sequence[int] = (0, 1), other_dataset: str = "", other_dir: str = "",
+            other_overrides: dict | str | None = None, lts_steps: int = 300, alpha: float = 0.05,
+            **setup: Any) -> str:  # fmt: skip
+    """Case quality and review flags: every method x seed x recalibration on the test volumes, their corruptions and
+    ``other_dataset``'s images (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one data
+    split for every seed (the seeds' ensemble needs it)."""
+    if isinstance(other_overrides, str):
+        import json
+
+        other_overrides = json.loads(other_overrides)
+    return _run(quality_study, "quality", StudySetup(dataset, **setup), methods, seeds, other_dataset, other_dir,
+                other_overrides or {}, lts_steps, alpha)  # fmt: skip
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -100,7 +116,7 @@ def logit_epochs(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), sna
 
 
 COMMANDS = {"main": main, "noise": noise, "data_fraction": data_fraction, "nacl_ablation": nacl_ablation,
-            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "calibrated": calibrated, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
+            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "calibrated": calibrated, "quality": quality, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
 
 
 def run() -> None:

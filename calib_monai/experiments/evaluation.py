@@ -3,8 +3,8 @@
 The run's bundle config (with the run's overrides) builds, through ``calib_monai.bundle.TrainedBundle``, the network
 with the best checkpoint ``models/model.pt``, the data component and the validation inferer exactly as training used
 them. Each volume goes through the bundle's ``SliceInferer`` once; the metrics are the bundle's own
-``SegmentationReport`` (DSC, HD95, ASD per class, ECE / CECE / TACE on ground-truth foreground, NLL, Brier; the mean
-over volumes).
+report table (:class:`calib_monai.metrics.SegmentationReportTable`: DSC, HD95, ASD per class, ECE / CECE / TACE on
+ground-truth foreground, NLL, Brier, the label-free case quality; the mean over volumes).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from calib_monai.bundle import TrainedBundle, locate_bundle
 from calib_monai.experiments.runs import read_record
-from calib_monai.handlers.report import SegmentationReport, case_name
+from calib_monai.metrics.report_table import SegmentationReportTable, case_name, voxel_spacing
 
 __all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run", "score_volumes"]
 
@@ -31,7 +31,7 @@ class EvaluatedVolume:
 
     case: str
     image: torch.Tensor  # (C_in, H, W, D), MetaTensor with the affine
-    label: torch.Tensor  # (1, H, W, D) int64
+    label: torch.Tensor | None  # (1, H, W, D) int64; None for an image without a label
     logits: torch.Tensor  # (C, H, W, D) float32
 
 
@@ -85,13 +85,29 @@ class TrainedRun:
         return {"test": self.data.test_dataset, "validation": self.data.val_dataset}[subset](preprocessing)
 
     @torch.no_grad()
-    def volumes(self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0) -> Iterator[EvaluatedVolume]:
+    def volumes(self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0,
+                corrupt: Callable | None = None) -> Iterator[EvaluatedVolume]:  # fmt: skip
         """The volumes of ``subset`` ("test" or "validation") with their logits; ``noise_sigma`` adds seeded
-        Gaussian noise to each preprocessed image first (volume i uses seed ``noise_seed * 100003 + i``)."""
+        Gaussian noise to each preprocessed image first (volume i uses seed ``noise_seed * 100003 + i``);
+        ``corrupt(image, label, i) -> (image, label)`` shifts the preprocessed pair first
+        (:func:`calib_monai.experiments.corruptions.corruption`)."""
         for index, item in enumerate(self.dataset(subset)):
             image = add_gaussian_noise(item["image"], noise_sigma, noise_seed * 100003 + index)
+            label = torch.as_tensor(item["label"]).long()
+            if corrupt is not None:
+                image, label = corrupt(image, label, index)
             logits = self.inferer(image[None].to(self.device), self.network)[0].float().cpu()
-            yield EvaluatedVolume(case_name(item, index), image, torch.as_tensor(item["label"]).long(), torch.as_tensor(logits))
+            yield EvaluatedVolume(case_name(item, index), image, label, torch.as_tensor(logits))
+
+    @torch.no_grad()
+    def foreign_volumes(self, images: Iterable[str]) -> Iterator[EvaluatedVolume]:
+        """Images of another data set through this run's image-only preprocessing (as ``inferring`` reads them),
+        with their logits; no label (``label`` is None)."""
+        preprocessing = self.data.inference_preprocessing()
+        for index, path in enumerate(images):
+            item = preprocessing({"image": path})
+            logits = self.inferer(item["image"][None].to(self.device), self.network)[0].float().cpu()
+            yield EvaluatedVolume(case_name(item, index), item["image"], None, torch.as_tensor(logits))
 
 
 def evaluate_run(
@@ -103,8 +119,8 @@ def evaluate_run(
     on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
     num_bins: int = 15,
     surface_distances: bool = True,
-) -> SegmentationReport:
-    """Per-volume metrics of ``run`` on ``subset`` with the bundle's ``SegmentationReport``.
+) -> SegmentationReportTable:
+    """Per-volume metrics of ``run`` on ``subset``: the report table the bundle's ``evaluating`` run writes.
 
     Args:
         calibrate: maps a volume to its probabilities ``(C, H, W, D)`` (post-hoc calibration); default softmax.
@@ -112,7 +128,7 @@ def evaluate_run(
         on_volume: called with each volume and its probabilities (figures, logit statistics).
         surface_distances: False skips HD95 and ASD (DSC and calibration only; much faster).
     Returns:
-        the report: ``.rows`` (one dict per volume), ``.summary()``, ``.reliability_data()``.
+        the table: ``.rows`` (one dict per volume), ``.summary()``, ``.reliability_data()``, ``.case_quality()``.
     """
     return score_volumes(run.volumes(subset, noise_sigma=noise_sigma), run.label_names, output_dir or run.run_dir / "eval",
                          calibrate, write=output_dir is not None, on_volume=on_volume, num_bins=num_bins,
@@ -128,20 +144,19 @@ def score_volumes(
     on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
     num_bins: int = 15,
     surface_distances: bool = True,
-) -> SegmentationReport:
+) -> SegmentationReportTable:
     """:func:`evaluate_run` on volumes whose logits are already computed (one inference, several calibrations)."""
-    report = SegmentationReport(output_dir, label_names, num_bins=num_bins, surface_distances=surface_distances)
+    table = SegmentationReportTable(label_names, num_bins=num_bins, surface_distances=surface_distances)
     for vol in volumes:
         prob = calibrate(vol) if calibrate is not None else torch.softmax(vol.logits, dim=0)
-        item: dict[str, Any] = {"image": vol.image, "prob": prob, "pred": prob, "label": vol.label}
-        report.rows.append(report.evaluate_volume(item, len(report.rows)))
+        table.add(prob, vol.label, spacing=voxel_spacing({"image": vol.image}), case=vol.case)
         if on_volume is not None:
             on_volume(vol, prob)
     if write:
-        report.write()
-    return report
+        table.write(output_dir)
+    return table
 
 
-def case_table(report: SegmentationReport, columns: list[str]) -> np.ndarray:
+def case_table(report: SegmentationReportTable, columns: list[str]) -> np.ndarray:
     """``(cases, len(columns))`` float64 per-volume values of a report (NaN where absent)."""
     return np.array([[float(row.get(c, np.nan)) for c in columns] for row in report.rows], dtype=np.float64)

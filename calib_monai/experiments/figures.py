@@ -9,7 +9,8 @@ import numpy as np
 
 from calib_monai.metrics import plot_reliability
 
-__all__ = ["grouped_bars", "line_plot", "logit_histograms", "qualitative_figure", "radar_plot", "reliability_grid"]
+__all__ = ["grouped_bars", "line_plot", "logit_histograms", "qualitative_figure", "radar_plot", "reliability_grid",
+           "scatter_panels"]
 
 
 def _pyplot():
@@ -159,4 +160,27 @@ def logit_histograms(histograms: Mapping[str, np.ndarray], edges: np.ndarray, pa
     ax.set(xlabel="max logit", ylabel="fraction of voxels", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def scatter_panels(points: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path, xlabel: str, ylabel: str,
+                   title: str = "") -> Path:  # fmt: skip
+    """One panel per series of ``(x, y)`` points with the diagonal ``y = x`` (an estimate against the truth)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(points), figsize=(3.2 * len(points), 3.4), squeeze=False, sharey=True)
+    values = [v for x, y in points.values() for v in (*x, *y) if np.isfinite(v)]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = 0.03 * (hi - lo or 1.0)
+    for ax, (name, (x, y)) in zip(axes[0], points.items()):
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--")
+        ax.scatter(x, y, s=10, alpha=0.7)
+        ok = np.isfinite(x) & np.isfinite(y)
+        mae = float(np.mean(np.abs(x[ok] - y[ok]))) if ok.any() else float("nan")
+        ax.set_title(f"{name} (MAE {mae:.3f})", fontsize=9)
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlabel(xlabel)
+    axes[0][0].set_ylabel(ylabel)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return _save(fig, path)

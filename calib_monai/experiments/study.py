@@ -33,6 +33,9 @@ class StudySetup:
         epochs, lr_milestone, train_fraction, seed: the budget, passed to every run (None: the bundle's value).
         overrides: further bundle keys for every run, e.g. ``{"data#resize": [128, 128]}``.
         demo: also load the bundle's ``configs/demo.json`` (FLARE phantoms).
+        split_seed: the seed of the data split of every run (``data#seed``); None: each run's ``seed``, so the
+            seeds of a multi-seed study also draw different splits. A fixed split keeps the test volumes of all seeds
+            the same (per-volume pairs, ensembles of the seeds).
     """
 
     dataset: str
@@ -45,6 +48,7 @@ class StudySetup:
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
     demo: bool = False
+    split_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -79,6 +83,8 @@ class StudySetup:
             out["lr_milestone"] = int(self.lr_milestone)
         if self.seed:
             out["seed"] = int(self.seed)
+        if self.split_seed is not None and int(self.split_seed) != int(self.seed):
+            out["data#seed"] = int(self.split_seed)  # the bundles' data split follows @seed unless told otherwise
         out.update(self.overrides)
         out.update(extra or {})
         if float(out.get("train_fraction", self.train_fraction)) != 1.0:
@@ -115,6 +121,7 @@ class StudySetup:
                  f"data `{self.dataset_dir or 'embedded phantoms'}`",
                  f"epochs {self.epochs or 'bundle default'}", f"lr 1e-3, x0.1 from epoch {self.lr_milestone}" if self.lr_milestone else "lr 1e-3, x0.1 at half time",
                  f"training cases {self.train_fraction:.0%}",
+                 *([f"data split of seed {self.split_seed} for every seed"] if self.split_seed is not None else []),
                  f"seeds {', '.join(str(s) for s in seeds)}" if seeds else f"seed {self.seed}"]  # fmt: skip
         if self.overrides:
             parts.append("overrides " + ", ".join(f"`{k}={json.dumps(v)}`" for k, v in self.overrides.items()))

@@ -10,7 +10,12 @@ NIfTI files in the input geometry, named by ``calib_monai.bundle.outputs``) or a
       first): layer 0 holds the predicted labels, one segment per foreground label with its label value; layer 1
       holds the segment "low confidence" (label value 1) for the voxels whose confidence is below the threshold, so
       it overlaps the organ segments;
-    - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32.
+    - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32;
+    - with the case's quality (``<case>_quality.json`` of the inference run, or ``TrainedBundle.predict``'s): the
+      same JSON beside them, and in the ``.seg.nrrd`` the case score and review flag as custom header fields
+      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``) and each structure's
+      estimated DSC and expected volume as tags of its segment (``calib_monai.est_dice``, ``calib_monai.volume_ml``),
+      which Slicer shows in the segment's properties.
 
 Geometry: NIfTI affines map voxel indices to RAS (x to the Right, y Anterior, z Superior); Slicer writes NRRD files in
 ``left-posterior-superior`` space, which is RAS with x and y negated. So the NRRD ``space directions`` (one vector
@@ -24,6 +29,7 @@ Needs ``pynrrd`` (``pip install pynrrd``), imported when a file is written.
 from __future__ import annotations
 
 import colorsys
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +38,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from calib_monai.bundle import TrainedBundle, output_paths
+from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 
 __all__ = [
     "LOW_CONFIDENCE_SEGMENT_ID",
@@ -89,6 +95,7 @@ class SlicerFiles:
 
     segmentation: Path  # <case>.seg.nrrd
     confidence: Path  # <case>_confidence.nrrd
+    quality: Path | None = None  # <case>_quality.json (when the case's quality was given)
 
 
 def segment_color(label_value: int) -> tuple[float, float, float]:
@@ -200,6 +207,7 @@ def write_slicer_files(
     output_dir: str | os.PathLike,
     case: str,
     low_confidence: float = 0.8,
+    quality: Mapping[str, Any] | None = None,
 ) -> SlicerFiles:
     """Write ``<case>.seg.nrrd`` and ``<case>_confidence.nrrd`` into ``output_dir`` for review in 3D Slicer.
 
@@ -218,6 +226,8 @@ def write_slicer_files(
         case: file name stem.
         low_confidence: voxels with ``confidence < low_confidence`` (compared in float32, as stored) form the
             segment "low confidence" (its own layer, so it overlaps the organs).
+        quality: the case's quality and review flag (``calib_monai.calibration.CaseQualityd``), put into the
+            segmentation's header and segment tags and written as ``<case>_quality.json``.
 
     Returns:
         The paths written.
@@ -269,7 +279,11 @@ def write_slicer_files(
         "Segmentation_ContainedRepresentationNames": "Binary labelmap|",
         "Segmentation_ReferenceImageExtentOffset": "0 0 0",
     }
-    segments = [(f"label_{v}", names.get(v, f"label {v}"), segment_color(v), v, LABEL_LAYER, "") for v in values]
+    if quality is not None:
+        header.update(_quality_fields(quality))
+    per_class = (quality or {}).get("classes", {})
+    segments = [(f"label_{v}", names.get(v, f"label {v}"), segment_color(v), v, LABEL_LAYER,
+                 _quality_tags(per_class.get(names.get(v, ""), {}))) for v in values]  # fmt: skip
     segments.append((LOW_CONFIDENCE_SEGMENT_ID, LOW_CONFIDENCE_SEGMENT_NAME, LOW_CONFIDENCE_COLOR,
                      LOW_CONFIDENCE_LABEL_VALUE, LOW_CONFIDENCE_LAYER,
                      f"calib_monai.confidence_threshold:{low_confidence:g}|"))  # fmt: skip
@@ -303,7 +317,30 @@ def write_slicer_files(
         "encoding": "gzip",
     }
     nrrd.write(os.fspath(conf_path), conf32, conf_header, index_order="F")
-    return SlicerFiles(segmentation=seg_path, confidence=conf_path)
+    written = None
+    if quality is not None:
+        written = quality_path(output_dir, case)
+        written.write_text(json.dumps({"case": case, **quality}, indent=2) + "\n")
+    return SlicerFiles(segmentation=seg_path, confidence=conf_path, quality=written)
+
+
+def _quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
+    """The case's score and review verdict as custom NRRD header fields (Slicer keeps unknown fields)."""
+    review = quality.get("review", {})
+    flag = review.get("flag")
+    return {"calib_monai_case_score": f"{float(quality['case_score']):.4f}",
+            "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
+            "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-"}  # fmt: skip
+
+
+def _quality_tags(entry: Mapping[str, Any]) -> str:
+    """A structure's estimated DSC and expected volume as Slicer segment tags (``key:value|``)."""
+    tags = []
+    if entry.get("est_dice") is not None and entry["est_dice"] == entry["est_dice"]:
+        tags.append(f"calib_monai.est_dice:{float(entry['est_dice']):.3f}|")
+    if entry.get("volume") is not None:
+        tags.append(f"calib_monai.volume_ml:{float(entry['volume']):.3g}|")
+    return "".join(tags)
 
 
 def slicer_files_from_inference(
@@ -314,8 +351,12 @@ def slicer_files_from_inference(
     low_confidence: float = 0.8,
 ) -> SlicerFiles:
     """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
-    ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference), into
-    ``output_dir`` (default: ``inference_dir``)."""
-    seg_path, conf_path = output_paths(inference_dir, case)
+    ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference) and, when the run
+    wrote it, ``<case>_quality.json``, into ``output_dir`` (default: ``inference_dir``)."""
+    seg_path, conf_path, stored = output_paths(inference_dir, case)
+    quality = json.loads(stored.read_text()) if stored.is_file() else None
+    if quality is not None:
+        quality.pop("case", None)
     return write_slicer_files(seg_path, conf_path, seg_path, label_names,
-                              inference_dir if output_dir is None else output_dir, case, low_confidence)  # fmt: skip
+                              inference_dir if output_dir is None else output_dir, case, low_confidence,
+                              quality)  # fmt: skip

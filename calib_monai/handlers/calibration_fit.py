@@ -12,7 +12,9 @@ from torch.nn import functional as F
 
 from calib_monai.calibration import LocalTemperatureScaling, TemperatureScaling, calibrate_volume, save_calibration
 from calib_monai.calibration.temperature import VOXEL_CHOICES, calibration_voxels, check_voxels
-from calib_monai.metrics import ece
+from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
+from calib_monai.metrics import case_quality, ece
+from calib_monai.metrics.case_quality import image_statistics
 
 __all__ = ["CalibrationFitter"]
 
@@ -33,6 +35,11 @@ class CalibrationFitter:
     2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
     (ground-truth foreground voxels, 15 bins) of the fitted data before and after.
 
+    With ``validated_range_path``, the validation volumes are then scored with the fitted calibration
+    (:func:`calib_monai.metrics.case_quality`) and their case scores and volumes stored there
+    (:class:`calib_monai.calibration.validated_range.ValidatedRange`, rule ``review_alpha`` /
+    ``review_volume_factor``): the range inference flags cases against.
+
     Args:
         output_path: the calibration file.
         weights: the network's weights file it is fitted for (its SHA-256 is stored; the calibration is never
@@ -42,6 +49,9 @@ class CalibrationFitter:
         max_voxels, max_slices, lts_steps, seed: fit budget and seed.
         voxels: ``"foreground"`` (ground-truth foreground, default) or ``"all"``: the voxels temperature scaling is
             fitted on.
+        validated_range_path: where to store the validated range (None: not stored).
+        label_names: ``{"0": "background", ...}`` (the range's class names).
+        review_alpha, review_volume_factor, review_input_check: the review rule stored with the range.
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
@@ -50,7 +60,9 @@ class CalibrationFitter:
                  num_classes: int | None = None, in_channels: int = 1, max_voxels: int = 2_000_000,
                  max_slices: int = 4_000, lts_steps: int = 300, seed: int = 0, logits_key: str = "pred",
                  label_key: str = "label", image_key: str = "image", spatial_dim: int = 2,
-                 voxels: str = "foreground") -> None:  # fmt: skip
+                 voxels: str = "foreground", validated_range_path: str | os.PathLike | None = None,
+                 label_names: dict | None = None, review_alpha: float = 0.05,
+                 review_volume_factor: float = 0.0, review_input_check: bool = False) -> None:  # fmt: skip
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
         self.voxels = voxels
@@ -63,10 +75,16 @@ class CalibrationFitter:
         self.max_voxels, self.max_slices, self.lts_steps, self.seed = max_voxels, max_slices, lts_steps, seed
         self.keys = (logits_key, label_key, image_key)
         self.spatial_dim = spatial_dim
+        self.validated_range_path = Path(validated_range_path) if validated_range_path else None
+        self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
+        self.review = {"alpha": float(review_alpha), "volume_factor": float(review_volume_factor),
+                       "input_check": bool(review_input_check)}  # fmt: skip
+        ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         self._volumes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._voxel_ml: list[float] = []
 
     def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.STARTED, lambda _: self._volumes.clear())
+        engine.add_event_handler(Events.STARTED, lambda _: (self._volumes.clear(), self._voxel_ml.clear()))
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._collect)
         engine.add_event_handler(Events.COMPLETED, self._fit)
 
@@ -77,6 +95,7 @@ class CalibrationFitter:
             logits = torch.as_tensor(item[logits_key]).detach().float().cpu()
             label = torch.as_tensor(item[label_key]).detach().cpu()
             label = (label.argmax(0) if label.shape[0] > 1 else label[0]).long()
+            self._voxel_ml.append(voxel_volume_ml(item[image_key]))
             image = torch.as_tensor(item[image_key]).detach().float().cpu()
             self._volumes.append((logits.as_subclass(torch.Tensor), label.as_subclass(torch.Tensor),
                                   image.as_subclass(torch.Tensor)))  # fmt: skip
@@ -124,4 +143,24 @@ class CalibrationFitter:
         logger.info(f"calibrate: {what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels): "
                     f"NLL {stats['nll_before']:.4f} -> {stats['nll_after']:.4f}, ECE (ground-truth foreground) "
                     f"{stats['ece_before']:.4f} -> {stats['ece_after']:.4f}; wrote {self.output_path}")  # fmt: skip
+        if self.validated_range_path is not None:
+            self._store_validated_range(module, stats)
         self._volumes.clear()
+
+    def _store_validated_range(self, module: torch.nn.Module, stats: dict) -> None:
+        """Score each validation volume with the fitted calibration and store the range next to the weights."""
+        qualities = []
+        with torch.no_grad():
+            for (logits, _, image), voxel_ml in zip(self._volumes, self._voxel_ml):
+                prob = torch.softmax(calibrate_volume(module, logits, image, self.spatial_dim), dim=0)
+                qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=self.class_names))
+        calibration = {"method": self.method, **({"temperature": float(module.temperature)}
+                                                 if self.method == "temperature" else {})}  # fmt: skip
+        inputs = [image_statistics(image) for _, _, image in self._volumes]
+        validated = ValidatedRange.from_qualities(qualities, **self.review, inputs=inputs, volumes_scored=len(qualities),
+                                                  calibration=calibration, fitted_on=stats["fitted_on"])  # fmt: skip
+        validated.save(self.validated_range_path, self.weights)
+        logger.info(f"calibrate: validated range of {len(qualities)} validation volumes (case score "
+                    f"{min(validated.scores):.3f}-{max(validated.scores):.3f}); inference will {validated.describe()}; "
+                    f"wrote {self.validated_range_path}")  # fmt: skip
+

@@ -2,7 +2,9 @@
 
 - ``<bundle>`` (type ``segmentation``): the label map, uint8 NIfTI on the input's grid. Its JSON carries
   ``label_names`` (``{name: value}`` of the labels present, which 3D Slicer's MONAI Label module uses to name the
-  segments) and ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8).
+  segments), ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
+  ``quality`` (the case quality: estimated DSC per structure and of the case, volumes with their 95% interval, and
+  ``review``: whether the case falls outside the model's validated range, with the reasons).
 - ``<bundle>_confidence`` (type ``others``, so Slicer's segmentation model list leaves it out): the confidence (max
   softmax probability, in ``[1/C, 1]``), float32 NIfTI on the input's grid, with the same JSON plus its min/mean/max.
 
@@ -49,6 +51,7 @@ class _BundleTask(InferTask):
             "label_names": {name: entry["label"] for name, entry in result.summary.items() if entry["voxels"]},
             "confidence_summary": result.summary,
             "confidence_thresholds": list(CONFIDENCE_THRESHOLDS),
+            "quality": result.quality,
             "latencies": {"total": round(time.time() - start, 3)},
         }
         if self.keep == "confidence":

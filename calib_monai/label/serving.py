@@ -55,6 +55,7 @@ class Served:
     confidence: MetaTensor  # float32 max softmax probability
     summary: dict = field(default_factory=dict)
     confidence_range: tuple[float, float, float] = (0.0, 0.0, 0.0)  # min, mean, max
+    quality: dict | None = None  # case quality and review flag (calib_monai.calibration.CaseQualityd)
 
 
 def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
@@ -171,11 +172,11 @@ class ServedBundle:
                 raise FileNotFoundError(self.missing_weights_message())
             item = self._preprocess(path)
             self._last = None  # the last volumes are freed before the next inference needs the memory
-            segmentation, confidence = self.bundle.predict_item(item)
+            segmentation, confidence, quality = self.bundle.predict_item(item)
             seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
             summary = confidence_summary(seg_array, conf_array, self.label_names)
             stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
-            served = Served(segmentation, confidence, summary, stats)
+            served = Served(segmentation, confidence, summary, stats, quality)
             self._last = (key, served)
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served

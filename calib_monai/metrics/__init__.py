@@ -21,7 +21,17 @@ from .calibration import (
     volume_statistics,
 )
 from .calibration_metric import SegmentationCalibrationMetric
+from .case_quality import CASE_SCORE, case_quality, estimated_dice, low_confidence_fraction, predicted_volumes
+from .failure_detection import (
+    augrc,
+    aurc,
+    failure_detection_summary,
+    quality_agreement,
+    risk_coverage_curve,
+    save_risk_coverage_plot,
+)
 from .ranking import friedman_rank, mean_case_rank, rank_methods, sum_rank
 from .reliability import plot_reliability, reliability_diagram_data, save_reliability_diagram
 from .segmentation import segmentation_metrics_per_volume
+from .report_table import SegmentationReportTable
 from .segmentation_report import SegmentationReportMetric

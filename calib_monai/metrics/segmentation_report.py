@@ -3,7 +3,12 @@
 One row per volume, one column per metric (``columns``): DSC, HD95 and ASD per foreground class and their means
 (through MONAI, :func:`calib_monai.metrics.segmentation_metrics_per_volume`), the same for each region (a union of
 classes scored as one binary segmentation), ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on
-prediction-or-ground-truth foreground voxels (``*_union``), NLL and Brier on ground-truth foreground voxels.
+prediction-or-ground-truth foreground voxels (``*_union``), NLL and Brier on ground-truth foreground voxels; and
+what a user reads without the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC per class and its mean
+(``est_mean_dice``, the case score), ECE over all voxels (``ece_all``) and over a band of ``band_radius`` voxels
+around the predicted and true structures (``ece_band``), and per class the true volume, the volume of the prediction
+and the expected volume from the summed probabilities with its 95% interval (mL when the spacing is known, else
+voxels), and the share of predicted voxels below ``confidence_threshold``.
 
 Reductions, named as such: ``aggregate()`` is the per-volume table; ``summary_means`` the mean over volumes of each
 column (the papers' tables); ``pooled`` the ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
@@ -24,11 +29,15 @@ from ._inputs import as_plain_tensor
 from .calibration import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
 from .calibration_numpy import value_from_statistics
 from .calibration_torch import first_argmax
+from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band
 from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
 
 __all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
 
 CALIBRATION_COLUMNS = ("ece", "cece", "tace")
+#: Per-class quality columns ``<prefix>_<class>`` (estimated DSC, volumes, low-confidence share).
+QUALITY_PREFIXES = ("est_dice", "volume", "volume_pred", "volume_prob", "volume_prob_low", "volume_prob_high",
+                    "low_conf")  # fmt: skip
 #: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
 POOLED_METRICS = ("ece", "cece", "nll", "brier")
 
@@ -67,6 +76,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         empty_class: ``"nan"`` or ``"papers"``, see :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
         regions: unions of classes scored as one binary segmentation, e.g. BraTS' ``{"ET": [3], "TC": [1, 3]}``.
         surface_distances: False leaves out the HD95 and ASD columns (much faster).
+        band_radius: voxels around the predicted and true structures scored by ``ece_band``.
+        confidence_threshold: the confidence below which a predicted voxel counts as low confidence (``low_conf_*``).
 
     Inputs of ``__call__(y_pred, y, pred=None, spacing=None)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``
     or a list of ``(C, *spatial)``; ``y`` label maps ``(B, 1, ...)`` or one-hot, or a list; ``pred`` the
@@ -81,6 +92,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         empty_class: str = "nan",
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
+        band_radius: int = 3,
+        confidence_threshold: float = 0.8,
     ) -> None:
         super().__init__()
         if empty_class not in EMPTY_CLASS_CONVENTIONS:
@@ -90,6 +103,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         self.empty_class = empty_class
         self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
         self.surface_distances = bool(surface_distances)
+        self.band_radius = int(band_radius)
+        self.confidence_threshold = float(confidence_threshold)
         self._num_classes: int | None = None
 
     @property
@@ -101,28 +116,33 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             out += [f"{metric}_{name}" for name in self.class_names[1:]] + [f"mean_{metric}"]
         out += [f"{metric}_{region}" for region in self.regions for metric in shape]
         out += [*CALIBRATION_COLUMNS, *(f"{c}_union" for c in CALIBRATION_COLUMNS), "nll", "brier"]
+        out += [f"est_dice_{name}" for name in self.class_names[1:]] + [CASE_SCORE, "ece_all", "ece_band"]
+        out += [f"{prefix}_{name}" for prefix in QUALITY_PREFIXES[1:] for name in self.class_names[1:]]
         return tuple(dict.fromkeys(out))  # a region named like a class shares its column (as a dict row did)
 
     # -- per volume ------------------------------------------------------------------------------------------------
 
-    def _compute_list(self, y_pred, y=None, pred=None, spacing=None):  # type: ignore[override]
+    def _compute_list(self, y_pred, y=None, pred=None, spacing=None, segmentation=None):  # type: ignore[override]
         """Lists of channel-first volumes: each with its own prediction and spacing (MONAI's version passes the same
-        keyword arguments to every item)."""
+        keyword arguments to every item). ``segmentation``: per volume, None or a row whose DSC / HD95 / ASD columns
+        are taken as they are (the same prediction scored before, e.g. before a temperature that keeps the argmax)."""
         if y is None:
             raise ValueError("SegmentationReportMetric needs labels y, got None.")
         preds = list(pred) if isinstance(pred, (list, tuple)) else [pred] * len(y_pred)
         spacings = list(spacing) if _per_volume(spacing, len(y_pred)) else [spacing] * len(y_pred)
+        known = list(segmentation) if segmentation is not None else [None] * len(y_pred)
         rows, stats = [], []
-        for p, y_, pr, sp in zip(y_pred, y, preds, spacings):
+        for p, y_, pr, sp, kn in zip(y_pred, y, preds, spacings, known):
             p = as_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
             scored = None if pr is None else torch.as_tensor(pr)[None]
-            r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp])
+            r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp], kn)
             rows.append(r)
             stats.append(s)
         return [torch.cat(rows), torch.cat(stats)]
 
     def _compute_tensor(  # type: ignore[override]
-        self, y_pred: torch.Tensor, y: torch.Tensor | None = None, pred: torch.Tensor | None = None, spacing=None
+        self, y_pred: torch.Tensor, y: torch.Tensor | None = None, pred: torch.Tensor | None = None, spacing=None,
+        segmentation: dict[str, float] | None = None,
     ) -> list[torch.Tensor]:
         if y is None:
             raise ValueError("SegmentationReportMetric needs labels y, got None.")
@@ -130,23 +150,74 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
         batch = y_pred.shape[0]
         spacings = list(spacing) if _per_volume(spacing, batch) else [spacing] * batch
+        known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * batch
         rows, stats = [], []
         for b in range(batch):
             prob = as_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
             label = as_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
             label = (first_argmax(label, dim=0)[1][None] if label.shape[0] > 1 else label)[None]
             scored = prob if pred is None else as_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
-            row, stat = self._volume(prob, label, scored, spacings[b])
+            row, stat = self._volume(prob, label, scored, spacings[b], known[b])
             rows.append(row)
             stats.append(stat)
         self._num_classes = int(y_pred.shape[1])
         return [torch.stack(rows), torch.stack(stats)]
 
     def _volume(
-        self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing: Any
+        self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing: Any,
+        segmentation: dict[str, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Row ``(K,)`` and pooled statistics ``(S,)`` of one volume (``prob (1, C, ...)``, ``label (1, 1, ...)``)."""
-        num_classes = prob.shape[1]
+        row: dict[str, float] = {}
+        if segmentation is not None:  # the same prediction, already scored
+            row.update({c: float(segmentation[c]) for c in self._segmentation_columns()})
+        else:
+            row.update(self._segmentation_metrics(pred, label, spacing, prob.shape[1]))
+        # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
+        names = CALIBRATION_COLUMNS + ("nll", "brier")
+        acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
+        gt = accumulator_values(acc, names, include_background=True)
+        union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
+        row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
+        row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
+        row["nll"], row["brier"] = gt["nll"], gt["brier"]
+        row.update(self._quality(prob, label, pred, spacing))
+        # additive statistics (zeros without foreground) stay on the device: bins and sums only
+        stats = torch.cat([torch_volume_statistics(acc, name, acc.device) for name in POOLED_METRICS])
+        values = [row.get(column, float("nan")) for column in self.columns]
+        return torch.tensor(values, dtype=torch.float64, device=stats.device), stats
+
+    def _quality(self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing) -> dict[str, float]:
+        """The label-free estimates of one volume beside the true values they estimate, and ECE where users read
+        probabilities (all voxels; a band around the predicted and true structures)."""
+        names = self.class_names[1:]
+        p, y = prob[0], label[0, 0]
+        pred_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0, 0].long()
+        voxel_ml = float(np.prod(spacing)) / 1000.0 if spacing is not None else 1.0  # mm^3 -> mL
+        est = estimated_dice(p, pred_map)
+        volumes = predicted_volumes(p, pred_map, voxel_ml)
+        true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
+        low = low_confidence_fraction(p, pred_map, self.confidence_threshold)
+        band = structure_band([pred_map > 0, y > 0], self.band_radius)
+        stacked = torch.stack([est, true, volumes["predicted"], volumes["expected"], volumes["low"], volumes["high"], low])
+        values = stacked.cpu().tolist()  # one read-back
+        row = {f"{prefix}_{name}": values[i][k] for i, prefix in enumerate(QUALITY_PREFIXES) for k, name in enumerate(names)}
+        finite = [v for v in values[0] if np.isfinite(v)]
+        row[CASE_SCORE] = float(np.mean(finite)) if finite else float("nan")
+        flat_p, flat_y = p.reshape(p.shape[0], -1), y.reshape(-1)
+        row["ece_all"] = calibration_errors(flat_p[None], flat_y[None], ("ece",), self.num_bins, "all")["ece"]
+        inside = band.reshape(-1)
+        row["ece_band"] = (calibration_errors(flat_p[:, inside][None], flat_y[inside][None], ("ece",), self.num_bins, "all")["ece"]
+                           if bool(inside.any()) else float("nan"))  # fmt: skip
+        return row
+
+    def _segmentation_columns(self) -> list[str]:
+        shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
+        out = [f"{m}_{name}" for m in shape for name in self.class_names[1:]] + [f"mean_{m}" for m in shape]
+        return out + [f"{m}_{region}" for region in self.regions for m in shape]
+
+    def _segmentation_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing, num_classes: int) -> dict:
+        """DSC (HD95, ASD) per class, their means, and the regions' (MONAI, on the argmax label maps)."""
         row: dict[str, float] = {}
         seg = segmentation_metrics_per_volume(pred, label, num_classes=num_classes, spacing=spacing,
                                               empty_class=self.empty_class,
@@ -156,18 +227,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
                 row[f"{metric}_{name}"] = float(value)
             row[f"mean_{metric}"] = float(np.nanmean(values[0])) if np.isfinite(values[0]).any() else float("nan")
         row.update(self._region_metrics(pred, label, spacing))
-        # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
-        names = CALIBRATION_COLUMNS + ("nll", "brier")
-        acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
-        gt = accumulator_values(acc, names, include_background=True)
-        union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
-        row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
-        row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
-        row["nll"], row["brier"] = gt["nll"], gt["brier"]
-        # additive statistics (zeros without foreground) stay on the device: bins and sums only
-        stats = torch.cat([torch_volume_statistics(acc, name, acc.device) for name in POOLED_METRICS])
-        values = [row.get(column, float("nan")) for column in self.columns]
-        return torch.tensor(values, dtype=torch.float64, device=stats.device), stats
+        return row
 
     def _region_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing) -> dict[str, float]:
         """DSC/HD95/ASD of each region (a union of classes) as a binary segmentation."""

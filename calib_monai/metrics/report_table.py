@@ -1,0 +1,243 @@
+"""``SegmentationReportTable``: the evaluation report as a plain table, one row per volume, and its files.
+
+The bundles' ``evaluating`` run fills it through the Ignite handler (``calib_monai.handlers.SegmentationReport``),
+the studies and ``calib-monai calibrate-probabilities`` fill it directly with :meth:`SegmentationReportTable.add`;
+all of them write the same files with :meth:`SegmentationReportTable.write`:
+
+* ``metrics.csv``: one row per volume (the columns of :class:`~calib_monai.metrics.SegmentationReportMetric`);
+* ``summary.json``: ``settings``, ``metrics`` (mean, standard deviation and count over volumes of every column;
+  non-finite entries left out), ``pooled`` (ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
+  volumes together) and ``case_quality`` (:meth:`SegmentationReportTable.case_quality`: how well the label-free
+  estimate ``est_mean_dice`` predicts the true ``mean_dice``, and the volumes from summed probabilities against the
+  true volumes);
+* ``reliability.png``: the top-label reliability diagram of the pooled ground-truth foreground voxels;
+* ``risk_coverage.png``: the cases sorted by their estimated DSC against the oracle and random orders.
+
+Every file is written to a temporary name and renamed, so a reader never sees half a report.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .case_quality import CASE_SCORE
+from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
+from .reliability import save_reliability_diagram
+from .segmentation_report import SegmentationReportMetric, column_summary
+
+__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing", "write_text_atomically"]
+
+#: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
+REDUCTION = "mean over volumes"
+POOLED_OVER = "all ground-truth foreground voxels of all volumes"
+
+
+def case_name(item: dict[str, Any], index: int) -> str:
+    """The file name of the item's image (its meta data), else ``volume_<index>``."""
+    meta = getattr(item.get("image"), "meta", {}) or {}
+    name = meta.get("filename_or_obj")
+    return os.path.basename(str(name)) if name else f"volume_{index:04d}"
+
+
+def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
+    """Voxel size (mm) of the evaluated grid, from the affine of the item's (preprocessed) image; None when unknown."""
+    affine = getattr(item.get("image"), "affine", None)
+    if affine is None:
+        return None
+    affine = torch.as_tensor(affine, dtype=torch.float64)
+    return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """``text`` to a temporary file beside ``path``, then renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        save(*args, tmp, **kwargs)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class SegmentationReportTable:
+    """Per-volume segmentation, calibration and case-quality metrics of an evaluation.
+
+    Args:
+        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: the
+            metric's (:class:`~calib_monai.metrics.SegmentationReportMetric`), built from them when ``metric`` is
+            None.
+        metric: an existing metric whose volumes are the table (the Ignite handler's, gathered over ranks).
+        cases: the case names of ``metric``'s volumes, in order.
+
+    Example::
+
+        table = SegmentationReportTable({"0": "background", "1": "liver"})
+        for prob, label, spacing, name in volumes:
+            table.add(prob, label, spacing=spacing, case=name)  # prob (C, *spatial), label (1, *spatial)
+        table.write("eval")
+    """
+
+    def __init__(
+        self,
+        label_names: dict[str, str] | None = None,
+        num_bins: int = 15,
+        empty_class: str = "nan",
+        regions: dict[str, Sequence[int]] | None = None,
+        surface_distances: bool = True,
+        band_radius: int = 3,
+        confidence_threshold: float = 0.8,
+        metric: SegmentationReportMetric | None = None,
+        cases: Sequence[str] = (),
+    ) -> None:
+        if metric is None:
+            if label_names is None:
+                raise ValueError("SegmentationReportTable needs label_names (or an existing metric)")
+            metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances,
+                                              band_radius, confidence_threshold)  # fmt: skip
+        self.metric = metric
+        self.cases: list[str] = list(cases)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.metric.columns
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.metric.class_names
+
+    @property
+    def num_bins(self) -> int:
+        return self.metric.num_bins
+
+    def settings(self) -> dict[str, Any]:
+        m = self.metric
+        return {"num_bins": m.num_bins, "empty_class": m.empty_class, "classes": m.class_names,
+                "band_radius": m.band_radius, "confidence_threshold": m.confidence_threshold}  # fmt: skip
+
+    def add(self, prob: Any, label: Any, pred: Any = None, spacing: Any = None, case: str | None = None,
+            same_segmentation_as: dict[str, float] | None = None) -> dict:  # fmt: skip
+        """Score one volume (``prob (C, *spatial)``, ``label (1, *spatial)``, optional prediction and spacing in mm)
+        and return its row (``case`` first; default name ``volume_<index>``). ``same_segmentation_as``: a row of
+        the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused."""
+        table = self.metric([prob], [label], pred=None if pred is None else [pred], spacing=[spacing],
+                            segmentation=[same_segmentation_as])[0]  # fmt: skip
+        self.cases.append(case if case is not None else f"volume_{len(self.cases):04d}")
+        return {"case": self.cases[-1], **dict(zip(self.columns, table[0].tolist()))}
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per volume: ``case`` then every column, as Python floats."""
+        table = self.metric.aggregate().tolist()
+        return [{"case": case, **dict(zip(self.columns, values))} for case, values in zip(self.cases, table)]
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def values(self, column: str) -> np.ndarray:
+        """One column over the volumes, float64."""
+        return self.metric.aggregate()[:, self.columns.index(column)].numpy()
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """``{column: {"mean", "std", "volumes"}}`` over the volumes (non-finite entries left out)."""
+        return dict(zip(self.columns, column_summary(self.metric.aggregate().numpy())))
+
+    def pooled(self) -> dict[str, float]:
+        """ECE / CECE / NLL / Brier of all ground-truth foreground voxels of the volumes together."""
+        return self.metric.pooled()
+
+    def reliability_data(self) -> dict[str, np.ndarray]:
+        """Top-label reliability bins pooled over the volumes (as ``reliability_diagram_data``)."""
+        return self.metric.reliability_data()
+
+    def case_quality(self) -> dict[str, Any]:
+        """How the label-free estimates compare with the truth, over the volumes with a finite mean DSC.
+
+        ``estimate``: Spearman / Pearson correlation, mean absolute error and bias of ``est_mean_dice`` against
+        ``mean_dice``; ``failure_detection``: AURC / AUGRC of the cases sorted by ``est_mean_dice`` with risk
+        ``1 - mean_dice``, the random and oracle AURC and the share of that gap closed
+        (:mod:`calib_monai.metrics.failure_detection`); ``volume``: per class, the mean absolute relative error of
+        the expected volume (summed probabilities) and of the prediction's volume against the true volume, and
+        the share of volumes whose 95% interval holds the true volume."""
+        if not len(self):
+            return {}
+        estimate, true = self.values(CASE_SCORE), self.values("mean_dice")
+        out: dict[str, Any] = {"estimate": quality_agreement(estimate, true),
+                               "failure_detection": failure_detection_summary(estimate, 1 - true)}  # fmt: skip
+        volume: dict[str, dict[str, float]] = {}
+        for name in self.class_names[1:]:
+            truth = self.values(f"volume_{name}")
+            present = truth > 0
+            if not present.any():
+                continue
+            t = truth[present]
+            rel = {kind: np.abs(self.values(f"volume_{kind}_{name}")[present] - t) / t for kind in ("prob", "pred")}
+            low, high = self.values(f"volume_prob_low_{name}")[present], self.values(f"volume_prob_high_{name}")[present]
+            volume[name] = {"prob_relative_error": float(np.mean(rel["prob"])),
+                            "pred_relative_error": float(np.mean(rel["pred"])),
+                            "interval_coverage": float(np.mean((low <= t) & (t <= high))), "volumes": int(t.size)}  # fmt: skip
+        out["volume"] = volume
+        return out
+
+    def write(self, output_dir: str | os.PathLike, settings: dict[str, Any] | None = None,
+              logger: logging.Logger | None = None) -> None:  # fmt: skip
+        """Write the report's files to ``output_dir`` (nothing, with a warning, when no volume was added);
+        ``settings`` are added to the table's own in ``summary.json``."""
+        logger = logger or logging.getLogger("calib_monai")
+        output_dir = Path(output_dir)
+        if not len(self):
+            logger.warning(f"SegmentationReport: no volumes were evaluated; nothing written to {output_dir}")
+            return
+        rows = self.rows
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomically(output_dir / "metrics.csv", buffer.getvalue())
+        summary, pooled, quality = self.summary(), self.pooled(), self.case_quality()
+        meta = {"volumes": len(rows), **self.settings(), **(settings or {}), "reduction": REDUCTION,
+                "pooled": POOLED_OVER}  # fmt: skip
+        content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
+        write_text_atomically(output_dir / "summary.json", json.dumps(content, indent=2) + "\n")
+        voxels = str(meta.get("foreground_voxels", "ground-truth foreground voxels"))
+        _save_figure_atomically(save_reliability_diagram, output_dir / "reliability.png", self.reliability_data(),
+                                title=f"Reliability, {voxels} of {len(rows)} volumes pooled: "
+                                      f"pooled ECE {pooled.get('pooled_ece', float('nan')):.4f}")  # fmt: skip
+        estimate, risk = self.values(CASE_SCORE), 1 - self.values("mean_dice")
+        if int((np.isfinite(estimate) & np.isfinite(risk)).sum()) >= 2:
+            _save_figure_atomically(save_risk_coverage_plot, output_dir / "risk_coverage.png", estimate, risk)
+        headline = ", ".join(f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace")
+                             if k in summary)  # fmt: skip
+        logger.info(f"evaluated {len(rows)} volume(s), mean over {len(rows)} volumes: {headline}; pooled ECE "
+                    f"{pooled.get('pooled_ece', float('nan')):.4f}; per-volume metrics in {output_dir}")  # fmt: skip
+        if quality:
+            est, fd = quality["estimate"], quality["failure_detection"]
+            logger.info(f"case quality: estimated vs true mean DSC over {est['cases']} volumes: MAE {est['mae']:.3f}, "
+                        f"Spearman {est['spearman']:.2f}; sorted by the estimate, AURC {fd['aurc']:.4f} "
+                        f"(random {fd['aurc_random']:.4f}, oracle {fd['aurc_oracle']:.4f}: "
+                        f"{fd['aurc_gap_closed']:.0%} of the gap closed)")  # fmt: skip
+
