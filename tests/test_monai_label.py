@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.calibration import TemperatureScaling, save_calibration
+from calib_monai.calibration import TemperatureScaling, ValidatedRange, save_calibration
 from calib_monai.export import load_bundle_network
 from calib_monai.label import InputError, ServedBundle, confidence_summary
 from conftest import REPO_ROOT, free_port
@@ -90,6 +90,8 @@ def served_folder(tmp_path_factory):
     (calibrated / "models").mkdir()
     shutil.copy(bundle / "models" / "model.pt", calibrated / "models" / "model.pt")
     save_calibration(TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt")
+    # and a validated range whose validation cases all scored 0.99: any case this tiny model segments is below it
+    ValidatedRange([0.99] * 19, {}).save(calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt")
     images = _write_images(root)
     # the reference: the bundle's own inference run on the same file, in the main environment
     _run([sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file",
@@ -233,6 +235,10 @@ def test_segmentation_equals_the_bundle_inference_run_with_its_summary(server, t
             assert 0 <= entry["fraction_below_0.5"] <= entry["fraction_below_0.8"] <= 1
             assert 0 < entry["mean_confidence"] <= 1
     assert sum(e["voxels"] for e in summary.values()) == int(np.prod(SHAPE))
+    # the case quality is the inferring run's <case>_quality.json (no validated range stored: no flag, and why)
+    reference = json.loads((server["reference"] / "case_quality.json").read_text())
+    assert params["quality"]["case_score"] == pytest.approx(reference["case_score"], rel=1e-6)
+    assert params["quality"]["review"] == reference["review"] and params["quality"]["review"]["flag"] is None
 
 
 @needs_label_env
@@ -267,9 +273,13 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
     assert confidence.min() >= 0.2 - 1e-6 and confidence.max() < 0.3
     # a temperature above 1 can only lower the top probability: max_k softmax(z / T)_k = 1 / sum_j exp(-(z_max - z_j) / T)
     assert (confidence <= _reference(server)[1] + 1e-6).all()
-    status, _, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"], output="image")
+    status, kind, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"])
     assert status == 200, body[:2000]
-    np.testing.assert_array_equal(np.asarray(_nifti(body, tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
+    parts = _multipart(kind, body)
+    np.testing.assert_array_equal(np.asarray(_nifti(parts["image"], tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
+    # its stored validated range flags the case for review, with the reason
+    review = json.loads(parts["params"])["quality"]["review"]
+    assert review["flag"] is True and "below the validated range (0.990" in review["reasons"][0]
 
 
 @needs_label_env

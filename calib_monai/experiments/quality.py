@@ -138,10 +138,11 @@ def _ensemble_records(members: Sequence[list[torch.Tensor]], volumes: Sequence[E
 def quality_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
                   seeds: Sequence[int] = (0, 1), other_dataset: str = "", other_dir: str = "",
                   other_overrides: Mapping[str, Any] | None = None, lts_steps: int = 300, alpha: float = 0.05,
-                  command: str = "") -> str:  # fmt: skip
+                  corruptions: Mapping[str, Sequence[float]] = CORRUPTIONS, command: str = "") -> str:  # fmt: skip
     """Train (or reuse) ``methods`` x ``seeds``, score the test volumes, their corruptions and ``other_dataset``'s
     test images under every recalibration; write ``<results_dir>/quality`` (tables, figures, per-volume values and
-    the README with the command). ``alpha``: the review rule's level (flag below the k-th lowest validation score)."""
+    the README with the command). ``alpha``: the review rule's level (flag below the k-th lowest validation score);
+    ``corruptions``: kind -> strengths (default :data:`~calib_monai.experiments.corruptions.CORRUPTIONS`)."""
     methods = setup.check_methods(methods)
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
     out = setup.study_dir("quality")
@@ -165,7 +166,7 @@ def quality_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "ls", 
             del validation
             conditions: list[tuple[str, float, Callable]] = [("in-distribution", 0.0, lambda: run.volumes("test"))]
             conditions += [(kind, s, lambda k=kind, s=s: run.volumes("test", corrupt=corruption(k, s)))
-                           for kind, strengths in CORRUPTIONS.items() for s in strengths]  # fmt: skip
+                           for kind, strengths in corruptions.items() for s in strengths]  # fmt: skip
             if other:
                 conditions.append((f"{other_dataset} images", 0.0, lambda: run.foreign_volumes(other)))
             for condition, strength, volumes_of in conditions:
