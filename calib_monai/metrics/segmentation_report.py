@@ -28,7 +28,7 @@ from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volu
 
 __all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
 
-CALIBRATION_COLUMNS = ("ece", "cece", "tace")
+CALIBRATION_COLUMNS = ("ece", "cece", "tace", "ml1ace")
 #: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
 POOLED_METRICS = ("ece", "cece", "nll", "brier")
 
