@@ -8,17 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics import (
-    ace,
-    brier,
-    calibration_errors,
-    cece,
-    ece,
-    ml1ace,
-    nll,
-    segmentation_calibration,
-    tace,
-)
+from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, ml1ace, nll, tace
+from calib_monai.metrics import segmentation_calibration
 
 
 def _two_class(p1, labels, dtype=np.float64):

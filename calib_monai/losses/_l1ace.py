@@ -42,18 +42,18 @@ class L1ACELoss(_Loss):
     """Base class: ``lambda_dice * Dice + lambda_ce * CE + lambda_ace * mL1-ACE`` on logits and integer labels.
 
     Subclasses define :meth:`memberships` (the bins each probability is counted in, with weights) and may override
-    :meth:`occupied` (which bins are not empty). See :class:`~calib_monai.losses.HardL1ACELoss` for the formula,
-    the defaults and their sources.
+    :meth:`occupied` (which bins are not empty). The arguments, their defaults and sources are documented in
+    :class:`~calib_monai.losses.HardL1ACELoss` (which adds nothing to them).
     """
 
     def __init__(
         self,
-        num_bins: int,
-        lambda_ace: float,
-        lambda_dice: float,
-        lambda_ce: float,
-        include_background: bool,
-        empty_classes: str,
+        num_bins: int = 20,
+        lambda_ace: float = 1.0,
+        lambda_dice: float = 1.0,
+        lambda_ce: float = 1.0,
+        include_background: bool = True,
+        empty_classes: str = "zero",
     ) -> None:
         super().__init__()
         self.num_bins = check_num_bins(num_bins)

@@ -71,17 +71,6 @@ class HardL1ACELoss(L1ACELoss):
         empty_classes: ``"zero"`` (the authors'), ``"exclude"`` or ``"include"``: see above.
     """
 
-    def __init__(
-        self,
-        num_bins: int = 20,
-        lambda_ace: float = 1.0,
-        lambda_dice: float = 1.0,
-        lambda_ce: float = 1.0,
-        include_background: bool = True,
-        empty_classes: str = "zero",
-    ) -> None:
-        super().__init__(num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes)
-
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Each probability in its one bin ``(k/M, (k+1)/M]`` with weight 1 (the index computed exactly, in float64)."""
         return [(equal_width_bins(p.detach().double(), self.num_bins), None)]

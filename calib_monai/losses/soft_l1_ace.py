@@ -48,27 +48,15 @@ class SoftL1ACELoss(L1ACELoss):
     the missing ``weight`` / ``reduction`` arguments as in :class:`~calib_monai.losses.HardL1ACELoss`.
 
     Args:
-        num_bins: number of bins ``M`` (integer >= 1; 20, the authors').
-        lambda_ace: weight of the mL1-ACE term (finite, >= 0; 1: the authors' equal weighting).
-        lambda_dice: weight of the Dice term (finite, >= 0; 0 with ``lambda_ce=0`` leaves the mL1-ACE term alone).
-        lambda_ce: weight of the cross-entropy term (finite, >= 0).
-        include_background: whether class 0 enters the mL1-ACE and Dice terms (True, the authors').
-        empty_classes: ``"zero"`` (the authors'), ``"exclude"`` or ``"include"``, as for the hard loss.
+        num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes: as for
+            :class:`~calib_monai.losses.HardL1ACELoss`, with the same defaults (20 bins; weights 1, 1, 1; background
+            included; ``"zero"``).
         empty_weight: ``epsilon_empty`` above, the smallest summed weight of a bin that counts (finite, >= 0; 0.01,
-            the authors'); bins without any weight never count.
+            the authors'; keyword only); bins without any weight never count.
     """
 
-    def __init__(
-        self,
-        num_bins: int = 20,
-        lambda_ace: float = 1.0,
-        lambda_dice: float = 1.0,
-        lambda_ce: float = 1.0,
-        include_background: bool = True,
-        empty_classes: str = "zero",
-        empty_weight: float = 0.01,
-    ) -> None:
-        super().__init__(num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes)
+    def __init__(self, *args, empty_weight: float = 0.01, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.empty_weight = check_weight("empty_weight", empty_weight)
 
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
