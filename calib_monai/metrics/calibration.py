@@ -343,10 +343,11 @@ def ml1ace(
 
     Every class 0..C-1 (1..C-1 with ``include_background=False``) is scored, also one absent from the labels (its
     frequency is 0 in every bin), as CECE does. Differences from the authors' evaluation code
-    (``CalibrationErrorMetric`` of cai4cai/Average-Calibration-Losses, ``src/metrics/calibration.py``): their edges
-    are ``k (1 + eps32) / M`` in float32 (a value within 1.2e-7 relative above ``k / M`` falls in the lower bin
-    there) and they average per volume (``segmentation_calibration(..., reduction="mean")`` here); the voxels are
-    ours to choose (``foreground``).
+    (``CalibrationErrorMetric(calibration_reduction="average")`` of cai4cai/Average-Calibration-Losses at 5ad8418,
+    ``src/metrics/calibration.py``): their edges are ``k (1 + eps32) / M`` in float32 (l. 65-70; a value within
+    1.2e-7 relative above ``k / M`` falls in the lower bin there), they score every voxel and average per volume and
+    class (l. 190-193, then the mean; ``segmentation_calibration(..., foreground="all", reduction="mean")`` here), and their
+    default is 20 bins; the voxels here are chosen by ``foreground`` and pooled over the volumes given.
     """
     return calibration_errors(probs, labels, ("ml1ace",), num_bins, foreground, include_background)["ml1ace"]
 
