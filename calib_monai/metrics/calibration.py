@@ -346,8 +346,8 @@ def ml1ace(
     (``CalibrationErrorMetric(calibration_reduction="average")`` of cai4cai/Average-Calibration-Losses at 5ad8418,
     ``src/metrics/calibration.py``): their edges are ``k (1 + eps32) / M`` in float32 (l. 65-70; a value within
     1.2e-7 relative above ``k / M`` falls in the lower bin there), they score every voxel and average per volume and
-    class (l. 190-193, then the mean; ``segmentation_calibration(..., foreground="all", reduction="mean")`` here), and their
-    default is 20 bins; the voxels here are chosen by ``foreground`` and pooled over the volumes given.
+    class (l. 190-193, then the mean; ``segmentation_calibration(..., foreground="all", reduction="mean")`` here),
+    and their default is 20 bins; the voxels here are chosen by ``foreground`` and pooled over the volumes given.
     """
     return calibration_errors(probs, labels, ("ml1ace",), num_bins, foreground, include_background)["ml1ace"]
 
