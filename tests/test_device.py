@@ -27,7 +27,7 @@ LOSSES = {
     "ecp": lambda c, d: L.ECPLoss(),
     "focal": lambda c, d: L.FocalLoss(),
     "hard_l1_ace": lambda c, d: L.HardL1ACELoss(),
-    "hard_l1_ace_term_exclude": lambda c, d: L.HardL1ACELoss(lambda_dice=0, lambda_ce=0, empty_classes="exclude"),
+    "hard_l1_ace_term": lambda c, d: L.HardL1ACELoss(lambda_dice=0, lambda_ce=0, empty_classes="exclude"),
     "label_smoothing": lambda c, d: L.LabelSmoothingLoss(),
     "mbls": lambda c, d: L.MbLSLoss(),
     "nacl_mean": lambda c, d: L.NACLLoss(classes=c, dim=d),

@@ -16,8 +16,8 @@ How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
   a grid that preserves the order and is fine where probabilities crowd (near 0 and near the threshold). One packed
   int64 ``index_add_`` gives each bucket's count and exact sum, another its hits ``[y == k]`` (over each voxel's own
   class only). CECE (and mL1-ACE) sums the buckets of each equal-width bin; the few buckets that straddle a bin edge
-  k / M are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at the R + 1 equal-mass edges: the
-  cumulative bucket statistics give them at bucket boundaries, and the buckets that an edge (or the threshold) cuts
+  k / M are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at
+  the R + 1 equal-mass edges: the cumulative bucket statistics give them at bucket boundaries, and the buckets that an edge (or the threshold) cuts
   are refined exactly: their elements are gathered from the kept chunks and sorted (~0.2% of the values).
 - NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
 
