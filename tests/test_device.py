@@ -26,12 +26,16 @@ LOSSES = {
     "crac_tolerance": lambda c, d: L.CRaCLoss.preset("tolerance", classes=c, dim=d),
     "ecp": lambda c, d: L.ECPLoss(),
     "focal": lambda c, d: L.FocalLoss(),
+    "hard_l1_ace": lambda c, d: L.HardL1ACELoss(),
+    "hard_l1_ace_term": lambda c, d: L.HardL1ACELoss(lambda_dice=0, lambda_ce=0, empty_classes="exclude"),
     "label_smoothing": lambda c, d: L.LabelSmoothingLoss(),
     "mbls": lambda c, d: L.MbLSLoss(),
     "nacl_mean": lambda c, d: L.NACLLoss(classes=c, dim=d),
     "nacl_gaussian": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="gaussian"),
     "nacl_svls_l2_softmax": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="svls", distance_type="l2", space="softmax"),
     "nacl_mode": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="mode"),
+    "soft_l1_ace": lambda c, d: L.SoftL1ACELoss(),
+    "soft_l1_ace_no_background": lambda c, d: L.SoftL1ACELoss(include_background=False),
     "svls": lambda c, d: L.SVLSLoss(),
 }
 

@@ -82,6 +82,7 @@ def test_tables_write_csv_and_markdown(tmp_path):
     assert "| nacl | 0.1235 |" in text and (tmp_path / "t.csv").read_text().splitlines()[1] == "nacl,0.12345"
     assert format_mean_std(0.12345, 0.01) == "0.123 ± 0.010" and format_mean_std(float("nan")) == "n/a"
     assert heading("dice_RV") == "DSC RV" and heading("mean_hd95") == "mean HD95" and heading("tace") == "TACE"
+    assert heading("ml1ace") == "mL1-ACE" and heading("ml1ace_union") == "mL1-ACE union"
 
 
 def test_dice_without_surface_distances_is_the_same_dice():

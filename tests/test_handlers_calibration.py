@@ -133,7 +133,7 @@ def test_metric_class_reductions_inputs_and_errors():
     probs = torch.softmax(torch.stack([c["image"] for c in cases]), dim=1)
     labels = torch.stack([c["label"] for c in cases])
     onehot = torch.nn.functional.one_hot(labels[:, 0], 3).movedim(-1, 1)
-    for metric_name in ("ece", "cece", "tace", "ace", "nll", "brier"):
+    for metric_name in ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier"):
         metric = SegmentationCalibrationMetric(metric_name=metric_name, num_bins=10, foreground="union")
         metric(y_pred=probs[:2], y=onehot[:2])  # one-hot labels, batch-first
         metric(y_pred=[probs[2]], y=[labels[2]])  # list of channel-first tensors

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, nll, segmentation_calibration, tace
+from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, ml1ace, nll, tace
+from calib_monai.metrics import segmentation_calibration
 
 
 def _two_class(p1, labels, dtype=np.float64):
@@ -55,6 +56,20 @@ def test_cece_hand_worked_with_and_without_background():
     )
     # ECE of the same: conf = [.7,.4,.5], all correct: bin 1 |1-.7| + bin 0 |2-.9| = 1.4 -> 1.4/3
     assert ece(THREE, THREE_Y, num_bins=2, foreground="all") == pytest.approx(1.4 / 3, abs=1e-12)
+
+
+def test_ml1ace_hand_worked_weights_every_non_empty_bin_equally():
+    # THREE again, 2 bins (0,.5] (.5,1], all voxels; per class the mean over non-empty bins of |mean p - mean hit|:
+    # class 0: bin 1 {.7 hit} |.7 - 1| = .3, bin 0 {.3, .1 no hit} |.2 - 0| = .2    -> (.3 + .2) / 2 = .25
+    # class 1: bin 0 {.2, .3, .5; one hit} |1/3 - 1/3| = 0                            -> 0
+    # class 2: bin 0 {.1, .4, .4; one hit} |.3 - 1/3| = 1/30                          -> 1/30
+    # CECE weights the bins by their voxels (class 0: (1 * .3 + 2 * .2) / 3 = .7/3); mL1-ACE does not.
+    assert ml1ace(THREE, THREE_Y, num_bins=2, foreground="all") == pytest.approx((0.25 + 0 + 1 / 30) / 3, abs=1e-12)
+    assert ml1ace(THREE, THREE_Y, 2, "all", include_background=False) == pytest.approx(1 / 60, abs=1e-12)
+    assert ml1ace(torch.from_numpy(THREE), torch.from_numpy(THREE_Y), 2, "all") == pytest.approx(17 / 180, abs=1e-12)
+    # gt: voxels 1 (label 2) and 2 (label 1); class 0: bin 0 {.3, .1} .2; class 1: bin 0 {.3, .5 hit} |.4 - .5| = .1;
+    # class 2: bin 0 {.4 hit, .4} |.4 - .5| = .1 -> (.2 + .1 + .1) / 3
+    assert ml1ace(THREE, THREE_Y, num_bins=2) == pytest.approx(0.4 / 3, abs=1e-12)
 
 
 def test_tace_and_ace_hand_worked():
@@ -248,22 +263,22 @@ def _tied_case(seed, shape=(3, 4, 9, 8, 5)):
     return probs, labels
 
 
-ALL_METRICS = ("ece", "cece", "tace", "ace", "nll", "brier")
+ALL_METRICS = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 
 
 @pytest.mark.parametrize("foreground", ["gt", "union", "all"])
 @pytest.mark.parametrize("include_background", [True, False])
 def test_calibration_errors_equal_separate_functions_and_brute_force(foreground, include_background):
-    separate = {"ece": ece, "cece": cece, "tace": tace, "ace": ace, "nll": nll, "brier": brier}
+    separate = {"ece": ece, "cece": cece, "tace": tace, "ace": ace, "ml1ace": ml1ace, "nll": nll, "brier": brier}
     for seed, (probs, labels) in enumerate([_tied_case(0), _tied_case(1), _tied_case(2, (2, 3, 11, 7, 3))]):
         kw = {"num_bins": 7, "foreground": foreground}
         out = calibration_errors(probs, labels, ALL_METRICS, include_background=include_background, **kw)
         assert list(out) == list(ALL_METRICS)
         for name, fn in separate.items():
-            extra = {"include_background": include_background} if name in ("cece", "tace", "ace") else {}
+            extra = {"include_background": include_background} if name in ("cece", "tace", "ace", "ml1ace") else {}
             assert out[name] == pytest.approx(fn(probs, labels, **kw, **extra), rel=0, abs=1e-12), (seed, name)
         # the additive metrics also equal the per-volume statistics path, summed (reduction="pooled")
-        for name in ("ece", "cece", "nll", "brier"):
+        for name in ("ece", "cece", "ml1ace", "nll", "brier"):
             pooled = segmentation_calibration(probs, labels, name, 7, foreground, "pooled", include_background)
             assert out[name] == pytest.approx(pooled, rel=0, abs=1e-12), (seed, name)
         assert out["tace"] == pytest.approx(

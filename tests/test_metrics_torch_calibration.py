@@ -16,7 +16,7 @@ from calib_monai.metrics import (
 )
 from calib_monai.metrics.calibration_torch import CalibrationAccumulator
 
-ALL = ("ece", "cece", "tace", "ace", "nll", "brier")
+ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 
 # Voxels that sit where the binning can go wrong (4 classes); each is planted with a label.
 SPECIAL = [
@@ -54,17 +54,21 @@ def _brute(probs, labels, num_bins, foreground, include_background, threshold=1e
     v, t, a = p.transpose(1, 0, 2)[:, keep], y[keep], argmax[keep]
     n, m = t.size, num_bins
 
-    def binned_error(values, hits):
+    def binned_error(values, hits, average=False):
+        """Sum over bins of |sum hits - sum values| / n, or (average) the mean over non-empty bins of |mean - mean|."""
         scaled = values * m  # exact for float32 inputs; the documented fl(v * M) for float64
-        total = 0.0
+        total, gaps = 0.0, []
         for b in range(m):
             in_bin = (scaled > b) & (scaled <= b + 1) | ((values == 0) & (b == 0))
             total += abs(hits[in_bin].sum() - values[in_bin].sum())
-        return total / values.size
+            if in_bin.any():
+                gaps.append(abs(hits[in_bin].mean() - values[in_bin].mean()))
+        return float(np.mean(gaps)) if average else total / values.size
 
     classes = range(0 if include_background else 1, v.shape[0])
     out = {"ece": binned_error(v.max(axis=0), (a == t).astype(float))}
     out["cece"] = float(np.mean([binned_error(v[k], (t == k).astype(float)) for k in classes]))
+    out["ml1ace"] = float(np.mean([binned_error(v[k], (t == k).astype(float), average=True) for k in classes]))
     for name, thr in (("tace", threshold), ("ace", None)):
         errors = []
         for k in classes:

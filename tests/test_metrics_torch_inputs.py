@@ -135,7 +135,7 @@ def test_volumes_are_never_copied_to_the_host():
     guarded = probs.as_subclass(HostGuard)
     with pytest.raises(AssertionError, match="went to the host"):  # the guard works
         guarded.numpy()
-    names = ("ece", "cece", "tace", "ace", "nll", "brier")
+    names = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
     for fg in ("gt", "union", "all"):
         expected = calibration_errors(probs, labels, names, foreground=fg)
         assert calibration_errors(guarded, labels, names, foreground=fg) == expected

@@ -2,7 +2,8 @@
 
 MONAI's metric is a *classwise* ECE: for each volume and each channel k, equal-width bins of ``p_k`` over *all*
 voxels, compared with the one-hot ``[y == k]``; then the mean over channels and volumes. That is our CECE with
-``foreground="all"`` averaged over volumes (``SegmentationCalibrationMetric("cece", reduction="mean")``).
+``foreground="all"`` averaged over volumes (``SegmentationCalibrationMetric("cece", reduction="mean")``); with
+``calibration_reduction="average"`` (non-empty bins weighted equally) it is our mL1-ACE, averaged the same way.
 Bins: ours are ``(k/M, (k+1)/M]`` (the papers' code). MONAI's edges are ``k (1 + eps32) / M`` in float32, so a value
 exactly on ``k/M`` also falls in the lower bin, whatever its ``right`` flag. MONAI accumulates in float32 (ours:
 int64 counts, float64 sums), hence a tolerance of 1e-6 relative. Where the definitions differ (not compared): our
@@ -67,3 +68,16 @@ def test_values_on_bin_edges_fall_in_the_lower_bin_as_in_monai():
         metric = CalibrationErrorMetric(num_bins=4, right=right)
         metric(probs, F.one_hot(labels[:, 0], 3).permute(0, 4, 1, 2, 3).double())
         assert float(metric.aggregate()) == pytest.approx(ours, rel=1e-6)
+
+
+@pytest.mark.parametrize("include_background", [True, False])
+def test_ml1ace_on_all_voxels_equals_monai_average_calibration_error(include_background):
+    # calibration_reduction="average": the mean over each (volume, channel)'s non-empty bins, then over channels
+    # and volumes: our mL1-ACE per volume on all voxels, averaged over volumes
+    probs, labels = _volumes(4)
+    ours = SegmentationCalibrationMetric(
+        "ml1ace", num_bins=NUM_BINS, foreground="all", include_background=include_background
+    )
+    ours(probs, labels)
+    monai = _monai(probs, labels, calibration_reduction="average", include_background=include_background)
+    assert float(ours.aggregate()) == pytest.approx(monai, rel=1e-6)

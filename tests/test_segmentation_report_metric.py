@@ -70,10 +70,10 @@ def _reference_row(vol: dict, regions: dict | None = None) -> dict[str, float]:
         row.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
     with warnings.catch_warnings():  # the volume without foreground warns (tested below)
         warnings.simplefilter("ignore")
-        gt = calibration_errors(prob, label, ("ece", "cece", "tace", "nll", "brier"))
-    union = calibration_errors(prob, label, ("ece", "cece", "tace"), foreground="union")
-    row.update({c: gt[c] for c in ("ece", "cece", "tace")})
-    row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace")})
+        gt = calibration_errors(prob, label, ("ece", "cece", "tace", "ml1ace", "nll", "brier"))
+    union = calibration_errors(prob, label, ("ece", "cece", "tace", "ml1ace"), foreground="union")
+    row.update({c: gt[c] for c in ("ece", "cece", "tace", "ml1ace")})
+    row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace", "ml1ace")})
     row["nll"], row["brier"] = gt["nll"], gt["brier"]
     row.update(_reference_quality(vol, spacing))
     return row
@@ -123,7 +123,7 @@ def test_metric_table_equals_the_report_rows():
     vols = _volumes()
     metric = SegmentationReportMetric(NAMES, regions=REGIONS)
     assert metric.columns[:4] == ("dice_outer", "dice_inner", "mean_dice", "hd95_outer")
-    assert {"dice_core", "asd_whole", "tace_union", "nll", "brier"} <= set(metric.columns)
+    assert {"dice_core", "asd_whole", "tace_union", "ml1ace", "ml1ace_union", "nll", "brier"} <= set(metric.columns)
     spacings = [[float(v) for v in torch.linalg.norm(v["image"].affine[:3, :3].double(), dim=0)] for v in vols]
     with pytest.warns(UserWarning):
         metric([v["prob"] for v in vols], [v["label"] for v in vols], pred=[v["pred"] for v in vols], spacing=spacings)

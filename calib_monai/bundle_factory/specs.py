@@ -2,7 +2,10 @@
 
 Hyper-parameters are the papers' (NACL journal Sec. 4.1 and CRaC Sec. 3): focal gamma 3, ECP 0.1, label smoothing
 0.1, SVLS sigma 2 (3x3), MbLS margin 10 and lambda 0.1 (the MbLS and CRaC papers; the NACL journal used 5), NACL
-lambda 0.1 with a 3x3 mean prior, CRaC with the authors' ALM settings and 75 epochs as in their code.
+lambda 0.1 with a 3x3 mean prior, CRaC with the authors' ALM settings and 75 epochs as in their code; hL1-ACE and
+sL1-ACE as the average calibration losses' authors configure them (cai4cai/Average-Calibration-Losses,
+``bundle_templates/configs/loss/{hard,soft}l1ace_dice_ce.yaml``): DiceCE (squared-probability Dice) plus mL1-ACE over
+20 bins, the three terms weighted equally (0.33 each there, 1 each here), soft bins below a weight of 0.01 dropped.
 """
 
 from __future__ import annotations
@@ -84,6 +87,13 @@ NACL_REFS = (
     "Medical Image Analysis 2025 (arXiv:2401.14487)",
 )
 
+ACE_REFS = (
+    "Barfoot T. et al., Average Calibration Losses for Reliable Uncertainty in Medical Image Segmentation, "
+    "arXiv:2506.03942 (IEEE Transactions on Medical Imaging 2026); code: github.com/cai4cai/Average-Calibration-Losses",
+    "Barfoot T. et al., Average Calibration Error: A Differentiable Loss for Improved Reliability in Image "
+    "Segmentation, MICCAI 2024",
+)
+
 METHODS: dict[str, Method] = {
     "ce_dice": Method("cross-entropy + Dice", {"_target_": "calib_monai.losses.CEDiceLoss"}, NACL_REFS),
     "focal": Method(
@@ -132,6 +142,18 @@ METHODS: dict[str, Method] = {
         ("Murugesan B. et al., Class and Region-Adaptive Constraints for Network Calibration, MICCAI 2024",),
         epochs=75,
         alm=True,
+    ),
+    "hl1ace": Method(
+        "DiceCE + hard-binned marginal L1 average calibration error (hL1-ACE, 20 bins, equal weights)",
+        {"_target_": "calib_monai.losses.HardL1ACELoss", "num_bins": 20, "lambda_ace": 1.0, "lambda_dice": 1.0,
+         "lambda_ce": 1.0},  # fmt: skip
+        ACE_REFS,
+    ),
+    "sl1ace": Method(
+        "DiceCE + soft-binned marginal L1 average calibration error (sL1-ACE, 20 bins, equal weights)",
+        {"_target_": "calib_monai.losses.SoftL1ACELoss", "num_bins": 20, "lambda_ace": 1.0, "lambda_dice": 1.0,
+         "lambda_ce": 1.0, "empty_weight": 0.01},  # fmt: skip
+        ACE_REFS,
     ),
 }
 

@@ -62,7 +62,7 @@ __all__ = ["calibrate_probabilities", "temperature_scale"]
 
 logger = logging.getLogger("calib_monai")
 #: ``comparison.csv`` rows: summary columns (mean over cases) then pooled values.
-COMPARED = ("ece", "cece", "tace", "ece_union", "cece_union", "tace_union", "nll", "brier", "ece_all", "ece_band",
+COMPARED = ("ece", "cece", "tace", "ml1ace", "ece_union", "cece_union", "tace_union", "nll", "brier", "ece_all", "ece_band",
             "mean_dice", "est_mean_dice")  # fmt: skip
 LOG_FLOOR = 1e-12
 

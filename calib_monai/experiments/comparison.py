@@ -111,7 +111,8 @@ def main_comparison(setup: StudySetup, methods: Sequence[str] = tuple(METHODS), 
     seg_cols = [f"dice_{n}" for n in fg] + ["mean_dice"] + [f"hd95_{n}" for n in fg] + ["mean_hd95"]
     table1 = write_table([{"method": m, **cells(m, seg_cols)} for m in methods], out / "table1_segmentation",
                          "Table 1: DSC and HD95 per structure (mean ± std over test volumes)")  # fmt: skip
-    table2 = write_table([{"method": m, **cells(m, ["ece", "cece", "tace", "nll", "brier"])} for m in methods],
+    calibration_columns = ["ece", "cece", "tace", "ml1ace", "nll", "brier"]
+    table2 = write_table([{"method": m, **cells(m, calibration_columns)} for m in methods],
                          out / "table2_calibration", "Table 2: calibration on ground-truth foreground voxels")  # fmt: skip
 
     columns = [c for c, _ in RANKED]

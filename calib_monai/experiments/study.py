@@ -151,7 +151,8 @@ class StudySetup:
 
 def heading(column: str) -> str:
     """``dice_RV`` -> ``DSC RV``, ``mean_hd95`` -> ``mean HD95``, ``ece`` -> ``ECE``."""
-    words = {"dice": "DSC", "hd95": "HD95", "ece": "ECE", "cece": "CECE", "tace": "TACE", "nll": "NLL", "brier": "Brier"}
+    words = {"dice": "DSC", "hd95": "HD95", "ece": "ECE", "cece": "CECE", "tace": "TACE", "ml1ace": "mL1-ACE",
+             "nll": "NLL", "brier": "Brier"}  # fmt: skip
     return " ".join(words.get(w, w) for w in column.split("_", 1))
 
 

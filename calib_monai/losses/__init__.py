@@ -2,7 +2,8 @@
 
 All take logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``; inputs are
 checked by :func:`calib_monai.losses._inputs.prepare_inputs`. :mod:`calib_monai.losses.priors` holds the shared
-neighbourhood machinery (SVLS kernel, NACL prior, boundary mask).
+neighbourhood machinery (SVLS kernel, NACL prior, boundary mask); :mod:`calib_monai.losses._l1ace` what the two
+average calibration losses (``HardL1ACELoss``, ``SoftL1ACELoss``) share.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from calib_monai.losses.ce_dice import CEDiceLoss
 from calib_monai.losses.crac import CRaCLoss
 from calib_monai.losses.ecp import ECPLoss
 from calib_monai.losses.focal import FocalLoss
+from calib_monai.losses.hard_l1_ace import HardL1ACELoss
 from calib_monai.losses.label_smoothing import LabelSmoothingLoss
 from calib_monai.losses.mbls import MbLSLoss
 from calib_monai.losses.nacl import NACLLoss
 from calib_monai.losses.priors import boundary_mask, class_proportion_prior, svls_kernel
+from calib_monai.losses.soft_l1_ace import SoftL1ACELoss
 from calib_monai.losses.svls import SVLSLoss
 
 __all__ = [
@@ -22,10 +25,12 @@ __all__ = [
     "CRaCLoss",
     "ECPLoss",
     "FocalLoss",
+    "HardL1ACELoss",
     "LabelSmoothingLoss",
     "MbLSLoss",
     "NACLLoss",
     "SVLSLoss",
+    "SoftL1ACELoss",
     "boundary_mask",
     "class_proportion_prior",
     "svls_kernel",

@@ -32,6 +32,8 @@ class CEDiceLoss(_Loss):
         smooth_nr: Dice numerator smoothing.
         smooth_dr: Dice denominator smoothing.
         batch: whether Dice sums over the batch before dividing.
+        squared_pred: whether the Dice denominator sums squared probabilities ``sum_n p^2`` (the V-Net form, used
+            by the Average Calibration Losses paper's DiceCE baseline) instead of ``sum_n p``.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class CEDiceLoss(_Loss):
         smooth_nr: float = 1e-5,
         smooth_dr: float = 1e-5,
         batch: bool = False,
+        squared_pred: bool = False,
     ) -> None:
         super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
         self.dice_ce = DiceCELoss(
@@ -53,6 +56,7 @@ class CEDiceLoss(_Loss):
             smooth_nr=smooth_nr,
             smooth_dr=smooth_dr,
             batch=batch,
+            squared_pred=squared_pred,
             lambda_dice=lambda_dice,
             lambda_ce=lambda_ce,
         )

@@ -1,7 +1,7 @@
 """Calibration and segmentation metrics.
 
-Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``nll``, ``brier`` and
-``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers' tables, the
+Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll``, ``brier``
+and ``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers' tables, the
 bundles' ``val_*`` / ``test_*`` metrics (``SegmentationCalibrationMetric``, default ``reduction="mean"``) and the
 report's ``summary.json`` columns are the *mean over volumes* of per-volume values (``SegmentationReportMetric``;
 its ``pooled_*`` values are the pooled ones).
@@ -14,6 +14,7 @@ from .calibration import (
     calibration_errors,
     cece,
     ece,
+    ml1ace,
     nll,
     segmentation_calibration,
     tace,

@@ -1,4 +1,4 @@
-"""Calibration metrics of segmentation networks: ECE, CECE, TACE, ACE, NLL and Brier score.
+"""Calibration metrics of segmentation networks: ECE, CECE, TACE, ACE, mL1-ACE, NLL and Brier score.
 
 All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spatial)``) and integer labels
 ``(B, 1, *spatial)``, ``(B, *spatial)`` or ``(*spatial)``, and are computed over the voxels chosen by ``foreground``:
@@ -14,9 +14,9 @@ volume is never copied to the host, only per-bin statistics are. NumPy arrays (a
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
 accumulators stop counting at 2**24), and bin edges are exact (a value on an edge k / M goes to the lower bin).
 
-The functions ``ece``, ``cece``, ``tace``, ``ace``, ``nll``, ``brier`` and ``calibration_errors`` are pooled over all
-volumes given: the selected voxels of every volume are binned together, which is not the mean over volumes of the
-papers' tables (``segmentation_calibration(..., reduction="mean")``, ``SegmentationCalibrationMetric``).
+The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll``, ``brier`` and ``calibration_errors`` are
+pooled over all volumes given: the selected voxels of every volume are binned together, which is not the mean over
+volumes of the papers' tables (``segmentation_calibration(..., reduction="mean")``, ``SegmentationCalibrationMetric``).
 
 Reductions over volumes (``segmentation_calibration``): ``"none"`` (one value per volume), ``"mean"`` (unweighted
 mean over volumes: the papers' tables, see ``calib_segment_test.py`` of Bala93/CRac) and ``"pooled"`` (all selected
@@ -43,6 +43,7 @@ from ._inputs import (
 )
 from .calibration_numpy import (
     _CHUNK,
+    CLASSWISE_METRICS,
     _adaptive_error,
     _brier_stats,
     _cece_stats,
@@ -62,6 +63,7 @@ __all__ = [
     "cece",
     "tace",
     "ace",
+    "ml1ace",
     "nll",
     "brier",
     "segmentation_calibration",
@@ -70,9 +72,9 @@ __all__ = [
     "equal_width_bin_index",
 ]
 
-CALIBRATION_METRICS = ("ece", "cece", "tace", "ace", "nll", "brier")
+CALIBRATION_METRICS = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 #: Metrics whose per-volume statistics add up to the statistics of the pooled voxels (equal-width bins, sums).
-POOLABLE_METRICS = ("ece", "cece", "nll", "brier")
+POOLABLE_METRICS = ("ece", "cece", "ml1ace", "nll", "brier")
 REDUCTIONS = ("mean", "pooled", "none")
 
 
@@ -109,8 +111,8 @@ def volume_statistics(
         acc.add(p, torch.as_tensor(y, device=p.device).long())
         return torch_volume_statistics(acc, metric_name, p.device).cpu().numpy()
     if metric_name in POOLABLE_METRICS:
-        stats_fn = {"ece": _ece_stats, "cece": _cece_stats, "nll": _nll_stats, "brier": _brier_stats}[metric_name]
-        args = (num_bins,) if metric_name in ("ece", "cece") else ()
+        stats_fn = {"ece": _ece_stats, "nll": _nll_stats, "brier": _brier_stats}.get(metric_name, _cece_stats)
+        args = (num_bins,) if metric_name == "ece" or metric_name in CLASSWISE_METRICS else ()
         # Additive statistics: chunks keep the temporaries small (and in the allocator's cache) on big volumes.
         total = None
         for start in range(0, max(p.shape[1], 1), _CHUNK):
@@ -129,7 +131,8 @@ def torch_volume_statistics(acc: CalibrationAccumulator, metric_name: str, devic
         return torch.tensor([acc.adaptive_errors()[metric_name]], dtype=torch.float64, device=device)
     stats = acc.statistics(metric_name)
     if stats is None:
-        size = {"ece": acc.num_bins * 3, "cece": acc.num_classes * acc.num_bins * 3}.get(metric_name, 2)
+        classwise = acc.num_classes * acc.num_bins * 3
+        size = {"ece": acc.num_bins * 3, "cece": classwise, "ml1ace": classwise}.get(metric_name, 2)
         return torch.zeros(size, dtype=torch.float64, device=device)
     return stats.reshape(-1)
 
@@ -170,13 +173,14 @@ def segmentation_calibration(
         probs: softmax probabilities ``(B, C, *spatial)`` or ``(C, *spatial)``: a torch tensor (computed on its
             device) or a NumPy array (computed on the CPU).
         labels: integer labels ``(B, 1, *spatial)``, ``(B, *spatial)`` or ``(*spatial)``.
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"nll"`` or ``"brier"``.
-        num_bins: number of bins M (equal-width for ECE / CECE, equal-mass for TACE / ACE). The papers use 15.
+        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"`` or ``"brier"``.
+        num_bins: number of bins M (equal-width for ECE / CECE / mL1-ACE, equal-mass for TACE / ACE). The papers use
+            15 (the mL1-ACE paper 20).
         foreground: ``"gt"`` (default, the papers), ``"union"`` or ``"all"``: which voxels are scored.
         reduction: ``"mean"`` (unweighted mean of the per-volume values, NaN volumes left out: the papers),
             ``"pooled"`` (all selected voxels binned together) or ``"none"`` (NumPy array of per-volume values).
-        include_background: CECE / TACE / ACE average over classes 0..C-1 when True (default, as the authors' code
-            does on foreground voxels), over 1..C-1 when False.
+        include_background: CECE / TACE / ACE / mL1-ACE average over classes 0..C-1 when True (default, as the
+            authors' code does on foreground voxels), over 1..C-1 when False.
         threshold: TACE only: class probabilities ``<= threshold`` are left out (Nixon et al. use 1e-3).
     """
     metric_name = _check_options(metric_name, threshold)
@@ -230,14 +234,14 @@ def calibration_errors(
 ) -> dict[str, float]:
     """Several calibration metrics of the same voxels at once, pooled over all volumes given: ``{name: value}``.
 
-    Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``nll`` and ``brier`` one by one (same definitions, same
-    arguments), but the inputs are checked and the voxels selected once, and ECE and CECE share one bucketing of the
-    class probabilities; TACE / ACE bin each class's values of all volumes together. Torch tensors are computed on
-    their device, NumPy arrays on the CPU (see the module docstring).
+    Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll`` and ``brier`` one by one (same
+    definitions, same arguments), but the inputs are checked and the voxels selected once, and ECE, CECE and mL1-ACE
+    share one bucketing of the class probabilities; TACE / ACE bin each class's values of all volumes together. Torch
+    tensors are computed on their device, NumPy arrays on the CPU (see the module docstring).
 
     Args:
         probs, labels, num_bins, foreground, include_background, threshold: as in ``segmentation_calibration``
-            (``include_background`` for CECE / TACE / ACE, ``threshold`` for TACE).
+            (``include_background`` for CECE / TACE / ACE / mL1-ACE, ``threshold`` for TACE).
         metrics: names among ``CALIBRATION_METRICS``, in the order of the returned dict.
     """
     if isinstance(metrics, str):
@@ -321,6 +325,31 @@ def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", inc
     Not netcal's ``ACE`` (the "average calibration error", an unweighted mean over equal-width bins).
     """
     return calibration_errors(probs, labels, ("ace",), num_bins, foreground, include_background)["ace"]
+
+
+def ml1ace(
+    probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True
+) -> float:
+    """Marginal L1 average calibration error, mL1-ACE (Barfoot et al., "Average Calibration Losses for Reliable
+    Uncertainty in Medical Image Segmentation", arXiv:2506.03942), pooled over all volumes given.
+
+    ``mL1-ACE = 1/K sum_k 1/|B_k+| sum_{b in B_k+} |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``: the bins of CECE
+    (equal-width bins ``(b / M, (b + 1) / M]`` of each class probability p_k, 0 in the first), but every non-empty
+    bin ``B_k+`` weighted equally instead of by its share of the voxels (the "average" calibration error of
+    Neumann et al. 2018; MONAI's ``CalibrationErrorMetric(calibration_reduction="average")``). It is the quantity
+    that :class:`~calib_monai.losses.HardL1ACELoss` optimises: with ``foreground="all"`` and one volume, this equals
+    the loss's calibration term on that image (``empty_classes="include"``; or any setting when every class is
+    present), which the authors compute per training image over all its voxels with 20 bins.
+
+    Every class 0..C-1 (1..C-1 with ``include_background=False``) is scored, also one absent from the labels (its
+    frequency is 0 in every bin), as CECE does. Differences from the authors' evaluation code
+    (``CalibrationErrorMetric(calibration_reduction="average")`` of cai4cai/Average-Calibration-Losses at 5ad8418,
+    ``src/metrics/calibration.py``): their edges are ``k (1 + eps32) / M`` in float32 (l. 65-70; a value within
+    1.2e-7 relative above ``k / M`` falls in the lower bin there), they score every voxel and average per volume and
+    class (l. 190-193, then the mean; ``segmentation_calibration(..., foreground="all", reduction="mean")`` here),
+    and their default is 20 bins; the voxels here are chosen by ``foreground`` and pooled over the volumes given.
+    """
+    return calibration_errors(probs, labels, ("ml1ace",), num_bins, foreground, include_background)["ml1ace"]
 
 
 def nll(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:

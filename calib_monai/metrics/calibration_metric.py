@@ -1,4 +1,5 @@
-"""``SegmentationCalibrationMetric``: ECE / CECE / TACE / ACE / NLL / Brier as a MONAI ``CumulativeIterationMetric``."""
+"""``SegmentationCalibrationMetric``: ECE / CECE / TACE / ACE / mL1-ACE / NLL / Brier as a MONAI
+``CumulativeIterationMetric``."""
 
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ __all__ = ["SegmentationCalibrationMetric"]
 class SegmentationCalibrationMetric(CumulativeIterationMetric):
     """Calibration error of segmentation outputs, accumulated volume by volume (one batch item = one volume).
 
-    Each call stores, per volume, its metric value and its statistics (per-bin counts and sums for ECE / CECE,
-    count and sum for NLL / Brier; see ``calib_monai.metrics.calibration``), so ``aggregate`` can return any of
+    Each call stores, per volume, its metric value and its statistics (per-bin counts and sums for ECE / CECE /
+    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration``), so ``aggregate`` can return any of
 
     - ``"mean"`` (default): unweighted mean of the per-volume values, volumes without selected voxels (NaN) left out,
       as the papers report (NACL, MbLS, CRaC: ``calib_segment_test.py`` of Bala93/CRac);
-    - ``"pooled"``: the metric of all selected voxels of all volumes binned together (ECE, CECE, NLL, Brier only:
-      equal-mass bins of TACE / ACE depend on all voxels at once and are not additive);
+    - ``"pooled"``: the metric of all selected voxels of all volumes binned together (ECE, CECE, mL1-ACE, NLL, Brier
+      only: equal-mass bins of TACE / ACE depend on all voxels at once and are not additive);
     - ``"none"``: the per-volume values, shape ``(num_volumes,)``.
 
     The functions ``ece``, ``cece``... of :mod:`calib_monai.metrics` *pool* the voxels of all volumes they are given
@@ -45,17 +46,18 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     Relation to MONAI's ``monai.metrics.CalibrationErrorMetric`` (MONAI 1.6): MONAI's metric is a classwise ECE over
     *all* voxels of each volume, averaged over channels and volumes. It equals ``metric_name="cece"``,
     ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
-    accumulation; MONAI's float32 bin edges ``k (1 + eps) / M`` also put a value on ``k / M`` in the lower bin, as
-    ours ``(k/M, (k+1)/M]`` do (``tests/test_metrics_vs_monai.py``). Where they differ: MONAI has no top-label ECE
-    (our ``"ece"``, the papers' ECE), no voxel selection (our default ``foreground="gt"``), no equal-mass bins
-    (TACE/ACE) and no pooling over volumes.
+    accumulation, and with ``calibration_reduction="average"`` (every non-empty bin weighted equally) it equals
+    ``metric_name="ml1ace"`` with the same settings; MONAI's float32 bin edges ``k (1 + eps) / M`` also put a value
+    on ``k / M`` in the lower bin, as ours ``(k/M, (k+1)/M]`` do (``tests/test_metrics_vs_monai.py``). Where they
+    differ: MONAI has no top-label ECE (our ``"ece"``, the papers' ECE), no voxel selection (our default
+    ``foreground="gt"``), no equal-mass bins (TACE/ACE) and no pooling over volumes.
 
     Args:
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"nll"`` or ``"brier"``.
+        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"`` or ``"brier"``.
         num_bins: number of bins (15 in the papers).
         foreground: ``"gt"`` (label != 0, the papers), ``"union"`` (label or prediction foreground) or ``"all"``.
         reduction: ``"mean"``, ``"pooled"`` or ``"none"``.
-        include_background: CECE / TACE / ACE: average over class 0 too (default, as the authors' code does).
+        include_background: CECE / TACE / ACE / mL1-ACE: average over class 0 too (default, as the authors' code does).
         threshold: TACE: probabilities ``<= threshold`` are left out (1e-3, Nixon et al. 2019).
 
     Inputs of ``__call__(y_pred, y)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``; ``y`` integer labels

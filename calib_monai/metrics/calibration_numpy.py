@@ -15,6 +15,7 @@ import numpy as np
 from ._inputs import prepare_inputs, select_voxels, warn_empty_selection
 
 __all__ = [
+    "CLASSWISE_METRICS",
     "NLL_EPS",
     "equal_width_bin_index",
     "numpy_calibration_errors",
@@ -28,6 +29,8 @@ NLL_EPS = 1e-12
 _ADAPTIVE_BUCKETS = 1 << 18
 # Voxels per chunk of the additive statistics.
 _CHUNK = 1 << 20
+#: Metrics computed from the same per-class equal-width statistics ``(C, M, 3)`` (``_cece_stats``).
+CLASSWISE_METRICS = ("cece", "ml1ace")
 
 
 def threshold_for_dtype(threshold: float, dtype: np.dtype) -> np.floating:
@@ -233,6 +236,8 @@ def value_from_statistics(
       ``sum_b |B_b| / N * |acc_b - conf_b| = sum_b |correct_b - sum conf_b| / N``.
     - CECE (Kull et al., NeurIPS 2019; NACL Eq. 11): ``1/K sum_k sum_b |B_kb| / N * |acc_kb - conf_kb|``. Eq. 11 has
       no 1/K; the authors' code (``ClasswiseECELoss``) averages over classes, and so do we.
+    - mL1-ACE (Barfoot et al., arXiv:2506.03942): ``1/K sum_k 1/|{b: B_kb != {}}| sum_{b: B_kb != {}}
+      |acc_kb - conf_kb|``, the same bins as CECE but every non-empty bin weighted equally.
     """
     if hasattr(stats, "detach"):  # a (small) torch tensor of statistics
         stats = stats.detach().cpu().numpy()
@@ -252,7 +257,13 @@ def value_from_statistics(
     n = bins[0, :, 0].sum()
     if n == 0:
         return float("nan")
-    per_class = np.abs(bins[..., 2] - bins[..., 1]).sum(axis=1) / n
+    if metric_name == "ml1ace":
+        # every class bins the same n > 0 voxels, so each has at least one non-empty bin
+        occupied = bins[..., 0] > 0
+        gaps = np.abs(bins[..., 2] - bins[..., 1]) / np.where(occupied, bins[..., 0], 1.0)
+        per_class = gaps.sum(axis=1) / occupied.sum(axis=1)
+    else:
+        per_class = np.abs(bins[..., 2] - bins[..., 1]).sum(axis=1) / n
     return float(per_class[0 if include_background else 1 :].mean())
 
 
@@ -275,21 +286,24 @@ def numpy_calibration_errors(
     def add(name: str, value: np.ndarray) -> None:
         totals[name] = value if name not in totals else totals[name] + value
 
+    classwise = [name for name in CLASSWISE_METRICS if name in wanted]  # CECE and mL1-ACE share their statistics
     selected = 0
     for b in range(p.shape[0]):
         pb, yb = select_voxels(p[b], y[b], foreground)
         selected += yb.size
-        if "ece" in wanted or "cece" in wanted:
+        if "ece" in wanted or classwise:
             for start in range(0, max(pb.shape[1], 1), _CHUNK):
                 pc, yc = pb[:, start : start + _CHUNK], yb[start : start + _CHUNK]
-                if "ece" in wanted and "cece" in wanted:
+                if "ece" in wanted and classwise:
                     ece_stats, cece_stats = _ece_cece_stats(pc, yc, num_bins)
                     add("ece", ece_stats.ravel())
-                    add("cece", cece_stats.ravel())
                 elif "ece" in wanted:
                     add("ece", _ece_stats(pc, yc, num_bins).ravel())
+                    continue
                 else:
-                    add("cece", _cece_stats(pc, yc, num_bins).ravel())
+                    cece_stats = _cece_stats(pc, yc, num_bins)
+                for name in classwise:
+                    add(name, cece_stats.ravel())
         for name, stats_fn in (("nll", _nll_stats), ("brier", _brier_stats)):
             if name in wanted:
                 for start in range(0, max(pb.shape[1], 1), _CHUNK):

@@ -1,4 +1,5 @@
-"""Calibration statistics in torch, computed on the inputs' device (CPU or CUDA): ECE, CECE, TACE, ACE, NLL, Brier.
+"""Calibration statistics in torch, computed on the inputs' device (CPU or CUDA): ECE, CECE, TACE, ACE, mL1-ACE, NLL,
+Brier.
 
 Same definitions, bins and values as the NumPy path (``calibration_numpy.py``; the tests hold them equal to 1e-12
 and to a float64 brute force): counts are accumulated in int64, sums in float64 (bucket sums of float32 values even
@@ -10,13 +11,13 @@ How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
 
 - ECE: top-label confidence and correctness (argmax == y, the lowest class on ties, as NumPy's argmax) binned by
   ``ceil(conf * M) - 1`` in float64 (exact for float32 inputs, so a value on an edge k / M goes to the lower bin).
-- CECE, TACE, ACE: every p_k is bucketed once by its float bit pattern (``bits >> 13``: 1024 buckets per octave,
-  down to 1 / M, the TACE threshold or 2**-24 for ACE; below, one bucket), a grid that preserves the order and is
-  fine where probabilities crowd (near 0 and near the threshold). One packed int64 ``index_add_`` gives each
-  bucket's count and exact sum, another its hits ``[y == k]`` (over each voxel's own class only). CECE sums the
-  buckets of each equal-width bin; the few buckets that straddle a bin edge k / M are refined element by element.
-  TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at the R + 1 equal-mass edges: the
-  cumulative bucket statistics give them at bucket boundaries, and the buckets that an edge (or the threshold) cuts
+- CECE, mL1-ACE (the same per-class bins), TACE, ACE: every p_k is bucketed once by its float bit pattern
+  (``bits >> 13``: 1024 buckets per octave, down to 1 / M, the TACE threshold or 2**-24 for ACE; below, one bucket),
+  a grid that preserves the order and is fine where probabilities crowd (near 0 and near the threshold). One packed
+  int64 ``index_add_`` gives each bucket's count and exact sum, another its hits ``[y == k]`` (over each voxel's own
+  class only). CECE (and mL1-ACE) sums the buckets of each equal-width bin; the few buckets that straddle a bin edge
+  k / M are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at
+  the R + 1 equal-mass edges: the cumulative bucket statistics give them at bucket boundaries, and the buckets that an edge (or the threshold) cuts
   are refined exactly: their elements are gathered from the kept chunks and sorted (~0.2% of the values).
 - NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
 
@@ -32,9 +33,9 @@ import numpy as np
 import torch
 
 from ._inputs import flat_nonzero
-from .calibration_numpy import NLL_EPS, equal_width_bin_index, threshold_for_dtype
+from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, equal_width_bin_index, threshold_for_dtype
 
-__all__ = ["CalibrationAccumulator", "first_argmax"]
+__all__ = ["CalibrationAccumulator", "equal_width_bins", "first_argmax"]
 
 # 2**(23 - 13) = 1024 buckets per octave of float32 values (float64: the same buckets, shifted 29 bits more).
 _GRID_SHIFT = 13
@@ -55,8 +56,10 @@ def first_argmax(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Ten
     return tuple(torch.max(x, dim=dim))
 
 
-def _equal_width_bins(v64: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """int64 ``ceil(v * M) - 1`` clipped to ``[0, M - 1]`` (0 goes to bin 0), as ``equal_width_bin_index``."""
+def equal_width_bins(v64: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """int64 ``ceil(v * M) - 1`` clipped to ``[0, M - 1]`` (0 goes to bin 0), as ``equal_width_bin_index``: bins
+    ``(k / M, (k + 1) / M]``. ``v64`` is a float64 tensor (a float32 value times M is exact in float64, so a value on
+    an edge goes to the lower bin)."""
     t = v64 * float(num_bins)
     t.ceil_().clamp_(1.0, float(num_bins))
     return t.long().sub_(1)
@@ -124,7 +127,7 @@ class CalibrationAccumulator:
     """Pooled statistics of the voxels passed to ``add`` (chunks of one or several volumes), on their device.
 
     Args:
-        metrics: names among ``("ece", "cece", "tace", "ace", "nll", "brier")``.
+        metrics: names among ``("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")``.
         num_classes, num_bins, include_background, threshold: as in ``calibration.calibration_errors``.
     """
 
@@ -140,7 +143,8 @@ class CalibrationAccumulator:
         self.num_classes, self.num_bins = int(num_classes), int(num_bins)
         self.classes = list(range(0 if include_background else 1, self.num_classes))
         self.thresholds = {n: (threshold if n == "tace" else None) for n in ("tace", "ace") if n in self.names}
-        self.use_grid = bool(self.thresholds) or "cece" in self.names
+        self.classwise = bool(set(CLASSWISE_METRICS) & set(self.names))  # CECE / mL1-ACE: equal-width class bins
+        self.use_grid = bool(self.thresholds) or self.classwise
         self.octaves = _octaves(self.num_bins, self.thresholds)
         self._packed_voxels = 0
         self.count = 0  # selected voxels so far
@@ -184,7 +188,7 @@ class CalibrationAccumulator:
                 torch.maximum(below[k - 1], p[k - 1], out=below[k])
             correct = (p_true == conf) & (below.view(-1).index_select(0, own) < conf)
             conf = conf.double()
-            bins = _equal_width_bins(conf, m)
+            bins = equal_width_bins(conf, m)
             if "ece_count" not in self.totals:  # running totals, updated in place (fewer ops per chunk)
                 self.totals["ece_count"] = torch.zeros(2 * m, dtype=torch.int64, device=dev)
                 self.totals["ece_sum"] = torch.zeros(m, dtype=torch.float64, device=dev)
@@ -265,9 +269,10 @@ class CalibrationAccumulator:
     # ------------------------------------------------------------------------------------------------ results
 
     def statistics(self, name: str) -> torch.Tensor | None:
-        """Additive float64 statistics on the device, as ``volume_statistics``: ECE ``(M, 3)``, CECE ``(C, M, 3)``,
-        NLL / Brier ``[count, sum]``; None when nothing was added."""
-        needs = {"ece": "ece_count", "cece": "grid_hit", "nll": "nll", "brier": "brier"}.get(name)
+        """Additive float64 statistics on the device, as ``volume_statistics``: ECE ``(M, 3)``, CECE / mL1-ACE
+        ``(C, M, 3)``, NLL / Brier ``[count, sum]``; None when nothing was added."""
+        classwise = "grid_hit" if name in CLASSWISE_METRICS else None
+        needs = {"ece": "ece_count", "nll": "nll", "brier": "brier"}.get(name, classwise)
         if not self.count or needs not in self.totals:
             return None
         if name == "ece":
@@ -286,7 +291,7 @@ class CalibrationAccumulator:
         cls = keys // grid["size"]
         straddle = bins[keys % grid["size"]] == m
         cls, values, hits = cls[straddle], values[straddle].double(), hits[straddle].double()
-        slot = cls * m + _equal_width_bins(values, m)
+        slot = cls * m + equal_width_bins(values, m)
         for j, weights in enumerate((None, values, hits)):
             add = _count(slot, c * m) if weights is None else _weighted(slot, weights, c * m)
             out[:, :m, j] += add.view(c, m).double()
@@ -311,7 +316,7 @@ class CalibrationAccumulator:
             lut = torch.zeros((self.num_classes, grid["size"]), dtype=torch.bool, device=dev)
             for plan in plans.values():
                 lut[plan["classes"]] |= plan["marked"]
-            if "cece" in self.names:
+            if self.classwise:
                 lut[:, torch.as_tensor(grid["straddle"], device=dev)] = True
             parts = []
             for p, y in self.chunks:

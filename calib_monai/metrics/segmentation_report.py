@@ -34,7 +34,7 @@ from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volu
 
 __all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
 
-CALIBRATION_COLUMNS = ("ece", "cece", "tace")
+CALIBRATION_COLUMNS = ("ece", "cece", "tace", "ml1ace")
 #: Per-class quality columns ``<prefix>_<class>`` (estimated DSC, volumes, low-confidence share).
 QUALITY_PREFIXES = ("est_dice", "volume", "volume_pred", "volume_prob", "volume_prob_low", "volume_prob_high",
                     "low_conf")  # fmt: skip

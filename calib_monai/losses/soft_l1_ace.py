@@ -1,0 +1,74 @@
+"""Soft-binned marginal L1 average calibration error (sL1-ACE) as an auxiliary loss beside DiceCE."""
+
+from __future__ import annotations
+
+import torch
+
+from calib_monai.losses._l1ace import L1ACELoss, check_weight
+
+__all__ = ["SoftL1ACELoss"]
+
+
+class SoftL1ACELoss(L1ACELoss):
+    """DiceCE plus the soft-binned marginal L1 average calibration error of each training image.
+
+    The loss of :class:`~calib_monai.losses.HardL1ACELoss` (same DiceCE, same per-image, per-class mean over
+    non-empty bins, same reduction) with each probability shared between the two nearest bin *centres*
+    ``c_b = (b + 1/2) / M`` by linear interpolation (a triangular membership of half-width ``1/M``):
+
+    .. math::
+        u_{nk} = M p_{nk} - \\tfrac{1}{2}, \\quad b = \\lfloor u_{nk} \\rfloor, \\quad
+        w_{nk,b} = 1 - (u_{nk} - b), \\quad w_{nk,b+1} = u_{nk} - b,
+
+    all the weight in bin 0 below ``c_0`` and in bin ``M - 1`` above ``c_{M-1}``; a probability on a centre is in
+    that bin only. Per bin, the weighted means replace the plain ones,
+
+    .. math::
+        \\mathrm{ACE}_{ik} = \\frac{1}{|\\mathcal{B}^+_{ik}|} \\sum_{b \\in \\mathcal{B}^+_{ik}}
+            \\frac{\\left| \\sum_n w_{nk,b} \\, p_{nk} - \\sum_n w_{nk,b} \\, [y_n = k] \\right|}{\\sum_n w_{nk,b}},
+        \\qquad \\mathcal{B}^+_{ik} = \\{b : \\textstyle\\sum_n w_{nk,b} \\ge \\epsilon_{empty}\\},
+
+    so the loss is differentiable in the bin assignment too: the gradient reaches the logits through the weights
+    as well as through ``p``. The kernel has no width or temperature to tune: it is the interpolation between
+    neighbouring centres; when every probability lies on a centre the loss equals the hard one (whose bin ``b``
+    holds ``c_b``), and it tends to it as the probabilities approach the centres (tests/test_losses_l1_ace.py).
+
+    Barfoot et al., "Average Calibration Losses for Reliable Uncertainty in Medical Image Segmentation",
+    arXiv:2506.03942 (sL1-ACE); code github.com/cai4cai/Average-Calibration-Losses (commit 5ad8418;
+    ``src/losses/softl1ace.py``: centres l. 67-76, interpolation weights l. 90-108, weighted sums l. 111-145, bins
+    below ``empty_weight`` dropped l. 148-149, mean over bins l. 288, absent classes l. 291-293); MONAI pull
+    request #9092 (``monai.losses.SoftL1ACELoss``, the term alone). Defaults, from the authors' code and
+    ``bundle_templates/configs/loss/softl1ace_dice_ce.yaml``: ``num_bins=20`` (l. 11), ``empty_weight=0.01``
+    (l. 15), background included, absent classes contribute 0, Dice, CE and mL1-ACE weighted equally (0.33 each,
+    l. 6-8; ``lambda_ace = 1`` with unit Dice and CE weights, as for the hard loss).
+
+    Same values as the authors' code on seeded inputs, gradients included (tests/test_losses_l1_ace.py), within
+    float32 rounding. Where it differs: their centres are ``(2b + 1)(1 + eps32) / (2M)`` in float32 (l. 69-76),
+    here exactly ``(2b + 1) / (2M)`` (weights differ by about ``1e-7``); ``empty_classes``, the input contract and
+    the missing ``weight`` / ``reduction`` arguments as in :class:`~calib_monai.losses.HardL1ACELoss`.
+
+    Args:
+        num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes: as for
+            :class:`~calib_monai.losses.HardL1ACELoss`, with the same defaults (20 bins; weights 1, 1, 1; background
+            included; ``"zero"``).
+        empty_weight: ``epsilon_empty`` above, the smallest summed weight of a bin that counts (finite, >= 0; 0.01,
+            the authors'; keyword only); bins without any weight never count.
+    """
+
+    def __init__(self, *args, empty_weight: float = 0.01, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.empty_weight = check_weight("empty_weight", empty_weight)
+
+    def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Each probability in the bins of its two nearest centres, with the interpolation weights (differentiable)."""
+        m = self.num_bins
+        u = p * m - 0.5  # in units of bin centres: centre b at u = b
+        lower = u.detach().floor().clamp_(0, m - 1)
+        # 0 below the first centre (all weight in bin 0); above the last centre both bins are M - 1
+        upper_weight = (u - lower).clamp(0.0, 1.0)
+        lower_index = lower.long()
+        return [(lower_index, 1.0 - upper_weight), ((lower_index + 1).clamp_(max=m - 1), upper_weight)]
+
+    def occupied(self, count: torch.Tensor) -> torch.Tensor:
+        """Bins whose summed weight is > 0 and at least ``empty_weight``."""
+        return (count > 0) & (count >= self.empty_weight)
