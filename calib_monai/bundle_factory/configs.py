@@ -134,6 +134,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
 
 def _train_handlers(method: Method) -> list[dict[str, Any]]:
     handlers: list[dict[str, Any]] = [
+        # fine-tuning starts from init_weights; first, so that a resumed run's checkpoint (loaded next) replaces them
+        {"_target_": "calib_monai.handlers.NetworkWeightsLoader", "load_path": "@init_weights", "network": "@network",
+         "map_location": "@device", "_disabled_": "$not @init_weights"},
         {"_target_": "LrScheduleHandler", "lr_scheduler": "@lr_scheduler", "print_lr": False},
         {"_target_": "ValidationHandler", "validator": "@validate#evaluator", "epoch_level": True, "interval": "@val_interval"},
     ]
@@ -198,6 +201,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "pin_memory": "$calib_monai.bundle.pin_memory(@device)",
             "val_interval": 1,
             "train_fraction": 1.0,  # share of the training cases (data-size studies)
+            "init_weights": "",  # a model.pt to start from (fine-tuning: MONAI Label's train task); "" : random
             # which validation epoch becomes model.pt: the best selection_metric (DSC, as in the papers; or val_nll
             # with mode "min"), among the epochs whose metrics stay within selection_bounds ({"val_ece": 0.05})
             "selection_metric": "val_mean_dice",

@@ -261,3 +261,26 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
     sizes = {k: len(v) for k, v in datalist.items()}
     logger.info("datalist: wrote %s (%s)", path, sizes)
     return datalist
+
+
+def given_datalist(path: str | os.PathLike) -> dict[str, list[dict]] | None:
+    """The ``training`` / ``validation`` / ``test`` lists of a datalist written beforehand with ``"given": true`` (no
+    data set folder behind it; every listed file must exist, training and validation must not be empty); None when
+    ``path`` is absent or is a split this code wrote."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    if not stored.get("given"):
+        return None
+    lists = {key: list(stored.get(key, [])) for key in ("training", "validation", "test")}
+    for key in ("training", "validation"):
+        if not lists[key]:
+            raise ValueError(f"{path} lists no {key} case: a run needs at least one of each")
+    for key, items in lists.items():
+        for item in items:
+            missing = [f for f in _paths(item["image"]) + _paths(item["label"]) if not Path(f).is_file()]
+            if missing:
+                raise ValueError(f"{path} lists {missing[0]} ({key}), which does not exist: fix the datalist")
+    logger.info("datalist: the given %s (%s)", path, {k: len(v) for k, v in lists.items()})
+    return lists

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, Subset
 
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.inference import nifti_items
-from calib_monai.data.layouts import load_or_create_datalist, split_cases
+from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
 from calib_monai.data.transforms import unwrap_case_error
 
@@ -259,10 +259,16 @@ class VolumeSegmentationData:
 
     def datalist(self) -> dict[str, list[dict[str, str]]]:
         """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
-        ``<output_dir>/datalist.json`` so a resumed run uses the same split. A ValueError for a component built
-        with ``dataset_dir=None`` (also from ``train_dataset``, ``val_dataset``, ``test_dataset``)."""
-        self._require_dataset()
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split.
+
+        A ``datalist.json`` written beforehand with ``"given": true`` is used as it is, whatever ``dataset_dir`` says
+        (MONAI Label's train task lists the submitted labels there: ``calib_monai.label.fine_tune``). A component
+        built with ``dataset_dir=None`` (preprocessing only) has no other cases: a ValueError says so (also from
+        ``train_dataset``, ``val_dataset``, ``test_dataset``)."""
         if self._datalist is None:
+            self._datalist = given_datalist(self.datalist_path)
+        if self._datalist is None:
+            self._require_dataset()
             cases = self._find_cases()
             self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed,
                                                      self._datalist_info(), splitter=self._split_cases)  # fmt: skip
@@ -317,7 +323,7 @@ class VolumeSegmentationData:
         """
         if subset not in SUBSETS:
             raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
-        self._require_dataset()
+        self.datalist()  # the data set's, or a given datalist.json; else the error that says what to pass
         if preprocessing is not None:
             if not callable(preprocessing):
                 raise TypeError(f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "

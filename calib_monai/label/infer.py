@@ -1,15 +1,22 @@
-"""The two MONAI Label infer tasks of a served bundle (imports MONAI Label: the label environment only).
+"""The MONAI Label infer tasks of a served bundle (imports MONAI Label: the label environment only).
 
 - ``<bundle>`` (type ``segmentation``): the label map, uint8 NIfTI on the input's grid. Its JSON carries
-  ``label_names`` (``{name: value}`` of the labels present, which 3D Slicer's MONAI Label module uses to name the
-  segments), ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
+  ``label_names`` (``{name: value}`` of every label of the bundle: 3D Slicer's MONAI Label module names the segments it
+  imports by position, the i-th name after "background" for value i, so every value must be named), ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
   ``quality`` (the case quality: estimated DSC per structure and of the case, volumes with their 95% interval, and
   ``review``: whether the case falls outside the model's validated range, with the reasons).
+- ``<bundle>_review`` (type ``segmentation``, so the stock Slicer module lists and shows it): for review in Slicer,
+  each structure split into two segments, its confident part (``"liver"``, confidence >= ``uncertainty_threshold``,
+  0.8 by default, a setting in Slicer's options) and its uncertain part (``"liver (uncertain)"``), uint8 values
+  ``2k - 1`` and ``2k`` (:func:`calib_monai.label.serving.review_label_names`); the JSON adds per structure the share
+  of its voxels that are uncertain, and the case quality with its review flag. A reviewer sees at a glance where the
+  model was unsure; editing, the uncertain segments are where to look first (a submitted label may keep them: the
+  train task counts them as their structure).
 - ``<bundle>_confidence`` (type ``others``, so Slicer's segmentation model list leaves it out): the confidence (max
   softmax probability, in ``[1/C, 1]``), float32 NIfTI on the input's grid, with the same JSON plus its min/mean/max.
 
-Both take the prediction from ``ServedBundle.predict`` (one inference per image: the second task of a request pair
-reuses the first one's prediction) and write only the file they return.
+All take the prediction from ``ServedBundle.predict`` (one inference per image: the other tasks of the same image
+reuse it) and write only the file they return.
 """
 
 from __future__ import annotations
@@ -17,13 +24,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from monailabel.interfaces.tasks.infer_v2 import InferTask, InferType
 
-from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle
+from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle, review_label_names
 
-__all__ = ["CONFIDENCE_SUFFIX", "BundleConfidence", "BundleSegmentation"]
+__all__ = ["CONFIDENCE_SUFFIX", "REVIEW_SUFFIX", "BundleConfidence", "BundleReview", "BundleSegmentation"]
 
 CONFIDENCE_SUFFIX = "_confidence"
+REVIEW_SUFFIX = "_review"
+UNCERTAINTY_THRESHOLD = 0.8  # the Slicer files' "low confidence" threshold too
 
 
 class _BundleTask(InferTask):
@@ -31,10 +42,11 @@ class _BundleTask(InferTask):
 
     keep = "segmentation"  # which output file the task returns
 
-    def __init__(self, served: ServedBundle, type: InferType, description: str):
-        labels = {name: value for value, name in sorted(served.label_names.items())}
-        super().__init__(type=type, labels=labels, dimension=3, description=description,
-                         config={"confidence_thresholds": list(CONFIDENCE_THRESHOLDS)})  # fmt: skip
+    def __init__(self, served: ServedBundle, type: InferType, description: str, labels: dict[str, int] | None = None,
+                 config: dict | None = None):  # fmt: skip
+        labels = labels or {name: value for value, name in sorted(served.label_names.items())}
+        # config values stay scalars: Slicer's options table breaks on lists of numbers
+        super().__init__(type=type, labels=labels, dimension=3, description=description, config=config or {})
         self.served = served
 
     def is_valid(self) -> bool:
@@ -43,12 +55,12 @@ class _BundleTask(InferTask):
     def __call__(self, request: dict[str, Any]) -> tuple[str, dict]:
         start = time.time()
         result = self.served.predict(request["image"])
-        output = self.served.save(result, self.keep)
+        output = self.served.save(result, self.keep, self._threshold(request))
         info = {
             "model": self.served.name,
-            # only the labels present: Slicer's MONAI Label module names the segments it imports, in label value
-            # order, after this list (less "background"), so an absent organ would shift the names of the others
-            "label_names": {name: entry["label"] for name, entry in result.summary.items() if entry["voxels"]},
+            # every label, in value order: Slicer names the segments by position (value i: the i-th name after
+            # "background"), so a label left out would shift the names of the others
+            "label_names": dict(self.labels),
             "confidence_summary": result.summary,
             "confidence_thresholds": list(CONFIDENCE_THRESHOLDS),
             "quality": result.quality,
@@ -56,7 +68,18 @@ class _BundleTask(InferTask):
         }
         if self.keep == "confidence":
             info["confidence"] = dict(zip(("min", "mean", "max"), result.confidence_range))
+        if self.keep == "review":
+            info["uncertainty_threshold"] = self._threshold(request)
+            info["uncertain_fraction"] = {name: _below(result, entry["label"], info["uncertainty_threshold"])
+                                          for name, entry in result.summary.items() if entry["label"] > 0}  # fmt: skip
         return output, info
+
+    @staticmethod
+    def _threshold(request: dict[str, Any]) -> float:
+        value = float(request.get("uncertainty_threshold", UNCERTAINTY_THRESHOLD))
+        if not 0 < value <= 1:
+            raise ValueError(f"uncertainty_threshold must be in (0, 1], got {value}")
+        return value
 
 
 class BundleSegmentation(_BundleTask):
@@ -65,6 +88,25 @@ class BundleSegmentation(_BundleTask):
     def __init__(self, served: ServedBundle):
         super().__init__(served, InferType.SEGMENTATION,
                          f"{served.name}: segmentation (calib-monai bundle); JSON: confidence summary per label")
+
+
+class BundleReview(_BundleTask):
+    """``<bundle>_review``: confident and uncertain part of every structure as separate segments (uint8)."""
+
+    keep = "review"
+
+    def __init__(self, served: ServedBundle):
+        super().__init__(served, InferType.SEGMENTATION,
+                         f"{served.name}: review - each structure's confident and uncertain (confidence < threshold) "
+                         "parts as separate segments; JSON: case quality and review flag",
+                         labels=review_label_names(served.label_names),
+                         config={"uncertainty_threshold": UNCERTAINTY_THRESHOLD})  # fmt: skip
+
+
+def _below(result, value: int, threshold: float) -> float | None:
+    """Share of the voxels predicted ``value`` whose confidence is below ``threshold`` (None when there are none)."""
+    inside = result.confidence[0].numpy()[result.segmentation[0].numpy() == value]
+    return float((inside < np.float32(threshold)).mean()) if inside.size else None
 
 
 class BundleConfidence(_BundleTask):

@@ -8,9 +8,12 @@ Start (in the label environment made by ``bash scripts/setup_label_env.sh``)::
         --conf zoo_source local --conf models all
 
 Every folder of ``<app>/model/`` that holds ``configs/inference.json`` is a served bundle (``--conf models a,b``
-serves only those). Each one gets two infer tasks, ``<bundle>`` (segmentation) and ``<bundle>_confidence``
-(confidence map, type ``others``): see ``calib_monai.label.infer``. A bundle without ``models/model.pt`` (or
-``model.ts``) is not listed by ``GET /info/`` and its requests answer 404 saying which file is missing.
+serves only those). Each one gets three infer tasks, ``<bundle>`` (segmentation), ``<bundle>_review`` (each structure's
+confident and uncertain parts as segments) and ``<bundle>_confidence`` (confidence map, type ``others``): see
+``calib_monai.label.infer``; a scoring method ``<bundle>_case_quality`` and a strategy ``<bundle>_least_confident``
+(Next Sample by case quality: ``calib_monai.label.activelearning``); and a train task ``<bundle>`` (fine-tune on the
+submitted labels, calibrate, serve: ``calib_monai.label.train``). A bundle without ``models/model.pt`` (or
+``model.ts``) has no infer task in ``GET /info/`` and its requests answer 404 saying which file is missing.
 
 Nothing is downloaded: ``zoo_source`` must be ``local`` (the default). Errors a client can fix are answered with a
 4xx status and a ``detail`` message (unknown model 404, no image or unreadable upload 400, wrong dimensionality 422),
@@ -27,18 +30,23 @@ from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelError, MONAILabelException
 
 import calib_monai
-from calib_monai.label.infer import CONFIDENCE_SUFFIX, BundleConfidence, BundleSegmentation
+from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident
+from calib_monai.label.infer import CONFIDENCE_SUFFIX, REVIEW_SUFFIX, BundleConfidence, BundleReview, BundleSegmentation
 from calib_monai.label.routes import check_infer_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import InputError, ServedBundle, find_bundles
+from calib_monai.label.train import BundleTrainer
 
 logger = logging.getLogger(__name__)
 
 
 class CalibMONAILabelApp(MONAILabelApp):
-    """Infer-only app: two tasks per bundle of ``<app_dir>/model`` (no training, no scoring).
+    """The annotation loop for every bundle of ``<app_dir>/model``: three infer tasks (segmentation, review,
+    confidence), a scoring method and a Next Sample strategy by case quality, and a train task that fine-tunes,
+    calibrates and serves the new weights.
 
-    Conf (``--conf key value``): ``models`` (``all``, the default, or comma-separated bundle folder names) and
-    ``zoo_source`` (only ``local``).
+    Conf (``--conf key value``): ``models`` (``all``, the default, or comma-separated bundle folder names),
+    ``zoo_source`` (only ``local``) and ``recent_s`` (seconds an image handed out by Next Sample stays reserved for
+    its annotator, default 3600).
     """
 
     def __init__(self, app_dir: str, studies: str, conf: dict[str, str]):
@@ -60,6 +68,7 @@ class CalibMONAILabelApp(MONAILabelApp):
         if not names:
             logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
         self.served = {name: ServedBundle(found[name]) for name in names}
+        self.recent_s = float(conf.get("recent_s", 3600))
         check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
         super().__init__(app_dir=app_dir, studies=studies, conf=conf, name="calib-monai",
                          description="Calibrated segmentation: labels and their confidence",
@@ -71,14 +80,44 @@ class CalibMONAILabelApp(MONAILabelApp):
             if served.weights is None:
                 logger.warning(served.missing_weights_message())
             tasks[name] = BundleSegmentation(served)
+            tasks[name + REVIEW_SUFFIX] = BundleReview(served)
             tasks[name + CONFIDENCE_SUFFIX] = BundleConfidence(served)
         return tasks
 
     def init_trainers(self):
-        return {}
+        return {name: BundleTrainer(served) for name, served in self.served.items()}
 
     def init_scoring_methods(self):
-        return {}
+        return {f"{name}_case_quality": CaseQualityScoring(served) for name, served in self.served.items()}
+
+    def init_strategies(self):
+        # not MONAI Label's "random": it answers 500 when every unlabelled image was handed out within the same second
+        # (random.choices with all weights 0), which concurrent annotators reach
+        return {f"{name}_least_confident": LeastConfident(name, self.recent_s) for name in self.served}
+
+    def train(self, request):
+        """MONAI Label's ``train`` (in its training subprocess), then the trained bundle's scoring right here: MONAI
+        Label's own re-scoring after a training asks the server for every method at once and all but the first are
+        refused while that one runs (429)."""
+        auto, self._auto_update_scoring = self._auto_update_scoring, False
+        try:
+            result = super().train(request)
+        finally:
+            self._auto_update_scoring = auto
+        method = self._scoring_methods.get(f"{request.get('model')}_case_quality")
+        if method is not None:
+            scores = method({"method": f"{request.get('model')}_case_quality"}, self.datastore())
+            result = {**(result or {}), "scored_images": len(scores)}
+        return result
+
+    def next_sample(self, request):
+        """MONAI Label's Next Sample without its scoring of every image on each click: the scores are kept up to date
+        at start, after each training and on request (``POST /scoring/<bundle>_case_quality``)."""
+        auto, self._auto_update_scoring = self._auto_update_scoring, False
+        try:
+            return super().next_sample(request)
+        finally:
+            self._auto_update_scoring = auto
 
     def infer(self, request, datastore=None):
         """MONAI Label's ``infer`` with the client's errors as ``HTTPException`` (4xx + ``detail``), not a 500; a

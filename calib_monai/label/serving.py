@@ -30,7 +30,8 @@ from monai.data import MetaTensor
 from calib_monai.bundle import TrainedBundle
 from calib_monai.data.transforms import unwrap_case_error
 
-__all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "confidence_summary", "find_bundles"]
+__all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "confidence_summary", "find_bundles",
+           "review_label_map", "review_label_names"]  # fmt: skip
 
 logger = logging.getLogger("calib_monai.label")
 
@@ -65,6 +66,31 @@ def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
         return {}
     found = {p.name: p for p in sorted(model_dir.iterdir()) if (p / "configs" / "inference.json").is_file()}
     return {name: path for name, path in found.items() if not name.startswith(".")}
+
+
+def review_label_names(label_names: dict[int, str]) -> dict[str, int]:
+    """The review map's ``{name: value}``: background 0, then per structure k its confident part ``2k - 1`` (named
+    as the structure) and its uncertain part ``2k`` (``"<name> (uncertain)"``): consecutive values, every one named,
+    as 3D Slicer's MONAI Label module needs them (it names the imported segments by position, value i for the i-th
+    name after "background")."""
+    names = {"background": 0}
+    for value, name in sorted(label_names.items()):
+        if value > 0:
+            names[name] = 2 * value - 1
+            names[f"{name} (uncertain)"] = 2 * value
+    return names
+
+
+def review_label_map(segmentation: np.ndarray, confidence: np.ndarray, threshold: float) -> np.ndarray:
+    """``2k - 1`` where the structure k is predicted with confidence >= ``threshold``, ``2k`` where it is predicted
+    below it, 0 for the background (uint8)."""
+    segmentation = np.asarray(segmentation)
+    uncertain = np.asarray(confidence, dtype=np.float32) < np.float32(threshold)
+    review = np.where(segmentation > 0, 2 * segmentation.astype(np.int32) - 1 + uncertain, 0)
+    if review.max(initial=0) > np.iinfo(np.uint8).max:
+        raise ValueError(f"{int(segmentation.max())} structures need review values up to {int(review.max())}: more "
+                         "than a uint8 label map holds")  # fmt: skip
+    return review.astype(np.uint8)
 
 
 def confidence_summary(segmentation: np.ndarray, confidence: np.ndarray, label_names: dict[int, str],
@@ -106,13 +132,32 @@ class ServedBundle:
         # behind once MONAI Label has removed the file it sent (a folder of ours would outlive the server: uvicorn
         # ends on the re-raised SIGTERM, without atexit)
         self._output_dir = tempfile.gettempdir()
-        self.bundle = TrainedBundle(bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=device)
+        self._device = device
         self.bundle_dir = Path(bundle_dir)
+        self.bundle = self._load()
         self.name = self.bundle_dir.name
         self.label_names = self.bundle.label_names
         self.in_channels = self.bundle.in_channels
         self._lock = threading.Lock()  # one inference at a time per bundle; also guards the lazy build and the cache
         self._last: tuple[tuple, Served] | None = None  # (image content key, its prediction)
+
+    def _load(self) -> TrainedBundle:
+        self._stamp = self.files_stamp()
+        return TrainedBundle(self.bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=self._device)
+
+    def files_stamp(self) -> tuple:
+        """(name, size, mtime) of the files that decide the output: the weights, the calibration and the validated
+        range. A training that publishes new ones changes it, and the next request serves them (``_refresh``)."""
+        models = self.bundle_dir / "models"
+        names = ("model.pt", "model.ts", "calibration.pt", "validated_range.json")
+        return tuple((n, st.st_size, st.st_mtime_ns) for n in names if (st := _stat(models / n)) is not None)
+
+    def _refresh(self) -> None:
+        """Rebuild the bundle (network, calibration, validated range) when its files changed since it was built."""
+        if self.files_stamp() != self._stamp:
+            self.bundle = self._load()
+            self._last = None
+            logger.info(f"{self.name}: new weights or calibration in {self.bundle_dir / 'models'}: serving them")
 
     @property
     def weights(self) -> Path | None:
@@ -165,6 +210,7 @@ class ServedBundle:
         self.check_upload(path)
         key = _content_key(path)
         with self._lock:
+            self._refresh()
             if self._last is not None and self._last[0] == key:
                 logger.info(f"{self.name}: {Path(path).name} is the image of the last request: its prediction reused")
                 return self._last[1]
@@ -181,13 +227,28 @@ class ServedBundle:
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served
 
-    def save(self, served: Served, key: str) -> str:
-        """Write ``served.<key>`` ("segmentation" or "confidence") as the ``inferring`` run does, under a name of its
-        own in the temporary folder (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""
+    def review(self, served: Served, threshold: float) -> MetaTensor:
+        """The review label map of a prediction (:func:`review_label_map`) on the input's grid, uint8."""
+        values = review_label_map(served.segmentation[0].numpy(), served.confidence[0].numpy(), threshold)
+        return MetaTensor(torch.from_numpy(values)[None], affine=served.segmentation.affine,
+                          meta=dict(served.segmentation.meta))  # fmt: skip
+
+    def save(self, served: Served, key: str, threshold: float = 0.8) -> str:
+        """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``,
+        with the segmentation's writer), as the ``inferring`` run does, under a name of its own in the temporary folder
+        (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""
         case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
+        value, writer = (self.review(served, threshold), "segmentation") if key == "review" else (getattr(served, key), key)
         with self._lock:  # the bundle's writers are not thread-safe
-            written = self.bundle.write(**{key: getattr(served, key)}, output_dir=self._output_dir, case=case)
-        return str(getattr(written, key))
+            written = self.bundle.write(**{writer: value}, output_dir=self._output_dir, case=case)
+        return str(getattr(written, writer))
+
+
+def _stat(path: Path):
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def _content_key(path: str, chunk: int = 1 << 20) -> tuple[int, str]:

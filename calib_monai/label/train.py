@@ -1,0 +1,64 @@
+"""The MONAI Label train task of a served bundle: fine-tune on the submitted labels, calibrate, serve the new weights
+(imports MONAI Label; the work is :class:`calib_monai.label.fine_tune.FineTune`).
+
+``POST /train/<bundle>`` (Slicer's "Train") runs it in MONAI Label's training subprocess; ``GET /train/`` reports its
+status and ``DELETE /train/`` (Slicer's "Stop") kills it, which publishes nothing. The server process serves the new
+files from its next request on (``ServedBundle`` reloads when ``models/model.pt`` changes), and MONAI Label scores the
+unlabelled images again after the training (``calib_monai.label.activelearning``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from monailabel.interfaces.datastore import Datastore
+from monailabel.interfaces.tasks.train import TrainTask
+
+from calib_monai.label.fine_tune import FineTune, SubmittedLabel
+from calib_monai.label.serving import ServedBundle
+
+__all__ = ["BundleTrainer"]
+
+logger = logging.getLogger("calib_monai.label")
+DEFAULTS = {"epochs": 5, "lr": 1e-4, "validation_fraction": 0.2, "seed": 0}  # scalars: Slicer's options table
+
+
+class BundleTrainer(TrainTask):
+    """Fine-tune ``served`` with its own training (loss, ALM handler, selection) on the datastore's final labels."""
+
+    def __init__(self, served: ServedBundle):
+        super().__init__(f"{served.name}: fine-tune on the submitted labels with the bundle's own loss, hold part "
+                         "out to validate and calibrate, then serve the new weights (no restart)")  # fmt: skip
+        self.served = served
+
+    def config(self) -> dict[str, Any]:
+        return dict(DEFAULTS)
+
+    def _fine_tune(self, request: dict[str, Any] | None = None) -> FineTune:
+        request = request or {}
+        return FineTune(self.served.bundle_dir, **{k: type(v)(request.get(k, v)) for k, v in DEFAULTS.items()})
+
+    def stats(self) -> dict[str, Any]:
+        return self._fine_tune().stats()
+
+    def __call__(self, request: dict[str, Any], datastore: Datastore) -> dict[str, Any]:
+        if self.served.weights is None or self.served.weights.suffix != ".pt":
+            raise ValueError(f"{self.served.name} has no models/model.pt to fine-tune (a model.ts is not trainable)")
+        cases = [SubmittedLabel(image_id, datastore.get_image_uri(image_id), datastore.get_label_uri(image_id, "final"),
+                                datastore.get_label_info(image_id, "final").get("label_info"))
+                 for image_id in datastore.get_labeled_images()]  # fmt: skip
+        method = _served_calibration(self.served)
+        logger.info(f"{self.served.name}: fine-tuning on {len(cases)} labelled image(s), calibration {method}")
+        return self._fine_tune(request).run(cases, self.served.label_names, method)
+
+
+def _served_calibration(served: ServedBundle) -> str:
+    """The calibration method the bundle serves now (its calibration.json), temperature scaling by default."""
+    import json
+
+    record = served.bundle_dir / "models" / "calibration.json"
+    try:
+        return json.loads(record.read_text()).get("method", "temperature")
+    except (OSError, ValueError):
+        return "temperature"

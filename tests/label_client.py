@@ -1,0 +1,63 @@
+"""MONAI Label's own client, run in the label environment by the loop tests (the main one has no monailabel):
+``.venv-label/bin/python tests/label_client.py <server url> <command> '<json arguments>'`` prints the answer as JSON.
+
+The requests carry the parameters 3D Slicer's MONAI Label module sends (``result_extension`` ".nrrd",
+``result_dtype`` "uint8", a ``client_id``; labels saved with the module's ``label_info``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import SimpleITK as sitk
+from monailabel.client import MONAILabelClient
+
+SLICER = {"result_extension": ".nrrd", "result_dtype": "uint8"}
+
+
+def infer(client: MONAILabelClient, model: str, image: str, params: dict | None = None) -> dict:
+    """Segment the file ``image`` as Slicer does; the result read back with SimpleITK."""
+    result, info = client.infer(model, "", {**SLICER, **(params or {})}, file=image)
+    array = sitk.GetArrayFromImage(sitk.ReadImage(result))  # (z, y, x)
+    return {"info": info, "values": sorted(int(v) for v in np.unique(array)), "file": result}
+
+
+def compare(client: MONAILabelClient, image: str, bundle: str, threshold: float = 0.8) -> dict:
+    """The review result against the segmentation of the same image: every segmented voxel is in exactly one segment
+    of its structure (confident or uncertain), nothing else is."""
+    review = infer(client, f"{bundle}_review", image, {"uncertainty_threshold": threshold})
+    seg = infer(client, bundle, image)
+    r = sitk.GetArrayFromImage(sitk.ReadImage(review["file"])).astype(np.int64)
+    s = sitk.GetArrayFromImage(sitk.ReadImage(seg["file"])).astype(np.int64)
+    return {"review": review, "segmentation": seg, "same_support": bool(np.array_equal(r > 0, s > 0)),
+            "same_structures": bool(np.array_equal((r + 1) // 2, s)), "uncertain_voxels": int(((r > 0) & (r % 2 == 0)).sum())}
+
+
+def main() -> None:
+    url, command, arguments = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    client = MONAILabelClient(url, client_id=arguments.pop("client_id", "user-xyz"))
+    if command == "infer":
+        out = infer(client, **arguments)
+    elif command == "compare":
+        out = compare(client, **arguments)
+    elif command == "next_sample":
+        out = client.next_sample(arguments["strategy"], {})
+    elif command == "save_label":
+        out = client.save_label(arguments["image_id"], arguments["label"], params=arguments.get("params"))
+    elif command == "train_start":
+        out = client.train_start(arguments["model"], arguments.get("params", {}))
+    elif command == "train_status":
+        out = client.train_status(check_if_running=bool(arguments.get("check_if_running", False)))
+    elif command == "train_stop":
+        out = client.train_stop()
+    elif command == "info":
+        out = client.info()
+    else:
+        raise SystemExit(f"unknown command {command}")
+    print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""A real MONAI Label server for the tests (``tests/test_monai_label*.py``): ``monailabel start_server`` from
+``.venv-label`` on 127.0.0.1 over a served model folder built in a temporary folder, one per test session, and the
+HTTP helpers the tests talk to it with.
+
+Served bundles: ``nacl_flare`` trained for one epoch on tiny phantoms (``models/model.pt``), the same weights as
+TorchScript only (``nacl_flare_ts``), with a calibration of temperature 100 and a validated range
+(``nacl_flare_calibrated``), ``ce_dice_hpc`` without weights, and ``loop_flare`` (the same weights, calibrated by the
+bundle's own calibrate step) for the annotation loop's tests, which train it. The datastore (``--studies``) holds
+four unlabelled phantom volumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from calib_monai.calibration import TemperatureScaling, ValidatedRange, save_calibration
+from calib_monai.export import load_bundle_network
+from conftest import REPO_ROOT, free_port
+
+LABEL_ENV = REPO_ROOT / ".venv-label"
+LABEL_NAMES = {0: "background", 1: "liver", 2: "kidney", 3: "spleen", 4: "pancreas"}
+# input stored with flipped x/y (an LPS-like affine) and 4 x 4 x 10 mm voxels: the outputs must be on this grid
+SHAPE = (40, 36, 10)
+AFFINE = np.array([[-4.0, 0, 0, 80], [0, -4.0, 0, 70], [0, 0, 10.0, -50], [0, 0, 0, 1]])
+TINY = ["--epochs", "1", "--roi_size", "[32,32,8]", "--batch_size", "8", "--data#num_phantoms", "6",
+        "--data#spacing", "[12.0,12.0,30.0]"]  # fmt: skip
+needs_label_env = pytest.mark.skipif(
+    not (LABEL_ENV / "bin" / "monailabel").exists(),
+    reason=f"MONAI Label environment {LABEL_ENV} not set up: run `bash scripts/setup_label_env.sh` (DEVELOPERS.md)",
+)
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> None:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def _write_phantom(path: Path, seed: int, shape: tuple[int, int, int]) -> Path:
+    from calib_monai.data.phantoms import generate_phantom
+
+    image, label, _ = generate_phantom(seed=seed, index=0, shape=shape, spacing=(4.0, 4.0, 10.0))
+    nib.save(nib.Nifti1Image(image, AFFINE), str(path))
+    return path
+
+
+def _write_images(folder: Path) -> dict[str, Path]:
+    from calib_monai.data.phantoms import generate_phantom
+
+    image, _, _ = generate_phantom(seed=7, index=0, shape=SHAPE, spacing=(4.0, 4.0, 10.0))
+    paths = {name: folder / f"{name}.nii.gz" for name in ("case", "flat", "four", "corrupt", "truncated")}
+    nib.save(nib.Nifti1Image(image, AFFINE), str(paths["case"]))
+    nib.save(nib.Nifti1Image(image[..., 0], AFFINE), str(paths["flat"]))  # 2D
+    nib.save(nib.Nifti1Image(np.stack([image, image], -1), AFFINE), str(paths["four"]))  # 4D, 2 channels
+    paths["corrupt"].write_bytes(np.random.default_rng(0).bytes(4096))  # not gzip, not NIfTI
+    paths["truncated"].write_bytes(paths["case"].read_bytes()[:3000])  # valid header, data cut off
+    return paths
+
+
+@pytest.fixture(scope="session")
+def served_folder(tmp_path_factory):
+    """The app folder (main.py linked), its model/ folder, test images and the reference ``inferring`` outputs."""
+    root = tmp_path_factory.mktemp("monai_label")
+    app = root / "app"
+    (app / "model").mkdir(parents=True)
+    (app / "main.py").symlink_to(REPO_ROOT / "calib_monai" / "label" / "main.py")
+    bundle = app / "model" / "nacl_flare"
+    for name in ("nacl_flare", "nacl_flare_ts", "ce_dice_hpc"):
+        source = REPO_ROOT / "bundles" / name.removesuffix("_ts")
+        shutil.copytree(source / "configs", app / "model" / name / "configs")
+    _run([sys.executable, "-m", "monai.bundle", "run", "training", "--config_file",
+          str(bundle / "configs" / "train.json"), *TINY, "--output_dir", str(bundle / "models"),
+          "--data#cache_dir", str(root / "phantoms")], cwd=root)  # fmt: skip
+    # the same weights as TorchScript only (what ckpt_export puts in model.ts: the scripted 2D network)
+    network = load_bundle_network(bundle, config_file="inference.json")
+    (app / "model" / "nacl_flare_ts" / "models").mkdir()
+    torch.jit.save(torch.jit.script(network.cpu()), str(app / "model" / "nacl_flare_ts" / "models" / "model.ts"))
+    # the same weights, calibrated with T = 100: every confidence near 1 / 5, the segmentation unchanged
+    calibrated = app / "model" / "nacl_flare_calibrated"
+    shutil.copytree(bundle / "configs", calibrated / "configs")
+    (calibrated / "models").mkdir()
+    shutil.copy(bundle / "models" / "model.pt", calibrated / "models" / "model.pt")
+    save_calibration(TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt")
+    # and a validated range whose validation cases all scored 0.99: any case this tiny model segments is below it
+    ValidatedRange([0.99] * 19, {}).save(calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt")
+    # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
+    loop = app / "model" / "loop_flare"
+    shutil.copytree(bundle / "configs", loop / "configs")
+    (loop / "models").mkdir()
+    shutil.copy(bundle / "models" / "model.pt", loop / "models" / "model.pt")
+    _run([sys.executable, "-m", "monai.bundle", "run", "calibrate", "--config_file",
+          json.dumps([str(loop / "configs" / "train.json"), str(loop / "configs" / "calibrate.json")]), *TINY[2:],
+          "--output_dir", str(loop / "models"), "--data#cache_dir", str(root / "phantoms")], cwd=root)  # fmt: skip
+    images = _write_images(root)
+    (root / "studies").mkdir()
+    for index in range(4):  # the datastore: unlabelled phantoms of different shapes
+        _write_phantom(root / "studies" / f"study_{index}.nii.gz", seed=20 + index, shape=(40 + 4 * index, 36, 10))
+    # the reference: the bundle's own inference run on the same file, in the main environment
+    _run([sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file",
+          str(bundle / "configs" / "inference.json"), "--dataset_dir", str(images["case"]),
+          "--output_dir", str(root / "reference")], cwd=root)  # fmt: skip
+    return {"root": root, "app": app, "images": images, "reference": root / "reference"}
+
+
+@pytest.fixture(scope="session")
+def server(served_folder):
+    """``monailabel start_server`` on a free port of 127.0.0.1; stopped (process group) after the module."""
+    root, port = served_folder["root"], free_port()
+    (root / "tmp").mkdir()
+    log_path = root / "server.log"
+    env = {**os.environ, "PATH": f"{LABEL_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(root / "tmp"),
+           "MONAI_LABEL_SESSION_PATH": str(root / "sessions"), "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    env.pop("VIRTUAL_ENV", None)
+    cmd = ["monailabel", "start_server", "--app", str(served_folder["app"]), "--studies", str(root / "studies"),
+           "--host", "127.0.0.1", "--port", str(port), "--conf", "zoo_source", "local"]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/info/", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                state = f"exited with {process.returncode}" if process.poll() is not None else "not ready in 180 s"
+                pytest.fail(f"monailabel start_server {state}; log:\n{log_path.read_text()[-5000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "log": log_path, **served_folder}
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, file: Path | None, params: dict | str | None = None) -> tuple[int, str, bytes]:
+    """POST a multipart form (``params``, ``file``) as MONAI Label clients do: (status, content type, body).
+    ``file=None`` sends no file; a string ``params`` is sent as it is."""
+    boundary = uuid.uuid4().hex
+    params = params if isinstance(params, str) else json.dumps(params or {})
+    fields = [(b'name="params"', b"application/json", params.encode())]
+    if file is not None:
+        fields.append((f'name="file"; filename="{file.name}"'.encode(), b"application/octet-stream", file.read_bytes()))
+    body = b"".join(b"--%s\r\nContent-Disposition: form-data; %s\r\nContent-Type: %s\r\n\r\n%s\r\n"
+                    % (boundary.encode(), disposition, kind, data) for disposition, kind, data in fields)  # fmt: skip
+    body += f"--{boundary}--\r\n".encode()
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+def _multipart(content_type: str, body: bytes) -> dict[str, bytes]:
+    """The parts of a ``multipart/form-data`` response by field name (``output=all``: ``params`` and ``image``)."""
+    boundary = content_type.split("boundary=")[1].strip().encode()
+    parts = {}
+    for chunk in body.split(b"--" + boundary)[1:-1]:
+        head, data = chunk[2:].split(b"\r\n\r\n", 1)
+        name = head.split(b'name="')[1].split(b'"')[0].decode()
+        parts[name] = data[:-2]  # the CRLF before the next boundary
+    return parts
+
+
+def _nifti(data: bytes, path: Path) -> nib.Nifti1Image:
+    path.write_bytes(data)
+    image = nib.load(str(path))
+    image.get_fdata()  # read now, while the file is there
+    return image
+
+
+def _reference(server) -> tuple[np.ndarray, np.ndarray]:
+    ref = server["reference"]
+    return (np.asarray(nib.load(str(ref / "case_seg.nii.gz")).dataobj),
+            np.asarray(nib.load(str(ref / "case_conf.nii.gz")).dataobj))  # fmt: skip
+
+
+def _infer(server, model: str, image: Path, output: str = "all"):
+    return _post(f"{server['url']}/infer/{model}?output={output}", image)
+
+

@@ -1,0 +1,207 @@
+"""The annotation loop on a real MONAI Label server (``tests/label_server.py``), driven by MONAI Label's own client
+with the parameters 3D Slicer's module sends (``tests/label_client.py``, run in the label environment): the review
+task, Next Sample by case quality, training from submitted labels, a failing and a stopped training, and concurrent
+requests. The loop trains ``loop_flare`` only; the other bundles keep the weights the inference tests compare."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from label_server import AFFINE, LABEL_ENV, _get_json, needs_label_env, served_folder, server  # noqa: F401
+from conftest import REPO_ROOT
+
+pytestmark = [needs_label_env, pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")]
+BUNDLE = "loop_flare"
+
+
+def _client(server, command: str, **arguments):
+    done = subprocess.run([str(LABEL_ENV / "bin" / "python"), str(REPO_ROOT / "tests" / "label_client.py"), server["url"],
+                           command, json.dumps(arguments)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, f"{command} {arguments}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _request_scoring(server, method: str) -> dict:
+    """``POST /scoring/<method>`` (no client method for it); a 429 while the start-up scoring runs: try again."""
+    request = urllib.request.Request(f"{server['url']}/scoring/{method}", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+
+    def attempt():
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 429:
+                raise
+            return None
+
+    return _wait(attempt, f"POST /scoring/{method} accepted")
+
+
+def _wait(check, what: str, timeout: float = 900.0, every: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"{what}: not within {timeout:.0f} s")
+
+
+def _scores(server) -> dict[str, dict]:
+    """``info["calib_monai"][loop_flare]`` of every image of the datastore."""
+    objects = _get_json(f"{server['url']}/datastore/?output=all")["objects"]
+    return {image: (entry.get("image", {}).get("info", {}).get("calib_monai") or {}).get(BUNDLE, {})
+            for image, entry in objects.items()}  # fmt: skip
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _scoring_done(server):
+    status = _get_json(f"{server['url']}/scoring/?all=true")
+    tasks = status if isinstance(status, list) else [status]
+    return tasks and all(t.get("status") in ("DONE", "ERROR", "STOPPED") for t in tasks)
+
+
+def _train_status(server) -> dict:
+    return _client(server, "train_status")
+
+
+def test_review_task_names_every_value_and_covers_the_segmentation(server):
+    image = str(server["images"]["case"])
+    out = _client(server, "compare", image=image, bundle=BUNDLE)
+    names = out["review"]["info"]["label_names"]
+    assert names == {"background": 0, "liver": 1, "liver (uncertain)": 2, "kidney": 3, "kidney (uncertain)": 4,
+                     "spleen": 5, "spleen (uncertain)": 6, "pancreas": 7, "pancreas (uncertain)": 8}  # fmt: skip
+    assert set(out["review"]["values"]) <= set(names.values())  # exactly the values label_names names
+    assert out["same_support"] and out["same_structures"]  # the segments cover the segmentation, nothing more
+    info = out["review"]["info"]
+    assert info["uncertainty_threshold"] == 0.8
+    assert set(info["uncertain_fraction"]) == {"liver", "kidney", "spleen", "pancreas"}
+    review = info["quality"]["review"]  # the case quality and its flag, against loop_flare's validated range
+    assert review["flag"] in (True, False) and review["validation_volumes"] >= 1
+    # a stricter threshold can only mark more voxels uncertain
+    stricter = _client(server, "compare", image=image, bundle=BUNDLE, threshold=0.99)
+    assert stricter["uncertain_voxels"] >= out["uncertain_voxels"]
+
+
+def test_next_sample_hands_out_the_least_confident_image_once(server):
+    _request_scoring(server, f"{BUNDLE}_case_quality")
+    scores = _wait(lambda: (s := _scores(server)) and all(v.get("case_score") is not None for v in s.values()) and s,
+                   "scoring every datastore image")  # fmt: skip
+    assert len(scores) == 4 and len({v["weights_sha256"] for v in scores.values()}) == 1
+    lowest = min(scores, key=lambda i: scores[i]["case_score"])
+    first = _client(server, "next_sample", strategy=f"{BUNDLE}_least_confident", client_id="annotator-a")
+    assert first["id"] == lowest and first["case_score"] == pytest.approx(scores[lowest]["case_score"])
+    # another annotator does not get the image the first one has just received: the next least confident
+    second = _client(server, "next_sample", strategy=f"{BUNDLE}_least_confident", client_id="annotator-b")
+    rest = {i: v for i, v in scores.items() if i != lowest}
+    assert second["id"] == min(rest, key=lambda i: rest[i]["case_score"])
+    # the first annotator asking again gets its image back (it is still the least confident, and reserved for it)
+    assert _client(server, "next_sample", strategy=f"{BUNDLE}_least_confident", client_id="annotator-a")["id"] == lowest
+
+
+def _submit_labels(server, count: int) -> list[str]:
+    """Ground-truth labels of the datastore phantoms, saved as Slicer saves them: segment i has value i + 1, in the
+    order of its label_info (here the reverse of the bundle's, with part of the liver as "liver (uncertain)")."""
+    from calib_monai.data.phantoms import generate_phantom
+
+    order = ["pancreas", "spleen", "kidney", "liver", "liver (uncertain)"]
+    saved = []
+    for index in range(count):
+        image_id = f"study_{index}"
+        shape = (40 + 4 * index, 36, 10)
+        _, label, _ = generate_phantom(seed=20 + index, index=0, shape=shape, spacing=(4.0, 4.0, 10.0))
+        slicer = np.zeros_like(label, dtype=np.int16)
+        for position, name in enumerate(order[:4]):
+            slicer[label == {"liver": 1, "kidney": 2, "spleen": 3, "pancreas": 4}[name]] = position + 1
+        slicer[(label == 1) & (np.arange(shape[2]) < 3)[None, None, :]] = 5  # the uncertain part of the liver
+        path = server["root"] / "tmp" / f"label_{image_id}.nii.gz"
+        nib.save(nib.Nifti1Image(slicer, AFFINE), str(path))
+        label_info = [{"name": name, "idx": position + 1} for position, name in enumerate(order)]
+        _client(server, "save_label", image_id=image_id, label=str(path), params={"label_info": label_info})
+        saved.append(image_id)
+    return saved
+
+
+def test_training_on_submitted_labels_serves_new_weights_and_calibration(server):
+    models = server["app"] / "model" / BUNDLE / "models"
+    image = str(server["images"]["case"])
+    before = _client(server, "infer", model=f"{BUNDLE}_confidence", image=image)
+    old = {name: _sha(models / name) for name in ("model.pt", "calibration.pt", "validated_range.json")}
+    _submit_labels(server, 3)
+    _client(server, "train_start", model=BUNDLE, params={"epochs": 1})
+    done = _wait(lambda: (s := _train_status(server))["status"] in ("DONE", "ERROR", "STOPPED") and s, "training")
+    assert done["status"] == "DONE", "\n".join(done.get("details", []))
+    new = {name: _sha(models / name) for name in old}
+    assert all(new[name] != old[name] for name in old)  # new weights, calibration and validated range published
+    assert _sha(models / "model.previous.pt") == old["model.pt"]
+    # the server serves them without a restart: another confidence map, calibrated for the new weights
+    after = _client(server, "infer", model=f"{BUNDLE}_confidence", image=image)
+    assert after["info"]["confidence"] != before["info"]["confidence"]
+    record = json.loads((models / "calibration.json").read_text())
+    assert record["weights_sha256"] == new["model.pt"]
+    # the labels were mapped back to the bundle's values by segment name (Slicer's order was reversed)
+    fine_tune = server["app"] / "model" / BUNDLE / "runs" / "label_training"
+    remapped = np.asarray(nib.load(str(fine_tune / "labels" / "study_0.nii.gz")).dataobj)
+    assert set(np.unique(remapped).tolist()) <= {0, 1, 2, 3, 4}
+    from calib_monai.data.phantoms import generate_phantom
+
+    _, truth, _ = generate_phantom(seed=20, index=0, shape=(40, 36, 10), spacing=(4.0, 4.0, 10.0))
+    expected = np.where(np.isin(truth, [1, 2, 3, 4]), truth, 0)  # the four organs the submitted label has
+    np.testing.assert_array_equal(remapped, expected)  # the uncertain liver counts as liver
+    # the unlabelled image is scored again with the new weights after the training
+    _wait(lambda: _scores(server)["study_3"].get("weights_sha256") == new["model.pt"], "scoring after training")
+
+
+def test_failed_or_stopped_training_leaves_the_previous_weights_serving(server):
+    models = server["app"] / "model" / BUNDLE / "models"
+    served = _sha(models / "model.pt")
+    image = str(server["images"]["case"])
+    before = _client(server, "infer", model=f"{BUNDLE}_confidence", image=image)["info"]["confidence"]
+    _client(server, "train_start", model=BUNDLE, params={"epochs": 0})  # refused by the task: epochs must be >= 1
+    failed = _wait(lambda: (s := _train_status(server))["status"] in ("DONE", "ERROR", "STOPPED") and s, "training")
+    assert failed["status"] == "ERROR" and any("epochs must be >= 1" in line for line in failed["details"])
+    _client(server, "train_start", model=BUNDLE, params={"epochs": 30})
+    _wait(lambda: _train_status(server)["status"] == "RUNNING", "the training to start", every=0.5)
+    stopped = _client(server, "train_stop")
+    assert stopped["status"] == "STOPPED"
+    assert _sha(models / "model.pt") == served
+    assert _client(server, "infer", model=f"{BUNDLE}_confidence", image=image)["info"]["confidence"] == before
+
+
+def test_concurrent_requests_all_succeed(server):
+    image = str(server["images"]["case"])
+    label = server["root"] / "tmp" / "label_study_0.nii.gz"
+    jobs = [("infer", {"model": "nacl_flare", "image": image})] * 4
+    jobs += [("next_sample", {"strategy": f"{BUNDLE}_least_confident", "client_id": f"c{i}"}) for i in range(3)]
+    jobs += [("save_label", {"image_id": "study_0", "label": str(label), "params": {"label_info": []}})] * 2
+    jobs += [("infer", {"model": f"{BUNDLE}_review", "image": image})]
+    results, errors = [None] * len(jobs), []
+
+    def run(i, command, arguments):
+        try:
+            results[i] = _client(server, command, **arguments)
+        except BaseException as err:  # noqa: BLE001 - collected and reported below
+            errors.append(f"{command}: {err}")
+
+    threads = [threading.Thread(target=run, args=(i, c, a)) for i, (c, a) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    assert not errors and all(r is not None for r in results), errors
+    assert _get_json(f"{server['url']}/info/")["name"] == "calib-monai"  # still serving
