@@ -297,8 +297,8 @@ def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup
     hits = edge_hits(probs, labels)
     print(f"\nBin-edge hits among foreground confidences: {hits}.")
     print("Definitions: all ECE rows compute top-label ECE = sum_b n_b/N |acc_b - conf_b| over the same voxels "
-          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on exact edges k/15: "
-          "float32 conf * 15 is exact in float64; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
+          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on the edges k/15 "
+          "rounded to float32, the confidences' dtype; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
           "float32 with conf == 1 in an extra 16th bin; netcal [lo, hi) with the last bin closed and confidences "
           "clipped to [eps, 1 - eps]. They can differ only through voxels on an edge (counted above) and float32 "
           "sums (torchmetrics, ~1e-6). The float64 references: the Python loop (ECE) and reference_float64 (CECE, "

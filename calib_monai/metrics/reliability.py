@@ -23,7 +23,8 @@ def reliability_diagram_data(
 
     Top-label (``classwise=False``): bins of ``max_k p_k``, accuracy = fraction with ``argmax == y``; the ECE is
     ``sum(count * |accuracy - confidence|) / sum(count)``. Classwise: one row per class k, bins of ``p_k``,
-    accuracy = fraction labelled k (the CECE's bins). Bins are ``(b / M, (b + 1) / M]`` as in ``ece``.
+    accuracy = fraction labelled k (the CECE's bins). Bins are ``(e_b, e_{b+1}]`` as in ``ece``, with ``e_b = b / M``
+    rounded to the probabilities' dtype (``calibration_numpy.equal_width_bin_index``).
 
     ``monai.metrics.calibration_binning`` computes the classwise rows for one-hot labels, but on every voxel, with
     ``[lo, hi)`` (or ``right=True``) float32 edges and float32 counts; this function selects voxels first and counts
