@@ -47,9 +47,9 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
     accumulation and bin edges: ours are ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype
     (``calibration_numpy.equal_width_bin_index``), MONAI's are float32 ``k (1 + eps) / M``; both put a float32 value
-    equal to float32(k / M) in the lower bin (MONAI's ``small_left_edge`` case, ``tests/test_metrics_vs_monai.py``). Where they differ: MONAI has no top-label ECE
-    (our ``"ece"``, the papers' ECE), no voxel selection (our default ``foreground="gt"``), no equal-mass bins
-    (TACE/ACE) and no pooling over volumes.
+    equal to float32(k / M) in the lower bin (MONAI's ``small_left_edge`` case, ``tests/test_metrics_vs_monai.py``).
+    Where they differ: MONAI has no top-label ECE (our ``"ece"``, the papers' ECE), no voxel selection (our default
+    ``foreground="gt"``), no equal-mass bins (TACE/ACE) and no pooling over volumes.
 
     Args:
         metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"nll"`` or ``"brier"``.
