@@ -233,3 +233,14 @@ def test_cli_slicer_names_segments_from_the_bundle(tmp_path):
     assert names["pancreas"] == "4" and names["liver"] == "1"
     values, _ = nrrd.read(written["confidence"])
     assert values[0, 0, 0] == np.float32(0.5)
+
+
+def test_missing_inference_outputs_say_to_run_inferring_first(tmp_path):
+    """``calib-monai slicer`` before ``inferring`` said only that a _seg.nii.gz was missing."""
+    (tmp_path / "other_case_seg.nii.gz").write_bytes(b"")  # an inference folder that holds another case
+    with pytest.raises(FileNotFoundError) as err:
+        slicer_files_from_inference(tmp_path, "case_0001", {"0": "background", "1": "organ"})
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path} has no case_0001_seg.nii.gz or case_0001_conf.nii.gz; it has the cases "
+                              "['other_case']: run the bundle's inferring step on the image first")  # fmt: skip
+    assert "monai.bundle run inferring" in message and "--inference_dir" in message

@@ -24,13 +24,14 @@ from .runtime import (
     validation_sampler,
 )
 from .trained import WEIGHT_FILES, TorchScriptNetwork, TrainedBundle, bundle_config_paths, read_bundle_config
-from .weights import load_network_weights, unwrap_network, weights_state_dict
+from .weights import WeightsFileError, load_network_weights, read_weights_file, unwrap_network, weights_state_dict
 
 __all__ = [
     "OUTPUT_EXT",
     "OUTPUT_KEYS",
     "OUTPUT_POSTFIXES",
     "WEIGHT_FILES",
+    "WeightsFileError",
     "OutputFiles",
     "TorchScriptNetwork",
     "TrainedBundle",
@@ -49,6 +50,7 @@ __all__ = [
     "output_paths",
     "pin_memory",
     "read_bundle_config",
+    "read_weights_file",
     "unwrap_network",
     "validation_sampler",
     "weights_state_dict",

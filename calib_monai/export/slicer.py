@@ -317,5 +317,14 @@ def slicer_files_from_inference(
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference), into
     ``output_dir`` (default: ``inference_dir``)."""
     seg_path, conf_path = output_paths(inference_dir, case)
+    missing = [path.name for path in (seg_path, conf_path) if not Path(path).is_file()]
+    if missing:
+        found = sorted(p.name[: -len("_seg.nii.gz")] for p in Path(inference_dir).glob("*_seg.nii.gz"))
+        cases = f"; it has the cases {found[:10]}" if found else ""
+        raise FileNotFoundError(
+            f"{inference_dir} has no {' or '.join(missing)}{cases}: run the bundle's inferring step on the image first "
+            "(python -m monai.bundle run inferring --config_file <bundle>/configs/inference.json --dataset_dir "
+            f"<image or folder>), or pass --inference_dir where it wrote {case}_seg.nii.gz"
+        )
     return write_slicer_files(seg_path, conf_path, seg_path, label_names,
                               inference_dir if output_dir is None else output_dir, case, low_confidence)  # fmt: skip
