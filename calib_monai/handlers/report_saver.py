@@ -59,7 +59,9 @@ def write_report(
     settings = {"volumes": len(rows), **settings, "reduction": REDUCTION, "pooled": POOLED_OVER}
     content = {"settings": settings, "metrics": summary, "pooled": pooled}
     (output_dir / "summary.json").write_text(json.dumps(content, indent=2))
-    save_reliability_diagram(reliability, output_dir / "reliability.png", title=f"Reliability ({len(rows)} volumes)")
+    # the bins and the ECE drawn are pooled (the log leads with the mean over volumes): the figure says so
+    save_reliability_diagram(reliability, output_dir / "reliability.png", ece_label="pooled ECE",
+                             title=f"Reliability, pooled over all ground-truth\nforeground voxels of {len(rows)} volumes")
     headline = ", ".join(
         f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace") if k in summary
     )
