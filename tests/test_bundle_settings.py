@@ -212,3 +212,17 @@ def test_a_data_error_exits_1_with_the_files_named(tmp_path):
     assert lines[-1].startswith(f"ERROR: label {tmp_path / 'F' / 'TrainingMask' / f'train_{case}.nii.gz'} does not lie "
                                 f"on the grid of its image {tmp_path / 'F' / 'TrainingImg' / f'train_{case}_0000.nii.gz'}"
                                 ": 50 mm apart")  # fmt: skip
+
+
+def test_the_error_report_is_installed_in_bundle_runs_only():
+    """A program that runs a ConfigWorkflow itself (as these tests do) keeps its exceptions; monai.bundle runs (above)
+    and ``force`` get the one-line report."""
+    from calib_monai.bundle import report_errors
+
+    before = sys.excepthook
+    assert report_errors() and sys.excepthook is before  # pytest is not `python -m monai.bundle run`
+    try:
+        assert report_errors(force=True) and sys.excepthook is not before
+    finally:
+        report_errors(enabled=False)
+    assert sys.excepthook is before

@@ -8,7 +8,8 @@ with "terminate called without an active exception" (exit 134) as threads were t
 calib_monai's own code (else the innermost one), prefixed with the config id whose component failed to build.
 :func:`report_errors` (called first in every generated bundle's ``initialize``, never on import) installs a
 ``sys.excepthook`` that prints that line last and ends the process with exit code 1 at once (``os._exit`` after
-flushing, so no thread teardown can turn it into an abort). ``CALIB_MONAI_TRACEBACK=1`` prints the full traceback
+flushing, so no thread teardown can turn it into an abort), in ``python -m monai.bundle run`` processes (a program
+that runs a ``ConfigWorkflow`` itself keeps its exceptions). ``CALIB_MONAI_TRACEBACK=1`` prints the full traceback
 before the line; ``CALIB_MONAI_TRACEBACK=python`` (or a config without the ``report_errors`` step) leaves Python's
 own handling in place.
 """
@@ -101,11 +102,15 @@ def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType |
     os._exit(1)  # at once: worker and pool threads cannot abort the teardown (exit 134)
 
 
-def report_errors(enabled: bool = True) -> bool:
-    """Install the one-line error report for this process (``enabled=False`` removes it); returns True.
+def report_errors(enabled: bool = True, force: bool = False) -> bool:
+    """Install the one-line error report in this process (``enabled=False`` removes it); returns True.
 
-    Called by the bundles' ``initialize``; ``CALIB_MONAI_TRACEBACK=python`` keeps Python's own handler."""
-    if enabled and "previous" not in _installed:
+    Called by the bundles' ``initialize``. It takes effect in ``python -m monai.bundle run`` processes (also under
+    torchrun) only, unless ``force``: a program that builds a ``ConfigWorkflow`` itself gets its exceptions as
+    usual. ``CALIB_MONAI_TRACEBACK=python`` keeps Python's own handler."""
+    from .settings import _is_bundle_runner
+
+    if enabled and "previous" not in _installed and (force or _is_bundle_runner(sys.argv)):
         _installed["previous"] = sys.excepthook
         sys.excepthook = _hook
     elif not enabled and "previous" in _installed:

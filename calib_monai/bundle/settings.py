@@ -167,6 +167,16 @@ def _deepest(parser: Any, key: str) -> str:
     return ""
 
 
+def _shown(value: Any) -> str:
+    """A value as it was typed: strings as they are, the rest as JSON (repr where JSON has no form)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def _referenced(key: str, overrides: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and f"@{key}" in v for k, v in overrides.items() if k != key)
 
@@ -192,7 +202,7 @@ def check_override_keys(arguments: RunnerArguments) -> None:
         if raw_key not in unplaced and defined:
             continue
         value = arguments.overrides[raw_key]
-        where = f"--{raw_key} {value if isinstance(value, str) else json.dumps(value)} ({arguments.sources[raw_key]})"
+        where = f"--{raw_key} {_shown(value)} ({arguments.sources[raw_key]})"
         parent, _, last = key.rpartition("#")
         owner = merged[parent] if parent and parent in merged else None
         if isinstance(owner, list) or raw_key in unplaced:
