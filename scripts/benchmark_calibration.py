@@ -451,15 +451,19 @@ def main(
     """Print the metric and loss benchmark tables (Markdown). ``--quick``: tiny sizes, a smoke run of seconds."""
     if quick:
         volumes, repeats, warmup, height, depth, batch, size, steps = 2, 2, 1, 32, 8, 2, 32, 1
+    previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
-          f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
-    print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
-    if not skip_metrics:
-        benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
-    if not skip_losses:
-        benchmark_losses(batch, size, repeats, warmup + 1, steps, seed, profile)
-    print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
+    try:  # the caller's thread count comes back (an in-process caller's numerics depend on it)
+        print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
+              f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
+        print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
+        if not skip_metrics:
+            benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
+        if not skip_losses:
+            benchmark_losses(batch, size, repeats, warmup + 1, steps, seed, profile)
+        print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
+    finally:
+        torch.set_num_threads(previous)
 
 
 if __name__ == "__main__":

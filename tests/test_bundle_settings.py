@@ -177,6 +177,11 @@ def test_a_key_typo_ends_the_run_with_one_line_and_exit_1(tmp_path):
     assert code == 1 and any(line.startswith("Traceback") for line in lines)  # on request
     assert lines[-1] == ("ERROR: loss (calib_monai.losses.NACLLoss): alpha must be a finite number >= 0 (the weight "
                          "lambda of the neighbour penalty; the papers use 0.1), got -1.")
+    code, lines = _bundle_run("training", "--config_file", str(FLARE / "train.json"), "--roi_size", "96",
+                              "--output_dir", str(tmp_path))  # fmt: skip
+    assert code == 1 and lines[-1] == ("ERROR: roi_size = 96 is not valid: the preprocessed volume size must be a list "
+                                       '[H, W, D]; pass three sizes, e.g. --roi_size "[96,96,-1]" (-1 keeps an axis\'s '
+                                       "extent)")  # a bare TypeError before  # fmt: skip
 
 
 def test_classes_against_a_3_class_dataset_json_in_a_real_run(tmp_path):
