@@ -13,6 +13,9 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import traceback
 
 __all__ = ["main", "slicer"]
 
@@ -41,6 +44,10 @@ def main() -> None:
     ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
     ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``experiment <study>``: the
     studies of :mod:`calib_monai.experiments.cli`.
+
+    An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
+    bad input (a missing file or folder, a wrong value), 1 for anything else; ``CALIB_MONAI_TRACEBACK=1`` prints the
+    traceback before it.
     """
     import fire
 
@@ -49,9 +56,27 @@ def main() -> None:
     from calib_monai.export import export_bundle
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # fire prints the returned dict of written paths
-    fire.Fire({"export": export_bundle, "slicer": slicer, "experiment": COMMANDS,
-               "calibrate-probabilities": calibrate_probabilities}, name="calib-monai")  # fmt: skip
+    commands = {"export": export_bundle, "slicer": slicer, "experiment": COMMANDS,
+                "calibrate-probabilities": calibrate_probabilities}  # fmt: skip
+    try:
+        fire.Fire(commands, name="calib-monai")  # fire prints the returned dict of written paths
+    except Exception as err:  # one line, not a traceback; fire's own usage errors exit 2 before reaching here
+        sys.exit(_report(err))
+
+
+#: bad input (a path, a file, a value): exit code 2, as for a usage error; anything else: 1
+INPUT_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+def _report(err: Exception) -> int:
+    """Print ``err`` as one line (``calib_monai.bundle.error_line``; the traceback too with CALIB_MONAI_TRACEBACK=1)
+    and return the exit code: 2 for bad input, 1 for a failure."""
+    from calib_monai.bundle.errors import TRACEBACK_ENV, error_line
+
+    if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        traceback.print_exception(err)
+    print(f"calib-monai: error: {error_line(err)}", file=sys.stderr)
+    return 2 if isinstance(err, INPUT_ERRORS) else 1
 
 
 if __name__ == "__main__":

@@ -297,8 +297,8 @@ def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup
     hits = edge_hits(probs, labels)
     print(f"\nBin-edge hits among foreground confidences: {hits}.")
     print("Definitions: all ECE rows compute top-label ECE = sum_b n_b/N |acc_b - conf_b| over the same voxels "
-          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on exact edges k/15: "
-          "float32 conf * 15 is exact in float64; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
+          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on the edges k/15 "
+          "rounded to float32, the confidences' dtype; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
           "float32 with conf == 1 in an extra 16th bin; netcal [lo, hi) with the last bin closed and confidences "
           "clipped to [eps, 1 - eps]. They can differ only through voxels on an edge (counted above) and float32 "
           "sums (torchmetrics, ~1e-6). The float64 references: the Python loop (ECE) and reference_float64 (CECE, "
@@ -451,15 +451,19 @@ def main(
     """Print the metric and loss benchmark tables (Markdown). ``--quick``: tiny sizes, a smoke run of seconds."""
     if quick:
         volumes, repeats, warmup, height, depth, batch, size, steps = 2, 2, 1, 32, 8, 2, 32, 1
+    previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
-          f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
-    print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
-    if not skip_metrics:
-        benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
-    if not skip_losses:
-        benchmark_losses(batch, size, repeats, warmup + 1, steps, seed, profile)
-    print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
+    try:  # the caller's thread count comes back (an in-process caller's numerics depend on it)
+        print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
+              f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
+        print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
+        if not skip_metrics:
+            benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
+        if not skip_losses:
+            benchmark_losses(batch, size, repeats, warmup + 1, steps, seed, profile)
+        print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
+    finally:
+        torch.set_num_threads(previous)
 
 
 if __name__ == "__main__":

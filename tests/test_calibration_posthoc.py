@@ -96,7 +96,7 @@ def test_stored_calibration_round_trip_and_weights_check(tmp_path, caplog):
     assert "fitted for other weights" in caplog.text
     assert load_calibration(tmp_path / "missing.pt") is None
     (tmp_path / "bad.pt").write_text("not a calibration")
-    with pytest.raises(ValueError, match="bad.pt is not a calibration file"):
+    with pytest.raises(ValueError, match="bad.pt cannot be read as a calibration file of calib_monai: it is not a PyTorch file"):
         load_calibration(tmp_path / "bad.pt")
 
 

@@ -13,6 +13,7 @@ import torch
 from monai.transforms import Invertd
 
 from calib_monai.data import FLARE, find_flare_cases, split_cases, split_sizes
+from calib_monai.data.transforms import unwrap_case_error
 
 SHAPE = (12, 10, 6)
 AFFINE = np.diag([2.0, 2.0, 5.0, 1.0])
@@ -225,6 +226,13 @@ def _fractional_label(image, label):
     return label.name
 
 
+def _shifted_label(image, label):
+    shifted = AFFINE.copy()
+    shifted[0, 3] += 50.0  # the label's header 50 mm off its image: it trained without a word
+    _save(_raw(str(label)), label, shifted)
+    return label.name
+
+
 def _truncated(image, label):
     image.write_bytes(image.read_bytes()[:50])
     return image.name
@@ -238,6 +246,7 @@ def _truncated(image, label):
         (_nan_image, "NaN"),
         (_truncated, "cannot read image"),
         (_fractional_label, "non-integer values"),
+        (_shifted_label, r"does not lie on the grid of its image .*train_001_0000.nii.gz: 50 mm apart"),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("cache_rate", [1.0, 0.0])
@@ -269,3 +278,30 @@ def test_preprocessing_is_invertible_back_to_the_file_grid(tmp_path):
                        nearest_interp=True)(dict(scored))  # fmt: skip
     np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
     np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)
+
+
+def test_a_label_stored_in_another_orientation_trains_on_the_same_voxels(tmp_path):
+    """The same label written LAS (x reversed, the affine saying so) against RAS images: the grids are equal, so
+    it passes the geometry check and the pipeline's RAS orientation gives the preprocessed label of a RAS file."""
+    _flare21(tmp_path / "ras")
+    _flare21(tmp_path / "las")
+    mask = tmp_path / "las" / "TrainingMask" / "train_001.nii.gz"
+    las = AFFINE.copy()
+    las[0, 0], las[0, 3] = -AFFINE[0, 0], AFFINE[0, 0] * (SHAPE[0] - 1)
+    _save(_raw(str(mask))[::-1].copy(), mask, las)
+    volumes = []
+    for name in ("ras", "las"):
+        data = _component(tmp_path / name, tmp_path / f"run_{name}")
+        volumes.append({subset: data.volume_dataset(subset)[0]["label"] for subset in ("training", "validation", "test")})
+    for subset in volumes[0]:
+        assert torch.equal(volumes[0][subset].as_tensor(), volumes[1][subset].as_tensor()), subset
+
+
+def test_an_image_with_another_number_of_channels_is_named_before_the_network(tmp_path):
+    """A 2-channel image into the 1-channel FLARE bundle crashed in the network's first convolution, naming no file."""
+    image = _save(np.zeros((*SHAPE, 2), np.int16), tmp_path / "two_channels_0000.nii.gz")
+    data = FLARE(None, output_dir=tmp_path / "out", roi_size=SHAPE, spacing=None)
+    with pytest.raises(RuntimeError) as err:  # MONAI's Compose wraps it: "applying transform ..."
+        data.inference_preprocessing()({"image": str(image)})
+    message = str(unwrap_case_error(err.value))
+    assert message.startswith(f"image {image} has 2 channel(s), but the {data.source} images this bundle takes have 1")

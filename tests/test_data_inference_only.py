@@ -90,7 +90,8 @@ def test_the_channel_check_still_applies_without_a_data_set(tmp_path):
     data = BraTS(None, tmp_path / "run", resize=(16, 16, 8))
     with pytest.raises(RuntimeError) as info:  # MONAI's Compose wraps the CaseDataError naming the file
         inference_preprocessing(data)({"image": str(_image(tmp_path, BraTS, 1))})
-    assert "expects 4 (flair, t1, t1ce, t2)" in str(unwrap_case_error(info.value))
+    message = str(unwrap_case_error(info.value))  # the channels are counted as the channels are put first
+    assert "case_0000.nii.gz has 1 channel(s), but the" in message and "have 4 (FLAIR, T1, T1ce, T2)" in message
 
 
 def test_msd_dataset_without_known_classes_needs_its_dataset_json(tmp_path):

@@ -50,7 +50,8 @@ def _save_nnunet(folder: Path, case: str, prob_xyz: np.ndarray, properties: dict
     stored = prob_xyz.transpose(0, 3, 2, 1) if transpose else prob_xyz
     np.savez_compressed(folder / f"{case}.npz", probabilities=stored.astype(np.float32))
     shape_zyx = prob_xyz.shape[1:][::-1]
-    sitk_stuff = {"spacing": SPACING, "origin": (0.0, 0.0, 0.0), "direction": tuple(np.eye(3).ravel())}
+    # SimpleITK's view of the labels' grid (``_affine()``, RAS): ITK's LPS world flips x and y
+    sitk_stuff = {"spacing": SPACING, "origin": (0.0, 0.0, 0.0), "direction": (-1.0, 0, 0, 0, -1.0, 0, 0, 0, 1.0)}
     props = properties or {"sitk_stuff": sitk_stuff, "spacing": list(SPACING[::-1]), "shape_before_cropping": shape_zyx}
     (folder / f"{case}.pkl").write_bytes(pickle.dumps(props))
     nib.save(nib.Nifti1Image(prob_xyz.argmax(0).astype(np.uint8), _affine()), str(folder / f"{case}.nii.gz"))
@@ -167,7 +168,8 @@ def test_nnunet_reoriented_reader_is_followed(tmp_path):
     label = _random_label((5, 6, 7), 3, seed=2)
     affine = np.diag([-1.0, 1.0, 2.0, 1.0])  # x flipped: RAS reorientation reverses the first axis
     ras = label[::-1]
-    props = {"nibabel_stuff": {"original_affine": affine, "reoriented_affine": np.diag([1.0, 1.0, 2.0, 1.0])}}
+    reoriented = nib.Nifti1Image(label.astype(np.uint8), affine).as_reoriented(np.array([[0, -1], [1, 1], [2, 1]])).affine
+    props = {"nibabel_stuff": {"original_affine": affine, "reoriented_affine": reoriented}}
     _save_nnunet(tmp_path / "preds", "case_r", _peaked(ras, 3), properties=props)
     _save_label(tmp_path / "labels", "case_r", label, affine)
     volume = read_case(match_cases(tmp_path / "preds", tmp_path / "labels", "nnunet")[0])
@@ -225,10 +227,14 @@ def test_missing_and_extra_cases_are_named(tmp_path):
         calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
     (tmp_path / "preds" / "case_2.nii.gz").unlink()
     with pytest.raises(ValueError, match="have no prediction.*case_3"):
-        calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
+        calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
+                                ignore_extra_labels=False)  # fmt: skip
+    # by default the labels without a prediction are left out: README's nnU-Net layout (labelsTr, a fold's cases)
     result = calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
-                                     ignore_extra_labels=True, surface_distances=False)  # fmt: skip
-    assert result["cases"] == 1
+                                     surface_distances=False)  # fmt: skip
+    assert result["cases"] == 1 and [row["case"] for row in _rows(tmp_path / "out" / "before" / "metrics.csv")] == [
+        "case_1"
+    ]
 
 
 def test_logits_and_foreign_labels_are_refused(tmp_path):

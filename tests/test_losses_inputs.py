@@ -166,3 +166,41 @@ def test_reductions_are_consistent(name: str) -> None:
     assert torch.allclose(base(logits, labels), per_voxel.sum(), atol=1e-5)
     base.reduction = "mean"
     assert torch.allclose(base(logits, labels), per_voxel.mean(), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- constructor arguments
+BAD_ARGUMENTS = [
+    (lambda: NACLLoss(classes=C, dim=2, alpha=-1.0), "alpha", -1.0),
+    (lambda: NACLLoss(classes=C, dim=2, alpha=float("nan")), "alpha", "nan"),
+    (lambda: NACLLoss(classes=C, dim=2, alpha="0.1"), "alpha", "'0.1'"),  # a string, not a number
+    (lambda: MbLSLoss(margin=-5.0), "margin", -5.0),
+    (lambda: MbLSLoss(alpha=float("inf")), "alpha", "inf"),
+    (lambda: ECPLoss(alpha=-1.0), "alpha", -1.0),
+    (lambda: FocalLoss(gamma=-2.0), "gamma", -2.0),
+    (lambda: LabelSmoothingLoss(alpha=1.5), "alpha", 1.5),
+    (lambda: CEDiceLoss(lambda_dice=-1.0), "lambda_dice", -1.0),
+]
+
+
+@pytest.mark.parametrize("make, name, value", BAD_ARGUMENTS)
+def test_out_of_range_arguments_are_refused_naming_them(make, name, value) -> None:
+    """A negative or NaN weight used to build a loss that trained with a reversed or NaN penalty."""
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number.*got {value}") as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+def test_crac_tau_alm_must_lie_in_0_1() -> None:
+    from calib_monai.losses import CRaCLoss
+
+    for tau in (5.0, 0.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match=r"^tau_alm must be a finite number > 0 and <= 1"):
+            CRaCLoss(classes=C, tau_alm=tau)
+    assert CRaCLoss(classes=C, tau_alm=1.0).tau_alm == 1.0  # the bound itself is allowed
+
+
+@pytest.mark.parametrize("index", range(len(LOSS_IDS)), ids=LOSS_IDS)
+def test_an_empty_batch_is_a_clear_error(index: int) -> None:
+    loss = all_losses()[index]
+    with pytest.raises(ValueError, match=r"logits are empty \(shape \(0, 3, 8, 8\)\)"):
+        loss(torch.zeros(0, C, 8, 8), torch.zeros(0, 1, 8, 8))

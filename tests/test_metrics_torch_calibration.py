@@ -21,6 +21,7 @@ ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 # Voxels that sit where the binning can go wrong (4 classes); each is planted with a label.
 SPECIAL = [
     ([0.5, 0.25, 0.125, 0.125], 1),  # on the edges k / 8 and k / 16: (lo, hi] puts them in the lower bin
+    ([0.6, 0.2, 0.2, 0.0], 0),  # float32(0.2), float32(0.6) lie above 0.2, 0.6 but on the float32 edges of 15 bins
     ([0.375, 0.375, 0.125, 0.125], 1),  # tie at the max: argmax is class 0, so this voxel is wrong
     ([0.375, 0.375, 0.125, 0.125], 0),  # ... and this one right
     ([0.25, 0.25, 0.25, 0.25], 3),  # four-way tie
@@ -54,12 +55,15 @@ def _brute(probs, labels, num_bins, foreground, include_background, threshold=1e
     v, t, a = p.transpose(1, 0, 2)[:, keep], y[keep], argmax[keep]
     n, m = t.size, num_bins
 
+    # the bin rule: (e_b, e_{b+1}] with e_b = b / M rounded to the inputs' dtype (float32(0.2) > 0.2 is an edge)
+    edges = [float(torch.tensor(b / m, dtype=torch.float64).to(probs.dtype)) for b in range(m + 1)]
+    edges[0], edges[-1] = -np.inf, np.inf
+
     def binned_error(values, hits, average=False):
         """Sum over bins of |sum hits - sum values| / n, or (average) the mean over non-empty bins of |mean - mean|."""
-        scaled = values * m  # exact for float32 inputs; the documented fl(v * M) for float64
         total, gaps = 0.0, []
         for b in range(m):
-            in_bin = (scaled > b) & (scaled <= b + 1) | ((values == 0) & (b == 0))
+            in_bin = (values > edges[b]) & (values <= edges[b + 1])
             total += abs(hits[in_bin].sum() - values[in_bin].sum())
             if in_bin.any():
                 gaps.append(abs(hits[in_bin].mean() - values[in_bin].mean()))

@@ -162,3 +162,16 @@ def test_report_computes_calibration_on_the_device(tmp_path):
     assert row["tace_union"] == pytest.approx(union["tace"], rel=1e-12)
     count = report.reliability_data()["count"]
     assert count.sum() == int((labels > 0).sum())  # the diagram's bins come from the same (device) statistics
+
+
+def test_an_empty_batch_is_a_clear_error():
+    """A batch without volumes (or a volume without voxels) gave torch's and NumPy's reshape errors."""
+    from calib_monai.metrics import SegmentationCalibrationMetric, ece, segmentation_metrics_per_volume
+
+    probs, labels = torch.zeros(0, 3, 8, 8), torch.zeros(0, 1, 8, 8)
+    for call in (lambda: ece(probs, labels), lambda: ece(probs.numpy(), labels.numpy()),
+                 lambda: SegmentationCalibrationMetric("ece")(probs, labels)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"probs are empty \(shape \(0, 3, 8, 8\)\)"):
+            call()
+    with pytest.raises(ValueError, match=r"pred is empty \(shape \(0, 3, 8, 8\)\)"):
+        segmentation_metrics_per_volume(probs, labels, 3)

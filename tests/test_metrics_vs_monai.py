@@ -4,8 +4,9 @@ MONAI's metric is a *classwise* ECE: for each volume and each channel k, equal-w
 voxels, compared with the one-hot ``[y == k]``; then the mean over channels and volumes. That is our CECE with
 ``foreground="all"`` averaged over volumes (``SegmentationCalibrationMetric("cece", reduction="mean")``); with
 ``calibration_reduction="average"`` (non-empty bins weighted equally) it is our mL1-ACE, averaged the same way.
-Bins: ours are ``(k/M, (k+1)/M]`` (the papers' code). MONAI's edges are ``k (1 + eps32) / M`` in float32, so a value
-exactly on ``k/M`` also falls in the lower bin, whatever its ``right`` flag. MONAI accumulates in float32 (ours:
+Bins: ours are ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the inputs' dtype (the papers' code compares in
+float32). MONAI's edges are ``k (1 + eps32) / M`` in float32, so a value on an edge also falls in the lower bin,
+whatever its ``right`` flag (its ``small_left_edge`` case, checked below). MONAI accumulates in float32 (ours:
 int64 counts, float64 sums), hence a tolerance of 1e-6 relative. Where the definitions differ (not compared): our
 ECE bins the *top-label* confidence, and our default voxel selection is the ground-truth foreground, which MONAI has
 no option for.
@@ -13,6 +14,7 @@ no option for.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,3 +83,27 @@ def test_ml1ace_on_all_voxels_equals_monai_average_calibration_error(include_bac
     ours(probs, labels)
     monai = _monai(probs, labels, calibration_reduction="average", include_background=include_background)
     assert float(ours.aggregate()) == pytest.approx(monai, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_confidences_on_rounded_edges_fall_in_the_lower_bin_as_monai_small_left_edge(dtype):
+    """MONAI's ``small_left_edge`` binning case: p = 0.8, 0.2, 0.4, 0.6 with 5 bins land in bins 3, 0, 1, 2 (counts
+    [1, 1, 1, 1, 0], as its test states). float32(0.2) = 0.2000000030 lies *above* 0.2, so a rule with edges at k / M
+    as real numbers put it in bin 1; the edges are k / M rounded to the confidences' dtype, so it stays in bin 0."""
+    from monai.metrics.calibration import calibration_binning
+
+    from calib_monai.metrics import reliability_diagram_data
+    from calib_monai.metrics.calibration import equal_width_bin_index
+
+    p1 = torch.tensor([0.8, 0.2, 0.4, 0.6], dtype=dtype)
+    np.testing.assert_array_equal(equal_width_bin_index(p1.numpy(), 5), [3, 0, 1, 2])
+    _, _, monai_counts = calibration_binning(p1.reshape(1, 1, 4), torch.tensor([[[1, 0, 0, 1]]]), num_bins=5)
+    assert monai_counts.flatten().tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]  # the test case's stated expectation
+    probs = torch.stack([1 - p1, p1]).reshape(1, 2, 4, 1, 1)
+    labels = torch.tensor([1, 0, 0, 1]).reshape(1, 1, 4, 1, 1)
+    for given in (probs, probs.numpy()):  # the torch and the NumPy path
+        data = reliability_diagram_data(given, labels, num_bins=5, foreground="all", classwise=True)
+        assert data["count"][1].tolist() == [1, 1, 1, 1, 0]
+        # top-label bins of max(p, 1 - p) = 0.8, 0.8, 0.6, 0.6: bins 3 and 2 (0.6 and 0.8 are edges too)
+        top = reliability_diagram_data(given, labels, num_bins=5, foreground="all")
+        assert top["count"].tolist() == [0, 0, 2, 2, 0]

@@ -259,3 +259,14 @@ def test_case_quality_travels_with_the_slicer_files(tmp_path, nrrd):
     (inference_dir / "case7_quality.json").unlink()
     files = slicer_files_from_inference(inference_dir, "case7", ["background", "liver", "kidney"], tmp_path / "plain")
     assert files.quality is None and "calib_monai_review" not in nrrd.read(str(files.segmentation))[1]
+
+
+def test_missing_inference_outputs_say_to_run_inferring_first(tmp_path):
+    """``calib-monai slicer`` before ``inferring`` said only that a _seg.nii.gz was missing."""
+    (tmp_path / "other_case_seg.nii.gz").write_bytes(b"")  # an inference folder that holds another case
+    with pytest.raises(FileNotFoundError) as err:
+        slicer_files_from_inference(tmp_path, "case_0001", {"0": "background", "1": "organ"})
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path} has no case_0001_seg.nii.gz or case_0001_conf.nii.gz; it has the cases "
+                              "['other_case']: run the bundle's inferring step on the image first")  # fmt: skip
+    assert "monai.bundle run inferring" in message and "--inference_dir" in message

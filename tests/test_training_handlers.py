@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 from ignite.engine import Engine, Events
@@ -37,11 +38,24 @@ def _items(n: int, seed: int) -> list[dict]:
     return items
 
 
-def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = True, ddp: bool = False):
+def _train_loader(shuffle: bool):
+    if not shuffle:
+        return torch.utils.data.DataLoader(_items(4, 0), batch_size=2)
+    from monai.data import DataLoader, Dataset
+    from monai.transforms import RandFlipd
+
+    flip = RandFlipd(keys=["image", "label"], prob=0.5, spatial_axis=0)
+    return DataLoader(Dataset(_items(6, 0), transform=flip), batch_size=2, shuffle=True)
+
+
+def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = True, ddp: bool = False,
+         shuffle: bool = False, metric_name: str = "val_mean_dice"):
     """Train a tiny net; a handler may stop the run after ``stop_after`` epochs, like a killed job. ``ddp``: the
     trainer and the checkpoint get the network wrapped in DistributedDataParallel, the evaluator the plain one, as
-    in multi_gpu_train.json (needs a process group)."""
+    in multi_gpu_train.json (needs a process group). ``shuffle``: shuffled batches of randomly flipped items (MONAI's
+    DataLoader and a ``RandFlipd``), drawn from the torch and NumPy generators, as a bundle seeds them."""
     torch.manual_seed(0)
+    np.random.seed(0)
     net = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
     trained = torch.nn.parallel.DistributedDataParallel(net) if ddp else net
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
@@ -57,7 +71,7 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
     trainer = SupervisedTrainer(
         device="cpu",
         max_epochs=epochs,
-        train_data_loader=torch.utils.data.DataLoader(_items(4, 0), batch_size=2),
+        train_data_loader=_train_loader(shuffle),
         network=trained,
         optimizer=opt,
         loss_function=torch.nn.CrossEntropyLoss(),
@@ -65,7 +79,8 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
     )
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run())
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: sched.step())
-    checkpoint = TrainingCheckpoint(save_dir, trained, opt, sched, evaluator=evaluator, resume=resume)
+    checkpoint = TrainingCheckpoint(save_dir, trained, opt, sched, evaluator=evaluator, resume=resume,
+                                    metric_name=metric_name)  # fmt: skip
     checkpoint.attach(trainer)
     EpochSummary(evaluator=evaluator, optimizer=opt).attach(trainer)
     started_at = {}
@@ -91,6 +106,47 @@ def test_stopped_run_resumes_at_next_epoch_with_same_state(tmp_path):
     # same data order and same state: the resumed weights equal the uninterrupted ones
     for a, b in zip(net.state_dict().values(), ref_net.state_dict().values()):
         torch.testing.assert_close(a, b)
+
+
+def test_resumed_run_with_shuffling_and_augmentation_equals_the_uninterrupted_one_exactly(tmp_path):
+    """The checkpoint holds the random-number state: a run stopped after epoch 2 and started again (a new process
+    seeds its generators afresh, like ``_run``) shuffles and flips epoch 3 as the uninterrupted run did."""
+    _, ref_net, *_ = _run(tmp_path / "ref", epochs=4, shuffle=True)
+    _run(tmp_path / "run", epochs=4, stop_after=2, shuffle=True)
+    saved = torch.load(tmp_path / "run" / "checkpoint_latest.pt", weights_only=True)  # safe loading suffices
+    assert set(saved["rng"]) >= {"torch", "numpy", "python", "samplers", "transforms"} and saved["rng"]["transforms"]
+    _, net, *_ = _run(tmp_path / "run", epochs=4, shuffle=True)
+    for (name, a), b in zip(net.state_dict().items(), ref_net.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the random numbers matter: the same resume without the stored state ends elsewhere
+    _run(tmp_path / "plain", epochs=4, stop_after=2, shuffle=True)
+    stale = torch.load(tmp_path / "plain" / "checkpoint_latest.pt", weights_only=True)
+    del stale["rng"]
+    torch.save(stale, tmp_path / "plain" / "checkpoint_latest.pt")
+    _, other, *_ = _run(tmp_path / "plain", epochs=4, shuffle=True)
+    assert not all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), ref_net.state_dict().values()))
+    assert json.loads((tmp_path / "run" / "validation_history.json").read_text()) == json.loads(
+        (tmp_path / "ref" / "validation_history.json").read_text()
+    )
+
+
+def test_a_selection_metric_the_validation_does_not_compute_is_an_error(tmp_path):
+    """``--selection_metric val_dic`` trained to the end, wrote no model.pt and said nothing."""
+    with pytest.raises(ValueError, match=r"selection_metric 'val_dic' is not a metric of the validation \(did you "
+                                         r"mean 'val_mean_dice'\?\): it computes \['val_mean_dice'\]"):
+        _run(tmp_path, epochs=2, metric_name="val_dic")
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_an_unreadable_latest_checkpoint_names_the_file_and_how_to_start_over(tmp_path):
+    _run(tmp_path, epochs=1)
+    latest = tmp_path / "checkpoint_latest.pt"
+    latest.write_bytes(latest.read_bytes()[:2000])  # cut off, as by a full disk or an interrupted copy
+    with pytest.raises(ValueError) as err:
+        _run(tmp_path, epochs=2)
+    message = str(err.value)
+    assert message.startswith(f"{latest} cannot be read as a training checkpoint: the file is cut off")
+    assert f"delete {latest} to start the run over" in message and "weights_only" not in message
 
 
 def test_best_model_is_the_best_epochs_weights(tmp_path):
@@ -274,7 +330,9 @@ def test_load_network_weights_reads_every_model_pt_layout(tmp_path, layout):
 
 def test_load_network_weights_is_strict_and_unwraps(tmp_path, one_rank_group):
     torch.save({"other.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
-    with pytest.raises(RuntimeError, match="Missing key"):
+    n = len(_net().state_dict())
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'wrong.pt'} holds the weights of another network than this UNet "
+                                         rf"\({n} tensors of the network missing .*; 1 unexpected tensors \(e.g. other.weight\)\)"):
         load_network_weights(_net(), tmp_path / "wrong.pt")
     source = _net().state_dict()
     wrapped = torch.nn.parallel.DistributedDataParallel(

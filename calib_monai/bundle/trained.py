@@ -23,7 +23,7 @@ from monai.utils import get_equivalent_dtype
 
 from .outputs import OUTPUT_KEYS, OutputFiles, OutputWriter, Prediction, output_case, output_path, write_case_quality
 from .runtime import as_bool
-from .weights import load_network_weights
+from .weights import WeightsFileError, load_network_weights, read_weights_file
 
 __all__ = ["WEIGHT_FILES", "TorchScriptNetwork", "TrainedBundle", "bundle_config_paths", "read_bundle_config"]
 
@@ -183,18 +183,22 @@ class TrainedBundle:
         if weights.suffix == ".ts":
             with warnings.catch_warnings():  # model.ts is the bundle format, deprecated TorchScript or not
                 warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
-                network = TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
+                try:
+                    network = TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
+                except Exception as err:
+                    raise WeightsFileError(f"{weights} cannot be read as a TorchScript model ({type(err).__name__}): "
+                                           "export the bundle again (calib-monai export <bundle>)") from err
         else:
             if self.network_id not in self.parser:
                 raise KeyError(f"{[str(p) for p in self.config_paths]} define no {self.network_id!r} (network_id)")
             network = self.get(self.network_id)
-            source = torch.load(weights, map_location="cpu", weights_only=True)
+            source = read_weights_file(weights)
             if self.key_in_ckpt:
                 if not isinstance(source, Mapping) or self.key_in_ckpt not in source:
                     keys = sorted(source) if isinstance(source, Mapping) else type(source).__name__
                     raise KeyError(f"{weights} has no {self.key_in_ckpt!r} (key_in_ckpt); it holds {keys}")
                 source = source[self.key_in_ckpt]
-            load_network_weights(network, source)
+            load_network_weights(network, source, name=str(weights))
         return network.to(self.device).eval()
 
     @property

@@ -3,8 +3,57 @@
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
 
-__all__ = ["load_network_weights", "unwrap_network", "weights_state_dict"]
+__all__ = ["WeightsFileError", "load_network_weights", "read_weights_file", "unwrap_network", "weights_state_dict"]
+
+#: the fix of a bad ``model.pt``, for messages
+RETRAIN = ("train the bundle again (python -m monai.bundle run training --config_file <bundle>/configs/train.json), or "
+           "copy the model.pt of the run you want to use again")  # fmt: skip
+
+
+class WeightsFileError(ValueError):
+    """A weights or checkpoint file that cannot be used; the message names the file, what is wrong and the fix."""
+
+
+def _unreadable_reason(path: Path, err: BaseException) -> str:
+    """What is wrong with a file ``torch.load`` failed on, in words (never torch's advice to load it unsafely)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    with open(path, "rb") as f:
+        head = f.read(4)
+    unsafe = isinstance(err, pickle.UnpicklingError) and "weights_only" in str(err).lower()
+    objects = ("it holds Python objects other than tensors and numbers, so it is not a state_dict or checkpoint "
+               "written by calib_monai, and it is not loaded (loading it would run code from the file)")  # fmt: skip
+    if head == b"PK\x03\x04":
+        if not zipfile.is_zipfile(path):
+            return f"the file is cut off ({size} bytes; an interrupted write, copy or download?)"
+        return objects if unsafe else f"the archive is damaged ({type(err).__name__})"
+    if head[:1] == b"\x80":  # a bare pickle (torch's legacy format)
+        return objects if unsafe else f"the pickle is damaged or cut off ({size} bytes)"
+    return f"it is not a PyTorch file ({size} bytes that do not start like one)"
+
+
+def read_weights_file(path: str | os.PathLike, map_location: Any = "cpu", what: str = "network weights",
+                      fix: str = RETRAIN) -> Any:  # fmt: skip
+    """``torch.load(path, weights_only=True)``; a file that does not load raises a ``WeightsFileError`` naming the
+    file, what is wrong (empty, cut off, not a PyTorch file, Python objects inside) and ``fix``.
+
+    Files are always read with ``weights_only=True``: the fix of a file that does not load that way is another file,
+    never an unsafe load."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} not found: {fix}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        raise WeightsFileError(f"{path} cannot be read as {what}: {_unreadable_reason(path, err)}; {fix}") from err
 
 
 def unwrap_network(network):
@@ -27,13 +76,14 @@ def weights_state_dict(source, map_location="cpu") -> dict:
     them); or a training checkpoint ``{"model": ...}`` / ``{"network": ...}`` (MONAI ``CheckpointSaver`` style,
     ``checkpoint_latest.pt``). Files are read with ``weights_only=True``.
     """
-    import torch
     from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+    name = "the weights"
     if isinstance(source, (str, os.PathLike)):
-        source = torch.load(source, map_location=map_location, weights_only=True)
+        name, source = str(source), read_weights_file(source, map_location)
     if not isinstance(source, dict):
-        raise TypeError(f"expected a state_dict (a dict of tensors), got {type(source).__name__}")
+        raise WeightsFileError(f"{name} holds a {type(source).__name__}, not a state_dict (a dict of tensors): "
+                               f"{RETRAIN}")  # fmt: skip
     for key in ("model", "network", "state_dict"):
         if isinstance(source.get(key), dict):
             source = source[key]
@@ -45,13 +95,37 @@ def weights_state_dict(source, map_location="cpu") -> dict:
     return state
 
 
-def load_network_weights(network, source, map_location="cpu", strict: bool = True):
+def _examples(names: list[str], limit: int = 2) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def load_network_weights(network, source, map_location="cpu", strict: bool = True, name: str | None = None):
     """Load ``source`` (see :func:`weights_state_dict`: a path or a loaded state_dict, plain, ``module.``-prefixed
     or nested under ``"model"``) into ``network`` (unwrapped first if it is DDP/DataParallel); returns ``network``.
 
     Every reader of ``model.pt`` goes through here (bundle ``evaluate.json``/``inference.json`` via
     ``calib_monai.handlers.NetworkWeightsLoader``; ``TrainedBundle``, and through it the export, MONAI Label serving
-    and the experiment evaluation), so a file from an older multi-GPU run still loads with ``strict=True``.
+    and the experiment evaluation), so a file from an older multi-GPU run still loads with ``strict=True``. Weights
+    of another network (other keys or shapes) raise a ``WeightsFileError`` naming the file (``name``, default the
+    path given), how many tensors differ, an example of each kind, and the fix.
     """
-    unwrap_network(network).load_state_dict(weights_state_dict(source, map_location), strict=strict)
+    name = name or (str(source) if isinstance(source, (str, os.PathLike)) else "the state_dict")
+    state = weights_state_dict(source, map_location)
+    target = unwrap_network(network)
+    if strict:
+        own = target.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        shapes = [f"{k}: file {tuple(state[k].shape)}, network {tuple(own[k].shape)}" for k in own
+                  if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]  # fmt: skip
+        if missing or unexpected or shapes:
+            parts = [f"{len(items)} {what} (e.g. {_examples(items)})" for items, what in
+                     ((missing, "tensors of the network missing"), (unexpected, "unexpected tensors"),
+                      (shapes, "tensors of another shape")) if items]  # fmt: skip
+            raise WeightsFileError(
+                f"{name} holds the weights of another network than this {type(target).__name__} ({'; '.join(parts)}): "
+                "it was trained with other settings (backbone, in_channels, num_classes or the bundle); use the "
+                "settings it was trained with, or train the bundle again"
+            )
+    target.load_state_dict(state, strict=strict)
     return network

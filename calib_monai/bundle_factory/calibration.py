@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from calib_monai.bundle_factory.common import FLOAT_PRED
 from calib_monai.bundle_factory.specs import Dataset, Method
 
@@ -88,7 +89,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check)",
             },
         ],
-        "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
-        "run": ["$@validate#evaluator.run()"],
-        "calibrate": ["$@validate#evaluator.run()"],
+        "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],
+        "run": [DATA_CHECK, "$@validate#evaluator.run()"],
+        "calibrate": [DATA_CHECK, "$@validate#evaluator.run()"],
     }

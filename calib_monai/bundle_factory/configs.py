@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, case_quality_keys
+from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from calib_monai.bundle_factory.data import data_component, preprocessing
 from calib_monai.bundle_factory.specs import Dataset, Method
@@ -251,9 +252,10 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 },
             },
             "validate": _validation(dataset, keep_logits=method.alm),
-            "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
+            "initialize": [REPORT_ERRORS, check_settings(training=True), "$monai.utils.set_determinism(seed=@seed)"],
             # the data are read when training starts, not at initialize (so `run export` needs none)
-            "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],
+            "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+                    "$@train#trainer.run()"],
             "training": "@run",
             # models/model.ts (logits) + segmentation_confidence.{ts,pt2} from the best checkpoint; the network is
             # rebuilt from this file's network_def (command-line overrides of the network are not seen)
@@ -312,9 +314,9 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "output_transform": "$monai.handlers.from_engine(['prob_uncalibrated', 'label'])",
             },
         },
-        "initialize": ["$monai.utils.set_determinism(seed=@seed)"],
-        "run": ["$@validate#evaluator.run()"],
-        "evaluating": ["$@validate#evaluator.run()"],
+        "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],
+        "run": [DATA_CHECK, "$@validate#evaluator.run()"],
+        "evaluating": [DATA_CHECK, "$@validate#evaluator.run()"],
     }
 
 
@@ -339,8 +341,10 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "validate#dataloader#sampler": "@validate#sampler",
         "validate#evaluator#network": "$calib_monai.bundle.unwrap_network(@network)",
         "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
-        "initialize": ["$calib_monai.bundle.init_distributed(@backend)", "$monai.utils.set_determinism(seed=@seed)"],
-        "run": ["$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)", "$@train#trainer.run()"],
+        "initialize": [REPORT_ERRORS, "$calib_monai.bundle.init_distributed(@backend)", check_settings(training=True),
+                       "$monai.utils.set_determinism(seed=@seed)"],
+        "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+                "$@train#trainer.run()"],
         "training": "@run",
         "finalize": ["$calib_monai.bundle.finalize_distributed()"],
     }
@@ -401,9 +405,9 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "val_handlers": "@handlers",
                 "amp": "$calib_monai.bundle.as_bool(@amp)",
             },
-            "initialize": [],
-            "run": ["$@evaluator.run()"],
-            "inferring": ["$@evaluator.run()"],
+            "initialize": [REPORT_ERRORS, check_settings()],
+            "run": [DATA_CHECK, "$@evaluator.run()"],
+            "inferring": [DATA_CHECK, "$@evaluator.run()"],
         }
     )
     return config

@@ -110,30 +110,35 @@ def calibrate_probabilities(
     max_voxels: int = 2_000_000,
     seed: int = 0,
     write_calibrated: bool = False,
-    ignore_extra_labels: bool = False,
+    ignore_extra_labels: bool = True,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Evaluate saved probabilities against labels, fit a temperature, evaluate again; write the report.
 
     Args:
-        predictions: folder of ``<case>.npz`` (nnU-Net) or ``<case>.nii.gz`` probability maps.
-        labels: folder of ``<case>.nii.gz`` label maps (every label needs a prediction, see ``ignore_extra_labels``).
-        output_dir: where ``before/``, ``after/``, ``comparison.csv``, ``temperature.json`` (and ``calibrated/``) go.
-        fit_predictions, fit_labels: a separate calibration set (same format) to fit the temperature on; without
-            it the temperature is fitted on the evaluated cases (in-sample).
-        format: ``"auto"``, ``"nnunet"`` or ``"nifti"`` (see the module docstring).
-        label_names: ``{"0": "background", ...}``; default from the ``dataset.json`` beside the predictions, else
-            ``class_<i>``.
-        num_bins: bins of ECE / CECE / TACE (15 in the papers).
-        empty_class: ``"nan"`` or ``"papers"``: DSC / HD95 of classes absent from a label
-            (:func:`calib_monai.metrics.segmentation_metrics_per_volume`).
+        predictions: folder of <case>.npz files (nnU-Net's --save_probabilities output) or <case>.nii.gz probability
+            maps (x, y, z, C).
+        labels: folder of <case>.nii.gz label maps in the original image geometry (e.g. nnU-Net's labelsTr); labels
+            without a prediction are left out (see ignore_extra_labels).
+        output_dir: where before/, after/, comparison.csv, temperature.json (and calibrated/) are written.
+        fit_predictions: predictions of a separate calibration set (same format) to fit the temperature on; give
+            fit_labels with it. Without them the temperature is fitted on the evaluated cases, so the after numbers
+            are in-sample and optimistic (the log and summary.json say so).
+        fit_labels: the label folder of fit_predictions (it may be the same labelsTr folder as labels).
+        format: "auto" (nnunet when the predictions folder holds .npz files), "nnunet" or "nifti".
+        label_names: class names, e.g. {"0": "background", "1": "liver"}; default: the dataset.json beside the
+            predictions, else class_<i>.
+        num_bins: number of bins of ECE, CECE and TACE (15 in the papers).
+        empty_class: "nan" or "papers": the DSC and HD95 of a class absent from a label, as in
+            calib_monai.metrics.segmentation_metrics_per_volume.
         surface_distances: False leaves out HD95 and ASD (much faster on large volumes).
-        max_voxels: voxels sampled (seeded) to fit the temperature, bounding its memory.
+        max_voxels: voxels sampled (seeded) to fit the temperature, which bounds its memory.
         seed: seed of that sample.
-        write_calibrated: also write the temperature-scaled probabilities to ``output_dir/calibrated``.
-        ignore_extra_labels: evaluate only the predicted cases when the label folder holds more (e.g. ``labelsTr``
-            against one fold's validation predictions).
-        device: where the metrics run (``"cuda"`` on a GPU machine).
+        write_calibrated: also write the temperature-scaled probabilities to output_dir/calibrated, in the format
+            of the input.
+        ignore_extra_labels: True (default) evaluates the predicted cases and leaves out labels without a
+            prediction, the usual layout (labelsTr against one fold's predictions); False makes them an error.
+        device: where the metrics run ("cuda" on a GPU machine).
 
     Returns:
         ``{"temperature", "in_sample", "cases", "output_dir", "comparison"}``.

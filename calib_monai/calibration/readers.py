@@ -7,6 +7,7 @@ and the label image's affine, so that metrics, spacing and the written calibrate
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import re
 import shutil
@@ -18,9 +19,12 @@ import nibabel as nib
 import numpy as np
 from nibabel.orientations import io_orientation
 
+from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
+
 __all__ = ["FORMATS", "CaseFiles", "Volume", "detect_format", "label_names_from", "match_cases", "read_case",
            "write_calibrated"]  # fmt: skip
 
+logger = logging.getLogger("calib_monai")
 FORMATS = ("nnunet", "nifti")
 _NIFTI = (".nii.gz", ".nii")
 _CHANNEL_SUFFIX = re.compile(r"_\d{4}$")  # nnU-Net's image channel suffix, absent from label names
@@ -42,6 +46,7 @@ class Volume:
     affine: np.ndarray  # of the label image, in the frame of the arrays
     nifti_ndim: int = 0  # 4 or 5 for a NIfTI probability map (its layout is written back)
     header: Any = None
+    stored_order: Any = None  # the orientation transform back to the prediction's own voxel order (None: the same)
 
 
 def _stem(path: Path) -> str:
@@ -50,15 +55,30 @@ def _stem(path: Path) -> str:
 
 def _files(folder: Path, endings: tuple[str, ...]) -> dict[str, Path]:
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder")
+        raise FileNotFoundError(f"{folder} is not a folder (it does not exist, or it is a file)")
     return {_stem(p): p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings)}
 
 
+_SAVE_PROBABILITIES = ("nnU-Net writes probabilities only when asked: run nnUNetv2_predict again with "
+                       "--save_probabilities (it adds <case>.npz and <case>.pkl beside each <case>.nii.gz) and pass "
+                       "that output folder")  # fmt: skip
+
+
+def _segmentations_only(niftis: dict[str, Path]) -> bool:
+    """True when the NIfTI files are 3D label maps (e.g. nnU-Net's segmentations), not 4D/5D probability maps."""
+    return len(nib.load(str(next(iter(niftis.values())))).shape) == 3
+
+
 def detect_format(predictions: Path) -> str:
-    """``"nnunet"`` when the folder holds ``.npz`` files, ``"nifti"`` when it holds NIfTI files only."""
+    """``"nnunet"`` when the folder holds ``.npz`` files, ``"nifti"`` when it holds NIfTI probability maps only; a
+    folder of nnU-Net segmentations without probabilities says how to get them."""
     if _files(predictions, (".npz",)):
         return "nnunet"
-    if _files(predictions, _NIFTI):
+    niftis = _files(predictions, _NIFTI)
+    if niftis and _segmentations_only(niftis):
+        raise FileNotFoundError(f"{predictions} holds segmentations ({len(niftis)} <case>.nii.gz label maps) but no "
+                                f"probabilities (<case>.npz): {_SAVE_PROBABILITIES}")  # fmt: skip
+    if niftis:
         return "nifti"
     raise FileNotFoundError(f"no probabilities in {predictions}: expected nnU-Net's <case>.npz or <case>.nii.gz maps")
 
@@ -68,10 +88,11 @@ def _listing(names: list[str], limit: int = 20) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: bool = False) -> list[CaseFiles]:
+def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: bool = True) -> list[CaseFiles]:
     """Pair ``<case>.npz`` (nnU-Net) or ``<case>.nii.gz`` (NIfTI) predictions with ``labels/<case>.nii.gz`` by name;
-    a prediction ``<case>_0000`` also matches the label ``<case>``. Unpaired predictions (always) and unpaired labels
-    (unless ``ignore_extra_labels``) raise a ``ValueError`` naming them."""
+    a prediction ``<case>_0000`` also matches the label ``<case>``. Unpaired predictions raise a ``ValueError`` naming
+    them; labels without a prediction are left out with a log line (the usual layout: nnU-Net's ``labelsTr`` against
+    the predictions of a subset), or raise with ``ignore_extra_labels=False``."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or 'auto', got {fmt!r}")
     preds = _files(predictions, (".npz",) if fmt == "nnunet" else _NIFTI)
@@ -91,7 +112,10 @@ def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: 
     extra = sorted(set(label_files) - set(pairs))
     if extra and not ignore_extra_labels:
         raise ValueError(f"{len(extra)} label(s) in {labels} have no prediction in {predictions}: {_listing(extra)} "
-                         "(pass --ignore_extra_labels to evaluate only the predicted cases)")
+                         "(leave out --ignore_extra_labels=False to evaluate only the predicted cases)")
+    if extra:
+        logger.info(f"{len(pairs)} predicted case(s) evaluated; {len(extra)} label(s) in {labels} without a "
+                    f"prediction in {predictions} are left out")  # fmt: skip
     return [pairs[k] for k in sorted(pairs)]
 
 
@@ -142,6 +166,41 @@ def _mismatch(case: CaseFiles, stored: tuple, expected: tuple, layout: str, caus
                       f"the label {case.label} read by nibabel has shape (x, y, z) = {expected}: {cause}")
 
 
+def _nnunet_affine(properties: dict) -> np.ndarray | None:
+    """The RAS affine of the image nnU-Net predicted, from its ``.pkl``: NibabelIO(WithReorient)'s affine, or
+    SimpleITKIO's spacing, origin and direction (ITK's LPS world: x and y flipped); None when it holds neither."""
+    nibabel_stuff = properties.get("nibabel_stuff") or {}
+    for key in ("reoriented_affine", "original_affine"):
+        if key in nibabel_stuff:
+            return np.asarray(nibabel_stuff[key], dtype=np.float64)
+    sitk = properties.get("sitk_stuff") or {}
+    if not all(k in sitk for k in ("spacing", "origin", "direction")):
+        return None
+    affine = np.eye(4)
+    affine[:3, :3] = np.asarray(sitk["direction"], dtype=np.float64).reshape(3, 3) * np.asarray(sitk["spacing"])
+    affine[:3, 3] = sitk["origin"]
+    return np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
+
+
+def _onto_label_grid(case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray | None, label: np.ndarray,
+                     label_affine: np.ndarray) -> tuple[np.ndarray | None, Any]:  # fmt: skip
+    """``probabilities (C, x, y, z)`` stored in the label's voxel order, and the transform back to their own; None
+    (unchanged) when the grids have other shapes (the caller explains those). Grids apart in position, voxel size or
+    axes (:func:`calib_monai.geometry.grid_mismatch`) raise a ``ValueError`` naming both files."""
+    if affine is None:
+        return probabilities, None
+    problem = grid_mismatch(label_affine, label.shape, affine, probabilities.shape[1:])
+    if problem is not None and problem.kind == "shape":
+        return None, None
+    if problem is not None:
+        raise ValueError(f"case {case.name}: the probabilities {case.probabilities} do not lie on the grid of the "
+                         f"label {case.label}: {problem.text} (label first; tolerance {GEOMETRY_TOLERANCE:g} voxel), "
+                         "so they would be scored against other voxels; use the labels of the images that were "
+                         "segmented, in their original geometry")  # fmt: skip
+    onto_label = reorientation(affine, label_affine)  # stored LAS against a RAS label: the same voxels, reordered
+    return reorient(probabilities, onto_label, channel_axis=0), reorientation(label_affine, affine)
+
+
 def _read_nnunet(case: CaseFiles) -> Volume:
     with np.load(case.probabilities) as f:
         if "probabilities" not in f:
@@ -150,8 +209,13 @@ def _read_nnunet(case: CaseFiles) -> Volume:
         stored = f["probabilities"]
     pkl = case.probabilities.with_suffix(".pkl")
     properties = pickle.loads(pkl.read_bytes()) if pkl.is_file() else {}  # nnU-Net's own trusted output
-    reorient = "reoriented_affine" in properties.get("nibabel_stuff", {})
-    label, affine = _read_label(case.label, reorient)
+    reoriented = "reoriented_affine" in properties.get("nibabel_stuff", {})
+    label, affine = _read_label(case.label, reoriented)
+    if stored.ndim == 4:
+        on_grid, back = _onto_label_grid(case, stored.transpose(0, 3, 2, 1), _nnunet_affine(properties), label, affine)
+        if on_grid is not None and on_grid.shape[1:] == label.shape:
+            probabilities = np.ascontiguousarray(on_grid.astype(np.float32))
+            return Volume(_check(probabilities, label, case), label, affine, stored_order=back)
     if stored.ndim != 4 or stored.shape[1:][::-1] != label.shape:
         spatial = tuple(stored.shape[1:])
         if spatial == label.shape:
@@ -173,12 +237,18 @@ def _read_nnunet(case: CaseFiles) -> Volume:
 def _read_nifti(case: CaseFiles) -> Volume:
     image = nib.load(str(case.probabilities))
     data = np.asarray(image.dataobj, dtype=np.float32)
+    if data.ndim == 3:
+        raise ValueError(f"{case.probabilities} is a 3D label map, not a probability map (x, y, z, C): "
+                         f"{_SAVE_PROBABILITIES}; other tools: save one channel per class")  # fmt: skip
     if data.ndim == 5 and data.shape[3] == 1:  # (x, y, z, 1, C): nibabel's view of an intent-vector image
         data = data[:, :, :, 0]
     elif data.ndim != 4:
         raise ValueError(f"{case.probabilities} has shape {data.shape}: a 4D (x, y, z, C) or 5D (x, y, z, 1, C) "
                          f"probability map expected, one channel per class")  # fmt: skip
     label, affine = _read_label(case.label)
+    on_grid, back = _onto_label_grid(case, np.moveaxis(data, -1, 0), image.affine, label, affine)
+    if on_grid is not None:
+        data = np.moveaxis(on_grid, 0, -1)
     if data.shape[:3] != label.shape:
         if data.shape[1:] == label.shape:
             cause = "the channel axis comes first: NIfTI probability maps keep the classes on the last axis"
@@ -188,7 +258,7 @@ def _read_nifti(case: CaseFiles) -> Volume:
             cause = "different grids: resample the probabilities to the label image's geometry first"
         raise _mismatch(case, data.shape, label.shape, "(x, y, z, C)", cause)
     probabilities = np.ascontiguousarray(np.moveaxis(data, -1, 0))
-    return Volume(_check(probabilities, label, case), label, affine, image.ndim, image.header)
+    return Volume(_check(probabilities, label, case), label, affine, image.ndim, image.header, back)
 
 
 def read_case(case: CaseFiles) -> Volume:
@@ -201,6 +271,7 @@ def write_calibrated(case: CaseFiles, volume: Volume, probabilities: np.ndarray,
     ``.pkl`` and segmentation copied, the argmax being unchanged) or a NIfTI map with the input's header."""
     folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(case.probabilities)
+    probabilities = reorient(probabilities, volume.stored_order, channel_axis=0)  # in the input's own voxel order
     if case.format == "nnunet":
         out = folder / f"{stem}.npz"
         np.savez_compressed(out, probabilities=probabilities.transpose(0, 3, 2, 1).astype(np.float32))

@@ -21,6 +21,8 @@ import torch
 from monai.transforms import MapTransform
 from torch import nn
 
+from calib_monai.bundle.weights import read_weights_file
+
 from .local_temperature import LocalTemperatureScaling
 from .temperature import TemperatureScaling
 
@@ -84,13 +86,13 @@ def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None 
         path = path / CALIBRATION_FILE
     if not path.is_file():
         return None
+    fix = "delete it and run the bundle's calibrate step again"
+    record = read_weights_file(path, what="a calibration file of calib_monai", fix=fix)  # names what is wrong
     try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
         method = record["method"]
         cls = METHODS[method]
     except Exception as err:
-        raise ValueError(f"{path} is not a calibration file of calib_monai ({type(err).__name__}: {err}); delete it "
-                         "and run the bundle's calibrate step again") from err  # fmt: skip
+        raise ValueError(f"{path} is not a calibration file of calib_monai ({type(err).__name__}: {err}); {fix}") from err
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
         logger.warning(f"{path} was fitted for other weights than {weights} (the model was trained again since): "
                        "not applied; run the bundle's calibrate step again")  # fmt: skip

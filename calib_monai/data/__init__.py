@@ -32,7 +32,7 @@ from calib_monai.data.msd import MSDDataset
 from calib_monai.data.msd_tasks import Hippocampus, Prostate
 from calib_monai.data.phantoms import generate_phantom, write_phantom_dataset
 from calib_monai.data.promise12 import PROMISE12
-from calib_monai.data.transforms import CheckedLoadImaged, CropAroundForegroundd, ValidateSegmentationd
+from calib_monai.data.transforms import ChannelFirstd, CheckedLoadImaged, CropAroundForegroundd, ValidateSegmentationd
 from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "FLARE22_TO_FLARE",
     "FLARE_LABEL_NAMES",
     "FLARE_LAYOUTS",
+    "ChannelFirstd",
     "CheckedLoadImaged",
     "ConfidenceAndSegmentationd",
     "CropAroundForegroundd",

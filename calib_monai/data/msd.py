@@ -95,6 +95,17 @@ class MSDDataset(VolumeSegmentationData):
     def label_names(self) -> dict[str, str]:
         return dict(self._label_names)
 
+    @property
+    def channel_names(self) -> tuple[str, ...] | None:
+        """The known task's channels, else those of ``dataset.json`` (MSD ``modality`` or nnU-Net v2
+        ``channel_names``: ``{"0": "MRI"}``); None when it names none."""
+        if self.facts is not None:
+            return tuple(self.facts.channel_names)
+        channels = self.description.get("channel_names", self.description.get("modality"))
+        if isinstance(channels, dict) and channels and all(str(k).isdigit() for k in channels):
+            return tuple(str(channels[k]) for k in sorted(channels, key=int))
+        return None
+
     def _dataset_root(self) -> str | None:
         return None if self.dataset_dir is None else str(self.dataset_dir)
 

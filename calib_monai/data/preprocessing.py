@@ -142,7 +142,9 @@ def load_images() -> dict[str, Any]:
 
 
 def channel_first() -> dict[str, Any]:
-    return {"_target_": "EnsureChannelFirstd", "keys": list(KEYS)}
+    """Channels first; the image's channel count checked against the data set's (``ChannelFirstd``)."""
+    return {"_target_": "calib_monai.data.ChannelFirstd", "keys": list(KEYS), "image_channels": "$@data.channel_names",
+            "source": "$@data.source"}  # fmt: skip
 
 
 def check_labels() -> dict[str, Any]:

@@ -8,11 +8,14 @@ import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
-from monai.transforms import InvertibleTransform, LoadImaged, MapTransform
+from monai.transforms import EnsureChannelFirstd, InvertibleTransform, LoadImaged, MapTransform
 from monai.transforms.croppad.array import Crop
+
+from calib_monai.geometry import GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch
 
 __all__ = [
     "CaseDataError",
+    "ChannelFirstd",
     "CheckedLoadImaged",
     "CropAroundForegroundd",
     "ValidateSegmentationd",
@@ -74,10 +77,57 @@ class CheckedLoadImaged(MapTransform):
         return d
 
 
+class ChannelFirstd(EnsureChannelFirstd):
+    """``EnsureChannelFirstd``, then the image's channels counted against the data set's ``image_channels`` (their
+    names): an image with another number of channels raises a ``CaseDataError`` naming the file, where it would
+    otherwise reach the network and fail there without a name (a 2-channel image into a 1-channel bundle).
+
+    Args:
+        keys: as ``EnsureChannelFirstd``.
+        image_key: the key whose channels are counted (skipped when absent).
+        image_channels: the channel names the data set's images have; None: not checked.
+        source: the data set, for the message.
+    """
+
+    def __init__(self, keys: KeysCollection, image_key: str = "image", image_channels: Iterable[str] | None = None,
+                 source: str = "", **kwargs) -> None:  # fmt: skip
+        super().__init__(keys, **kwargs)
+        self.image_key, self.source = image_key, source
+        self.image_channels = None if image_channels is None else tuple(str(c) for c in image_channels)
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = super().__call__(data)
+        if self.image_channels is not None and self.image_key in d:
+            channels = int(d[self.image_key].shape[0])
+            if channels != len(self.image_channels):
+                expected = len(self.image_channels)
+                raise CaseDataError(
+                    f"image {case_filename(d, self.image_key)} has {channels} channel(s), but the {self.source} images "
+                    f"this bundle takes have {expected} ({', '.join(self.image_channels)}): its network reads "
+                    f"{expected}; pass an image with {expected} channel(s) (a 4D NIfTI's last axis, or one file per "
+                    "channel)"
+                )
+        return d
+
+
+def _grid_problem(image, label):
+    """What differs between the voxel grids of ``image`` and ``label`` (``calib_monai.geometry.grid_mismatch``: the
+    same voxels stored in another order pass, since the pipeline's ``Orientationd`` reorients each to RAS); without
+    3D affines (plain tensors, 2D images) the shapes alone."""
+    affines = [getattr(x, "affine", None) for x in (image, label)]
+    if image.ndim != 4 or label.ndim != 4 or any(a is None or tuple(a.shape) != (4, 4) for a in affines):
+        same = tuple(image.shape[1:]) == tuple(label.shape[1:])
+        return None if same else GridMismatch("shape", f"{tuple(image.shape[1:])} against {tuple(label.shape[1:])}")
+    image_affine, label_affine = (np.asarray(_plain(a).detach().cpu(), dtype=np.float64) for a in affines)
+    return grid_mismatch(image_affine, tuple(image.shape[1:]), label_affine, tuple(label.shape[1:]))
+
+
 class ValidateSegmentationd(MapTransform):
     """Check an (image, label) pair after ``EnsureChannelFirstd``; raise a ValueError naming the case file otherwise.
 
-    Checks: same spatial shape; a single label channel; finite image intensities (no NaN/Inf); integer label values
+    Checks: the label on the image's voxel grid (``calib_monai.geometry``: the same shape, voxel size, axes and
+    position within a 1% of a voxel; a label stored in another orientation passes, the pipeline's ``Orientationd``
+    reorients both to RAS); a single label channel; finite image intensities (no NaN/Inf); integer label values
     within ``allowed_labels``.
     """
 
@@ -91,11 +141,18 @@ class ValidateSegmentationd(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> Mapping[Hashable, object]:
         image, label = data[self.image_key], data[self.label_key]
         image_file, label_file = case_filename(data, self.image_key), case_filename(data, self.label_key)
-        if tuple(image.shape[1:]) != tuple(label.shape[1:]):
+        problem = _grid_problem(image, label)
+        if problem is not None and (problem.kind == "shape" or tuple(image.shape[1:]) != tuple(label.shape[1:])):
             raise CaseDataError(
                 f"image {image_file} has spatial shape {tuple(image.shape[1:])} but its label {label_file} has "
                 f"{tuple(label.shape[1:])}: they must match voxel for voxel; re-export the mask on the image grid or "
                 "fix the image/label pairing"
+            )
+        if problem is not None:
+            raise CaseDataError(
+                f"label {label_file} does not lie on the grid of its image {image_file}: {problem.text} (tolerance "
+                f"{GEOMETRY_TOLERANCE:g} voxel): it would be trained and scored against other voxels; re-export the "
+                "label on the image grid (or fix its header), or remove the case"
             )
         if label.shape[0] != 1:
             raise CaseDataError(

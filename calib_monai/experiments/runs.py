@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from calib_monai.bundle import bundle_config_paths, locate_bundle, read_bundle_config, weights_state_dict
+from calib_monai.bundle import bundle_config_paths, locate_bundle, read_bundle_config, read_weights_file, weights_state_dict
 
 __all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
 
@@ -165,7 +165,7 @@ def train(spec: RunSpec) -> dict[str, Any]:
         if code != 0:
             break
         if epochs is not None:  # keep this epoch's network (a plain state_dict, like model.pt)
-            latest = torch.load(spec.models_dir / "checkpoint_latest.pt", map_location="cpu", weights_only=False)
+            latest = read_weights_file(spec.models_dir / "checkpoint_latest.pt", what="a training checkpoint")
             torch.save(weights_state_dict(latest), spec.snapshot_path(epochs))  # its "network", unprefixed
     record["wall_time_s"] = round(record["wall_time_s"] + time.perf_counter() - start, 1)
     record["status"] = "finished" if code == 0 and (spec.models_dir / "model.pt").is_file() else "failed"

@@ -354,6 +354,15 @@ def slicer_files_from_inference(
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference) and, when the run
     wrote it, ``<case>_quality.json``, into ``output_dir`` (default: ``inference_dir``)."""
     seg_path, conf_path, stored = output_paths(inference_dir, case)
+    missing = [path.name for path in (seg_path, conf_path) if not Path(path).is_file()]
+    if missing:
+        found = sorted(p.name[: -len("_seg.nii.gz")] for p in Path(inference_dir).glob("*_seg.nii.gz"))
+        cases = f"; it has the cases {found[:10]}" if found else ""
+        raise FileNotFoundError(
+            f"{inference_dir} has no {' or '.join(missing)}{cases}: run the bundle's inferring step on the image first "
+            "(python -m monai.bundle run inferring --config_file <bundle>/configs/inference.json --dataset_dir "
+            f"<image or folder>), or pass --inference_dir where it wrote {case}_seg.nii.gz"
+        )
     quality = json.loads(stored.read_text()) if stored.is_file() else None
     if quality is not None:
         quality.pop("case", None)

@@ -7,4 +7,5 @@ from .calibration import SegmentationCalibration
 from .calibration_fit import CalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
-from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint, select_epoch
+from .rng import capture_rng_state, restore_rng_state
+from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint, check_selection_metric, select_epoch

@@ -6,6 +6,7 @@ Both attach to the trainer *after* MONAI's ``ValidationHandler`` (bundle configs
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -20,9 +21,12 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
-from calib_monai.bundle import load_network_weights, unwrap_network, weights_state_dict
+from calib_monai.bundle import load_network_weights, read_weights_file, unwrap_network, weights_state_dict
 
-__all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "save_atomically", "select_epoch"]
+from .rng import capture_rng_state, restore_rng_state
+
+__all__ = ["EpochSummary", "NetworkWeightsLoader", "TrainingCheckpoint", "check_selection_metric", "save_atomically",
+           "select_epoch"]
 
 
 def save_atomically(obj: Any, path: str | os.PathLike, write: Any = torch.save) -> None:
@@ -45,6 +49,18 @@ def save_atomically(obj: Any, path: str | os.PathLike, write: Any = torch.save) 
 
 def _write_json(data: Any, path: str) -> None:
     Path(path).write_text(json.dumps(data, indent=1))
+
+
+def _nearest(name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_selection_metric(metric_name: str, metrics: Any) -> None:
+    """A ValueError naming ``metric_name`` when the validation does not compute it (``metrics``: its metric names)."""
+    if metric_name not in metrics:
+        raise ValueError(f"selection_metric {metric_name!r} is not a metric of the validation{_nearest(metric_name, metrics)}"
+                         f": it computes {sorted(metrics)}; pass --selection_metric <one of them>")  # fmt: skip
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
@@ -166,16 +182,23 @@ class TrainingCheckpoint:
     * writes ``best_filename`` (a plain ``state_dict`` of the network, the model-zoo ``models/model.pt``
       format that ``ckpt_export`` and MONAI Label read) when ``evaluator.state.metrics[metric_name]``
       improves on the best so far (higher is better for ``mode="max"``, as for DSC in the papers);
-    * writes ``latest_filename`` with network, optimizer, scheduler, trainer state (epoch, iteration)
-      and the best value so far, so that a stopped run resumes exactly where it stopped.
+    * writes ``latest_filename`` with network, optimizer, scheduler, trainer state (epoch, iteration), the best value
+      so far and the random-number state (``calib_monai.handlers.rng``: torch, CUDA, NumPy, Python, the training
+      loader's generators and random transforms), so that a stopped run resumes exactly where it stopped: killed at
+      any point and resumed, it ends with the same weights as a run that was never stopped (same machine and
+      settings; ``tests/test_resume_exact.py``).
 
     Every validated epoch's evaluator metrics are also appended to ``validation_history.json`` (a list of
     ``{"epoch": e, "val_mean_dice": ..., ...}``), so any other selection rule can be applied after training with
     :func:`select_epoch`; ``keep_every_epoch=True`` also keeps each epoch's network as ``epoch_<e>.pt``, the weights
     those rules pick (model-selection studies).
 
-    The files are written atomically, by DDP rank 0 only (every rank loads them). At ``STARTED``, if ``latest_filename`` exists, everything is loaded
-    back and training continues at the next epoch; ``resume=False`` ignores (and later overwrites) it.
+    The files are written atomically, by DDP rank 0 only (every rank loads them, and restores rank 0's random-number
+    state). At ``STARTED``, if ``latest_filename`` exists, everything is loaded back and training continues at the next
+    epoch; ``resume=False`` ignores (and later overwrites) it. A file that cannot be read (cut off, of another network)
+    is an error naming it and the fix (delete it to start over); it is read with ``weights_only=True``.
+    ``metric_name`` must be one of the evaluator's metrics: a name it does not compute is an error at the first
+    validation (naming the metrics it computes), not an epoch silently never saved.
 
     A ``DistributedDataParallel`` (or ``DataParallel``) network is unwrapped: both files hold the plain network's
     keys (no ``module.`` prefix), so a multi-GPU ``model.pt`` loads into the bundle's ``network_def`` like any other,
@@ -272,10 +295,23 @@ class TrainingCheckpoint:
         if not self.resume or not self.latest_path.is_file():
             return
         max_epochs = engine.state.max_epochs
-        checkpoint = torch.load(self.latest_path, map_location="cpu", weights_only=False)
+        fix = (f"delete {self.latest_path} to start the run over (model.pt and the validation history are kept until "
+               "the new run replaces them), or put back the file of the stopped run")  # fmt: skip
+        checkpoint = read_weights_file(self.latest_path, what="a training checkpoint", fix=fix)
+        objects = self._objects()
+        wanted = (*objects, "best_metric", "best_metric_epoch")
+        missing = [name for name in wanted if name not in checkpoint] if isinstance(checkpoint, dict) else list(wanted)
+        if missing:
+            raise ValueError(f"{self.latest_path} is not a checkpoint of this training (it lacks {missing}): {fix}")
         # a file written by an older multi-GPU run holds "module."-prefixed network keys
-        checkpoint["network"] = weights_state_dict(checkpoint["network"])
-        Checkpoint.load_objects(to_load=self._objects(), checkpoint=checkpoint)
+        load_network_weights(objects.pop("network"), weights_state_dict(checkpoint["network"]),
+                             name=f"{self.latest_path} (its network)")  # fmt: skip
+        Checkpoint.load_objects(to_load=objects, checkpoint=checkpoint)
+        if "rng" in checkpoint:
+            restore_rng_state(checkpoint["rng"], engine.state.dataloader)
+        else:
+            self.logger.warning(f"{self.latest_path} holds no random-number state (written by an older version): the "
+                                "resumed run shuffles differently from an uninterrupted one")  # fmt: skip
         self.best_metric = checkpoint["best_metric"]
         self.best_metric_epoch = checkpoint["best_metric_epoch"]
         self.best_within_bounds = checkpoint.get("best_within_bounds", not self.bounds)
@@ -300,8 +336,9 @@ class TrainingCheckpoint:
         weights = unwrap_network(self.network).state_dict()
         if self.keep_every_epoch:
             save_atomically(weights, self.save_dir / f"epoch_{engine.state.epoch}.pt")
-        if self.evaluator is not None and self.metric_name in self.evaluator.state.metrics:
+        if self.evaluator is not None and self.evaluator.state.metrics:
             metrics = self.evaluator.state.metrics
+            check_selection_metric(self.metric_name, metrics)
             self.history.append({"epoch": engine.state.epoch, **{k: _as_float(v) for k, v in metrics.items()}})
             value = float(metrics[self.metric_name])
             within = _within_bounds(metrics, self.bounds)
@@ -313,7 +350,8 @@ class TrainingCheckpoint:
             save_atomically(self.history, self.history_path, write=_write_json)
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state.update(best_metric=self.best_metric, best_metric_epoch=self.best_metric_epoch,
-                     best_within_bounds=self.best_within_bounds, history=self.history)  # fmt: skip
+                     best_within_bounds=self.best_within_bounds, history=self.history,
+                     rng=capture_rng_state(engine.state.dataloader))  # fmt: skip
         save_atomically(state, self.latest_path)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
 import os
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "VALUE_CHECK_MODES",
     "as_plain_tensor",
     "check_choice",
+    "check_number",
     "check_reduction",
     "prepare_inputs",
     "reduce_per_voxel",
@@ -78,6 +80,32 @@ def value_checks_due(owner: object | None, device: torch.device) -> bool:
     return True
 
 
+def check_number(name: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,
+                 high_open: bool = False, hint: str = "") -> float:
+    """``value`` as a float if it is a finite real number within ``[low, high]`` (``low_open``/``high_open``: the
+    bound itself excluded), else a ValueError naming ``name``, the range, the value and ``hint`` (what it means).
+
+    Loss constructors check their arguments here, so ``--loss#alpha -1`` (or NaN, or a string) fails when the bundle
+    builds the loss instead of training with a negative or NaN penalty."""
+    ranges = []
+    if low is not None:
+        ranges.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        ranges.append(f"{'<' if high_open else '<='} {high:g}")
+    wanted = f"{name} must be a finite number{' ' + ' and '.join(ranges) if ranges else ''}"
+    hint = f" ({hint})" if hint else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not (
+        isinstance(value, torch.Tensor) and value.numel() == 1
+    ):
+        raise ValueError(f"{wanted}{hint}, got {value!r} ({type(value).__name__}).")
+    number = float(value)
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if not math.isfinite(number) or below or above:
+        raise ValueError(f"{wanted}{hint}, got {value!r}.")
+    return number
+
+
 def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
     return check_choice("reduction", str(reduction), options)
 
@@ -96,6 +124,11 @@ def _check_logits(
         raise ValueError(
             f"logits must have {spatial_dims} spatial dims (shape with {spatial_dims + 2} dims), "
             f"got shape {tuple(logits.shape)} ({logits.ndim - 2} spatial dims)."
+        )
+    if logits.numel() == 0:
+        raise ValueError(
+            f"logits are empty (shape {tuple(logits.shape)}): a batch without samples or a spatial size of 0; the loss "
+            "needs at least one voxel (check the data loader: an empty training subset or a crop of size 0)."
         )
     if not logits.is_floating_point():
         raise ValueError(f"logits must be a floating point tensor, got dtype {logits.dtype}.")

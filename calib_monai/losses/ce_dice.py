@@ -6,7 +6,7 @@ import torch
 from monai.losses import DiceCELoss
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_reduction, prepare_inputs
+from calib_monai.losses._inputs import check_number, check_reduction, prepare_inputs
 
 __all__ = ["CEDiceLoss"]
 
@@ -48,6 +48,8 @@ class CEDiceLoss(_Loss):
         squared_pred: bool = False,
     ) -> None:
         super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
+        check_number("lambda_dice", lambda_dice, 0, hint="the weight of the Dice term")
+        check_number("lambda_ce", lambda_ce, 0, hint="the weight of the cross-entropy term")
         self.dice_ce = DiceCELoss(
             include_background=include_background,
             to_onehot_y=True,

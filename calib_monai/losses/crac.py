@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, prepare_inputs
+from calib_monai.losses._inputs import check_choice, check_number, prepare_inputs
 from calib_monai.losses.priors import boundary_mask, class_proportion_prior
 
 __all__ = ["CRaCLoss", "phr", "phr_derivative", "REGIONS", "PRESETS", "STATISTICS_ROWS"]
@@ -127,6 +127,13 @@ class CRaCLoss(_Loss):
             raise ValueError(f"classes must be >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
+        check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint="a multiplier's rho grows when its constraint did "
+                     "not fall below tau_alm times its previous value; 0.9 in the paper")  # fmt: skip
+        check_number("inner_margin", inner_margin, 0, hint="the width of the boundary region in pixels")
+        settings = {"rho_init": rho_init, "rho_max": rho_max, "gamma": gamma, "lambda_init": lambda_init,
+                    "lambda_min": lambda_min, "lambda_max": lambda_max}  # fmt: skip
+        for name, value in settings.items():
+            check_number(name, value, hint="an Augmented Lagrangian setting")
         if not 0 < rho_init <= rho_max:
             raise ValueError(f"need 0 < rho_init <= rho_max, got rho_init={rho_init!r}, rho_max={rho_max!r}.")
         if lambda_init < 0 or gamma < 1 or rho_interval < 1:
@@ -139,7 +146,8 @@ class CRaCLoss(_Loss):
             raise ValueError(f"need 0 <= lambda_min <= lambda_max, got {lambda_min!r}, {lambda_max!r}.")
         self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
         self.inner_margin = float(inner_margin)
-        self.rho_init, self.rho_max, self.gamma, self.tau_alm = float(rho_init), float(rho_max), float(gamma), tau_alm
+        self.rho_init, self.rho_max, self.gamma = float(rho_init), float(rho_max), float(gamma)
+        self.tau_alm = float(tau_alm)
         self.rho_interval = rho_interval
         self.multiplier_average = check_choice(
             "multiplier_average", multiplier_average, ("region", "all", "all_padded")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import check_choice, check_number, check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["ECPLoss"]
 
@@ -34,7 +34,8 @@ class ECPLoss(_Loss):
 
     def __init__(self, alpha: float = 0.1, class_reduction: str = "mean", reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        self.alpha = float(alpha)
+        self.alpha = check_number("alpha", alpha, 0,
+                                  hint="the weight of the confidence (negative entropy) penalty; 0.1 in the bundles")
         self.class_reduction = check_choice("class_reduction", class_reduction, ("mean", "sum"))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

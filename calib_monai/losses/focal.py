@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import check_number, check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["FocalLoss"]
 
@@ -35,9 +35,7 @@ class FocalLoss(_Loss):
 
     def __init__(self, gamma: float = 3.0, reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        if not gamma >= 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma!r}.")
-        self.gamma = float(gamma)
+        self.gamma = check_number("gamma", gamma, 0, hint="the focusing exponent; 3 in the bundles")
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

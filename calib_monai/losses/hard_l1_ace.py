@@ -73,4 +73,4 @@ class HardL1ACELoss(L1ACELoss):
 
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Each probability in its one bin ``(k/M, (k+1)/M]`` with weight 1 (the index computed exactly, in float64)."""
-        return [(equal_width_bins(p.detach().double(), self.num_bins), None)]
+        return [(equal_width_bins(p.detach().double(), self.num_bins, p.dtype), None)]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import check_number, check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["LabelSmoothingLoss"]
 
@@ -29,9 +29,8 @@ class LabelSmoothingLoss(_Loss):
 
     def __init__(self, alpha: float = 0.1, reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}.")
-        self.alpha = float(alpha)
+        self.alpha = check_number("alpha", alpha, 0, 1, hint="the probability mass spread over the classes; 0.1 in "
+                                  "the bundles")  # fmt: skip
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

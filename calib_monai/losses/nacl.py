@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import check_choice, check_number, check_reduction, prepare_inputs, reduce_per_voxel
 from calib_monai.losses.priors import BORDER_MODES, KERNEL_OPS, _check_kernel_size, class_proportion_prior
 
 __all__ = ["NACLLoss"]
@@ -79,13 +79,13 @@ class NACLLoss(_Loss):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
         self.kernel_ops = check_choice("kernel_ops", kernel_ops, KERNEL_OPS)
         _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
-        if kernel_ops in ("gaussian", "svls") and not sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {sigma!r}.")
+        check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
         self.nc = classes
         self.dim = dim
         self.ks = kernel_size
         self.distance_type = check_choice("distance_type", distance_type, ("l1", "l2"))
-        self.alpha = float(alpha)
+        self.alpha = check_number("alpha", alpha, 0,
+                                  hint="the weight lambda of the neighbour penalty; the papers use 0.1")
         self.sigma = float(sigma)
         self.border = check_choice("border", border, BORDER_MODES)
         self.space = check_choice("space", space, ("logits", "softmax"))

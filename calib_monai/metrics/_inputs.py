@@ -124,6 +124,11 @@ def _layout(p_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> bool:
             f"(B, 1, *spatial) or (B, *spatial) for probs (B, C, *spatial), or (*spatial) for probs (C, *spatial)."
         )
     num_classes = p_shape[1] if batched else p_shape[0]
+    if 0 in p_shape:
+        raise ValueError(
+            f"probs are empty (shape {tuple(p_shape)}): a batch without volumes or a volume without voxels; the "
+            "calibration metrics need at least one voxel (check the data loader or the crop)."
+        )
     if num_classes < 2:
         raise ValueError(
             f"probs must have at least 2 classes along the channel dimension, got {num_classes}; "

@@ -12,7 +12,9 @@ Where: torch tensors are computed with torch on their own device (CPU or CUDA, `
 volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are computed with NumPy
 (``calibration_numpy.py``). Both paths give the same values (the tests hold them equal to 1e-12): counts are
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
-accumulators stop counting at 2**24), and bin edges are exact (a value on an edge k / M goes to the lower bin).
+accumulators stop counting at 2**24). One bin rule (``calibration_numpy.equal_width_bin_index``): bin k is
+``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype, so a float32 value equal to float32(k / M)
+goes to the lower bin, as in MONAI's ``calibration_binning`` and the authors' code (0 goes to bin 0).
 
 The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll``, ``brier`` and ``calibration_errors`` are
 pooled over all volumes given: the selected voxels of every volume are binned together, which is not the mean over

@@ -46,10 +46,12 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     Relation to MONAI's ``monai.metrics.CalibrationErrorMetric`` (MONAI 1.6): MONAI's metric is a classwise ECE over
     *all* voxels of each volume, averaged over channels and volumes. It equals ``metric_name="cece"``,
     ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
-    accumulation, and with ``calibration_reduction="average"`` (every non-empty bin weighted equally) it equals
-    ``metric_name="ml1ace"`` with the same settings; MONAI's float32 bin edges ``k (1 + eps) / M`` also put a value
-    on ``k / M`` in the lower bin, as ours ``(k/M, (k+1)/M]`` do (``tests/test_metrics_vs_monai.py``). Where they
-    differ: MONAI has no top-label ECE (our ``"ece"``, the papers' ECE), no voxel selection (our default
+    accumulation and bin edges: ours are ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype
+    (``calibration_numpy.equal_width_bin_index``), MONAI's are float32 ``k (1 + eps) / M``; both put a float32 value
+    equal to float32(k / M) in the lower bin (MONAI's ``small_left_edge`` case, ``tests/test_metrics_vs_monai.py``).
+    With ``calibration_reduction="average"`` (every non-empty bin weighted equally) MONAI's metric equals
+    ``metric_name="ml1ace"`` with the same settings. Where they differ: MONAI has no top-label ECE (our ``"ece"``, the
+    papers' ECE), no voxel selection (our default
     ``foreground="gt"``), no equal-mass bins (TACE/ACE) and no pooling over volumes.
 
     Args:

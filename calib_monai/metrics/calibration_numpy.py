@@ -8,6 +8,8 @@ counting at 2**24). The work is one bucketing pass per metric, no Python loop ov
 
 from __future__ import annotations
 
+import functools
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,7 @@ from ._inputs import prepare_inputs, select_voxels, warn_empty_selection
 __all__ = [
     "CLASSWISE_METRICS",
     "NLL_EPS",
+    "bin_edge_tables",
     "equal_width_bin_index",
     "numpy_calibration_errors",
     "threshold_for_dtype",
@@ -45,17 +48,52 @@ def threshold_for_dtype(threshold: float, dtype: np.dtype) -> np.floating:
     return t[()]
 
 
-def equal_width_bin_index(values: np.ndarray, num_bins: int) -> np.ndarray:
-    """Index of the equal-width bin ``(k / M, (k + 1) / M]`` holding each value in ``[0, 1]`` (0 goes to bin 0).
+def _nearest(k: int, m: int, dtype: np.dtype) -> float:
+    """``k / m`` rounded to the nearest value of ``dtype`` (exactly: compared as fractions), as a float64."""
+    target = Fraction(k, m)
+    x = np.asarray(k / m, dtype=dtype)
+    candidates = (x, np.nextafter(x, np.asarray(-1.0, dtype=dtype)), np.nextafter(x, np.asarray(2.0, dtype=dtype)))
+    return float(min(candidates, key=lambda c: abs(Fraction(float(c)) - target)))
 
-    ``values * M`` is exact in float64 for float32 inputs, so ``ceil(values * M) - 1`` puts a value lying exactly on
-    an edge ``k / M`` (as a real number) into the lower bin, like the authors' ``conf > lo and conf <= hi``.
+
+@functools.lru_cache(maxsize=64)
+def bin_edge_tables(num_bins: int, dtype: str = "float64") -> tuple[np.ndarray, np.ndarray]:
+    """``(lower, upper)`` float64 edges of the ``num_bins`` equal-width bins for values of ``dtype``: bin ``k`` holds
+    ``lower[k] < v <= upper[k]``, with ``e_k = k / M`` rounded to the nearest ``dtype`` value (exact in float64);
+    ``lower[0] = -inf`` (so 0 goes to bin 0) and ``upper[M - 1] = +inf``. See :func:`equal_width_bin_index`."""
+    fdtype = np.dtype(dtype)
+    edges = np.array([_nearest(k, num_bins, fdtype) for k in range(num_bins + 1)], dtype=np.float64)
+    edges[0], edges[-1] = -np.inf, np.inf
+    return edges[:-1], edges[1:]
+
+
+def _edge_dtype(values: np.ndarray) -> str:
+    return str(values.dtype) if np.issubdtype(values.dtype, np.floating) else "float64"
+
+
+def equal_width_bin_index(values: np.ndarray, num_bins: int) -> np.ndarray:
+    """Index of the equal-width bin holding each value in ``[0, 1]``: the one bin rule of every calibration metric.
+
+    Bin ``k`` is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` **rounded to the values' own floating-point type** (float32
+    edges for float32 confidences), and 0 goes to bin 0. So a float32 confidence that lies on an edge, i.e. equals
+    float32(k / M), falls in the **lower** bin, as in MONAI's ``calibration_binning`` (its ``small_left_edge`` test:
+    0.2, 0.4, 0.6, 0.8 with 5 bins land in bins 0..3) and in the authors' code (``conf > lo and conf <= hi`` on a
+    float32 tensor, i.e. in float32). float32(k / M) is not k / M: float32(0.2) = 0.2000000030 lies above 0.2, so the
+    rule "edges at k / M as real numbers" would put it in the upper bin. (The authors' edges come from
+    ``torch.linspace``, which for some M, e.g. 15, rounds a few edges one float32 step away from the nearest float32;
+    only a value exactly on such an edge is binned differently.)
+
+    Computed as ``ceil(v * M) - 1`` in float64 (exact for float32 ``v``), then moved to the neighbouring bin where
+    the rounded edges say so: a gather and a comparison, no search.
     """
+    lower, upper = bin_edge_tables(int(num_bins), _edge_dtype(values))
     scaled = np.multiply(values, float(num_bins), dtype=np.float64)
     np.ceil(scaled, out=scaled)
     index = scaled.astype(np.int64)
     index -= 1
     np.clip(index, 0, num_bins - 1, out=index)
+    index -= values <= lower[index]
+    index += values > upper[index]
     return index
 
 

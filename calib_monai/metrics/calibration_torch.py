@@ -10,13 +10,14 @@ synchronisation, and the meta device can follow its shapes).
 How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
 
 - ECE: top-label confidence and correctness (argmax == y, the lowest class on ties, as NumPy's argmax) binned by
-  ``ceil(conf * M) - 1`` in float64 (exact for float32 inputs, so a value on an edge k / M goes to the lower bin).
+  ``equal_width_bin_index``'s rule: bin k is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the confidences'
+  dtype, so a float32 confidence equal to float32(k / M) goes to the lower bin, as in MONAI and the authors' code.
 - CECE, mL1-ACE (the same per-class bins), TACE, ACE: every p_k is bucketed once by its float bit pattern
   (``bits >> 13``: 1024 buckets per octave, down to 1 / M, the TACE threshold or 2**-24 for ACE; below, one bucket),
   a grid that preserves the order and is fine where probabilities crowd (near 0 and near the threshold). One packed
   int64 ``index_add_`` gives each bucket's count and exact sum, another its hits ``[y == k]`` (over each voxel's own
   class only). CECE (and mL1-ACE) sums the buckets of each equal-width bin; the few buckets that straddle a bin edge
-  k / M are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at
+  e_k are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at
   the R + 1 equal-mass edges: the cumulative bucket statistics give them at bucket boundaries, and the buckets that an edge (or the threshold) cuts
   are refined exactly: their elements are gathered from the kept chunks and sorted (~0.2% of the values).
 - NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from ._inputs import flat_nonzero
-from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, equal_width_bin_index, threshold_for_dtype
+from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, bin_edge_tables, equal_width_bin_index, threshold_for_dtype
 
 __all__ = ["CalibrationAccumulator", "equal_width_bins", "first_argmax"]
 
@@ -56,13 +57,21 @@ def first_argmax(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Ten
     return tuple(torch.max(x, dim=dim))
 
 
-def equal_width_bins(v64: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """int64 ``ceil(v * M) - 1`` clipped to ``[0, M - 1]`` (0 goes to bin 0), as ``equal_width_bin_index``: bins
-    ``(k / M, (k + 1) / M]``. ``v64`` is a float64 tensor (a float32 value times M is exact in float64, so a value on
-    an edge goes to the lower bin)."""
+def equal_width_bins(v64: torch.Tensor, num_bins: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """int64 bin indices of ``v64`` (float64 copies of ``dtype`` values) by ``equal_width_bin_index``'s rule: bin ``k``
+    is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to ``dtype``; ``ceil(v * M) - 1``, then moved to the
+    neighbouring bin where the rounded edges say so."""
+    lower, upper = _edge_tensors(num_bins, str(dtype).replace("torch.", ""), v64.device)
     t = v64 * float(num_bins)
-    t.ceil_().clamp_(1.0, float(num_bins))
-    return t.long().sub_(1)
+    index = t.ceil_().clamp_(1.0, float(num_bins)).long().sub_(1)
+    index -= (v64 <= lower[index]).long()
+    index += (v64 > upper[index]).long()
+    return index
+
+
+def _edge_tensors(num_bins: int, dtype: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``bin_edge_tables`` as float64 tensors on ``device`` (a few numbers, made where the values are)."""
+    return tuple(torch.tensor(t.tolist(), dtype=torch.float64, device=device) for t in bin_edge_tables(num_bins, dtype))
 
 
 def _octaves(num_bins: int, thresholds: dict) -> int:
@@ -188,7 +197,7 @@ class CalibrationAccumulator:
                 torch.maximum(below[k - 1], p[k - 1], out=below[k])
             correct = (p_true == conf) & (below.view(-1).index_select(0, own) < conf)
             conf = conf.double()
-            bins = equal_width_bins(conf, m)
+            bins = equal_width_bins(conf, m, p.dtype)
             if "ece_count" not in self.totals:  # running totals, updated in place (fewer ops per chunk)
                 self.totals["ece_count"] = torch.zeros(2 * m, dtype=torch.int64, device=dev)
                 self.totals["ece_sum"] = torch.zeros(m, dtype=torch.float64, device=dev)
@@ -291,7 +300,7 @@ class CalibrationAccumulator:
         cls = keys // grid["size"]
         straddle = bins[keys % grid["size"]] == m
         cls, values, hits = cls[straddle], values[straddle].double(), hits[straddle].double()
-        slot = cls * m + equal_width_bins(values, m)
+        slot = cls * m + equal_width_bins(values, m, self.value_dtype)
         for j, weights in enumerate((None, values, hits)):
             add = _count(slot, c * m) if weights is None else _weighted(slot, weights, c * m)
             out[:, :m, j] += add.view(c, m).double()

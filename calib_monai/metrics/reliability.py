@@ -23,7 +23,8 @@ def reliability_diagram_data(
 
     Top-label (``classwise=False``): bins of ``max_k p_k``, accuracy = fraction with ``argmax == y``; the ECE is
     ``sum(count * |accuracy - confidence|) / sum(count)``. Classwise: one row per class k, bins of ``p_k``,
-    accuracy = fraction labelled k (the CECE's bins). Bins are ``(b / M, (b + 1) / M]`` as in ``ece``.
+    accuracy = fraction labelled k (the CECE's bins). Bins are ``(e_b, e_{b+1}]`` as in ``ece``, with ``e_b = b / M``
+    rounded to the probabilities' dtype (``calibration_numpy.equal_width_bin_index``).
 
     ``monai.metrics.calibration_binning`` computes the classwise rows for one-hot labels, but on every voxel, with
     ``[lo, hi)`` (or ``right=True``) float32 edges and float32 counts; this function selects voxels first and counts
@@ -58,7 +59,8 @@ def reliability_diagram_data(
     }
 
 
-def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, title: str | None = None) -> Path:
+def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, title: str | None = None,
+                             ece_label: str = "ECE") -> Path:
     """Write a top-label reliability diagram (accuracy bars per bin, the diagonal, ECE in the legend) as PNG.
 
     ``data`` is the output of ``reliability_diagram_data(..., classwise=False)``. matplotlib is imported here with
@@ -75,7 +77,7 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
         shape = np.shape(data["count"])
         raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
     fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
-    plot_reliability(ax, data, title)
+    plot_reliability(ax, data, title, ece_label)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", bbox_inches="tight")
@@ -83,8 +85,9 @@ def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, titl
     return path
 
 
-def plot_reliability(ax: Any, data: dict[str, np.ndarray], title: str | None = None) -> float:
-    """Draw a top-label reliability diagram of ``data`` on the matplotlib axes ``ax``; returns its ECE."""
+def plot_reliability(ax: Any, data: dict[str, np.ndarray], title: str | None = None, ece_label: str = "ECE") -> float:
+    """Draw a top-label reliability diagram of ``data`` on the matplotlib axes ``ax``; returns its ECE (of the bins
+    drawn, shown in the legend as ``<ece_label> = ...``: "pooled ECE" for bins pooled over volumes)."""
     if np.ndim(data["count"]) != 1:
         shape = np.shape(data["count"])
         raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
@@ -99,5 +102,5 @@ def plot_reliability(ax: Any, data: dict[str, np.ndarray], title: str | None = N
            align="edge", facecolor="none", edgecolor="tab:red", hatch="//", label="gap to confidence")
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title or "Reliability diagram")
-    ax.legend(loc="upper left", title=f"ECE = {ece_value:.4f}")
+    ax.legend(loc="upper left", title=f"{ece_label} = {ece_value:.4f}")
     return ece_value

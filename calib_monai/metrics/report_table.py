@@ -78,7 +78,8 @@ def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:
         save(*args, tmp, **kwargs)
-        os.replace(tmp, path)
+        if tmp.exists():
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -223,10 +224,10 @@ class SegmentationReportTable:
                 "pooled": POOLED_OVER}  # fmt: skip
         content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
         write_text_atomically(output_dir / "summary.json", json.dumps(content, indent=2) + "\n")
-        voxels = str(meta.get("foreground_voxels", "ground-truth foreground voxels"))
+        # the bins and the ECE drawn are pooled (the log leads with the mean over volumes): the figure says so
         _save_figure_atomically(save_reliability_diagram, output_dir / "reliability.png", self.reliability_data(),
-                                title=f"Reliability, {voxels} of {len(rows)} volumes pooled: "
-                                      f"pooled ECE {pooled.get('pooled_ece', float('nan')):.4f}")  # fmt: skip
+                                ece_label="pooled ECE", title="Reliability, pooled over all ground-truth\nforeground "
+                                f"voxels of {len(rows)} volumes")  # fmt: skip
         estimate, risk = self.values(CASE_SCORE), 1 - self.values("mean_dice")
         if int((np.isfinite(estimate) & np.isfinite(risk)).sum()) >= 2:
             _save_figure_atomically(save_risk_coverage_plot, output_dir / "risk_coverage.png", estimate, risk)

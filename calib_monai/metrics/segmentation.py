@@ -35,6 +35,9 @@ def _to_label_map(x: Any, name: str, num_classes: int | None) -> torch.Tensor:
     t = torch.as_tensor(x.as_tensor() if hasattr(x, "as_tensor") else x).detach()
     if t.ndim < 3:
         raise ValueError(f"{name} must have shape (B, C, *spatial) or (B, 1, *spatial), got {tuple(t.shape)}.")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}): a batch without volumes or a volume without "
+                         "voxels; DSC, HD95 and ASD need at least one voxel (check the data loader or the crop).")
     if t.shape[1] > 1:  # probabilities or one-hot: take the argmax class
         return t.argmax(dim=1, keepdim=True).cpu()
     if t.is_floating_point() and not torch.equal(t, t.round()):

@@ -1,0 +1,87 @@
+"""Do two voxel grids describe the same place? The one geometry check wherever a label meets an image or a prediction.
+
+A grid is an array shape and its affine (voxel index -> RAS world mm, as nibabel and MONAI read NIfTI). Two grids
+that differ only in the order and direction in which their voxels are stored (RAS against LAS, or permuted axes)
+describe the same voxels: one is the other reoriented (:func:`reorientation`). Grids that differ in position,
+voxel size or axes do not, and scoring or training one against the other silently compares different places.
+
+:func:`grid_mismatch` compares the two grids after both are reoriented to RAS: the shapes must be equal and every
+column of the affines (the three voxel axes, i.e. voxel size and direction, and the origin) must agree within
+``tolerance`` times the smallest voxel size (:data:`GEOMETRY_TOLERANCE`, 1%: 0.01 mm for 1 mm voxels; headers written
+in float32 differ by ~1e-5 mm, a label shifted by one voxel by 100%).
+
+Floor 0: NumPy and nibabel only; the data components (training and evaluation) and ``calibrate-probabilities`` use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation, ornt_transform
+
+__all__ = ["GEOMETRY_TOLERANCE", "GridMismatch", "grid_mismatch", "reorient", "reorientation"]
+
+GEOMETRY_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class GridMismatch:
+    """What differs between two grids: ``kind`` is ``"shape"``, ``"spacing"``, ``"axes"`` or ``"position"``."""
+
+    kind: str
+    text: str
+
+
+def _ras(affine: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The grid reoriented to RAS: its affine and shape."""
+    affine = np.asarray(affine, dtype=np.float64)
+    ornt = io_orientation(affine)
+    ras_affine = affine @ inv_ornt_aff(ornt, shape)
+    ras_shape = tuple(int(shape[int(axis)]) for axis in np.argsort(ornt[:, 0]))
+    return ras_affine, ras_shape
+
+
+def _vector(values: np.ndarray) -> str:
+    return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
+
+
+def grid_mismatch(reference_affine, reference_shape, other_affine, other_shape,
+                  tolerance: float = GEOMETRY_TOLERANCE) -> GridMismatch | None:  # fmt: skip
+    """None when the two 3D grids cover the same voxels (up to the order they are stored in), else what differs,
+    in words, "reference" first (e.g. the image) and "other" second (e.g. its label)."""
+    ref_affine, ref_shape = _ras(reference_affine, tuple(reference_shape)[:3])
+    oth_affine, oth_shape = _ras(other_affine, tuple(other_shape)[:3])
+    if ref_shape != oth_shape:
+        return GridMismatch("shape", f"{ref_shape} voxels against {oth_shape} (in RAS order)")
+    ref_spacing = np.linalg.norm(ref_affine[:3, :3], axis=0)
+    oth_spacing = np.linalg.norm(oth_affine[:3, :3], axis=0)
+    limit = tolerance * float(min(ref_spacing.min(), oth_spacing.min()))
+    if np.abs(ref_spacing - oth_spacing).max() > limit:
+        return GridMismatch("spacing", f"voxel size {_vector(ref_spacing)} mm against {_vector(oth_spacing)} mm")
+    if np.abs(ref_affine[:3, :3] - oth_affine[:3, :3]).max() > limit:
+        return GridMismatch("axes", f"axes (direction x voxel size) {ref_affine[:3, :3].round(4).tolist()} against "
+                                    f"{oth_affine[:3, :3].round(4).tolist()}")  # fmt: skip
+    shift = oth_affine[:3, 3] - ref_affine[:3, 3]
+    if np.abs(shift).max() > limit:
+        return GridMismatch("position", f"{np.linalg.norm(shift):.4g} mm apart (first voxel at "
+                                        f"{_vector(ref_affine[:3, 3])} against {_vector(oth_affine[:3, 3])} mm, RAS)")
+    return None
+
+
+def reorientation(from_affine, to_affine) -> np.ndarray | None:
+    """The nibabel orientation transform that stores an array of the grid ``from_affine`` in the voxel order of
+    ``to_affine`` (same grid, see :func:`grid_mismatch`); None when they are stored alike."""
+    transform = ornt_transform(io_orientation(np.asarray(from_affine)), io_orientation(np.asarray(to_affine)))
+    identity = np.array([[axis, 1.0] for axis in range(len(transform))])
+    return None if np.array_equal(transform, identity) else transform
+
+
+def reorient(array: np.ndarray, transform: np.ndarray | None, channel_axis: int | None = None) -> np.ndarray:
+    """``array`` (3D, or 4D with a ``channel_axis``) stored by ``transform`` (:func:`reorientation`)."""
+    if transform is None:
+        return array
+    if channel_axis is None:
+        return np.ascontiguousarray(apply_orientation(array, transform))
+    moved = np.moveaxis(array, channel_axis, -1)  # apply_orientation works on the first axes
+    return np.ascontiguousarray(np.moveaxis(apply_orientation(moved, transform), -1, channel_axis))
