@@ -12,7 +12,7 @@ import torch
 
 from calib_monai.experiments import StudySetup
 from calib_monai.experiments.calibrated import _add_ratios, _summary_rows, _verdict, calibrated_study, selection_rules
-from calib_monai.handlers.training import select_epoch
+from calib_monai.handlers import select_epoch
 
 
 def _row(method, selection, calibration, dice, ece, seed=0):

@@ -141,7 +141,7 @@ def test_killed_run_resumes_where_it_stopped(ddp_run):
     assert set(_epoch_lines(first_log)) >= set(range(1, stopped_at + 1))
     assert _epochs_done(root / "models" / "checkpoint_latest.pt") == EPOCHS
     state = torch.load(root / "models" / "checkpoint_latest.pt", weights_only=False)
-    assert 0 < state["best_metric"] <= 1 and 1 <= state["best_metric_epoch"] <= EPOCHS
+    assert 0 < state["selection"]["best_metric"] <= 1 and 1 <= state["selection"]["best_metric_epoch"] <= EPOCHS
 
 
 def test_one_validation_volume_for_two_ranks(ddp_run):

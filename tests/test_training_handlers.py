@@ -1,5 +1,6 @@
-"""EpochSummary and TrainingCheckpoint on real MONAI engines: best model, atomic files, exact resume; DDP networks
-saved unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
+"""The training handlers on real MONAI engines, composed as the bundles compose them (EpochSummary, ValidationHistory,
+ModelSelection, EpochSnapshots, TrainingCheckpoint): best model, atomic files, exact resume; DDP networks saved
+unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
 
 from __future__ import annotations
 
@@ -25,8 +26,30 @@ from calib_monai.bundle import (
     validation_sampler,
     weights_state_dict,
 )
-from calib_monai.handlers import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint
-from calib_monai.handlers.training import save_atomically, select_epoch
+from calib_monai.atomic import save_atomically
+from calib_monai.handlers import (
+    EpochSnapshots,
+    EpochSummary,
+    ModelSelection,
+    NetworkWeightsLoader,
+    TrainingCheckpoint,
+    ValidationHistory,
+    select_epoch,
+)
+
+
+def _attach(trainer, save_dir, network, opt, sched=None, evaluator=None, resume=True, keep_every_epoch=False, **rule):
+    """The handlers in the bundles' order: history, selection, snapshots, then the checkpoint that keeps their state."""
+    history = ValidationHistory(save_dir, evaluator)
+    selection = ModelSelection(save_dir, network, evaluator, **rule)
+    history.attach(trainer)
+    selection.attach(trainer)
+    if keep_every_epoch:
+        EpochSnapshots(save_dir, network).attach(trainer)
+    checkpoint = TrainingCheckpoint(save_dir, network, opt, sched, extra={"selection": selection, "history": history},
+                                    resume=resume)  # fmt: skip
+    checkpoint.attach(trainer)
+    return checkpoint, selection
 
 
 def _items(n: int, seed: int) -> list[dict]:
@@ -79,16 +102,14 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
     )
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run())
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: sched.step())
-    checkpoint = TrainingCheckpoint(save_dir, trained, opt, sched, evaluator=evaluator, resume=resume,
-                                    metric_name=metric_name)  # fmt: skip
-    checkpoint.attach(trainer)
+    _, selection = _attach(trainer, save_dir, trained, opt, sched, evaluator, resume=resume, metric_name=metric_name)
     EpochSummary(evaluator=evaluator, optimizer=opt).attach(trainer)
     started_at = {}
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: started_at.setdefault("epoch", e.state.epoch))
     if stop_after is not None:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run()
-    return trainer, net, opt, sched, checkpoint, started_at
+    return trainer, net, opt, sched, selection, started_at
 
 
 def test_stopped_run_resumes_at_next_epoch_with_same_state(tmp_path):
@@ -157,8 +178,9 @@ def test_best_model_is_the_best_epochs_weights(tmp_path):
     fresh = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
     fresh.load_state_dict(best)
     latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=False)
-    assert latest["best_metric"] == checkpoint.best_metric
-    assert set(latest) >= {"network", "optimizer", "lr_scheduler", "trainer", "best_metric_epoch"}
+    assert latest["selection"]["best_metric"] == checkpoint.best_metric
+    assert set(latest) >= {"network", "optimizer", "lr_scheduler", "trainer", "selection", "history"}
+    assert latest["selection"]["best_metric_epoch"] == checkpoint.best_metric_epoch
 
 
 def test_finished_run_is_not_trained_again(tmp_path, caplog):
@@ -209,8 +231,8 @@ def _select(save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_
     trainer = Engine(step)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    TrainingCheckpoint(save_dir, net, opt, evaluator=evaluator, bounds=bounds, metric_name=metric_name, mode=mode,
-                       keep_every_epoch=keep_every_epoch).attach(trainer)  # fmt: skip
+    _attach(trainer, save_dir, net, opt, evaluator=evaluator, keep_every_epoch=keep_every_epoch, bounds=bounds,
+            metric_name=metric_name, mode=mode)  # fmt: skip
     if stop_after is not None:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run([0], max_epochs=len(dice))
@@ -269,7 +291,20 @@ def test_select_epoch_without_a_finite_metric_is_minus_one():
 
 def test_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="'max' or 'min'"):
-        TrainingCheckpoint(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
+        ModelSelection(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
+
+
+def test_a_checkpoint_written_before_the_handlers_were_split_still_resumes(tmp_path):
+    """Older runs kept the best value and the history at the top of checkpoint_latest.pt."""
+    _run(tmp_path, epochs=3, stop_after=2)
+    latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=True)
+    old = {k: v for k, v in latest.items() if k not in ("selection", "history")}
+    old.update(latest["selection"], history=latest["history"]["history"])
+    torch.save(old, tmp_path / "checkpoint_latest.pt")
+    trainer, _, _, _, selection, started_at = _run(tmp_path, epochs=3)
+    assert started_at["epoch"] == 3  # resumed, with the best so far: epoch 3 replaces it only when better
+    assert selection.best_metric_epoch in (latest["selection"]["best_metric_epoch"], 3)
+    assert [h["epoch"] for h in json.loads((tmp_path / "validation_history.json").read_text())] == [1, 2, 3]
 
 
 # ---- DDP-wrapped networks and module.-prefixed files -----------------------------------------------------------

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from calib_monai.atomic import write_json_atomically, write_text_atomically
 
 __all__ = ["OUTPUT_EXT", "OUTPUT_KEYS", "OUTPUT_POSTFIXES", "QUALITY_TABLE", "OutputFiles", "OutputWriter", "Prediction",
            "output_case", "output_path",
@@ -94,24 +94,13 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _replace(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)  # a reader never sees half a file
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
     """Write ``<case>_quality.json`` and put the case's row into ``<output_dir>/quality.csv`` (replacing an earlier
     row of the same case), each atomically; returns the JSON's path."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = quality_path(folder, case)
-    _replace(path, json.dumps({"case": case, **quality}, indent=2) + "\n")
+    write_json_atomically(path, {"case": case, **quality})
     table = folder / QUALITY_TABLE
     rows = []
     if table.is_file():
@@ -122,5 +111,5 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _replace(table, buffer.getvalue())
+    write_text_atomically(table, buffer.getvalue())
     return path

@@ -133,6 +133,10 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     }
 
 
+def _index(handlers: list[dict[str, Any]], target: str) -> int:
+    return next(i for i, h in enumerate(handlers) if h["_target_"].endswith(target))
+
+
 def _train_handlers(method: Method) -> list[dict[str, Any]]:
     handlers: list[dict[str, Any]] = [
         # fine-tuning starts from init_weights; first, so that a resumed run's checkpoint (loaded next) replaces them
@@ -148,22 +152,9 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
                 "loss": "@loss",
                 "evaluator": "@validate#evaluator",  # reads the logits of the validation the trainer runs anyway
                 "class_names": "$list(@label_names.values())",
+                "save_dir": "@output_dir",  # alm_history.json: every outer step's multipliers
             }
         )
-    checkpoint = {
-        "_target_": "calib_monai.handlers.TrainingCheckpoint",
-        "save_dir": "@output_dir",
-        "network": "@network",
-        "optimizer": "@optimizer",
-        "lr_scheduler": "@lr_scheduler",
-        "evaluator": "@validate#evaluator",
-        "metric_name": "@selection_metric",
-        "mode": "@selection_mode",
-        "bounds": "@selection_bounds",
-        "keep_every_epoch": "$calib_monai.bundle.as_bool(@keep_epoch_weights)",
-    }
-    if method.alm:
-        checkpoint["extra"] = {"loss": "@loss"}  # the ALM multipliers are the loss's buffers
     handlers += [
         {
             "_target_": "calib_monai.handlers.EpochSummary",
@@ -171,7 +162,23 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
             "optimizer": "@optimizer",
             "metric_names": ["val_mean_dice", "val_ece"],
         },
-        checkpoint,
+        {"_target_": "calib_monai.handlers.ValidationHistory", "save_dir": "@output_dir",
+         "evaluator": "@validate#evaluator"},
+        {"_target_": "calib_monai.handlers.ModelSelection", "save_dir": "@output_dir", "network": "@network",
+         "evaluator": "@validate#evaluator", "metric_name": "@selection_metric", "mode": "@selection_mode",
+         "bounds": "@selection_bounds"},
+        {"_target_": "calib_monai.handlers.EpochSnapshots", "save_dir": "@output_dir", "network": "@network",
+         "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights)"},
+    ]  # fmt: skip
+    # the checkpoint keeps the state of these very objects (MONAI resolves a reference to a list item by its index)
+    extra = {name: f"@train#handlers#{_index(handlers, target)}" for name, target in
+             (("history", "ValidationHistory"), ("selection", "ModelSelection"))}  # fmt: skip
+    if method.alm:
+        extra["loss"] = "@loss"  # the ALM multipliers are the loss's buffers
+    handlers += [
+        # after the handlers whose state it keeps, so that a resumed run restores them
+        {"_target_": "calib_monai.handlers.TrainingCheckpoint", "save_dir": "@output_dir", "network": "@network",
+         "optimizer": "@optimizer", "lr_scheduler": "@lr_scheduler", "extra": extra},
         # last, so that multi_gpu_train.json can drop it on ranks > 0
         {
             "_target_": "TensorBoardStatsHandler",

@@ -21,6 +21,7 @@ import torch
 from monai.transforms import MapTransform
 from torch import nn
 
+from calib_monai.atomic import save_atomically, write_json_atomically
 from calib_monai.bundle.weights import read_weights_file
 
 from .local_temperature import LocalTemperatureScaling
@@ -67,12 +68,8 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
         record["temperature"] = float(module.temperature)
     else:
         record.update(num_classes=module.num_classes, in_channels=module.in_channels, hidden=module.hidden)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({**record, "state_dict": module.state_dict()}, tmp)
-    os.replace(tmp, path)  # a reader never sees half a file
-    readable = path.with_suffix(".json")
-    readable.with_name(readable.name + ".tmp").write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(readable.with_name(readable.name + ".tmp"), readable)
+    save_atomically({**record, "state_dict": module.state_dict()}, path)
+    write_json_atomically(path.with_suffix(".json"), record)
     return path
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from monai.transforms import MapTransform
 
+from calib_monai.atomic import write_json_atomically
 from calib_monai.calibration.stored import file_sha256
 from calib_monai.metrics.case_quality import case_quality, image_statistics
 from calib_monai.metrics.report_table import voxel_spacing
@@ -131,10 +132,7 @@ class ValidatedRange:
         path = Path(path)
         record = {**asdict(self), "rule": self.describe(), "weights": Path(weights).name,
                   "weights_sha256": file_sha256(weights)}  # fmt: skip
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json_atomically(path, record)
 
     def describe(self) -> str:
         rule = (f"flag a case whose estimated mean DSC is below the {_ordinal(self.rank)} lowest of the "

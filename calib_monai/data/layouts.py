@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calib_monai.atomic import write_json_atomically
+
 __all__ = [
     "FLARE_LAYOUTS",
     "find_flare_cases",
@@ -255,9 +257,7 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
     datalist = (splitter or split_cases)(cases, split, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_json_atomically(path, record, indent=1)
     sizes = {k: len(v) for k, v in datalist.items()}
     logger.info("datalist: wrote %s (%s)", path, sizes)
     return datalist

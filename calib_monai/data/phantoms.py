@@ -31,6 +31,8 @@ import nibabel as nib
 import numpy as np
 from scipy import ndimage
 
+from calib_monai.atomic import save_atomically, write_json_atomically
+
 __all__ = [
     "PHANTOM_FOV_MM",
     "PHANTOM_VERSION",
@@ -255,9 +257,8 @@ def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48
 
 
 def _save_atomically(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
-    nib.save(nib.Nifti1Image(array, affine), str(tmp))
-    os.replace(tmp, path)  # a crash mid-write never leaves a truncated case that later looks cached
+    # a crash mid-write never leaves a truncated case that later looks cached
+    save_atomically(nib.Nifti1Image(array, affine), path, write=lambda image, tmp: nib.save(image, tmp))
 
 
 def write_phantom_dataset(root: str | os.PathLike, num_phantoms: int, seed: int = 0,
@@ -291,8 +292,6 @@ def write_phantom_dataset(root: str | os.PathLike, num_phantoms: int, seed: int 
         "numTraining": len(training), "training": training,
     }  # fmt: skip
     json_path = root / "dataset.json"
-    tmp = json_path.with_name(f".tmp_{os.getpid()}_dataset.json")
-    tmp.write_text(json.dumps(description, indent=1))
-    os.replace(tmp, json_path)
+    write_json_atomically(json_path, description, indent=1)
     logger.info("phantoms: %d generated, %d reused from the cache in %s", created, len(training) - created, root)
     return root

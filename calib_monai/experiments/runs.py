@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from calib_monai.atomic import write_json_atomically
 from calib_monai.bundle import bundle_config_paths, locate_bundle, read_bundle_config, read_weights_file, weights_state_dict
 
 __all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
@@ -108,9 +109,7 @@ def environment_versions() -> dict[str, str]:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)  # atomic: a reader never sees half a record
+    write_json_atomically(path, data)  # a reader never sees half a record
 
 
 def read_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -8,4 +8,8 @@ from .calibration_fit import CalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state
-from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint, check_selection_metric, select_epoch
+from .checkpoint import TrainingCheckpoint
+from .history import EpochSnapshots, ValidationHistory
+from .selection import ModelSelection, check_selection_metric, select_epoch
+from .summary import EpochSummary
+from .weights import NetworkWeightsLoader

@@ -34,6 +34,8 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
+from calib_monai.atomic import copy_atomically
+
 __all__ = ["FineTune", "SubmittedLabel", "remap_label"]
 
 logger = logging.getLogger("calib_monai.label")
@@ -84,12 +86,6 @@ def remap_label(source: str | os.PathLike, target: str | os.PathLike, mapping: M
         lookup[value] = bundle_value
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     nib.save(nib.Nifti1Image(lookup[values], image.affine), str(target))
-
-
-def _copy_atomically(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
 
 
 @dataclass
@@ -177,9 +173,9 @@ class FineTune:
             raise RuntimeError(f"{self.models} lacks {missing}: nothing was published")
         target = self.bundle_dir / "models"
         if (target / "model.pt").is_file():
-            _copy_atomically(target / "model.pt", target / "model.previous.pt")
+            copy_atomically(target / "model.pt", target / "model.previous.pt")
         for name in PUBLISHED:
-            _copy_atomically(self.models / name, target / name)
+            copy_atomically(self.models / name, target / name)
         logger.info(f"{self.bundle_dir.name}: published the fine-tuned weights, calibration and validated range")
         return self.stats(finished=True)
 

@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.atomic import save_atomically, write_text_atomically
+
 from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
 from .reliability import save_reliability_diagram
 from .segmentation_report import SegmentationReportMetric, column_summary
 
-__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing", "write_text_atomically"]
+__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing"]
 
 #: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
 REDUCTION = "mean over volumes"
@@ -59,30 +60,8 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
     return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
 
 
-def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
-    """``text`` to a temporary file beside ``path``, then renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
-
-
 def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        save(*args, tmp, **kwargs)
-        if tmp.exists():
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    save_atomically(None, path, write=lambda _, tmp: save(*args, tmp, **kwargs))
 
 
 class SegmentationReportTable:
