@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.experiments import StudySetup
-from calib_monai.experiments.calibrated import _add_ratios, _summary_rows, _verdict, calibrated_study, selection_rules
+from studies import StudySetup
+from studies.calibrated import _add_ratios, _summary_rows, _verdict, calibrated_study, selection_rules
 from calib_monai.handlers import select_epoch
 
 

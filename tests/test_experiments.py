@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.experiments import RunSpec, StudySetup, read_record, train
-from calib_monai.experiments.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
-from calib_monai.experiments.comparison import main_comparison
-from calib_monai.experiments.robustness import data_fraction_study, noise_study
+from studies import RunSpec, StudySetup, read_record, train
+from studies.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
+from studies.comparison import main_comparison
+from studies.robustness import data_fraction_study, noise_study
 
 METHODS = ["ce_dice", "nacl"]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -8,10 +8,10 @@ import csv
 import numpy as np
 import pytest
 
-from calib_monai.experiments import StudySetup
-from calib_monai.experiments.corruptions import CORRUPTIONS, corruption
-from calib_monai.experiments.quality import REVIEW_RULES, quality_study
-from calib_monai.experiments.quality_report import configuration_rows
+from studies import StudySetup
+from studies.corruptions import CORRUPTIONS, corruption
+from studies.quality import REVIEW_RULES, quality_study
+from studies.quality_report import configuration_rows
 
 
 def _record(case, condition, dice, est, flag, strength=0.0):

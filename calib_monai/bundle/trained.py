@@ -1,7 +1,7 @@
 """A trained bundle as one object: its configs and weights in; the network, the transforms and predictions out.
 
 ``TrainedBundle`` is the one reader of a trained bundle folder: the export (``calib_monai.export``), MONAI Label
-serving (``calib_monai.label``), the experiment harness (``calib_monai.experiments.evaluation``) and the Slicer command
+serving (``calib_monai.label``), the studies (``studies/evaluation.py``, outside the package) and the Slicer command
 (``calib-monai slicer``) all build their network, weights and transforms through it.
 """
 

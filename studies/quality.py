@@ -4,7 +4,7 @@ was not validated on?
 For every method and seed (one training each, reused from the run folders) and every recalibration fitted on the
 validation volumes (none; temperature on ground-truth foreground voxels, the bundles' default; temperature on all
 voxels; local temperature scaling), the test volumes are scored as they are, under the corruptions of
-:mod:`calib_monai.experiments.corruptions` at graded strengths, and the images of another data set are run through
+:mod:`studies.corruptions` at graded strengths, and the images of another data set are run through
 the same model. Each volume gets its true mean DSC (where it has a label) and its label-free case quality
 (:func:`calib_monai.metrics.case_quality`): the estimated mean DSC and the mean confidence of the predicted
 foreground. The validated range of each configuration is measured on its validation volumes as the ``calibrate``
@@ -29,11 +29,11 @@ import torch
 from calib_monai.bundle import TrainedBundle, locate_bundle
 from calib_monai.calibration import ValidatedRange
 from calib_monai.calibration.validated_range import voxel_volume_ml
-from calib_monai.experiments.corruptions import CORRUPTIONS, corruption
-from calib_monai.experiments.evaluation import EvaluatedVolume, TrainedRun
-from calib_monai.experiments.posthoc import LocalTemperatureScaling, TemperatureScaling
-from calib_monai.experiments.quality_report import write_quality_results
-from calib_monai.experiments.study import StudySetup
+from studies.corruptions import CORRUPTIONS, corruption
+from studies.evaluation import EvaluatedVolume, TrainedRun
+from studies.posthoc import VolumeLocalTemperature, VolumeTemperature
+from studies.quality_report import write_quality_results
+from studies.study import StudySetup
 from calib_monai.metrics import SegmentationReportTable, case_quality, segmentation_metrics_per_volume
 from calib_monai.metrics.case_quality import image_statistics
 from calib_monai.metrics.report_table import voxel_spacing
@@ -56,10 +56,10 @@ def _other_images(dataset: str, dataset_dir: str, overrides: Mapping[str, Any], 
 
 def _calibrators(validation: Sequence[EvaluatedVolume], seed: int, lts_steps: int) -> dict[str, Callable | None]:
     out: dict[str, Callable | None] = {"none": None,
-                                        "temperature": TemperatureScaling(seed=seed).fit(validation),
-                                        "temperature_all": TemperatureScaling(seed=seed, voxels="all").fit(validation)}  # fmt: skip
+                                        "temperature": VolumeTemperature(seed=seed).fit(validation),
+                                        "temperature_all": VolumeTemperature(seed=seed, voxels="all").fit(validation)}  # fmt: skip
     if lts_steps > 0:
-        out["local_temperature"] = LocalTemperatureScaling(steps=lts_steps, seed=seed).fit(validation)
+        out["local_temperature"] = VolumeLocalTemperature(steps=lts_steps, seed=seed).fit(validation)
     return out
 
 
@@ -142,7 +142,7 @@ def quality_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "ls", 
     """Train (or reuse) ``methods`` x ``seeds``, score the test volumes, their corruptions and ``other_dataset``'s
     test images under every recalibration; write ``<results_dir>/quality`` (tables, figures, per-volume values and
     the README with the command). ``alpha``: the review rule's level (flag below the k-th lowest validation score);
-    ``corruptions``: kind -> strengths (default :data:`~calib_monai.experiments.corruptions.CORRUPTIONS`)."""
+    ``corruptions``: kind -> strengths (default :data:`~studies.corruptions.CORRUPTIONS`)."""
     methods = setup.check_methods(methods)
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
     out = setup.study_dir("quality")

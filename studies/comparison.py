@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from calib_monai.bundle_factory.specs import METHODS
-from calib_monai.experiments import figures
-from calib_monai.experiments.evaluation import EvaluatedVolume, TrainedRun, case_table, evaluate_run
-from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_table
+from studies import figures
+from studies.evaluation import EvaluatedVolume, TrainedRun, case_table, evaluate_run
+from studies.study import StudySetup, format_mean_std, heading, write_table
 from calib_monai.metrics import friedman_rank, mean_case_rank, sum_rank
 
 __all__ = ["LogitStatistics", "main_comparison"]

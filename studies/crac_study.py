@@ -1,27 +1,28 @@
-"""The CRaC ablation (issue 13): presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, over seeds.
+"""The CRaC ablation: presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, over seeds.
 
 Every variant is the ``crac`` bundle with ``loss#<option>`` overrides; CE+Dice and NACL are their bundles' runs at
 the same budget and seed. For each seed the study ranks CE+Dice, NACL and one CRaC variant at a time (the CRaC
-paper's Friedman rank over its Table 1 columns DSC, HD95, ECE, TACE), divides the variant's ECE by CE+Dice's, and
-reads the validation ECE of every epoch from the run's ``train.log`` to see whether it climbs.
+paper's Friedman rank over its Table 1 columns DSC, HD95, ECE, TACE), divides the variant's ECE by CE+Dice's, reads
+the validation ECE of every epoch from the run's ``validation_history.json`` to see whether it climbs and the ALM
+multipliers from its ``alm_history.json``, and checks the target of ``docs/results/targets.json`` (``crac_ablation``).
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import wilcoxon
 
-from calib_monai.experiments import figures
-from calib_monai.experiments.evaluation import evaluate_run
-from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_csv, write_table
+from studies import figures
+from studies.evaluation import evaluate_run
+from studies.study import StudySetup, format_mean_std, heading, load_targets, write_csv, write_table
 from calib_monai.losses.crac import PRESETS
 from calib_monai.metrics import friedman_rank
 
-__all__ = ["CRAC_VARIANTS", "CRAC_CRITERIA", "crac_ablation_study", "validation_curve", "ece_climb", "alm_health",
+__all__ = ["CRAC_VARIANTS", "crac_ablation_study", "validation_curve", "ece_climb", "alm_health",
            "paired_differences"]
 
 
@@ -44,28 +45,20 @@ CRAC_VARIANTS: dict[str, dict[str, object]] = {
 }
 RANKED = (("mean_dice", True), ("mean_hd95", False), ("ece", False), ("tace", False))  # CRaC's Table 1 columns
 COLUMNS = ("mean_dice", "mean_hd95", "ece", "cece", "tace")
-# issue 13's bar, per seed: rank <= NACL's, ECE <= 0.5x CE+Dice's, validation ECE not climbing (tolerance below)
-CRAC_CRITERIA = {"ece_ratio": 0.5, "climb": 0.01}
-_EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ .*val_ece ([0-9.eE+-]+|nan)")
-_ALM_LINE = re.compile(r"ALM outer step \d+ \(epoch \d+\): (.*)$")
-_ALM_ENTRY = re.compile(r"lambda ([0-9.eE+-]+) rho ([0-9.eE+-]+) h ([0-9.eE+-]+) satisfied ([0-9.eE+-]+)")
 
 
-def validation_curve(log: str | Path) -> list[float]:
-    """Validation ECE per epoch from a run's ``train.log`` (the ``EpochSummary`` lines; a resumed epoch's last line)."""
-    by_epoch: dict[int, float] = {}
-    for line in Path(log).read_text().splitlines():
-        m = _EPOCH_LINE.search(line)
-        if m:
-            by_epoch[int(m.group(1))] = float(m.group(2))
-    return [by_epoch[e] for e in sorted(by_epoch)]
+def validation_curve(models_dir: str | Path) -> list[float]:
+    """Validation ECE per epoch from a run's ``validation_history.json`` (``ValidationHistory``'s record)."""
+    path = Path(models_dir) / "validation_history.json"
+    history = json.loads(path.read_text()) if path.is_file() else []
+    return [float(entry["val_ece"]) for entry in sorted(history, key=lambda e: e["epoch"]) if "val_ece" in entry]
 
 
 def ece_climb(curve: Sequence[float]) -> float:
     """Mean validation ECE over the last third of the epochs minus the mean over the middle third.
 
-    Positive: the ECE rises in the second half of training (issue 13 measured CRaC rising every epoch); a
-    network that settles gives about 0. NaN with fewer than 3 epochs."""
+    Positive: the ECE rises in the second half of training (CRaC as the paper writes it climbed every epoch here);
+    a network that settles gives about 0. NaN with fewer than 3 epochs."""
     n = len(curve)
     if n < 3:
         return float("nan")
@@ -73,17 +66,16 @@ def ece_climb(curve: Sequence[float]) -> float:
     return float(np.mean(curve[n - third:]) - np.mean(curve[third:n - third]))
 
 
-def alm_health(log: str | Path) -> dict[str, float]:
-    """From the last ALM line of ``train.log``: the largest lambda and the mean satisfied fraction over (k, r)."""
-    last = None
-    for line in Path(log).read_text().splitlines():
-        m = _ALM_LINE.search(line)
-        if m:
-            last = m.group(1)
-    if last is None:
+def alm_health(models_dir: str | Path) -> dict[str, float]:
+    """From the last outer step of a run's ``alm_history.json`` (``ALMUpdateHandler``'s record): the largest lambda
+    and the mean satisfied fraction over classes and regions; NaN without a record (runs of losses without ALM)."""
+    path = Path(models_dir) / "alm_history.json"
+    history = json.loads(path.read_text()) if path.is_file() else []
+    if not history:
         return {"lambda_max": float("nan"), "satisfied": float("nan")}
-    entries = np.array([[float(x) for x in e] for e in _ALM_ENTRY.findall(last)])
-    return {"lambda_max": float(entries[:, 0].max()), "satisfied": float(entries[:, 3].mean())}
+    last = max(history, key=lambda r: r["epoch"])
+    entries = [region for regions in last["classes"].values() for region in regions.values()]
+    return {"lambda_max": max(e["lambda"] for e in entries), "satisfied": float(np.mean([e["satisfied"] for e in entries]))}
 
 
 def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
@@ -96,6 +88,7 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
     if unknown or not variants:
         raise ValueError(f"variants must be among {list(CRAC_VARIANTS)}, got {variants}")
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    target = load_targets("crac_ablation")
     out = setup.study_dir("crac_ablation")
     entries = [("CE+Dice", "ce_dice", "", {}), ("NACL", "nacl", "", {})]
     entries += [(f"CRaC {v}", "crac", v, CRAC_VARIANTS[v]) for v in variants]
@@ -110,10 +103,9 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
             report = evaluate_run(run, "test")
             results[name] = {k: v["mean"] for k, v in report.summary().items()}
             per_volume += [{"seed": seed, "method": name, **row} for row in report.rows]
-            log = Path(spec.run_dir) / "train.log"
-            curves[name] = validation_curve(log)
-            results[name].update(climb=ece_climb(curves[name]), **alm_health(log))
-        per_seed += _score_seed(seed, results)
+            curves[name] = validation_curve(spec.models_dir)
+            results[name].update(climb=ece_climb(curves[name]), **alm_health(spec.models_dir))
+        per_seed += _score_seed(seed, results, target)
         figures.line_plot(list(range(1, 1 + max(len(c) for c in curves.values()))),
                           {n: c + [float("nan")] * (max(len(x) for x in curves.values()) - len(c)) for n, c in curves.items()},
                           out / f"val_ece_seed{seed}.png", "epoch", "validation ECE",
@@ -134,7 +126,8 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
         "(CRaC paper, Table 1 columns), averaged over the four (lower is better); CE+Dice's and NACL's rows show "
         "their rank against the best CRaC variant of that seed. `ECE / CE+Dice`: the ratio per seed. `val ECE "
         "climb`: mean validation ECE over the last third of the epochs minus the middle third. `meets`: seeds "
-        f"where rank <= NACL's, ECE <= {CRAC_CRITERIA['ece_ratio']}x CE+Dice's and climb <= {CRAC_CRITERIA['climb']}. "
+        f"where rank <= NACL's, ECE <= {target['ece_ratio']}x CE+Dice's and climb <= {target['climb']} "
+        f"(`docs/results/targets.json`: {target['source']}). "
         "`lambda max`, `satisfied`: the last ALM step's largest multiplier and mean fraction of validation pixels "
         "whose constraint holds.",
         paired_table,
@@ -176,7 +169,7 @@ def _paired_cells(row: Mapping) -> dict[str, str]:
     return cells
 
 
-def _score_seed(seed: int, results: Mapping[str, Mapping[str, float]]) -> list[dict]:
+def _score_seed(seed: int, results: Mapping[str, Mapping[str, float]], target: Mapping[str, float]) -> list[dict]:
     """Rows of one seed: each CRaC variant ranked against CE+Dice and NACL, and the criteria it meets."""
     columns, higher = [c for c, _ in RANKED], [h for _, h in RANKED]
     crac = [n for n in results if n.startswith("CRaC")]
@@ -189,8 +182,8 @@ def _score_seed(seed: int, results: Mapping[str, Mapping[str, float]]) -> list[d
     for name, values in results.items():
         rank = ranks[name][name] if name in ranks else (ranks[best][name] if best else float("nan"))
         ratio = values["ece"] / results["CE+Dice"]["ece"]
-        meets = (name in ranks and rank <= ranks[name]["NACL"] and ratio <= CRAC_CRITERIA["ece_ratio"]
-                 and values["climb"] <= CRAC_CRITERIA["climb"])  # fmt: skip
+        meets = (name in ranks and rank <= ranks[name]["NACL"] and ratio <= target["ece_ratio"]
+                 and values["climb"] <= target["climb"])  # fmt: skip
         rows.append({"seed": seed, "method": name, **{c: values[c] for c in COLUMNS}, "ece_ratio": ratio,
                      "friedman_rank": rank, "climb": values["climb"], "lambda_max": values["lambda_max"],
                      "satisfied": values["satisfied"], "meets": meets})  # fmt: skip

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from calib_monai.experiments import figures
-from calib_monai.experiments.evaluation import evaluate_run
-from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_table
+from studies import figures
+from studies.evaluation import evaluate_run
+from studies.study import StudySetup, format_mean_std, heading, write_table
 
 __all__ = ["data_fraction_study", "noise_study"]
 

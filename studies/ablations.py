@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from calib_monai.experiments import figures
-from calib_monai.experiments.comparison import LOGIT_EDGES, LogitStatistics
-from calib_monai.experiments.evaluation import TrainedRun, evaluate_run
-from calib_monai.experiments.posthoc import LocalTemperatureScaling, TemperatureScaling
-from calib_monai.experiments.runs import train
-from calib_monai.experiments.study import StudySetup, format_mean_std, heading, write_table
+from studies import figures
+from studies.comparison import LOGIT_EDGES, LogitStatistics
+from studies.evaluation import TrainedRun, evaluate_run
+from studies.posthoc import VolumeLocalTemperature, VolumeTemperature
+from studies.runs import train
+from studies.study import StudySetup, format_mean_std, heading, write_table
 
 __all__ = ["NACL_ABLATIONS", "crac_vs_nacl_study", "logit_epochs_study", "nacl_ablation_study", "posthoc_study"]
 
@@ -97,8 +97,8 @@ def posthoc_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"
     for method in methods:
         run = setup.trained(method)
         validation = list(run.volumes("validation"))
-        ts = TemperatureScaling().fit(validation)
-        lts = LocalTemperatureScaling(steps=lts_steps).fit(validation)
+        ts = VolumeTemperature().fit(validation)
+        lts = VolumeLocalTemperature(steps=lts_steps).fit(validation)
         del validation
         for name, calibrate in (("none", None), (f"TS (T={ts.temperature:.3f})", ts), ("LTS", lts)):
             rows.append({"method": method, "post-hoc": name, **_cells(evaluate_run(run, "test", calibrate=calibrate).summary())})

@@ -18,12 +18,12 @@ import torch
 
 from calib_monai.calibration import LocalTemperatureScaling as LocalTemperatureModule
 from calib_monai.calibration import calibrate_volume, calibration_voxels, fit_temperature
-from calib_monai.experiments.evaluation import EvaluatedVolume
+from studies.evaluation import EvaluatedVolume
 
-__all__ = ["LocalTemperatureScaling", "TemperatureScaling"]
+__all__ = ["VolumeLocalTemperature", "VolumeTemperature"]
 
 
-class TemperatureScaling:
+class VolumeTemperature:
     """One temperature for all voxels (:func:`calib_monai.calibration.fit_temperature`), fitted as the bundles'
     ``calibrate`` step fits it: on the validation volumes' ground-truth foreground voxels by default
     (``voxels="all"``: every voxel), at most ``max_voxels``, the same share from each volume."""
@@ -32,7 +32,7 @@ class TemperatureScaling:
         self.max_voxels, self.seed, self.voxels = int(max_voxels), int(seed), voxels
         self.temperature = 1.0
 
-    def fit(self, volumes: Sequence[EvaluatedVolume]) -> TemperatureScaling:
+    def fit(self, volumes: Sequence[EvaluatedVolume]) -> VolumeTemperature:
         pairs = ((v.logits, v.label[0]) for v in volumes)
         self.temperature = fit_temperature(*calibration_voxels(pairs, self.voxels, self.max_voxels, self.seed))
         return self
@@ -41,7 +41,7 @@ class TemperatureScaling:
         return torch.softmax(volume.logits / self.temperature, dim=0)
 
 
-class LocalTemperatureScaling:
+class VolumeLocalTemperature:
     """Per-voxel temperatures (:class:`calib_monai.calibration.LocalTemperatureScaling`) fitted on the validation
     volumes' slices.
 
@@ -60,7 +60,7 @@ class LocalTemperatureScaling:
         # (C, H, W, D) -> (D, C, H, W): the 2D slices the segmentation network saw
         return volume.logits.permute(3, 0, 1, 2), torch.as_tensor(volume.image).float().permute(3, 0, 1, 2)
 
-    def fit(self, volumes: Sequence[EvaluatedVolume]) -> LocalTemperatureScaling:
+    def fit(self, volumes: Sequence[EvaluatedVolume]) -> VolumeLocalTemperature:
         pairs = [self._slices(v) for v in volumes]
         logits = torch.cat([p[0] for p in pairs])
         images = torch.cat([p[1] for p in pairs])
@@ -73,12 +73,12 @@ class LocalTemperatureScaling:
     def temperature_map(self, volume: EvaluatedVolume) -> torch.Tensor:
         """``(1, H, W, D)`` temperatures of a volume."""
         if self.net is None:
-            raise RuntimeError("LocalTemperatureScaling.fit must run before it is applied")
+            raise RuntimeError("VolumeLocalTemperature.fit must run before it is applied")
         logits, image = self._slices(volume)
         return self.net.temperature_map(logits, image).permute(1, 2, 3, 0)
 
     @torch.no_grad()
     def __call__(self, volume: EvaluatedVolume) -> torch.Tensor:
         if self.net is None:
-            raise RuntimeError("LocalTemperatureScaling.fit must run before it is applied")
+            raise RuntimeError("VolumeLocalTemperature.fit must run before it is applied")
         return torch.softmax(calibrate_volume(self.net, volume.logits, torch.as_tensor(volume.image).float()), dim=0)

@@ -1,4 +1,4 @@
-"""Tables, figures and README of the case-quality study (:mod:`calib_monai.experiments.quality`).
+"""Tables, figures and README of the case-quality study (:mod:`studies.quality`).
 
 Every number is computed from the per-volume records the study collected: per seed and configuration (method x
 recalibration) first, then the mean (± std) over seeds.
@@ -12,15 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.experiments import figures
-from calib_monai.experiments.corruptions import CORRUPTIONS
-from calib_monai.experiments.study import StudySetup, format_mean_std, write_csv, write_table
+from studies import figures
+from studies.corruptions import CORRUPTIONS
+from studies.study import StudySetup, format_mean_std, load_targets, write_csv, write_table
 from calib_monai.metrics import failure_detection_summary, quality_agreement, save_risk_coverage_plot
 
 __all__ = ["configuration_rows", "write_quality_results"]
 
 DEFAULT_RULE = "score_or_input"  # the bundles' review rule (calib_monai.bundle_factory.calibration.REVIEW)
-TARGETS = {"spearman": 0.75, "mae": 0.03, "gap": 0.80, "mae_every_method": 0.05, "tpr": 0.95, "fpr": 0.05}
+
+
+def _targets() -> dict:
+    return load_targets("quality")  # docs/results/targets.json
 ID = "in-distribution"
 
 
@@ -121,26 +124,26 @@ def _verdict(means: Mapping[tuple, Mapping[str, float]], rule: str, strongest) -
     best = max(means, key=lambda k: np.nan_to_num(means[k].get("gap_est", np.nan), nan=-9))
     m = means[best]
     lines = [f"Best configuration by in-distribution AURC gap closed: **{best[0]} + {best[1]}** "
-             f"(mean over seeds): Spearman {m['spearman_est']:.2f} (target >= {TARGETS['spearman']}), MAE "
-             f"{m['mae_est']:.3f} (target <= {TARGETS['mae']}), gap closed {m['gap_est']:.0%} (target >= "
-             f"{TARGETS['gap']:.0%})."]  # fmt: skip
+             f"(mean over seeds): Spearman {m['spearman_est']:.2f} (target >= {_targets()['spearman']}), MAE "
+             f"{m['mae_est']:.3f} (target <= {_targets()['mae']}), gap closed {m['gap_est']:.0%} (target >= "
+             f"{_targets()['gap']:.0%})."]  # fmt: skip
     for method in dict.fromkeys(k[0] for k in means):
         mine = {k: v for k, v in means.items() if k[0] == method}
         k = min(mine, key=lambda k: np.nan_to_num(mine[k].get("mae_est", np.nan), nan=9))
         lines.append(f"- {method}: lowest MAE with `{k[1]}`: {mine[k]['mae_est']:.3f} (target <= "
-                     f"{TARGETS['mae_every_method']}; {'met' if mine[k]['mae_est'] <= TARGETS['mae_every_method'] else 'missed'})")  # fmt: skip
+                     f"{_targets()['mae_every_method']}; {'met' if mine[k]['mae_est'] <= _targets()['mae_every_method'] else 'missed'})")  # fmt: skip
     fpr = m.get(f"fpr_{rule}", np.nan)
     tprs = {f"{kind} {strength:g}": m.get(f"tpr_{rule}_{kind}_{strength:g}", np.nan) for kind, strength in strongest}
     lines.append(f"Review flag (`{rule}`) of that configuration: in-distribution false positives {fpr:.0%} (target <= "
-                 f"{TARGETS['fpr']:.0%}); caught: " + ", ".join(f"{k} {v:.0%}" for k, v in tprs.items())
-                 + f" (target >= {TARGETS['tpr']:.0%} for the other data set and the strongest corruption).")  # fmt: skip
+                 f"{_targets()['fpr']:.0%}); caught: " + ", ".join(f"{k} {v:.0%}" for k, v in tprs.items())
+                 + f" (target >= {_targets()['tpr']:.0%} for the other data set and the strongest corruption).")  # fmt: skip
     return "\n".join(lines), best
 
 
 def write_quality_results(setup: StudySetup, out: Path, records: list[dict], ensemble: list[dict], timings: list[dict],
                           specs, seeds: Sequence[int], methods: Sequence[str], alpha: float, other_dataset: str,
                           command: str) -> str:  # fmt: skip
-    from calib_monai.experiments.quality import REVIEW_RULES
+    from studies.quality import REVIEW_RULES
 
     rules = list(REVIEW_RULES)
     write_csv(out / "per_volume.csv", records + ensemble)

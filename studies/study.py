@@ -13,10 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from calib_monai.bundle_factory.specs import DATASETS, METHODS
-from calib_monai.experiments.evaluation import TrainedRun
-from calib_monai.experiments.runs import RunSpec, read_record, train
+from studies.evaluation import TrainedRun
+from studies.runs import RunSpec, read_record, train
 
-__all__ = ["StudySetup", "format_mean_std", "heading", "write_csv", "write_table"]
+__all__ = ["TARGETS_FILE", "StudySetup", "format_mean_std", "heading", "load_targets", "write_csv", "write_table"]
+
+#: The studies' targets (bars to meet, with their source): results documentation, not code.
+TARGETS_FILE = Path(__file__).resolve().parents[1] / "docs" / "results" / "targets.json"
+
+
+def load_targets(study: str, path: str | os.PathLike = TARGETS_FILE) -> dict[str, Any]:
+    """The targets of ``study`` in ``docs/results/targets.json`` (its numbers and their ``source``)."""
+    targets = json.loads(Path(path).read_text())
+    if study not in targets:
+        raise KeyError(f"{path} has no targets for {study!r} (it has {sorted(targets)})")
+    return targets[study]
 
 logger = logging.getLogger(__name__)
 

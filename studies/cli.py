@@ -1,6 +1,6 @@
 """The study commands (``python scripts/experiments.py <study> ...`` or ``calib-monai experiment <study> ...``).
 
-Every study takes the set-up flags of :class:`calib_monai.experiments.study.StudySetup`: ``--dataset`` (``hpc``,
+Every study takes the set-up flags of :class:`studies.study.StudySetup`: ``--dataset`` (``hpc``,
 ``acdc``, ``flare``, ...), ``--dataset_dir``, ``--results_dir`` (tables, figures, README), ``--runs_dir``
 (checkpoints; default ``runs/experiments/<dataset>``), ``--epochs``, ``--lr_milestone``, ``--train_fraction``,
 ``--seed``, ``--overrides '{"data#resize": [128, 128]}'`` and ``--demo`` (FLARE phantoms' ``demo.json``).
@@ -22,19 +22,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from calib_monai.bundle_factory.specs import METHODS
-from calib_monai.experiments.ablations import (
+from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,
     logit_epochs_study,
     nacl_ablation_study,
     posthoc_study,
 )
-from calib_monai.experiments.calibrated import calibrated_study
-from calib_monai.experiments.comparison import main_comparison
-from calib_monai.experiments.crac_study import CRAC_VARIANTS, crac_ablation_study
-from calib_monai.experiments.quality import quality_study
-from calib_monai.experiments.robustness import data_fraction_study, noise_study
-from calib_monai.experiments.study import StudySetup
+from studies.calibrated import calibrated_study
+from studies.comparison import main_comparison
+from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
+from studies.quality import quality_study
+from studies.robustness import data_fraction_study, noise_study
+from studies.study import StudySetup
 
 __all__ = ["COMMANDS", "run"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from calib_monai.bundle import TrainedBundle, locate_bundle
-from calib_monai.experiments.runs import read_record
+from studies.runs import read_record
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, voxel_spacing
 
 __all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run", "score_volumes"]
@@ -44,7 +44,7 @@ def add_gaussian_noise(image: torch.Tensor, sigma: float, seed: int) -> torch.Te
 
 
 class TrainedRun:
-    """A finished run folder (``calib_monai.experiments.runs.train``) ready for inference.
+    """A finished run folder (``studies.runs.train``) ready for inference.
 
     Args:
         run_dir: the run folder (``run.json``, ``models/model.pt``).
@@ -90,7 +90,7 @@ class TrainedRun:
         """The volumes of ``subset`` ("test" or "validation") with their logits; ``noise_sigma`` adds seeded
         Gaussian noise to each preprocessed image first (volume i uses seed ``noise_seed * 100003 + i``);
         ``corrupt(image, label, i) -> (image, label)`` shifts the preprocessed pair first
-        (:func:`calib_monai.experiments.corruptions.corruption`)."""
+        (:func:`studies.corruptions.corruption`)."""
         for index, item in enumerate(self.dataset(subset)):
             image = add_gaussian_noise(item["image"], noise_sigma, noise_seed * 100003 + index)
             label = torch.as_tensor(item["label"]).long()
