@@ -19,8 +19,13 @@ import traceback
 __all__ = ["main", "slicer"]
 
 
-def slicer(bundle_dir: str, case: str, inference_dir: str | None = None, output_dir: str | None = None,
-           low_confidence: float = 0.8) -> dict[str, str]:
+def slicer(
+    bundle_dir: str,
+    case: str,
+    inference_dir: str | None = None,
+    output_dir: str | None = None,
+    low_confidence: float = 0.8,
+) -> dict[str, str]:
     """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (segments named and coloured from the
     bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.
 
@@ -32,8 +37,9 @@ def slicer(bundle_dir: str, case: str, inference_dir: str | None = None, output_
     from calib_monai.export import bundle_label_names, slicer_files_from_inference
 
     inference_dir = inference_dir or str(Path(bundle_dir) / "inference")
-    written = slicer_files_from_inference(inference_dir, case, bundle_label_names(bundle_dir), output_dir,
-                                          low_confidence=low_confidence)  # fmt: skip
+    written = slicer_files_from_inference(
+        inference_dir, case, bundle_label_names(bundle_dir), output_dir, low_confidence=low_confidence
+    )
     return {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
 
 

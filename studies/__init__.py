@@ -6,5 +6,15 @@ from studies.posthoc import VolumeLocalTemperature, VolumeTemperature
 from studies.runs import RunSpec, read_record, train
 from studies.study import StudySetup
 
-__all__ = ["EvaluatedVolume", "VolumeLocalTemperature", "RunSpec", "StudySetup", "VolumeTemperature", "TrainedRun",
-           "add_gaussian_noise", "evaluate_run", "read_record", "train"]
+__all__ = [
+    "EvaluatedVolume",
+    "VolumeLocalTemperature",
+    "RunSpec",
+    "StudySetup",
+    "VolumeTemperature",
+    "TrainedRun",
+    "add_gaussian_noise",
+    "evaluate_run",
+    "read_record",
+    "train",
+]

@@ -26,8 +26,13 @@ NACL_ABLATIONS: dict[str, dict[str, dict]] = {
     "space": {f"space_{s}": {"loss#space": s} for s in ("logits", "softmax")},
     "patch": {f"patch{k}": {"loss#kernel_size": k} for k in (3, 5)},
 }
-NACL_DEFAULTS = {"loss#alpha": 0.1, "loss#kernel_ops": "mean", "loss#distance_type": "l1", "loss#space": "logits",
-                 "loss#kernel_size": 3}  # fmt: skip
+NACL_DEFAULTS = {
+    "loss#alpha": 0.1,
+    "loss#kernel_ops": "mean",
+    "loss#distance_type": "l1",
+    "loss#space": "logits",
+    "loss#kernel_size": 3,
+}
 
 
 def _cells(summary: dict) -> dict[str, str]:
@@ -55,10 +60,12 @@ def nacl_ablation_study(setup: StudySetup, groups: Sequence[str] = tuple(NACL_AB
             run, spec = _variant(setup, "nacl", name, extra, NACL_DEFAULTS)
             specs.append(spec)
             rows.append({"ablation": group, "setting": name, **_cells(evaluate_run(run, "test").summary())})
-    table = write_table(rows, out / "nacl_ablation", "NACL ablations (one setting changed from lambda 0.1, 3x3 mean "
-                        "prior, L1, logits)")  # fmt: skip
-    setup.write_readme("nacl_ablation", f"NACL ablations on {setup.dataset}", command or "(called from Python)", [table],
-                       specs)  # fmt: skip
+    table = write_table(
+        rows, out / "nacl_ablation", "NACL ablations (one setting changed from lambda 0.1, 3x3 mean prior, L1, logits)"
+    )
+    setup.write_readme(
+        "nacl_ablation", f"NACL ablations on {setup.dataset}", command or "(called from Python)", [table], specs
+    )
     return table
 
 
@@ -80,15 +87,27 @@ def crac_vs_nacl_study(setup: StudySetup, lambdas: Sequence[float] = (0.01, 0.1,
     table = write_table(rows, out / "crac_vs_nacl", "NACL for several lambda, CRaC with learned multipliers")
     for c, name in (("ece", "ECE"), ("mean_dice", "mean DSC")):
         series = {"NACL": curves["NACL"][c], "CRaC (learned)": [crac[c]["mean"]] * len(lambdas)}
-        figures.line_plot(lambdas, series, out / f"crac_vs_nacl_{c}.png", "NACL lambda", name,
-                          f"{setup.dataset}: {name}, NACL lambda vs CRaC")  # fmt: skip
-    setup.write_readme("crac_vs_nacl", f"CRaC vs NACL's lambda on {setup.dataset}", command or "(called from Python)",
-                       [table, "Figures: `crac_vs_nacl_ece.png`, `crac_vs_nacl_mean_dice.png`."], specs)  # fmt: skip
+        figures.line_plot(
+            lambdas,
+            series,
+            out / f"crac_vs_nacl_{c}.png",
+            "NACL lambda",
+            name,
+            f"{setup.dataset}: {name}, NACL lambda vs CRaC",
+        )
+    setup.write_readme(
+        "crac_vs_nacl",
+        f"CRaC vs NACL's lambda on {setup.dataset}",
+        command or "(called from Python)",
+        [table, "Figures: `crac_vs_nacl_ece.png`, `crac_vs_nacl_mean_dice.png`."],
+        specs,
+    )
     return table
 
 
-def posthoc_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"), command: str = "",
-                  lts_steps: int = 300) -> str:  # fmt: skip
+def posthoc_study(
+    setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"), command: str = "", lts_steps: int = 300
+) -> str:
     """Temperature scaling and local temperature scaling (``lts_steps`` Adam steps) fitted on each method's
     validation volumes, applied to its test volumes; ``<results_dir>/posthoc``."""
     methods = setup.check_methods(methods)
@@ -101,21 +120,34 @@ def posthoc_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"
         lts = VolumeLocalTemperature(steps=lts_steps).fit(validation)
         del validation
         for name, calibrate in (("none", None), (f"TS (T={ts.temperature:.3f})", ts), ("LTS", lts)):
-            rows.append({"method": method, "post-hoc": name, **_cells(evaluate_run(run, "test", calibrate=calibrate).summary())})
+            rows.append(
+                {"method": method, "post-hoc": name, **_cells(evaluate_run(run, "test", calibrate=calibrate).summary())}
+            )
     table = write_table(rows, out / "posthoc", "Post-hoc calibration fitted on the validation volumes")
-    setup.write_readme("posthoc", f"Post-hoc calibration on {setup.dataset}", command or "(called from Python)", [table],
-                       [setup.spec(m) for m in methods])  # fmt: skip
+    setup.write_readme(
+        "posthoc",
+        f"Post-hoc calibration on {setup.dataset}",
+        command or "(called from Python)",
+        [table],
+        [setup.spec(m) for m in methods],
+    )
     return table
 
 
-def logit_epochs_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"),
-                       snapshots: Sequence[int] = (1, 2, 4), command: str = "") -> str:  # fmt: skip
+def logit_epochs_study(
+    setup: StudySetup,
+    methods: Sequence[str] = ("ce_dice", "nacl"),
+    snapshots: Sequence[int] = (1, 2, 4),
+    command: str = "",
+) -> str:
     """Max-logit histograms of the validation voxels at several epochs (the network of each snapshot epoch and
     of the last epoch); a separate staged run per method (``<bundle>__staged``) with a fixed lr milestone."""
     methods = setup.check_methods(methods)
     if setup.epochs is None or setup.lr_milestone is None:
-        raise ValueError("the logit-over-epochs study needs --epochs and --lr_milestone (fixed while the run is "
-                         "stopped and resumed at each snapshot)")  # fmt: skip
+        raise ValueError(
+            "the logit-over-epochs study needs --epochs and --lr_milestone (fixed while the run is "
+            "stopped and resumed at each snapshot)"
+        )
     snapshots = [int(e) for e in ([snapshots] if isinstance(snapshots, int) else snapshots)]
     out = setup.study_dir("logit_epochs")
     rows, specs = [], []
@@ -132,11 +164,26 @@ def logit_epochs_study(setup: StudySetup, methods: Sequence[str] = ("ce_dice", "
             histograms[f"epoch {epoch}"] = stats.max_logit_hist
             centres = 0.5 * (LOGIT_EDGES[1:] + LOGIT_EDGES[:-1])
             mean_max = float((stats.max_logit_hist * centres).sum() / max(stats.max_logit_hist.sum(), 1))
-            rows.append({"method": method, "epoch": epoch, "mean_max_logit": mean_max,
-                         "mean_abs_logit": float(np.nanmean(stats.mean_abs()))})  # fmt: skip
-        figures.logit_histograms(histograms, LOGIT_EDGES, out / f"max_logit_{method}.png",
-                                 f"{setup.dataset}, {method}: max logit of validation voxels")  # fmt: skip
+            rows.append(
+                {
+                    "method": method,
+                    "epoch": epoch,
+                    "mean_max_logit": mean_max,
+                    "mean_abs_logit": float(np.nanmean(stats.mean_abs())),
+                }
+            )
+        figures.logit_histograms(
+            histograms,
+            LOGIT_EDGES,
+            out / f"max_logit_{method}.png",
+            f"{setup.dataset}, {method}: max logit of validation voxels",
+        )
     table = write_table(rows, out / "logit_epochs", "Max logit of the validation voxels over epochs")
-    setup.write_readme("logit_epochs", f"Logits over epochs on {setup.dataset}", command or "(called from Python)",
-                       [table, "Figures: `max_logit_<method>.png`."], specs)  # fmt: skip
+    setup.write_readme(
+        "logit_epochs",
+        f"Logits over epochs on {setup.dataset}",
+        command or "(called from Python)",
+        [table, "Figures: `max_logit_<method>.png`."],
+        specs,
+    )
     return table

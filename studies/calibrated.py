@@ -8,7 +8,8 @@ bundle trained with that ``--selection_metric`` / ``--selection_mode`` / ``--sel
 training per rule. For each selected network a temperature is fitted as the bundles' ``calibrate`` step fits it (on
 the validation volumes' ground-truth foreground voxels), then the test volumes are scored with and without it.
 
-The target (``docs/results/targets.json``, ``calibrated``): ECE <= 0.30x the papers' protocol's (CE+Dice, best validation DSC, no temperature) at a mean
+The target (``docs/results/targets.json``, ``calibrated``): ECE <= 0.30x the papers' protocol's (CE+Dice, best
+validation DSC, no temperature) at a mean
 DSC no more than 0.005 below it, on every seed.
 """
 
@@ -21,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from calib_monai.bundle_factory.specs import METHODS
+from calib_monai.handlers import select_epoch
 from studies import figures
 from studies.evaluation import TrainedRun, score_volumes
 from studies.posthoc import VolumeLocalTemperature, VolumeTemperature
 from studies.runs import train
 from studies.study import StudySetup, format_mean_std, heading, load_targets, write_csv, write_table
-from calib_monai.handlers import select_epoch
 
 __all__ = ["SELECTION_RULES", "calibrated_study", "selection_rules"]
 
@@ -36,6 +37,8 @@ CALIBRATIONS = ("none", "temperature", "local temperature")
 
 def _target() -> dict:
     return load_targets("calibrated")
+
+
 COLUMNS = ("mean_dice", "ece", "cece", "tace", "nll")
 
 
@@ -44,7 +47,11 @@ def selection_rules(ece_bound: float = 0.05) -> dict[str, dict]:
     return {
         "dsc": {"metric_name": "val_mean_dice", "mode": "max", "bounds": {}},  # the papers' rule, bundle default
         "nll": {"metric_name": "val_nll", "mode": "min", "bounds": {}},
-        f"dsc_ece{ece_bound:g}": {"metric_name": "val_mean_dice", "mode": "max", "bounds": {"val_ece": float(ece_bound)}},
+        f"dsc_ece{ece_bound:g}": {
+            "metric_name": "val_mean_dice",
+            "mode": "max",
+            "bounds": {"val_ece": float(ece_bound)},
+        },
     }
 
 
@@ -56,9 +63,15 @@ def _bundle_flags(rule: Mapping) -> str:
     return flags + (f" --selection_bounds '{json.dumps(rule['bounds'])}'" if rule["bounds"] else "")
 
 
-def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS), seeds: Sequence[int] = (0, 1),
-                     ece_bound: float = 0.05, surface_distances: bool = False, lts_steps: int = 300,
-                     command: str = "") -> str:  # fmt: skip
+def calibrated_study(
+    setup: StudySetup,
+    methods: Sequence[str] = tuple(METHODS),
+    seeds: Sequence[int] = (0, 1),
+    ece_bound: float = 0.05,
+    surface_distances: bool = False,
+    lts_steps: int = 300,
+    command: str = "",
+) -> str:
     """Train ``methods`` for every seed (runs reused when finished), apply each selection rule, fit a temperature per
     selected network and score the test volumes with and without it; write ``<results_dir>/calibrated``: the table
     (mean ± std over seeds of each seed's mean over test volumes), ``per_seed.csv``, ``per_volume.csv``,
@@ -85,7 +98,9 @@ def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS),
                 ts = VolumeTemperature().fit(validation)
                 calibrations = {"none": None, "temperature": ts}
                 if lts_steps > 0 and epoch == chosen["dsc"]:
-                    calibrations["local temperature"] = VolumeLocalTemperature(steps=lts_steps, seed=seed).fit(validation)
+                    calibrations["local temperature"] = VolumeLocalTemperature(steps=lts_steps, seed=seed).fit(
+                        validation
+                    )
                 del validation
                 test = list(run.volumes("test"))
                 for calibration, calibrate in calibrations.items():
@@ -94,20 +109,31 @@ def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS),
                     rules_here = [r for r, e in chosen.items() if e == epoch]
                     for rule in rules_here if calibration != "local temperature" else ["dsc"]:
                         key = {"seed": seed, "method": method, "selection": rule, "calibration": calibration}
-                        temperature = ts.temperature if calibration == "temperature" else float("nan") if calibrate else 1.0
-                        per_seed.append({**key, "epoch": epoch, "temperature": temperature,
-                                         **{c: means.get(c, float("nan")) for c in (*COLUMNS, "mean_hd95")}})  # fmt: skip
+                        temperature = (
+                            ts.temperature if calibration == "temperature" else float("nan") if calibrate else 1.0
+                        )
+                        per_seed.append(
+                            {
+                                **key,
+                                "epoch": epoch,
+                                "temperature": temperature,
+                                **{c: means.get(c, float("nan")) for c in (*COLUMNS, "mean_hd95")},
+                            }
+                        )
                         per_volume += [{**key, "epoch": epoch, **row} for row in report.rows]
     _add_ratios(per_seed)
     write_csv(out / "per_seed.csv", per_seed)
     write_csv(out / "per_volume.csv", per_volume)
     rows = _summary_rows(per_seed, methods, list(rules), len(seeds), surface_distances)
-    table = write_table(rows, out / "calibrated", f"Every method × selection rule × recalibration, mean ± std over seeds {seeds}")
+    table = write_table(
+        rows, out / "calibrated", f"Every method × selection rule × recalibration, mean ± std over seeds {seeds}"
+    )
     _ece_figure(per_seed, methods, list(rules), out / "ece_by_method.png", setup.dataset)
     notes = [
         _verdict(per_seed, rows),
         "Columns: the mean over test volumes of each seed, then mean ± std over the seeds. `epoch`: the epochs the "
-        "rule selected, per seed. `T`: the fitted temperature (global temperature scaling). `ECE / ref` and `Δ DSC`: against the papers' protocol "
+        "rule selected, per seed. `T`: the fitted temperature (global temperature scaling). `ECE / ref` and "
+        "`Δ DSC`: against the papers' protocol "
         "(CE+Dice, selection by validation DSC, no temperature) of the same seed. `meets`: seeds where ECE <= "
         f"{_target()['ece_ratio']}x the reference's and DSC >= the reference's - {_target()['dice_drop']}.",
         "Selection rules (the bundle flags that train with them; `dsc` is the default):\n\n"
@@ -119,8 +145,14 @@ def calibrated_study(setup: StudySetup, methods: Sequence[str] = tuple(METHODS),
         "image, fitted by NLL on all voxels of the validation slices; for the `dsc` rule's network only.",
         "Figure: `ece_by_method.png`; values per seed: `per_seed.csv`; per test volume: `per_volume.csv`.",
     ]
-    setup.write_readme("calibrated", f"Calibrated by default on {setup.dataset}", command or "(called from Python)",
-                       [table, *notes], specs, seeds)  # fmt: skip
+    setup.write_readme(
+        "calibrated",
+        f"Calibrated by default on {setup.dataset}",
+        command or "(called from Python)",
+        [table, *notes],
+        specs,
+        seeds,
+    )
     return table
 
 
@@ -131,8 +163,9 @@ def _add_ratios(per_seed: list[dict]) -> None:
         ref = reference[row["seed"]]
         row["ece_ratio"] = row["ece"] / ref["ece"]
         row["dice_change"] = row["mean_dice"] - ref["mean_dice"]
-        row["meets"] = bool(row["ece_ratio"] <= _target()["ece_ratio"]
-                            and row["dice_change"] >= -_target()["dice_drop"])  # fmt: skip
+        row["meets"] = bool(
+            row["ece_ratio"] <= _target()["ece_ratio"] and row["dice_change"] >= -_target()["dice_drop"]
+        )
 
 
 def _groups(per_seed: Sequence[Mapping]) -> dict[tuple[str, str, str], list[Mapping]]:
@@ -147,8 +180,9 @@ def _mean(rows: Sequence[Mapping], key: str) -> float:
     return float(np.mean([float(r[key]) for r in rows]))
 
 
-def _summary_rows(per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], n_seeds: int,
-                  surface_distances: bool) -> list[dict]:  # fmt: skip
+def _summary_rows(
+    per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], n_seeds: int, surface_distances: bool
+) -> list[dict]:
     columns = (*COLUMNS, "mean_hd95") if surface_distances else COLUMNS
     groups = _groups(per_seed)
     rows = []
@@ -157,16 +191,24 @@ def _summary_rows(per_seed: Sequence[Mapping], methods: Sequence[str], rules: Se
         if not mine:
             continue
 
-        def cell(name: str, digits: int = 3) -> str:
+        def cell(name: str, digits: int = 3, mine: list = mine) -> str:
             values = np.array([r[name] for r in mine], dtype=np.float64)
             return format_mean_std(float(values.mean()), float(values.std()) if len(values) > 1 else None, digits)
 
         method, rule, calibration = key
-        rows.append({"method": method, "selection": rule, "calibration": calibration,
-                     "epoch": "/".join(str(r["epoch"]) for r in mine),
-                     "T": cell("temperature", 2) if calibration == "temperature" else "",
-                     **{heading(c): cell(c) for c in columns}, "ECE / ref": cell("ece_ratio", 2),
-                     "Δ DSC": cell("dice_change"), "meets": f"{sum(r['meets'] for r in mine)}/{n_seeds}"})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "selection": rule,
+                "calibration": calibration,
+                "epoch": "/".join(str(r["epoch"]) for r in mine),
+                "T": cell("temperature", 2) if calibration == "temperature" else "",
+                **{heading(c): cell(c) for c in columns},
+                "ECE / ref": cell("ece_ratio", 2),
+                "Δ DSC": cell("dice_change"),
+                "meets": f"{sum(r['meets'] for r in mine)}/{n_seeds}",
+            }
+        )
     return rows
 
 
@@ -182,22 +224,35 @@ def _verdict(per_seed: Sequence[Mapping], summary: Sequence[Mapping]) -> str:
     best = next(r for r in summary if (r["method"], r["selection"], r["calibration"]) == best_key)
     name = f"{best['method']}, selection `{best['selection']}`, calibration {best['calibration']}"
     if met:
-        return (f"**Target met** on every seed by {len(met)} configuration(s); the best is {name}: ECE "
-                f"{best['ECE']} ({best['ECE / ref']} of the reference), DSC {best['mean DSC']} (Δ {best['Δ DSC']}).")
-    return (f"**Target not met.** Closest: {name}: ECE {best['ECE']} ({best['ECE / ref']} of the reference, target "
-            f"{_target()['ece_ratio']}), DSC {best['mean DSC']} (Δ {best['Δ DSC']}); met on {best['meets']} seeds.")
+        return (
+            f"**Target met** on every seed by {len(met)} configuration(s); the best is {name}: ECE "
+            f"{best['ECE']} ({best['ECE / ref']} of the reference), DSC {best['mean DSC']} (Δ {best['Δ DSC']})."
+        )
+    return (
+        f"**Target not met.** Closest: {name}: ECE {best['ECE']} ({best['ECE / ref']} of the reference, target "
+        f"{_target()['ece_ratio']}), DSC {best['mean DSC']} (Δ {best['Δ DSC']}); met on {best['meets']} seeds."
+    )
 
 
-def _ece_figure(per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], path: Path, dataset: str) -> None:
+def _ece_figure(
+    per_seed: Sequence[Mapping], methods: Sequence[str], rules: Sequence[str], path: Path, dataset: str
+) -> None:
     """ECE per method for each selection rule and recalibration (mean over seeds)."""
     short = {"none": "", "temperature": " + T", "local temperature": " + local T"}
     groups = _groups(per_seed)
     series = {}
     for rule in rules:
         for calibration in CALIBRATIONS:
-            values = [_mean(groups[(m, rule, calibration)], "ece") if (m, rule, calibration) in groups else float("nan")
-                      for m in methods]  # fmt: skip
+            values = [
+                _mean(groups[(m, rule, calibration)], "ece") if (m, rule, calibration) in groups else float("nan")
+                for m in methods
+            ]
             if not all(np.isnan(values)):
                 series[f"{rule}{short[calibration]}"] = values
-    figures.grouped_bars(list(methods), series, path, "test ECE (mean over volumes)",
-                         f"{dataset}: ECE by method, selection rule and recalibration")  # fmt: skip
+    figures.grouped_bars(
+        list(methods),
+        series,
+        path,
+        "test ECE (mean over volumes)",
+        f"{dataset}: ECE by method, selection rule and recalibration",
+    )

@@ -52,14 +52,22 @@ def main(dataset: str, methods: Sequence[str] = tuple(METHODS), **setup: Any) ->
     return _run(main_comparison, "main", StudySetup(dataset, **setup), methods)
 
 
-def noise(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"),
-          sigmas: Sequence[float] = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05), **setup: Any) -> str:  # fmt: skip
+def noise(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "nacl"),
+    sigmas: Sequence[float] = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05),
+    **setup: Any,
+) -> str:
     """Gaussian noise of ``sigmas`` on the test images, for the main runs of ``methods``."""
     return _run(noise_study, "noise", StudySetup(dataset, **setup), methods, sigmas)
 
 
-def data_fraction(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"),
-                  fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0), **setup: Any) -> str:  # fmt: skip
+def data_fraction(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "nacl"),
+    fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+    **setup: Any,
+) -> str:
     """Training on ``fractions`` of the training cases."""
     return _run(data_fraction_study, "data_fraction", StudySetup(dataset, **setup), methods, fractions)
 
@@ -74,25 +82,47 @@ def crac_vs_nacl(dataset: str, lambdas: Sequence[float] = (0.01, 0.1, 0.5, 1.0),
     return _run(crac_vs_nacl_study, "crac_vs_nacl", StudySetup(dataset, **setup), lambdas)
 
 
-def crac_ablation(dataset: str, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
-                  **setup: Any) -> str:  # fmt: skip
+def crac_ablation(
+    dataset: str, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1), **setup: Any
+) -> str:
     """CRaC presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, for every seed."""
     return _run(crac_ablation_study, "crac_ablation", StudySetup(dataset, **setup), variants, seeds)
 
 
-def calibrated(dataset: str, methods: Sequence[str] = tuple(METHODS), seeds: Sequence[int] = (0, 1),
-               ece_bound: float = 0.05, surface_distances: bool = False, lts_steps: int = 300,
-               **setup: Any) -> str:  # fmt: skip
+def calibrated(
+    dataset: str,
+    methods: Sequence[str] = tuple(METHODS),
+    seeds: Sequence[int] = (0, 1),
+    ece_bound: float = 0.05,
+    surface_distances: bool = False,
+    lts_steps: int = 300,
+    **setup: Any,
+) -> str:
     """Every method with and without temperature scaling (and local temperature scaling) under each model-selection
     rule (best validation DSC, lowest validation NLL, best DSC with validation ECE <= ``ece_bound``), every seed."""
-    return _run(calibrated_study, "calibrated", StudySetup(dataset, **setup), methods, seeds, ece_bound,
-                surface_distances, lts_steps)  # fmt: skip
+    return _run(
+        calibrated_study,
+        "calibrated",
+        StudySetup(dataset, **setup),
+        methods,
+        seeds,
+        ece_bound,
+        surface_distances,
+        lts_steps,
+    )
 
 
-def quality(dataset: str, methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
-            seeds: Sequence[int] = (0, 1), other_dataset: str = "", other_dir: str = "",
-            other_overrides: dict | str | None = None, lts_steps: int = 300, alpha: float = 0.05,
-            **setup: Any) -> str:  # fmt: skip
+def quality(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
+    seeds: Sequence[int] = (0, 1),
+    other_dataset: str = "",
+    other_dir: str = "",
+    other_overrides: dict | str | None = None,
+    lts_steps: int = 300,
+    alpha: float = 0.05,
+    **setup: Any,
+) -> str:
     """Case quality and review flags: every method x seed x recalibration on the test volumes, their corruptions and
     ``other_dataset``'s images (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one data
     split for every seed (the seeds' ensemble needs it)."""
@@ -100,8 +130,18 @@ def quality(dataset: str, methods: Sequence[str] = ("ce_dice", "ls", "svls", "na
         import json
 
         other_overrides = json.loads(other_overrides)
-    return _run(quality_study, "quality", StudySetup(dataset, **setup), methods, seeds, other_dataset, other_dir,
-                other_overrides or {}, lts_steps, alpha)  # fmt: skip
+    return _run(
+        quality_study,
+        "quality",
+        StudySetup(dataset, **setup),
+        methods,
+        seeds,
+        other_dataset,
+        other_dir,
+        other_overrides or {},
+        lts_steps,
+        alpha,
+    )
 
 
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
@@ -109,14 +149,25 @@ def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup:
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
 
 
-def logit_epochs(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), snapshots: Sequence[int] = (1, 2, 4),
-                 **setup: Any) -> str:  # fmt: skip
+def logit_epochs(
+    dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), snapshots: Sequence[int] = (1, 2, 4), **setup: Any
+) -> str:
     """Max-logit histograms of validation voxels after the ``snapshots`` epochs and the last one."""
     return _run(logit_epochs_study, "logit_epochs", StudySetup(dataset, **setup), methods, snapshots)
 
 
-COMMANDS = {"main": main, "noise": noise, "data_fraction": data_fraction, "nacl_ablation": nacl_ablation,
-            "crac_vs_nacl": crac_vs_nacl, "crac_ablation": crac_ablation, "calibrated": calibrated, "quality": quality, "posthoc": posthoc, "logit_epochs": logit_epochs}  # fmt: skip
+COMMANDS = {
+    "main": main,
+    "noise": noise,
+    "data_fraction": data_fraction,
+    "nacl_ablation": nacl_ablation,
+    "crac_vs_nacl": crac_vs_nacl,
+    "crac_ablation": crac_ablation,
+    "calibrated": calibrated,
+    "quality": quality,
+    "posthoc": posthoc,
+    "logit_epochs": logit_epochs,
+}
 
 
 def run() -> None:

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from calib_monai.bundle_factory.specs import METHODS
+from calib_monai.metrics import friedman_rank, mean_case_rank, sum_rank
 from studies import figures
 from studies.evaluation import EvaluatedVolume, TrainedRun, case_table, evaluate_run
 from studies.study import StudySetup, format_mean_std, heading, write_table
-from calib_monai.metrics import friedman_rank, mean_case_rank, sum_rank
 
 __all__ = ["LogitStatistics", "main_comparison"]
 
@@ -63,8 +63,14 @@ class _QualitativeSlice:
         if self.seen == self.case_index:
             k = int(volume.label[0].reshape(-1, volume.label.shape[-1]).gt(0).sum(0).argmax())
             conf, pred = prob[..., k].max(0)
-            self.kept = (volume.case, k, volume.image[0, ..., k].numpy(), volume.label[0, ..., k].numpy(),
-                         pred.numpy(), conf.numpy())  # fmt: skip
+            self.kept = (
+                volume.case,
+                k,
+                volume.image[0, ..., k].numpy(),
+                volume.label[0, ..., k].numpy(),
+                pred.numpy(),
+                conf.numpy(),
+            )
         self.seen += 1
 
 
@@ -109,40 +115,86 @@ def main_comparison(setup: StudySetup, methods: Sequence[str] = tuple(METHODS), 
 
     fg = names[1:]
     seg_cols = [f"dice_{n}" for n in fg] + ["mean_dice"] + [f"hd95_{n}" for n in fg] + ["mean_hd95"]
-    table1 = write_table([{"method": m, **cells(m, seg_cols)} for m in methods], out / "table1_segmentation",
-                         "Table 1: DSC and HD95 per structure (mean ± std over test volumes)")  # fmt: skip
+    table1 = write_table(
+        [{"method": m, **cells(m, seg_cols)} for m in methods],
+        out / "table1_segmentation",
+        "Table 1: DSC and HD95 per structure (mean ± std over test volumes)",
+    )
     calibration_columns = ["ece", "cece", "tace", "ml1ace", "nll", "brier"]
-    table2 = write_table([{"method": m, **cells(m, calibration_columns)} for m in methods],
-                         out / "table2_calibration", "Table 2: calibration on ground-truth foreground voxels")  # fmt: skip
+    table2 = write_table(
+        [{"method": m, **cells(m, calibration_columns)} for m in methods],
+        out / "table2_calibration",
+        "Table 2: calibration on ground-truth foreground voxels",
+    )
 
     columns = [c for c, _ in RANKED]
     higher = [h for _, h in RANKED]
     scores = np.array([[means[m][c] for c in columns] for m in methods])
     cases = np.stack([case_table(reports[m], columns) for m in methods])
     ranks = zip(methods, sum_rank(scores, higher), mean_case_rank(cases, higher), friedman_rank(scores, higher))
-    table3 = write_table([{"method": m, "sum_rank": float(s), "mean_case_rank": float(c), "friedman_rank": float(f)}
-                          for m, s, c, f in ranks], out / "ranks", "Ranks over DSC, HD95, ECE, CECE, TACE (lower is "
-                         "better)")  # fmt: skip
+    table3 = write_table(
+        [
+            {"method": m, "sum_rank": float(s), "mean_case_rank": float(c), "friedman_rank": float(f)}
+            for m, s, c, f in ranks
+        ],
+        out / "ranks",
+        "Ranks over DSC, HD95, ECE, CECE, TACE (lower is better)",
+    )
     logit_rows = []
     for m in methods:
         table = logits[m].mean_abs()
         for k, name in enumerate(names):
-            logit_rows.append({"method": m, "ground_truth": name, **{f"logit {n}": float(table[k, j]) for j, n in enumerate(names)}})
-    table4 = write_table(logit_rows, out / "logits_mean_abs", "Mean |logit| per channel for the voxels of each "
-                         "ground-truth class")  # fmt: skip
+            logit_rows.append(
+                {"method": m, "ground_truth": name, **{f"logit {n}": float(table[k, j]) for j, n in enumerate(names)}}
+            )
+    table4 = write_table(
+        logit_rows, out / "logits_mean_abs", "Mean |logit| per channel for the voxels of each ground-truth class"
+    )
 
-    figures.radar_plot(means, [("mean_dice", "DSC", True), ("mean_hd95", "HD95", False), ("ece", "ECE", False),
-                               ("cece", "CECE", False), ("tace", "TACE", False)], out / "radar.png",
-                       f"{setup.dataset}: DSC vs calibration (outer is better)")  # fmt: skip
-    figures.reliability_grid({m: reports[m].reliability_data() for m in methods}, out / "reliability.png",
-                             f"{setup.dataset}: reliability, ground-truth foreground voxels of the test volumes")  # fmt: skip
+    figures.radar_plot(
+        means,
+        [
+            ("mean_dice", "DSC", True),
+            ("mean_hd95", "HD95", False),
+            ("ece", "ECE", False),
+            ("cece", "CECE", False),
+            ("tace", "TACE", False),
+        ],
+        out / "radar.png",
+        f"{setup.dataset}: DSC vs calibration (outer is better)",
+    )
+    figures.reliability_grid(
+        {m: reports[m].reliability_data() for m in methods},
+        out / "reliability.png",
+        f"{setup.dataset}: reliability, ground-truth foreground voxels of the test volumes",
+    )
     kept = slices[methods[0]]
-    figures.qualitative_figure(kept[2], kept[3], {m: (slices[m][4], slices[m][5]) for m in methods},
-                               out / "qualitative.png", len(names), f"{kept[0]}, slice {kept[1]}")  # fmt: skip
-    figures.logit_histograms({m: logits[m].max_logit_hist for m in methods}, LOGIT_EDGES, out / "max_logit_hist.png",
-                             f"{setup.dataset}: max logit over test voxels")  # fmt: skip
-    setup.write_readme("main", f"Main comparison on {setup.dataset}", command or "(called from Python)",
-                       [table1, table2, table3, table4,
-                        "Figures: `radar.png`, `reliability.png`, `qualitative.png`, `max_logit_hist.png`; "
-                        "per-volume values: `per_volume.csv`."], specs)  # fmt: skip
+    figures.qualitative_figure(
+        kept[2],
+        kept[3],
+        {m: (slices[m][4], slices[m][5]) for m in methods},
+        out / "qualitative.png",
+        len(names),
+        f"{kept[0]}, slice {kept[1]}",
+    )
+    figures.logit_histograms(
+        {m: logits[m].max_logit_hist for m in methods},
+        LOGIT_EDGES,
+        out / "max_logit_hist.png",
+        f"{setup.dataset}: max logit over test voxels",
+    )
+    setup.write_readme(
+        "main",
+        f"Main comparison on {setup.dataset}",
+        command or "(called from Python)",
+        [
+            table1,
+            table2,
+            table3,
+            table4,
+            "Figures: `radar.png`, `reliability.png`, `qualitative.png`, `max_logit_hist.png`; "
+            "per-volume values: `per_volume.csv`.",
+        ],
+        specs,
+    )
     return means

@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import wilcoxon
 
+from calib_monai.losses.crac import PRESETS
+from calib_monai.metrics import friedman_rank
 from studies import figures
 from studies.evaluation import evaluate_run
 from studies.study import StudySetup, format_mean_std, heading, load_targets, write_csv, write_table
-from calib_monai.losses.crac import PRESETS
-from calib_monai.metrics import friedman_rank
 
-__all__ = ["CRAC_VARIANTS", "crac_ablation_study", "validation_curve", "ece_climb", "alm_health",
-           "paired_differences"]
+__all__ = ["CRAC_VARIANTS", "crac_ablation_study", "validation_curve", "ece_climb", "alm_health", "paired_differences"]
 
 
 def _preset(name: str, **changes: object) -> dict[str, object]:
@@ -63,7 +62,7 @@ def ece_climb(curve: Sequence[float]) -> float:
     if n < 3:
         return float("nan")
     third = n // 3
-    return float(np.mean(curve[n - third:]) - np.mean(curve[third:n - third]))
+    return float(np.mean(curve[n - third :]) - np.mean(curve[third : n - third]))
 
 
 def alm_health(models_dir: str | Path) -> dict[str, float]:
@@ -75,11 +74,15 @@ def alm_health(models_dir: str | Path) -> dict[str, float]:
         return {"lambda_max": float("nan"), "satisfied": float("nan")}
     last = max(history, key=lambda r: r["epoch"])
     entries = [region for regions in last["classes"].values() for region in regions.values()]
-    return {"lambda_max": max(e["lambda"] for e in entries), "satisfied": float(np.mean([e["satisfied"] for e in entries]))}
+    return {
+        "lambda_max": max(e["lambda"] for e in entries),
+        "satisfied": float(np.mean([e["satisfied"] for e in entries])),
+    }
 
 
-def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1),
-                        command: str = "") -> str:  # fmt: skip
+def crac_ablation_study(
+    setup: StudySetup, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1), command: str = ""
+) -> str:
     """Train CE+Dice, NACL and the CRaC ``variants`` (keys of :data:`CRAC_VARIANTS`) for every seed; write
     ``<results_dir>/crac_ablation``: the table (mean ± std over seeds of each seed's mean over test volumes),
     ``per_seed.csv``, ``per_volume.csv``, ``val_ece_seed<s>.png`` and README."""
@@ -106,21 +109,36 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
             curves[name] = validation_curve(spec.models_dir)
             results[name].update(climb=ece_climb(curves[name]), **alm_health(spec.models_dir))
         per_seed += _score_seed(seed, results, target)
-        figures.line_plot(list(range(1, 1 + max(len(c) for c in curves.values()))),
-                          {n: c + [float("nan")] * (max(len(x) for x in curves.values()) - len(c)) for n, c in curves.items()},
-                          out / f"val_ece_seed{seed}.png", "epoch", "validation ECE",
-                          f"{setup.dataset}, seed {seed}: validation ECE per epoch")  # fmt: skip
+        figures.line_plot(
+            list(range(1, 1 + max(len(c) for c in curves.values()))),
+            {n: c + [float("nan")] * (max(len(x) for x in curves.values()) - len(c)) for n, c in curves.items()},
+            out / f"val_ece_seed{seed}.png",
+            "epoch",
+            "validation ECE",
+            f"{setup.dataset}, seed {seed}: validation ECE per epoch",
+        )
     write_csv(out / "per_seed.csv", per_seed)
     write_csv(out / "per_volume.csv", per_volume)
-    table = write_table(_summary_rows(per_seed, [e[0] for e in entries]), out / "crac_ablation",
-                        f"CRaC variants against CE+Dice and NACL, mean ± std over seeds {seeds}")  # fmt: skip
-    paired = [paired_differences(per_volume, seed, name, reference)
-              for seed in seeds for name, *_ in entries[2:] for reference in ("NACL", "CE+Dice")]  # fmt: skip
+    table = write_table(
+        _summary_rows(per_seed, [e[0] for e in entries]),
+        out / "crac_ablation",
+        f"CRaC variants against CE+Dice and NACL, mean ± std over seeds {seeds}",
+    )
+    paired = [
+        paired_differences(per_volume, seed, name, reference)
+        for seed in seeds
+        for name, *_ in entries[2:]
+        for reference in ("NACL", "CE+Dice")
+    ]
     write_csv(out / "paired_per_seed.csv", paired)  # the values; write_table writes the formatted paired.csv/.md
-    paired_table = write_table([_paired_cells(r) for r in paired], out / "paired",
-                               "Per test volume, CRaC minus the reference: mean difference (Wilcoxon signed-rank p)")
-    legend = "\n".join(f"- `{v}`: " + ", ".join(f"{k.split('#')[1]}={val}" for k, val in CRAC_VARIANTS[v].items())
-                       for v in variants)  # fmt: skip
+    paired_table = write_table(
+        [_paired_cells(r) for r in paired],
+        out / "paired",
+        "Per test volume, CRaC minus the reference: mean difference (Wilcoxon signed-rank p)",
+    )
+    legend = "\n".join(
+        f"- `{v}`: " + ", ".join(f"{k.split('#')[1]}={val}" for k, val in CRAC_VARIANTS[v].items()) for v in variants
+    )
     notes = [
         "Friedman rank: for each seed, CE+Dice, NACL and that CRaC variant ranked on mean DSC, HD95, ECE and TACE "
         "(CRaC paper, Table 1 columns), averaged over the four (lower is better); CE+Dice's and NACL's rows show "
@@ -138,8 +156,14 @@ def crac_ablation_study(setup: StudySetup, variants: Sequence[str] = tuple(CRAC_
         "Figures: `val_ece_seed<s>.png`; values per seed: `per_seed.csv`; per test volume: `per_volume.csv`; "
         "paired differences and p: `paired_per_seed.csv`.",
     ]
-    setup.write_readme("crac_ablation", f"CRaC ablation on {setup.dataset}", command or "(called from Python)",
-                       [table, *notes], specs, seeds)  # fmt: skip
+    setup.write_readme(
+        "crac_ablation",
+        f"CRaC ablation on {setup.dataset}",
+        command or "(called from Python)",
+        [table, *notes],
+        specs,
+        seeds,
+    )
     return table
 
 
@@ -182,11 +206,25 @@ def _score_seed(seed: int, results: Mapping[str, Mapping[str, float]], target: M
     for name, values in results.items():
         rank = ranks[name][name] if name in ranks else (ranks[best][name] if best else float("nan"))
         ratio = values["ece"] / results["CE+Dice"]["ece"]
-        meets = (name in ranks and rank <= ranks[name]["NACL"] and ratio <= target["ece_ratio"]
-                 and values["climb"] <= target["climb"])  # fmt: skip
-        rows.append({"seed": seed, "method": name, **{c: values[c] for c in COLUMNS}, "ece_ratio": ratio,
-                     "friedman_rank": rank, "climb": values["climb"], "lambda_max": values["lambda_max"],
-                     "satisfied": values["satisfied"], "meets": meets})  # fmt: skip
+        meets = (
+            name in ranks
+            and rank <= ranks[name]["NACL"]
+            and ratio <= target["ece_ratio"]
+            and values["climb"] <= target["climb"]
+        )
+        rows.append(
+            {
+                "seed": seed,
+                "method": name,
+                **{c: values[c] for c in COLUMNS},
+                "ece_ratio": ratio,
+                "friedman_rank": rank,
+                "climb": values["climb"],
+                "lambda_max": values["lambda_max"],
+                "satisfied": values["satisfied"],
+                "meets": meets,
+            }
+        )
     return rows
 
 
@@ -195,15 +233,23 @@ def _summary_rows(per_seed: Sequence[Mapping], names: Sequence[str]) -> list[dic
     for name in names:
         mine = [r for r in per_seed if r["method"] == name]
 
-        def cell(key: str, digits: int = 3) -> str:
+        def cell(key: str, digits: int = 3, mine: list = mine) -> str:
             values = np.array([r[key] for r in mine], dtype=np.float64)
             if np.isnan(values).all():
                 return ""
-            return format_mean_std(float(np.nanmean(values)), float(np.nanstd(values)) if len(values) > 1 else None, digits)
+            return format_mean_std(
+                float(np.nanmean(values)), float(np.nanstd(values)) if len(values) > 1 else None, digits
+            )
 
-        row = {"method": name, **{heading(c): cell(c) for c in COLUMNS}, "ECE / CE+Dice": cell("ece_ratio", 2),
-               "Friedman rank": cell("friedman_rank", 2), "val ECE climb": cell("climb"),
-               "lambda max": cell("lambda_max", 2), "satisfied": cell("satisfied", 2)}  # fmt: skip
+        row = {
+            "method": name,
+            **{heading(c): cell(c) for c in COLUMNS},
+            "ECE / CE+Dice": cell("ece_ratio", 2),
+            "Friedman rank": cell("friedman_rank", 2),
+            "val ECE climb": cell("climb"),
+            "lambda max": cell("lambda_max", 2),
+            "satisfied": cell("satisfied", 2),
+        }
         row["meets"] = f"{sum(bool(r['meets']) for r in mine)}/{len(mine)}" if name.startswith("CRaC") else ""
         rows.append(row)
     return rows

@@ -13,14 +13,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from calib_monai.bundle import TrainedBundle, locate_bundle
-from studies.runs import read_record
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, voxel_spacing
+from studies.runs import read_record
 
 __all__ = ["EvaluatedVolume", "TrainedRun", "add_gaussian_noise", "evaluate_run", "score_volumes"]
 
@@ -58,17 +57,25 @@ class TrainedRun:
         record = read_record(self.run_dir)
         if record is None or record.get("status") != "finished":
             state = "no run.json" if record is None else f"status {record.get('status')!r}"
-            raise ValueError(f"{self.run_dir} is not a finished run ({state}); train it first (the study command "
-                             "trains the runs it needs and resumes stopped ones)")  # fmt: skip
+            raise ValueError(
+                f"{self.run_dir} is not a finished run ({state}); train it first (the study command "
+                "trains the runs it needs and resumes stopped ones)"
+            )
         self.record = record
         checkpoint = self.run_dir / "models" / checkpoint
         if not checkpoint.is_file():
-            raise ValueError(f"{checkpoint} is missing although {self.run_dir / 'run.json'} says finished; delete "
-                             "the run folder and train it again")  # fmt: skip
+            raise ValueError(
+                f"{checkpoint} is missing although {self.run_dir / 'run.json'} says finished; delete "
+                "the run folder and train it again"
+            )
         # the bundle's train.json and the run's overlays with its overrides, as the training command had them
-        self.bundle = TrainedBundle(locate_bundle(record["bundle"]), ("train.json", *record.get("extra_configs", ())),
-                                    {"output_dir": str(self.run_dir / "models"), **record["overrides"]},
-                                    device=device, weights=checkpoint)  # fmt: skip
+        self.bundle = TrainedBundle(
+            locate_bundle(record["bundle"]),
+            ("train.json", *record.get("extra_configs", ())),
+            {"output_dir": str(self.run_dir / "models"), **record["overrides"]},
+            device=device,
+            weights=checkpoint,
+        )
         self.parser = self.bundle.parser
         self.device = self.bundle.device
         self.network = self.bundle.network  # plain, module.-prefixed (older multi-GPU runs) or {"model": ...}
@@ -85,8 +92,9 @@ class TrainedRun:
         return {"test": self.data.test_dataset, "validation": self.data.val_dataset}[subset](preprocessing)
 
     @torch.no_grad()
-    def volumes(self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0,
-                corrupt: Callable | None = None) -> Iterator[EvaluatedVolume]:  # fmt: skip
+    def volumes(
+        self, subset: str = "test", noise_sigma: float = 0.0, noise_seed: int = 0, corrupt: Callable | None = None
+    ) -> Iterator[EvaluatedVolume]:
         """The volumes of ``subset`` ("test" or "validation") with their logits; ``noise_sigma`` adds seeded
         Gaussian noise to each preprocessed image first (volume i uses seed ``noise_seed * 100003 + i``);
         ``corrupt(image, label, i) -> (image, label)`` shifts the preprocessed pair first
@@ -130,9 +138,16 @@ def evaluate_run(
     Returns:
         the table: ``.rows`` (one dict per volume), ``.summary()``, ``.reliability_data()``, ``.case_quality()``.
     """
-    return score_volumes(run.volumes(subset, noise_sigma=noise_sigma), run.label_names, output_dir or run.run_dir / "eval",
-                         calibrate, write=output_dir is not None, on_volume=on_volume, num_bins=num_bins,
-                         surface_distances=surface_distances)  # fmt: skip
+    return score_volumes(
+        run.volumes(subset, noise_sigma=noise_sigma),
+        run.label_names,
+        output_dir or run.run_dir / "eval",
+        calibrate,
+        write=output_dir is not None,
+        on_volume=on_volume,
+        num_bins=num_bins,
+        surface_distances=surface_distances,
+    )
 
 
 def score_volumes(

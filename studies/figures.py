@@ -9,8 +9,15 @@ import numpy as np
 
 from calib_monai.metrics import plot_reliability
 
-__all__ = ["grouped_bars", "line_plot", "logit_histograms", "qualitative_figure", "radar_plot", "reliability_grid",
-           "scatter_panels"]
+__all__ = [
+    "grouped_bars",
+    "line_plot",
+    "logit_histograms",
+    "qualitative_figure",
+    "radar_plot",
+    "reliability_grid",
+    "scatter_panels",
+]
 
 
 def _pyplot():
@@ -33,8 +40,9 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def radar_plot(scores: Mapping[str, Mapping[str, float]], axes: Sequence[tuple[str, str, bool]], path: str | Path,
-               title: str = "") -> Path:  # fmt: skip
+def radar_plot(
+    scores: Mapping[str, Mapping[str, float]], axes: Sequence[tuple[str, str, bool]], path: str | Path, title: str = ""
+) -> Path:
     """One polygon per method over ``axes`` = ``(column, label, higher_is_better)``.
 
     Each axis is scaled over the methods' values (worst at the centre ring 0.1, best at 1), so "further out is
@@ -81,8 +89,14 @@ def reliability_grid(data: Mapping[str, dict[str, np.ndarray]], path: str | Path
     return _save(fig, path)
 
 
-def qualitative_figure(image: np.ndarray, label: np.ndarray, predictions: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                       path: str | Path, num_classes: int, title: str = "") -> Path:  # fmt: skip
+def qualitative_figure(
+    image: np.ndarray,
+    label: np.ndarray,
+    predictions: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: str | Path,
+    num_classes: int,
+    title: str = "",
+) -> Path:
     """Image, ground truth, then per method its prediction (top row) and confidence map (bottom row), one slice.
 
     ``image`` and ``label`` are 2D ``(H, W)``; ``predictions`` maps a method to ``(label map, confidence)`` 2D."""
@@ -109,8 +123,14 @@ def qualitative_figure(image: np.ndarray, label: np.ndarray, predictions: Mappin
     return _save(fig, path)
 
 
-def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: str | Path, xlabel: str,
-              ylabel: str, title: str = "") -> Path:  # fmt: skip
+def line_plot(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+) -> Path:
     """One line per method (e.g. ECE against the test-noise sigma); beyond four lines the legend goes to the right
     of the axes, where it hides none of them, and line styles repeat less often than the ten default colours."""
     plt = _pyplot()
@@ -127,8 +147,9 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: s
     return _save(fig, path)
 
 
-def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, ylabel: str,
-                 title: str = "") -> Path:  # fmt: skip
+def grouped_bars(
+    groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, ylabel: str, title: str = ""
+) -> Path:
     """One group of bars per entry of ``groups`` (e.g. methods), one bar per series (e.g. selection rule and
     temperature); the legend sits right of the axes."""
     plt = _pyplot()
@@ -136,8 +157,13 @@ def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], p
     width = 0.8 / max(1, len(series))
     x = np.arange(len(groups))
     for i, (name, values) in enumerate(series.items()):
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, list(values), width, label=name,
-               hatch="//" if name.endswith("+ T") else None)  # fmt: skip
+        ax.bar(
+            x + (i - (len(series) - 1) / 2) * width,
+            list(values),
+            width,
+            label=name,
+            hatch="//" if name.endswith("+ T") else None,
+        )
     ax.set_xticks(x, list(groups), rotation=20, ha="right")
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
@@ -145,8 +171,9 @@ def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], p
     return _save(fig, path)
 
 
-def logit_histograms(histograms: Mapping[str, np.ndarray], edges: np.ndarray, path: str | Path,
-                     title: str = "") -> Path:  # fmt: skip
+def logit_histograms(
+    histograms: Mapping[str, np.ndarray], edges: np.ndarray, path: str | Path, title: str = ""
+) -> Path:
     """Normalised histograms of the max logit, one line per key (method, or epoch of one method)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
@@ -163,8 +190,9 @@ def logit_histograms(histograms: Mapping[str, np.ndarray], edges: np.ndarray, pa
     return _save(fig, path)
 
 
-def scatter_panels(points: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path, xlabel: str, ylabel: str,
-                   title: str = "") -> Path:  # fmt: skip
+def scatter_panels(
+    points: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path, xlabel: str, ylabel: str, title: str = ""
+) -> Path:
     """One panel per series of ``(x, y)`` points with the diagonal ``y = x`` (an estimate against the truth)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(points), figsize=(3.2 * len(points), 3.4), squeeze=False, sharey=True)

@@ -24,7 +24,13 @@ from typing import Any
 import torch
 
 from calib_monai.atomic import write_json_atomically
-from calib_monai.bundle import bundle_config_paths, locate_bundle, read_bundle_config, read_weights_file, weights_state_dict
+from calib_monai.bundle import (
+    bundle_config_paths,
+    locate_bundle,
+    read_bundle_config,
+    read_weights_file,
+    weights_state_dict,
+)
 
 __all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
 
@@ -72,8 +78,17 @@ class RunSpec:
     def command(self, epochs: int | None = None) -> list[str]:
         """The training command (``epochs``: stop at that epoch instead, for a snapshot)."""
         files = bundle_config_files(self.bundle, self.extra_configs)
-        cmd = [sys.executable, "-m", "monai.bundle", "run", "training", "--config_file", json.dumps(files),
-               "--output_dir", str(self.models_dir)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "training",
+            "--config_file",
+            json.dumps(files),
+            "--output_dir",
+            str(self.models_dir),
+        ]
         overrides = dict(self.overrides, **({} if epochs is None else {"epochs": int(epochs)}))
         for key, value in overrides.items():
             cmd += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
@@ -94,10 +109,17 @@ def environment_versions() -> dict[str, str]:
 
     import calib_monai
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "monai": monai.__version__,
-                "ignite": ignite.__version__, "numpy": numpy.__version__,
-                "calib_monai": getattr(calib_monai, "__version__", "unknown"), "machine": platform.machine(),
-                "cpu_count": str(os.cpu_count()), "torch_threads": str(torch.get_num_threads())}  # fmt: skip
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "monai": monai.__version__,
+        "ignite": ignite.__version__,
+        "numpy": numpy.__version__,
+        "calib_monai": getattr(calib_monai, "__version__", "unknown"),
+        "machine": platform.machine(),
+        "cpu_count": str(os.cpu_count()),
+        "torch_threads": str(torch.get_num_threads()),
+    }
     try:
         repo = Path(calib_monai.__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
@@ -123,8 +145,9 @@ def _save_merged_config(spec: RunSpec, path: Path) -> None:
 
     files = bundle_config_files(spec.bundle, spec.extra_configs)
     # bundle_root left as the config's locate_bundle(...): the record says what the training command resolved
-    parser = read_bundle_config(Path(files[0]).parents[1], files, {"output_dir": str(spec.models_dir),
-                                **spec.overrides}, set_bundle_root=False)  # fmt: skip
+    parser = read_bundle_config(
+        Path(files[0]).parents[1], files, {"output_dir": str(spec.models_dir), **spec.overrides}, set_bundle_root=False
+    )
     ConfigParser.export_config_file(parser.get(), str(path), indent=2)
 
 
@@ -137,17 +160,25 @@ def train(spec: RunSpec) -> dict[str, Any]:
     record = read_record(run_dir)
     if record is not None:
         if {k: record.get(k) for k in spec.identity()} != json.loads(json.dumps(spec.identity())):
-            raise ValueError(f"{run_dir / RECORD} records another run ({record.get('bundle')} with "
-                             f"{record.get('overrides')}), not {spec.bundle} with {spec.overrides}; pass another "
-                             "results folder or delete that run folder")  # fmt: skip
+            raise ValueError(
+                f"{run_dir / RECORD} records another run ({record.get('bundle')} with "
+                f"{record.get('overrides')}), not {spec.bundle} with {spec.overrides}; pass another "
+                "results folder or delete that run folder"
+            )
         if record.get("status") == "finished":
             logger.info("reusing finished run %s", run_dir)
             return record
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {**spec.identity(), "run_dir": str(run_dir), "command": spec.command(),
-              "seed": spec.overrides.get("seed", 0), "versions": environment_versions(),
-              "wall_time_s": (record or {}).get("wall_time_s", 0.0), "attempts": (record or {}).get("attempts", 0) + 1,
-              "status": "running"}  # fmt: skip
+    record = {
+        **spec.identity(),
+        "run_dir": str(run_dir),
+        "command": spec.command(),
+        "seed": spec.overrides.get("seed", 0),
+        "versions": environment_versions(),
+        "wall_time_s": (record or {}).get("wall_time_s", 0.0),
+        "attempts": (record or {}).get("attempts", 0) + 1,
+        "status": "running",
+    }
     _save_merged_config(spec, run_dir / "config.json")
     _write_json(run_dir / RECORD, record)
     logger.info("training %s -> %s (log: %s)", spec.bundle, run_dir, run_dir / "train.log")
@@ -171,7 +202,9 @@ def train(spec: RunSpec) -> dict[str, Any]:
     _write_json(run_dir / RECORD, record)
     if record["status"] != "finished":
         tail = (run_dir / "train.log").read_text().splitlines()[-15:]
-        raise RuntimeError(f"training {spec.bundle} in {run_dir} failed (exit {code}); the last lines of "
-                           f"{run_dir / 'train.log'}:\n" + "\n".join(tail) + "\nfix the cause and run the same "
-                           "command again: it resumes from models/checkpoint_latest.pt")  # fmt: skip
+        raise RuntimeError(
+            f"training {spec.bundle} in {run_dir} failed (exit {code}); the last lines of "
+            f"{run_dir / 'train.log'}:\n" + "\n".join(tail) + "\nfix the cause and run the same "
+            "command again: it resumes from models/checkpoint_latest.pt"
+        )
     return record

@@ -29,6 +29,7 @@ def load_targets(study: str, path: str | os.PathLike = TARGETS_FILE) -> dict[str
         raise KeyError(f"{path} has no targets for {study!r} (it has {sorted(targets)})")
     return targets[study]
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,12 +64,16 @@ class StudySetup:
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {sorted(DATASETS)} (the bundles' data sets), got {self.dataset!r}")
+            raise ValueError(
+                f"dataset must be one of {sorted(DATASETS)} (the bundles' data sets), got {self.dataset!r}"
+            )
         if self.dataset_dir:
             path = Path(self.dataset_dir).expanduser()
             if not path.is_dir():
-                raise ValueError(f"dataset_dir {self.dataset_dir!r} is not a folder; pass the {self.dataset} data set "
-                                 "folder (e.g. ../shared/data/Task04_Hippocampus)")  # fmt: skip
+                raise ValueError(
+                    f"dataset_dir {self.dataset_dir!r} is not a folder; pass the {self.dataset} data set "
+                    "folder (e.g. ../shared/data/Task04_Hippocampus)"
+                )
             self.dataset_dir = str(path.resolve())
         self.results_dir = Path(self.results_dir or Path("results") / self.dataset)
         self.runs_dir = Path(self.runs_dir or Path("runs") / "experiments" / self.dataset)
@@ -108,8 +113,9 @@ class StudySetup:
         """The run of ``method`` (and a named ``variant`` with its ``extra`` overrides) in ``runs_dir``."""
         bundle = f"{method}_{self.dataset}"
         name = f"{bundle}__{variant}" if variant else bundle
-        return RunSpec(bundle, Path(self.runs_dir) / name, self.run_overrides(extra),
-                       ("demo.json",) if self.demo else ())  # fmt: skip
+        return RunSpec(
+            bundle, Path(self.runs_dir) / name, self.run_overrides(extra), ("demo.json",) if self.demo else ()
+        )
 
     def trained(self, method: str, variant: str = "", extra: Mapping[str, Any] | None = None) -> TrainedRun:
         """Train the run unless finished (a stopped one resumes), then load it for evaluation."""
@@ -128,32 +134,60 @@ class StudySetup:
 
     def describe(self, seeds: Sequence[int] | None = None) -> str:
         """The budget in words, for the study README; ``seeds`` for a study that trains over several."""
-        parts = [f"data set `{self.dataset}` ({DATASETS[self.dataset].title})",
-                 f"data `{self.dataset_dir or 'embedded phantoms'}`",
-                 f"epochs {self.epochs or 'bundle default'}", f"lr 1e-3, x0.1 from epoch {self.lr_milestone}" if self.lr_milestone else "lr 1e-3, x0.1 at half time",
-                 f"training cases {self.train_fraction:.0%}",
-                 *([f"data split of seed {self.split_seed} for every seed"] if self.split_seed is not None else []),
-                 f"seeds {', '.join(str(s) for s in seeds)}" if seeds else f"seed {self.seed}"]  # fmt: skip
+        parts = [
+            f"data set `{self.dataset}` ({DATASETS[self.dataset].title})",
+            f"data `{self.dataset_dir or 'embedded phantoms'}`",
+            f"epochs {self.epochs or 'bundle default'}",
+            f"lr 1e-3, x0.1 from epoch {self.lr_milestone}" if self.lr_milestone else "lr 1e-3, x0.1 at half time",
+            f"training cases {self.train_fraction:.0%}",
+            *([f"data split of seed {self.split_seed} for every seed"] if self.split_seed is not None else []),
+            f"seeds {', '.join(str(s) for s in seeds)}" if seeds else f"seed {self.seed}",
+        ]
         if self.overrides:
             parts.append("overrides " + ", ".join(f"`{k}={json.dumps(v)}`" for k, v in self.overrides.items()))
         return "; ".join(parts)
 
-    def write_readme(self, study: str, title: str, command: str, sections: Sequence[str],
-                     runs: Sequence[RunSpec], seeds: Sequence[int] | None = None) -> Path:  # fmt: skip
+    def write_readme(
+        self,
+        study: str,
+        title: str,
+        command: str,
+        sections: Sequence[str],
+        runs: Sequence[RunSpec],
+        seeds: Sequence[int] | None = None,
+    ) -> Path:
         """``<results_dir>/<study>/README.md``: the command, the budget, the results and the runs' records."""
-        lines = [f"# {title}", "", "Command (from the repository root):", "", f"    {command}", "",
-                 f"Budget: {self.describe(seeds)}.", ""]  # fmt: skip
+        lines = [
+            f"# {title}",
+            "",
+            "Command (from the repository root):",
+            "",
+            f"    {command}",
+            "",
+            f"Budget: {self.describe(seeds)}.",
+            "",
+        ]
         for section in sections:
             lines += [section, ""]
-        lines += ["## Runs", "", "| run | wall time (s) | attempts | seed | torch | monai | commit |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Runs",
+            "",
+            "| run | wall time (s) | attempts | seed | torch | monai | commit |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for spec in runs:
             record = read_record(spec.run_dir) or {}
             v = record.get("versions", {})
-            lines.append(f"| {Path(spec.run_dir).name} | {record.get('wall_time_s', '')} | {record.get('attempts', '')} "
-                         f"| {record.get('seed', '')} | {v.get('torch', '')} | {v.get('monai', '')} "
-                         f"| {v.get('git_commit', '')[:10]} |")  # fmt: skip
-        lines += ["", "Each run folder holds `run.json` (overrides, command, versions, wall time) and `config.json` "
-                  "(the merged bundle config)."]  # fmt: skip
+            lines.append(
+                f"| {Path(spec.run_dir).name} | {record.get('wall_time_s', '')} | {record.get('attempts', '')} "
+                f"| {record.get('seed', '')} | {v.get('torch', '')} | {v.get('monai', '')} "
+                f"| {v.get('git_commit', '')[:10]} |"
+            )
+        lines += [
+            "",
+            "Each run folder holds `run.json` (overrides, command, versions, wall time) and `config.json` "
+            "(the merged bundle config).",
+        ]
         path = self.study_dir(study) / "README.md"
         path.write_text("\n".join(lines) + "\n")
         logger.info("wrote %s", path)
@@ -162,8 +196,16 @@ class StudySetup:
 
 def heading(column: str) -> str:
     """``dice_RV`` -> ``DSC RV``, ``mean_hd95`` -> ``mean HD95``, ``ece`` -> ``ECE``."""
-    words = {"dice": "DSC", "hd95": "HD95", "ece": "ECE", "cece": "CECE", "tace": "TACE", "ml1ace": "mL1-ACE",
-             "nll": "NLL", "brier": "Brier"}  # fmt: skip
+    words = {
+        "dice": "DSC",
+        "hd95": "HD95",
+        "ece": "ECE",
+        "cece": "CECE",
+        "tace": "TACE",
+        "ml1ace": "mL1-ACE",
+        "nll": "NLL",
+        "brier": "Brier",
+    }
     return " ".join(words.get(w, w) for w in column.split("_", 1))
 
 

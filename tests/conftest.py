@@ -33,8 +33,10 @@ def acdc_dir() -> Path:
 def hippocampus_few_dir(hippocampus_dir, tmp_path_factory) -> Path:
     """A task folder whose dataset.json lists the first 6 real Hippocampus cases by absolute path (no data copied)."""
     description = json.loads((hippocampus_dir / "dataset.json").read_text())
-    training = [{k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
-                for item in description["training"][:6]]  # fmt: skip
+    training = [
+        {k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
+        for item in description["training"][:6]
+    ]
     root = tmp_path_factory.mktemp("hippocampus_few")
     (root / "dataset.json").write_text(json.dumps({**description, "numTraining": 6, "training": training}))
     return root
@@ -45,3 +47,7 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# the real MONAI Label server of the label tests: one per session, shared by their modules
+from label_server import served_folder, server  # noqa: E402,F401

@@ -16,8 +16,8 @@ from monai.networks.nets import UNet
 from monai.transforms import Activationsd, AsDiscreted, Compose, CopyItemsd
 
 from calib_monai.handlers import ALMUpdateHandler
-from conftest import free_port
 from calib_monai.losses.crac import CRaCLoss
+from conftest import free_port
 
 
 def _volumes(n: int = 4) -> list[dict]:
@@ -40,10 +40,20 @@ def _network() -> torch.nn.Module:
 def _evaluator(net, items) -> SupervisedEvaluator:
     """The bundles' validation: whole volumes through a SliceInferer, raw logits kept, then softmax and one-hot."""
     loader = torch.utils.data.DataLoader(items, batch_size=1)
-    post = Compose([CopyItemsd(keys="pred", names="logits"), Activationsd(keys="pred", softmax=True),
-                    AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=3)])  # fmt: skip
-    return SupervisedEvaluator(device="cpu", val_data_loader=loader, network=net,
-                               inferer=SliceInferer(roi_size=(16, 16), spatial_dim=2), postprocessing=post)  # fmt: skip
+    post = Compose(
+        [
+            CopyItemsd(keys="pred", names="logits"),
+            Activationsd(keys="pred", softmax=True),
+            AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=3),
+        ]
+    )
+    return SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=loader,
+        network=net,
+        inferer=SliceInferer(roi_size=(16, 16), spatial_dim=2),
+        postprocessing=post,
+    )
 
 
 def _handler(loss, net, items, **kwargs):

@@ -22,8 +22,13 @@ TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 10, "data
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
-    workflow = ConfigWorkflow(config_file=[str(CONFIGS / c) for c in configs], workflow_type="train", run_id=run_id,
-                              logging_file=False, **overrides)  # fmt: skip
+    workflow = ConfigWorkflow(
+        config_file=[str(CONFIGS / c) for c in configs],
+        workflow_type="train",
+        run_id=run_id,
+        logging_file=False,
+        **overrides,
+    )
     workflow.initialize()
     workflow.run()
     return workflow
@@ -58,16 +63,23 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     root, overrides = calibrated
     images = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[:2]
     settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
-    workflow = ConfigWorkflow(config_file=str(root / "bundle" / "configs" / "inference.json"), workflow_type="infer",
-                              logging_file=False, dataset_dir=str(images[0].parent), output_dir=str(tmp_path),
-                              bundle_root=str(root / "bundle"),
-                              **settings)  # fmt: skip
+    workflow = ConfigWorkflow(
+        config_file=str(root / "bundle" / "configs" / "inference.json"),
+        workflow_type="infer",
+        logging_file=False,
+        dataset_dir=str(images[0].parent),
+        output_dir=str(tmp_path),
+        bundle_root=str(root / "bundle"),
+        **settings,
+    )
     workflow.initialize()
     workflow.run()
     with open(tmp_path / "quality.csv") as f:
         rows = {r["case"]: r for r in csv.DictReader(f)}
     cases = {p.name[: -len(".nii.gz")] for p in images[0].parent.glob("*.nii.gz")}
-    assert set(rows) == cases and {"case_score", "review", "est_dice_liver", "volume_ml_kidney"} <= set(rows[next(iter(cases))])
+    assert set(rows) == cases and {"case_score", "review", "est_dice_liver", "volume_ml_kidney"} <= set(
+        rows[next(iter(cases))]
+    )
     case = sorted(cases)[0]
     written = json.loads((tmp_path / f"{case}_quality.json").read_text())
     assert written["case"] == case and written["review"]["flag"] in (True, False)

@@ -46,8 +46,9 @@ NO_DATA = {"initialize": [], "train#dataset": "$[{}]", "validate#dataset": "$[{}
 
 
 def _workflow(files, meta, workflow_type, **override) -> ConfigWorkflow:
-    workflow = ConfigWorkflow(config_file=files, meta_file=meta, workflow_type=workflow_type, logging_file=False,
-                              **override)  # fmt: skip
+    workflow = ConfigWorkflow(
+        config_file=files, meta_file=meta, workflow_type=workflow_type, logging_file=False, **override
+    )
     workflow.initialize()
     return workflow
 

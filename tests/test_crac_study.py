@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from calib_monai.losses.crac import PRESETS
 from studies import StudySetup, read_record
-from studies.study import load_targets
 from studies.crac_study import (
     CRAC_VARIANTS,
     _paired_cells,
@@ -21,21 +21,39 @@ from studies.crac_study import (
     paired_differences,
     validation_curve,
 )
-from calib_monai.losses.crac import PRESETS
+from studies.study import load_targets
+
 
 def _records(models):
     """The records a CRaC run writes: validation_history.json (ValidationHistory; a resumed run keeps one entry per
     epoch) and alm_history.json (ALMUpdateHandler, one entry per outer step)."""
     models.mkdir(parents=True, exist_ok=True)
-    history = [{"epoch": 1, "val_mean_dice": 0.335, "val_ece": 0.327}, {"epoch": 2, "val_mean_dice": 0.5, "val_ece": 0.2},
-               {"epoch": 3, "val_mean_dice": 0.6, "val_ece": 0.1}]  # fmt: skip
+    history = [
+        {"epoch": 1, "val_mean_dice": 0.335, "val_ece": 0.327},
+        {"epoch": 2, "val_mean_dice": 0.5, "val_ece": 0.2},
+        {"epoch": 3, "val_mean_dice": 0.6, "val_ece": 0.1},
+    ]
     (models / "validation_history.json").write_text(json.dumps(history))
-    step = lambda epoch, inner, boundary: {"epoch": epoch, "step": epoch, "classes": {  # noqa: E731
-        "background": {"inner": inner, "boundary": inner}, "Liver": {"inner": boundary, "boundary": boundary}}}
-    alm = [step(1, {"lambda": 0.17, "rho": 1, "constraint": 0.979, "satisfied": 0.424},
-                {"lambda": 0.134, "rho": 1, "constraint": 0.776, "satisfied": 0.676}),
-           step(2, {"lambda": 0.5, "rho": 1, "constraint": 0.5, "satisfied": 0.8},
-                {"lambda": 2.5, "rho": 1.2, "constraint": 0.7, "satisfied": 0.4})]  # fmt: skip
+    step = lambda epoch, inner, boundary: {
+        "epoch": epoch,
+        "step": epoch,
+        "classes": {  # noqa: E731
+            "background": {"inner": inner, "boundary": inner},
+            "Liver": {"inner": boundary, "boundary": boundary},
+        },
+    }
+    alm = [
+        step(
+            1,
+            {"lambda": 0.17, "rho": 1, "constraint": 0.979, "satisfied": 0.424},
+            {"lambda": 0.134, "rho": 1, "constraint": 0.776, "satisfied": 0.676},
+        ),
+        step(
+            2,
+            {"lambda": 0.5, "rho": 1, "constraint": 0.5, "satisfied": 0.8},
+            {"lambda": 2.5, "rho": 1.2, "constraint": 0.7, "satisfied": 0.4},
+        ),
+    ]
     (models / "alm_history.json").write_text(json.dumps(alm))
 
 
@@ -58,8 +76,16 @@ def test_ece_climb_compares_the_last_third_with_the_middle_third():
 
 
 def _result(dice, hd, ece, tace, climb=0.0):
-    return {"mean_dice": dice, "mean_hd95": hd, "ece": ece, "cece": ece, "tace": tace, "climb": climb,
-            "lambda_max": 1.0, "satisfied": 0.5}  # fmt: skip
+    return {
+        "mean_dice": dice,
+        "mean_hd95": hd,
+        "ece": ece,
+        "cece": ece,
+        "tace": tace,
+        "climb": climb,
+        "lambda_max": 1.0,
+        "satisfied": 0.5,
+    }
 
 
 def test_score_seed_ranks_each_variant_against_ce_dice_and_nacl():
@@ -87,8 +113,9 @@ def test_variants_are_crac_options_and_presets_come_from_the_loss():
 
 
 def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
-    setup = StudySetup("flare", demo=True, epochs=3, results_dir=str(tmp_path / "results"),
-                       runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    setup = StudySetup(
+        "flare", demo=True, epochs=3, results_dir=str(tmp_path / "results"), runs_dir=str(tmp_path / "runs")
+    )
     crac_ablation_study(setup, ["tol1_rho1"], seeds=[0, 1])
     out = tmp_path / "results" / "crac_ablation"
     for seed in (0, 1):  # one runs folder per seed, the seed in each run's overrides
@@ -98,8 +125,9 @@ def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
         assert (out / f"val_ece_seed{seed}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(out / "per_seed.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["seed"], r["method"]) for r in rows] == [(s, m) for s in ("0", "1")
-                                                         for m in ("CE+Dice", "NACL", "CRaC tol1_rho1")]  # fmt: skip
+    assert [(r["seed"], r["method"]) for r in rows] == [
+        (s, m) for s in ("0", "1") for m in ("CE+Dice", "NACL", "CRaC tol1_rho1")
+    ]
     crac = [r for r in rows if r["method"].startswith("CRaC")]
     assert all(float(r["lambda_max"]) > 0 and 0 <= float(r["satisfied"]) <= 1 for r in crac)  # ALM lines were read
     assert all(not math.isnan(float(r["climb"])) for r in rows)  # three epochs of validation ECE each
@@ -123,12 +151,23 @@ def test_paired_differences_hand_worked():
     per_volume = []
     for i in range(6):
         case = f"v{i}"
-        per_volume.append({"seed": "3", "method": "NACL", "case": case, "mean_dice": 0.75, "mean_hd95": 2.0,
-                           "ece": 0.10, "tace": 0.2})  # fmt: skip
-        per_volume.append({"seed": "3", "method": "CRaC x", "case": case, "mean_dice": 0.75 + (0.125 if i < 3 else -0.125),
-                           "mean_hd95": math.inf if i == 5 else 2.0, "ece": 0.10 - 0.01 * (i + 1), "tace": 0.2})  # fmt: skip
-    per_volume.append({"seed": "4", "method": "NACL", "case": "v0", "mean_dice": 0.0, "mean_hd95": 0.0, "ece": 0.0,
-                       "tace": 0.0})  # another seed: not paired  # fmt: skip
+        per_volume.append(
+            {"seed": "3", "method": "NACL", "case": case, "mean_dice": 0.75, "mean_hd95": 2.0, "ece": 0.10, "tace": 0.2}
+        )
+        per_volume.append(
+            {
+                "seed": "3",
+                "method": "CRaC x",
+                "case": case,
+                "mean_dice": 0.75 + (0.125 if i < 3 else -0.125),
+                "mean_hd95": math.inf if i == 5 else 2.0,
+                "ece": 0.10 - 0.01 * (i + 1),
+                "tace": 0.2,
+            }
+        )
+    per_volume.append(
+        {"seed": "4", "method": "NACL", "case": "v0", "mean_dice": 0.0, "mean_hd95": 0.0, "ece": 0.0, "tace": 0.0}
+    )  # another seed: not paired
     row = paired_differences(per_volume, 3, "CRaC x", "NACL")
     assert row["volumes"] == 6 and row["reference"] == "NACL"
     assert row["ece_diff"] == pytest.approx(-0.035) and row["ece_p"] == pytest.approx(0.03125)

@@ -78,9 +78,26 @@ def test_harness_metrics_equal_the_bundle_evaluate_run(study, tmp_path):
     spec = setup.spec("nacl")
     configs = [str(Path("bundles/nacl_flare/configs") / n) for n in ("train.json", "demo.json", "evaluate.json")]
     root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "monai.bundle", "run", "evaluating", "--config_file", json.dumps(configs),
-                    "--output_dir", str(spec.run_dir.resolve() / "models"), "--epochs", "1",
-                    "--eval_dir", str(tmp_path)], cwd=root, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "evaluating",
+            "--config_file",
+            json.dumps(configs),
+            "--output_dir",
+            str(spec.run_dir.resolve() / "models"),
+            "--epochs",
+            "1",
+            "--eval_dir",
+            str(tmp_path),
+        ],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())["metrics"]
     for column in ("mean_dice", "mean_hd95", "ece", "cece", "tace"):
         assert means["nacl"][column] == pytest.approx(summary[column]["mean"], rel=1e-6, abs=1e-9), column
@@ -128,8 +145,14 @@ def test_nacl_ablation_and_crac_reuse_the_main_runs(study):
 
 
 def test_logit_epochs_snapshots_each_stage(tmp_path):
-    setup = StudySetup("flare", demo=True, epochs=2, lr_milestone=1, results_dir=str(tmp_path / "results"),
-                       runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        epochs=2,
+        lr_milestone=1,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
+    )
     logit_epochs_study(setup, ["ce_dice"], [1])
     models = tmp_path / "runs" / "ce_dice_flare__staged" / "models"
     first, last = (torch.load(models / f"epoch_00{e}.pt", weights_only=True) for e in (1, 2))

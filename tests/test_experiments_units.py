@@ -36,7 +36,9 @@ def test_temperature_scaling_recovers_the_generating_temperature():
     ts = VolumeTemperature(voxels="all").fit(volumes)
     assert ts.temperature == pytest.approx(2.5, rel=0.06)
     # fitting on a voxel sample gives nearly the same temperature
-    assert VolumeTemperature(max_voxels=5000, voxels="all").fit(volumes).temperature == pytest.approx(ts.temperature, rel=0.1)
+    assert VolumeTemperature(max_voxels=5000, voxels="all").fit(volumes).temperature == pytest.approx(
+        ts.temperature, rel=0.1
+    )
     identity = lambda v: torch.softmax(v.logits, dim=0)  # noqa: E731
     assert _nll(volumes, ts) < _nll(volumes, identity)
 
@@ -76,8 +78,9 @@ def test_train_fraction_keeps_a_nested_share_of_the_training_volumes(tmp_path):
 
 
 def test_tables_write_csv_and_markdown(tmp_path):
-    text = write_table([{"method": "nacl", "ECE": 0.12345}, {"method": "ce_dice", "ECE": "0.2 ± 0.1"}], tmp_path / "t",
-                       "Title")  # fmt: skip
+    text = write_table(
+        [{"method": "nacl", "ECE": 0.12345}, {"method": "ce_dice", "ECE": "0.2 ± 0.1"}], tmp_path / "t", "Title"
+    )
     assert text.splitlines()[:4] == ["### Title", "", "| method | ECE |", "|---|---|"]
     assert "| nacl | 0.1235 |" in text and (tmp_path / "t.csv").read_text().splitlines()[1] == "nacl,0.12345"
     assert format_mean_std(0.12345, 0.01) == "0.123 ± 0.010" and format_mean_std(float("nan")) == "n/a"

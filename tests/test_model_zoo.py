@@ -46,8 +46,13 @@ OFFLINE_SCHEMAS = REPO_ROOT.parent / "shared" / "monai"
 NECESSARY_FILES = ("configs/metadata.json", "LICENSE")
 WEIGHTS = "models/model.pt"
 # one epoch on 6 coarse phantoms cropped to 32x32x8 (as tests/test_bundle_nacl_flare.py)
-TINY = {"epochs": "1", "roi_size": "[32,32,8]", "batch_size": "8", "data#num_phantoms": "6",
-        "data#spacing": "[12.0,12.0,30.0]"}  # fmt: skip
+TINY = {
+    "epochs": "1",
+    "roi_size": "[32,32,8]",
+    "batch_size": "8",
+    "data#num_phantoms": "6",
+    "data#spacing": "[12.0,12.0,30.0]",
+}
 
 
 # --- the zoo's checks ----------------------------------------------------------------------------------------------
@@ -240,9 +245,23 @@ def test_get_requirements_installs_nothing_for_the_installed_project(tmp_path):
     with no index at all, finds it satisfied (the other pins are PyPI packages)."""
     line = next(line for line in get_requirements(BUNDLES, "nacl_flare") if line.startswith("calib-monai=="))
     (tmp_path / "requirements_nacl_flare.txt").write_text(line + "\n")
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--pre", "--no-index", "--dry-run",
-                             "--disable-pip-version-check", "-r", str(tmp_path / "requirements_nacl_flare.txt")],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--pre",
+            "--no-index",
+            "--dry-run",
+            "--disable-pip-version-check",
+            "-r",
+            str(tmp_path / "requirements_nacl_flare.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"Requirement already satisfied: {line}" in result.stdout
     assert "Would install" not in result.stdout
@@ -250,8 +269,17 @@ def test_get_requirements_installs_nothing_for_the_installed_project(tmp_path):
 
 # --- what the zoo asks of a bundle's documents (CONTRIBUTING.md, docs/readme_template.md) ---------------------------
 
-TEMPLATE_SECTIONS = ("Authors", "Tags", "Model Description", "Data", "Performance", "System Configuration",
-                     "Limitations", "References", "License")  # fmt: skip
+TEMPLATE_SECTIONS = (
+    "Authors",
+    "Tags",
+    "Model Description",
+    "Data",
+    "Performance",
+    "System Configuration",
+    "Limitations",
+    "References",
+    "License",
+)
 
 
 @pytest.mark.parametrize("name", bundle_names())
@@ -274,8 +302,17 @@ def trained_zoo_bundle(tmp_path_factory):
     where ``large_files.yml`` says the training run writes it (no ``--output_dir``)."""
     models = tmp_path_factory.mktemp("zoo") / "models"
     bundle = zoo_copy(models, "nacl_flare")
-    command = [sys.executable, "-m", "monai.bundle", "run", "training", "--config_file",
-               str(bundle / "configs" / "train.json"), "--data#cache_dir", str(models.parent / "phantoms")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run",
+        "training",
+        "--config_file",
+        str(bundle / "configs" / "train.json"),
+        "--data#cache_dir",
+        str(models.parent / "phantoms"),
+    ]
     for key, value in TINY.items():
         command += [f"--{key}", value]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -295,24 +332,37 @@ def test_verify_bundle_properties(trained_zoo_bundle):
     checks nothing); MONAI's inference and meta properties stand for an app's list."""
     _, bundle = trained_zoo_bundle
     assert json.loads((bundle / "configs" / "metadata.json").read_text())["supported_apps"] == {}
-    workflow = create_workflow(workflow_type="inference", config_file=str(bundle / "configs" / "inference.json"),
-                               meta_file=str(bundle / "configs" / "metadata.json"), bundle_root=str(bundle),
-                               logging_file=str(bundle / "configs" / "logging.conf"))  # fmt: skip
+    workflow = create_workflow(
+        workflow_type="inference",
+        config_file=str(bundle / "configs" / "inference.json"),
+        meta_file=str(bundle / "configs" / "metadata.json"),
+        bundle_root=str(bundle),
+        logging_file=str(bundle / "configs" / "logging.conf"),
+    )
     assert workflow.check_properties() == []
 
 
 def test_verify_data_shape(trained_zoo_bundle):
     _, bundle = trained_zoo_bundle
-    verify_net_in_out(net_id="network_def", meta_file=str(bundle / "configs" / "metadata.json"),
-                      config_file=str(bundle / "configs" / "inference.json"), bundle_root=str(bundle))  # fmt: skip
+    verify_net_in_out(
+        net_id="network_def",
+        meta_file=str(bundle / "configs" / "metadata.json"),
+        config_file=str(bundle / "configs" / "inference.json"),
+        bundle_root=str(bundle),
+    )
 
 
 def test_verify_torchscript(trained_zoo_bundle):
     _, bundle = trained_zoo_bundle
     exported = bundle / "models" / "verify_model.ts"
-    ckpt_export(net_id="network_def", filepath=str(exported), ckpt_file=str(bundle / WEIGHTS),
-                meta_file=str(bundle / "configs" / "metadata.json"),
-                config_file=str(bundle / "configs" / "inference.json"), bundle_root=str(bundle))  # fmt: skip
+    ckpt_export(
+        net_id="network_def",
+        filepath=str(exported),
+        ckpt_file=str(bundle / WEIGHTS),
+        meta_file=str(bundle / "configs" / "metadata.json"),
+        config_file=str(bundle / "configs" / "inference.json"),
+        bundle_root=str(bundle),
+    )
     torch.jit.load(str(exported))
     if (bundle / "models" / "model.ts").is_file():  # written by the bundle's `export`; the zoo loads it when there
         torch.jit.load(str(bundle / "models" / "model.ts"))

@@ -16,9 +16,21 @@ from typing import Any, NamedTuple
 
 from calib_monai.atomic import write_json_atomically, write_text_atomically
 
-__all__ = ["OUTPUT_EXT", "OUTPUT_KEYS", "OUTPUT_POSTFIXES", "QUALITY_TABLE", "OutputFiles", "OutputWriter", "Prediction",
-           "output_case", "output_path",
-           "output_paths", "quality_path", "quality_row", "write_case_quality"]  # fmt: skip
+__all__ = [
+    "OUTPUT_EXT",
+    "OUTPUT_KEYS",
+    "OUTPUT_POSTFIXES",
+    "QUALITY_TABLE",
+    "OutputFiles",
+    "OutputWriter",
+    "Prediction",
+    "output_case",
+    "output_path",
+    "output_paths",
+    "quality_path",
+    "quality_row",
+    "write_case_quality",
+]
 
 OUTPUT_KEYS = ("segmentation", "confidence")  # the item keys of the two outputs (``ConfidenceAndSegmentationd``)
 OUTPUT_POSTFIXES = {"segmentation": "seg", "confidence": "conf"}  # <case>_<postfix><ext>
@@ -84,11 +96,20 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
     """The ``quality.csv`` row of one case: the case score and review flag first, then per class."""
     review = quality.get("review", {})
     flag = review.get("flag")
-    row: dict[str, Any] = {"case": case, "case_score": quality["case_score"],
-                           "review": "" if flag is None else ("yes" if flag else "no"),
-                           "reasons": "; ".join(review.get("reasons", []))}  # fmt: skip
-    names = {"est_dice": "est_dice", "volume": "volume_ml", "volume_low": "volume_ml_low", "volume_high": "volume_ml_high",
-             "volume_predicted": "predicted_volume_ml", "low_confidence_fraction": "low_confidence"}  # fmt: skip
+    row: dict[str, Any] = {
+        "case": case,
+        "case_score": quality["case_score"],
+        "review": "" if flag is None else ("yes" if flag else "no"),
+        "reasons": "; ".join(review.get("reasons", [])),
+    }
+    names = {
+        "est_dice": "est_dice",
+        "volume": "volume_ml",
+        "volume_low": "volume_ml_low",
+        "volume_high": "volume_ml_high",
+        "volume_predicted": "predicted_volume_ml",
+        "low_confidence_fraction": "low_confidence",
+    }
     for name, values in quality["classes"].items():
         row.update({f"{column}_{name}": values[key] for key, column in names.items()})
     return row

@@ -28,8 +28,10 @@ def render_bundle(name: str) -> dict[str, str]:
     # method names may hold an underscore (ce_dice): match against the known names
     matches = [(m, name[len(m) + 1 :]) for m in METHODS if name.startswith(m + "_") and name[len(m) + 1 :] in DATASETS]
     if not matches:
-        raise ValueError(f"unknown bundle {name!r}: expected <method>_<dataset> with methods {sorted(METHODS)} "
-                         f"and data sets {sorted(DATASETS)}")  # fmt: skip
+        raise ValueError(
+            f"unknown bundle {name!r}: expected <method>_<dataset> with methods {sorted(METHODS)} "
+            f"and data sets {sorted(DATASETS)}"
+        )
     method_name, dataset_name = matches[0]
     method: Method = METHODS[method_name]
     dataset: Dataset = DATASETS[dataset_name]

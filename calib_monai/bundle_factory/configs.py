@@ -39,6 +39,7 @@ from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING
 
 __all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
 
+
 def _common(name: str, dataset: Dataset) -> dict[str, Any]:
     """Keys shared by training and inference: where things are, and the network."""
     return {
@@ -69,12 +70,19 @@ def _postprocessing(*before_softmax: dict[str, Any]) -> dict[str, Any]:
     the one-hot argmax and label for DSC."""
     return {
         "_target_": "Compose",
-        "transforms": [FLOAT_PRED, *before_softmax,
+        "transforms": [
+            FLOAT_PRED,
+            *before_softmax,
             {"_target_": "Activationsd", "keys": "pred", "softmax": True},
             {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
-            {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
+            {
+                "_target_": "AsDiscreted",
+                "keys": ["pred", "label"],
+                "argmax": [True, False],
+                "to_onehot": "@num_classes",
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
@@ -95,7 +103,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
         },
         "inferer": dict(SLICE_INFERER),
         "postprocessing": _postprocessing(*logits),
-        "handlers": [{"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}],
+        "handlers": [
+            {"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}
+        ],
         "key_metric": {
             "val_mean_dice": {
                 "_target_": "MeanDice",
@@ -140,10 +150,20 @@ def _index(handlers: list[dict[str, Any]], target: str) -> int:
 def _train_handlers(method: Method) -> list[dict[str, Any]]:
     handlers: list[dict[str, Any]] = [
         # fine-tuning starts from init_weights; first, so that a resumed run's checkpoint (loaded next) replaces them
-        {"_target_": "calib_monai.handlers.NetworkWeightsLoader", "load_path": "@init_weights", "network": "@network",
-         "map_location": "@device", "_disabled_": "$not @init_weights"},
+        {
+            "_target_": "calib_monai.handlers.NetworkWeightsLoader",
+            "load_path": "@init_weights",
+            "network": "@network",
+            "map_location": "@device",
+            "_disabled_": "$not @init_weights",
+        },
         {"_target_": "LrScheduleHandler", "lr_scheduler": "@lr_scheduler", "print_lr": False},
-        {"_target_": "ValidationHandler", "validator": "@validate#evaluator", "epoch_level": True, "interval": "@val_interval"},
+        {
+            "_target_": "ValidationHandler",
+            "validator": "@validate#evaluator",
+            "epoch_level": True,
+            "interval": "@val_interval",
+        },
     ]
     if method.alm:
         handlers.append(
@@ -162,23 +182,44 @@ def _train_handlers(method: Method) -> list[dict[str, Any]]:
             "optimizer": "@optimizer",
             "metric_names": ["val_mean_dice", "val_ece"],
         },
-        {"_target_": "calib_monai.handlers.ValidationHistory", "save_dir": "@output_dir",
-         "evaluator": "@validate#evaluator"},
-        {"_target_": "calib_monai.handlers.ModelSelection", "save_dir": "@output_dir", "network": "@network",
-         "evaluator": "@validate#evaluator", "metric_name": "@selection_metric", "mode": "@selection_mode",
-         "bounds": "@selection_bounds"},
-        {"_target_": "calib_monai.handlers.EpochSnapshots", "save_dir": "@output_dir", "network": "@network",
-         "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights)"},
-    ]  # fmt: skip
+        {
+            "_target_": "calib_monai.handlers.ValidationHistory",
+            "save_dir": "@output_dir",
+            "evaluator": "@validate#evaluator",
+        },
+        {
+            "_target_": "calib_monai.handlers.ModelSelection",
+            "save_dir": "@output_dir",
+            "network": "@network",
+            "evaluator": "@validate#evaluator",
+            "metric_name": "@selection_metric",
+            "mode": "@selection_mode",
+            "bounds": "@selection_bounds",
+        },
+        {
+            "_target_": "calib_monai.handlers.EpochSnapshots",
+            "save_dir": "@output_dir",
+            "network": "@network",
+            "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights)",
+        },
+    ]
     # the checkpoint keeps the state of these very objects (MONAI resolves a reference to a list item by its index)
-    extra = {name: f"@train#handlers#{_index(handlers, target)}" for name, target in
-             (("history", "ValidationHistory"), ("selection", "ModelSelection"))}  # fmt: skip
+    extra = {
+        name: f"@train#handlers#{_index(handlers, target)}"
+        for name, target in (("history", "ValidationHistory"), ("selection", "ModelSelection"))
+    }
     if method.alm:
         extra["loss"] = "@loss"  # the ALM multipliers are the loss's buffers
     handlers += [
         # after the handlers whose state it keeps, so that a resumed run restores them
-        {"_target_": "calib_monai.handlers.TrainingCheckpoint", "save_dir": "@output_dir", "network": "@network",
-         "optimizer": "@optimizer", "lr_scheduler": "@lr_scheduler", "extra": extra},
+        {
+            "_target_": "calib_monai.handlers.TrainingCheckpoint",
+            "save_dir": "@output_dir",
+            "network": "@network",
+            "optimizer": "@optimizer",
+            "lr_scheduler": "@lr_scheduler",
+            "extra": extra,
+        },
         # last, so that multi_gpu_train.json can drop it on ranks > 0
         {
             "_target_": "TensorBoardStatsHandler",
@@ -226,8 +267,14 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 "milestones": ["@lr_milestone"],
                 "gamma": 0.1,
             },
-            "data": data_component(dataset, dataset_dir="@dataset_dir", output_dir="@output_dir", roi_size="@roi_size",
-                                   seed="@seed", num_workers="@num_workers"),  # fmt: skip
+            "data": data_component(
+                dataset,
+                dataset_dir="@dataset_dir",
+                output_dir="@output_dir",
+                roi_size="@roi_size",
+                seed="@seed",
+                num_workers="@num_workers",
+            ),
             "train": {
                 "preprocessing": preprocessing(dataset, TRAINING),
                 "dataset": "$@data.train_dataset(fraction=@train_fraction, preprocessing=@train#preprocessing)",
@@ -261,8 +308,11 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "validate": _validation(dataset, keep_logits=method.alm),
             "initialize": [REPORT_ERRORS, check_settings(training=True), "$monai.utils.set_determinism(seed=@seed)"],
             # the data are read when training starts, not at initialize (so `run export` needs none)
-            "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-                    "$@train#trainer.run()"],
+            "run": [
+                DATA_CHECK,
+                "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+                "$@train#trainer.run()",
+            ],
             "training": "@run",
             # models/model.ts (logits) + segmentation_confidence.{ts,pt2} from the best checkpoint; the network is
             # rebuilt from this file's network_def (command-line overrides of the network are not seen)
@@ -340,7 +390,12 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "backend": "$'nccl' if torch.cuda.is_available() else 'gloo'",
         "device": "$calib_monai.bundle.distributed_device()",
         "network": "$calib_monai.bundle.distributed_network(@network_def, @device)",
-        "train#sampler": {"_target_": "DistributedSampler", "dataset": "@train#dataset", "even_divisible": True, "shuffle": True},
+        "train#sampler": {
+            "_target_": "DistributedSampler",
+            "dataset": "@train#dataset",
+            "even_divisible": True,
+            "shuffle": True,
+        },
         "train#dataloader#sampler": "@train#sampler",
         "train#dataloader#shuffle": False,
         "train#trainer#train_handlers": "$@train#handlers[: -1 if torch.distributed.get_rank() > 0 else None]",
@@ -348,10 +403,17 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "validate#dataloader#sampler": "@validate#sampler",
         "validate#evaluator#network": "$calib_monai.bundle.unwrap_network(@network)",
         "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
-        "initialize": [REPORT_ERRORS, "$calib_monai.bundle.init_distributed(@backend)", check_settings(training=True),
-                       "$monai.utils.set_determinism(seed=@seed)"],
-        "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-                "$@train#trainer.run()"],
+        "initialize": [
+            REPORT_ERRORS,
+            "$calib_monai.bundle.init_distributed(@backend)",
+            check_settings(training=True),
+            "$monai.utils.set_determinism(seed=@seed)",
+        ],
+        "run": [
+            DATA_CHECK,
+            "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+            "$@train#trainer.run()",
+        ],
         "training": "@run",
         "finalize": ["$calib_monai.bundle.finalize_distributed()"],
     }

@@ -82,19 +82,27 @@ def metadata(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
 
 
 def _requirements() -> str:
-    pins = {"monai": VERSIONS["monai_version"], "torch": VERSIONS["pytorch_version"],
-            "numpy": VERSIONS["numpy_version"], **REQUIRED_PACKAGES}  # fmt: skip
+    pins = {
+        "monai": VERSIONS["monai_version"],
+        "torch": VERSIONS["pytorch_version"],
+        "numpy": VERSIONS["numpy_version"],
+        **REQUIRED_PACKAGES,
+    }
     return ", ".join(f"`{package}=={version}`" for package, version in pins.items())
 
 
 def _performance(name: str, studies: list[str]) -> str:
     if not studies:
-        return (f"No run of `{name}` has been recorded in this repository yet. What the studies measured with the "
-                f"other bundles, and on which budget, is in `{RESULTS_INDEX}`.")  # fmt: skip
+        return (
+            f"No run of `{name}` has been recorded in this repository yet. What the studies measured with the "
+            f"other bundles, and on which budget, is in `{RESULTS_INDEX}`."
+        )
     folders = "\n".join(f"- `docs/results/{folder}/README.md`" for folder in studies)
-    return (f"Measured with this bundle, in the repository's `docs/results` (each folder's README gives the command, "
-            f"the budget, the tables and the runs; `{RESULTS_INDEX}` says how the results compare with the "
-            f"papers'):\n\n{folders}")  # fmt: skip
+    return (
+        f"Measured with this bundle, in the repository's `docs/results` (each folder's README gives the command, "
+        f"the budget, the tables and the runs; `{RESULTS_INDEX}` says how the results compare with the "
+        f"papers'):\n\n{folders}"
+    )
 
 
 def large_files(name: str) -> str:
@@ -119,13 +127,17 @@ large_files:
 
 def bundle_readme(name: str, method: Method, dataset: Dataset, studies: list[str]) -> str:
     """``docs/README.md``; ``studies``: the ``docs/results`` folders that measured this bundle (``specs.RESULTS``)."""
-    configs = "bundles/{0}/configs".format(name)
+    configs = f"bundles/{name}/configs"
     roi = " x ".join(str(s) for s in dataset.roi_size)
-    volumes = (f"Training volumes are cropped around the label to {roi} voxels (H x W x D); validation and test\n"
-               "volumes are scored whole, as inference serves them" if scores_whole_volumes(dataset)
-               else f"Preprocessed volumes are {roi} voxels (H x W x D)")  # fmt: skip
+    volumes = (
+        f"Training volumes are cropped around the label to {roi} voxels (H x W x D); validation and test\n"
+        "volumes are scored whole, as inference serves them"
+        if scores_whole_volumes(dataset)
+        else f"Preprocessed volumes are {roi} voxels (H x W x D)"
+    )
     demo = (
-        f"\nWithout `--dataset_dir` it trains on embedded synthetic data; `configs/demo.json` is a few-minute CPU run:\n\n"
+        "\nWithout `--dataset_dir` it trains on embedded synthetic data; `configs/demo.json` is a few-minute CPU "
+        "run:\n\n"
         f"    python -m monai.bundle run training --config_file \"['{configs}/train.json','{configs}/demo.json']\"\n"
         if dataset.demo
         else ""
@@ -194,7 +206,8 @@ Resume a stopped run: the same command again (`models/checkpoint_latest.pt`). Ev
 volumes (per-volume CSV of DSC, HD95, ASD, ECE, CECE, TACE, NLL, Brier, a summary and a reliability diagram in
 `eval/`):
 
-    python -m monai.bundle run evaluating --config_file "['{configs}/train.json','{configs}/evaluate.json']" --dataset_dir /path/to/data
+    python -m monai.bundle run evaluating --config_file "['{configs}/train.json','{configs}/evaluate.json']" \\
+        --dataset_dir /path/to/data
 
 Calibrate the best model after training: fit temperature scaling on the validation volumes (`--calibration_method
 local_temperature` for a per-voxel temperature network instead); it writes `models/calibration.pt` (and the readable
@@ -203,7 +216,8 @@ local_temperature` for a per-voxel temperature network instead); it writes `mode
 it was fitted for the `model.pt` they load; `evaluating` reports `test_ece` (calibrated) beside
 `test_ece_uncalibrated`:
 
-    python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" --dataset_dir /path/to/data
+    python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" \\
+        --dataset_dir /path/to/data
 
 Export the best model (`models/model.ts`: logits of the 2D network, as `ckpt_export` makes it;
 `models/segmentation_confidence.ts` and `.pt2`: a volume in, segmentation and max-softmax confidence out, the 2D
@@ -213,7 +227,8 @@ network applied slice by slice inside the module; they load with plain torch):
 
 Multi-GPU (or multi-process CPU with gloo):
 
-    torchrun --nproc_per_node 2 -m monai.bundle run training --config_file "['{configs}/train.json','{configs}/multi_gpu_train.json']" --dataset_dir /path/to/data
+    torchrun --nproc_per_node 2 -m monai.bundle run training \\
+        --config_file "['{configs}/train.json','{configs}/multi_gpu_train.json']" --dataset_dir /path/to/data
 
 `models/model.pt` then holds the plain network's weights (no `module.` prefix), as a one-GPU run writes it:
 `evaluating`, `export`, `inferring` and MONAI Label use it as it is, and the same command resumes a stopped run.
@@ -237,7 +252,8 @@ Software: Python 3.10 or later with {_requirements()}
     pip install /path/to/calib-monai        # or: pip install -e /path/to/calib-monai, for a development copy
 
 The model zoo's requirement step (its `ci/get_bundle_requirements.py`) turns `required_packages_version` into
-`calib-monai=={REQUIRED_PACKAGES["calib-monai"]}` for pip, which the installed project satisfies (pip then installs nothing
+`calib-monai=={REQUIRED_PACKAGES["calib-monai"]}` for pip, which the installed project satisfies (pip then installs
+nothing
 for it); in an environment without the project that line cannot be installed, as no index has it.
 
 Hardware: a CPU runs everything (the demo and the repository's tests run on 2 cores); the first CUDA GPU is used

@@ -29,14 +29,19 @@ class DataTerms:
         lines += ["License: " + self.license, ""]
         lines += wrap.wrap(self.terms) + [""]
         lines += ["Cite when you use the data:"]
-        cite = textwrap.TextWrapper(width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False,
-                                    break_long_words=False)  # fmt: skip
+        cite = textwrap.TextWrapper(
+            width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        )
         for citation in self.citations:
             lines += cite.wrap(citation)
-        lines += ["", *wrap.wrap(
-            "This bundle ships no data: the data set is downloaded from its source, under its terms. Weights "
-            "trained on it (models/model.pt, written by the bundle's training run) may be bound by the same "
-            "terms. This file summarises the terms as the sources state them; it does not replace them.")]
+        lines += [
+            "",
+            *wrap.wrap(
+                "This bundle ships no data: the data set is downloaded from its source, under its terms. Weights "
+                "trained on it (models/model.pt, written by the bundle's training run) may be bound by the same "
+                "terms. This file summarises the terms as the sources state them; it does not replace them."
+            ),
+        ]
         return "\n".join(lines) + "\n"
 
 

@@ -53,8 +53,10 @@ class Dataset:
     def facts(self) -> DatasetFacts:
         facts = self.component_class.facts
         if facts is None:
-            raise ValueError(f"{self.component}.facts is None: a bundle's data set must state its classes, channels "
-                             "and ROI (calib_monai.data.DatasetFacts) in the component class")  # fmt: skip
+            raise ValueError(
+                f"{self.component}.facts is None: a bundle's data set must state its classes, channels "
+                "and ROI (calib_monai.data.DatasetFacts) in the component class"
+            )
         return facts
 
     @property
@@ -140,22 +142,38 @@ METHODS: dict[str, Method] = {
     "crac": Method(
         "class- and region-adaptive constraints (CRaC, Augmented Lagrangian)",
         # the "tolerance" preset (|tau - l| <= eps, so multipliers can fall), chosen by the CRaC ablation
-        {"_target_": "calib_monai.losses.CRaCLoss", "classes": "@num_classes", "dim": 2, "kernel_size": 3,
-         **PRESETS["tolerance"]},  # fmt: skip
+        {
+            "_target_": "calib_monai.losses.CRaCLoss",
+            "classes": "@num_classes",
+            "dim": 2,
+            "kernel_size": 3,
+            **PRESETS["tolerance"],
+        },
         ("Murugesan B. et al., Class and Region-Adaptive Constraints for Network Calibration, MICCAI 2024",),
         epochs=75,
         alm=True,
     ),
     "hl1ace": Method(
         "DiceCE + hard-binned marginal L1 average calibration error (hL1-ACE, 20 bins, equal weights)",
-        {"_target_": "calib_monai.losses.HardL1ACELoss", "num_bins": 20, "lambda_ace": 1.0, "lambda_dice": 1.0,
-         "lambda_ce": 1.0},  # fmt: skip
+        {
+            "_target_": "calib_monai.losses.HardL1ACELoss",
+            "num_bins": 20,
+            "lambda_ace": 1.0,
+            "lambda_dice": 1.0,
+            "lambda_ce": 1.0,
+        },
         ACE_REFS,
     ),
     "sl1ace": Method(
         "DiceCE + soft-binned marginal L1 average calibration error (sL1-ACE, 20 bins, equal weights)",
-        {"_target_": "calib_monai.losses.SoftL1ACELoss", "num_bins": 20, "lambda_ace": 1.0, "lambda_dice": 1.0,
-         "lambda_ce": 1.0, "empty_weight": 0.01},  # fmt: skip
+        {
+            "_target_": "calib_monai.losses.SoftL1ACELoss",
+            "num_bins": 20,
+            "lambda_ace": 1.0,
+            "lambda_dice": 1.0,
+            "lambda_ce": 1.0,
+            "empty_weight": 0.01,
+        },
         ACE_REFS,
     ),
 }
@@ -232,7 +250,6 @@ DATASETS: dict[str, Dataset] = {
         terms=licenses.BUSI,
     ),
 }
-
 
 
 # The studies of docs/results (one folder each, the numbers and the commands there) and the bundles they trained:

@@ -54,9 +54,15 @@ class ALMUpdateHandler:
         save_dir: folder of ``alm_history.json`` (None: no record).
     """
 
-    def __init__(self, loss: CRaCLoss, evaluator: Engine, logits_key: str = "logits",
-                 class_names: list[str] | None = None, save_dir: str | os.PathLike | None = None,
-                 logger_name: str = "calib_monai") -> None:  # fmt: skip
+    def __init__(
+        self,
+        loss: CRaCLoss,
+        evaluator: Engine,
+        logits_key: str = "logits",
+        class_names: list[str] | None = None,
+        save_dir: str | os.PathLike | None = None,
+        logger_name: str = "calib_monai",
+    ) -> None:
         if not isinstance(loss, CRaCLoss):
             raise ValueError(f"ALMUpdateHandler needs a CRaCLoss, got {type(loss).__name__}.")
         if evaluator is None:
@@ -101,8 +107,9 @@ class ALMUpdateHandler:
         if not self._validated:  # validation did not run this epoch (val_interval > 1)
             return
         if self._stats is None:  # this rank saw no validation volume, others may have: add zeros to the sum
-            self._stats = torch.zeros(STATISTICS_ROWS, self.loss.classes, 2, dtype=torch.float64,
-                                      device=self.loss.lambdas.device)  # fmt: skip
+            self._stats = torch.zeros(
+                STATISTICS_ROWS, self.loss.classes, 2, dtype=torch.float64, device=self.loss.lambdas.device
+            )
         stats, self._stats, self._validated = _sum_over_ranks(self._stats), None, False
         result = self.loss.outer_update(stats, engine.state.epoch)
         parts, record = [], {"epoch": engine.state.epoch, "step": int(self.loss.outer_steps), "classes": {}}
@@ -113,8 +120,12 @@ class ALMUpdateHandler:
                 engine.state.metrics[f"alm_rho_{k}_{region}"] = rho
                 engine.state.metrics[f"alm_constraint_{k}_{region}"] = h
                 engine.state.metrics[f"alm_satisfied_{k}_{region}"] = ok
-                record["classes"].setdefault(name, {})[region] = {"lambda": lam, "rho": rho, "constraint": h,
-                                                                  "satisfied": ok}  # fmt: skip
+                record["classes"].setdefault(name, {})[region] = {
+                    "lambda": lam,
+                    "rho": rho,
+                    "constraint": h,
+                    "satisfied": ok,
+                }
                 parts.append(f"{name}/{region} lambda {lam:.3g} rho {rho:.3g} h {h:.3g} satisfied {ok:.3g}")
         self.logger.info(f"ALM outer step {record['step']} (epoch {engine.state.epoch}): " + "; ".join(parts))
         if self.history_path is not None and idist.get_rank() == 0:

@@ -20,7 +20,6 @@ from .rng import capture_rng_state, restore_rng_state
 __all__ = ["TrainingCheckpoint"]
 
 
-
 def _upgrade(checkpoint: dict[str, Any], extra: dict[str, Any]) -> None:
     """A checkpoint written when one handler kept the best value and the history (top-level ``best_metric``... and a
     ``history`` list) in the layout of the ``selection`` and ``history`` handlers, so that it still resumes."""
@@ -63,10 +62,17 @@ class TrainingCheckpoint:
         resume: load the file at start when it exists.
     """
 
-    def __init__(self, save_dir: str | os.PathLike, network: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 lr_scheduler: Any = None, extra: dict[str, Any] | None = None,
-                 latest_filename: str = "checkpoint_latest.pt", resume: bool = True,
-                 logger_name: str = "calib_monai") -> None:  # fmt: skip
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        network: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any = None,
+        extra: dict[str, Any] | None = None,
+        latest_filename: str = "checkpoint_latest.pt",
+        resume: bool = True,
+        logger_name: str = "calib_monai",
+    ) -> None:
         self.latest_path = Path(save_dir) / latest_filename
         self.network, self.optimizer, self.lr_scheduler = network, optimizer, lr_scheduler
         self.extra = dict(extra or {})
@@ -92,24 +98,31 @@ class TrainingCheckpoint:
         if not self.resume or not self.latest_path.is_file():
             return
         max_epochs = engine.state.max_epochs
-        fix = (f"delete {self.latest_path} to start the run over (model.pt and the validation history are kept until "
-               "the new run replaces them), or put back the file of the stopped run")  # fmt: skip
+        fix = (
+            f"delete {self.latest_path} to start the run over (model.pt and the validation history are kept until "
+            "the new run replaces them), or put back the file of the stopped run"
+        )
         checkpoint = read_weights_file(self.latest_path, what="a training checkpoint", fix=fix)
         if isinstance(checkpoint, dict):
             _upgrade(checkpoint, self.extra)
         objects = self._objects()
-        missing = [name for name in objects if name not in checkpoint] if isinstance(checkpoint, dict) else list(objects)
+        missing = (
+            [name for name in objects if name not in checkpoint] if isinstance(checkpoint, dict) else list(objects)
+        )
         if missing:
             raise ValueError(f"{self.latest_path} is not a checkpoint of this training (it lacks {missing}): {fix}")
         # a file written by an older multi-GPU run holds "module."-prefixed network keys
-        load_network_weights(objects.pop("network"), weights_state_dict(checkpoint["network"]),
-                             name=f"{self.latest_path} (its network)")  # fmt: skip
+        load_network_weights(
+            objects.pop("network"), weights_state_dict(checkpoint["network"]), name=f"{self.latest_path} (its network)"
+        )
         Checkpoint.load_objects(to_load=objects, checkpoint=checkpoint)
         if "rng" in checkpoint:
             restore_rng_state(checkpoint["rng"], engine.state.dataloader)
         else:
-            self.logger.warning(f"{self.latest_path} holds no random-number state (written by an older version): the "
-                                "resumed run shuffles differently from an uninterrupted one")  # fmt: skip
+            self.logger.warning(
+                f"{self.latest_path} holds no random-number state (written by an older version): the "
+                "resumed run shuffles differently from an uninterrupted one"
+            )
         # the command line may ask for more (or fewer) epochs than the stopped run had
         engine.state.max_epochs = max_epochs
         if engine.state.epoch >= max_epochs:

@@ -27,8 +27,9 @@ class ValidationHistory:
     ``{"epoch": e, "val_mean_dice": ..., ...}``, written atomically by rank 0). Its state goes into the resumable
     checkpoint (``TrainingCheckpoint(extra={"history": ...})``), so a resumed run continues the same list."""
 
-    def __init__(self, save_dir: str | os.PathLike, evaluator: Engine,
-                 filename: str = "validation_history.json") -> None:  # fmt: skip
+    def __init__(
+        self, save_dir: str | os.PathLike, evaluator: Engine, filename: str = "validation_history.json"
+    ) -> None:
         self.path = Path(save_dir) / filename
         self.evaluator = evaluator
         self.history: list[dict[str, float]] = []

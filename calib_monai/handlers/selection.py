@@ -31,15 +31,18 @@ def _nearest(name: str, known: Any) -> str:
 def check_selection_metric(metric_name: str, metrics: Any) -> None:
     """A ValueError naming ``metric_name`` when the validation does not compute it (``metrics``: its metric names)."""
     if metric_name not in metrics:
-        raise ValueError(f"selection_metric {metric_name!r} is not a metric of the validation{_nearest(metric_name, metrics)}"
-                         f": it computes {sorted(metrics)}; pass --selection_metric <one of them>")  # fmt: skip
+        raise ValueError(
+            f"selection_metric {metric_name!r} is not a metric of the validation{_nearest(metric_name, metrics)}"
+            f": it computes {sorted(metrics)}; pass --selection_metric <one of them>"
+        )
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
     missing = [name for name in bounds if name not in metrics]
     if missing:
-        raise KeyError(f"selection bounds name {missing}, which the evaluator does not compute; its metrics are "
-                       f"{sorted(metrics)}")  # fmt: skip
+        raise KeyError(
+            f"selection bounds name {missing}, which the evaluator does not compute; its metrics are {sorted(metrics)}"
+        )
     return all(float(metrics[name]) <= bound for name, bound in bounds.items())
 
 
@@ -53,8 +56,12 @@ def _better(value: float, within: bool, best: float, best_within: bool, mode: st
     return value > best if mode == "max" else value < best
 
 
-def select_epoch(history: list[dict[str, Any]], metric_name: str = "val_mean_dice", mode: str = "max",
-                 bounds: dict[str, float] | None = None) -> int:  # fmt: skip
+def select_epoch(
+    history: list[dict[str, Any]],
+    metric_name: str = "val_mean_dice",
+    mode: str = "max",
+    bounds: dict[str, float] | None = None,
+) -> int:
     """The epoch ``TrainingCheckpoint`` saves as ``model.pt`` for a selection rule, from a run's validation history.
 
     Args:
@@ -98,9 +105,17 @@ class ModelSelection:
         metric_name, mode, bounds: the rule.
     """
 
-    def __init__(self, save_dir: str | os.PathLike, network: torch.nn.Module, evaluator: Engine,
-                 metric_name: str = "val_mean_dice", mode: str = "max", bounds: dict[str, float] | None = None,
-                 best_filename: str = "model.pt", logger_name: str = "calib_monai") -> None:  # fmt: skip
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        network: torch.nn.Module,
+        evaluator: Engine,
+        metric_name: str = "val_mean_dice",
+        mode: str = "max",
+        bounds: dict[str, float] | None = None,
+        best_filename: str = "model.pt",
+        logger_name: str = "calib_monai",
+    ) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"selection mode must be 'max' or 'min', got {mode!r}.")
         self.best_path = Path(save_dir) / best_filename
@@ -117,8 +132,11 @@ class ModelSelection:
         engine.add_event_handler(Events.COMPLETED, self._report)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best_metric": self.best_metric, "best_metric_epoch": self.best_metric_epoch,
-                "best_within_bounds": self.best_within_bounds}  # fmt: skip
+        return {
+            "best_metric": self.best_metric,
+            "best_metric_epoch": self.best_metric_epoch,
+            "best_within_bounds": self.best_within_bounds,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_metric = float(state["best_metric"])
@@ -135,9 +153,13 @@ class ModelSelection:
             self.best_metric, self.best_metric_epoch, self.best_within_bounds = value, engine.state.epoch, within
             save_atomically(unwrap_network(self.network).state_dict(), self.best_path)
             note = "" if within else f" (no epoch within {self.bounds} yet: the best regardless of them)"
-            self.logger.info(f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}{note}")
+            self.logger.info(
+                f"new best {self.metric_name} {value:.4f} at epoch {engine.state.epoch}: {self.best_path}{note}"
+            )
 
     def _report(self, engine: Engine) -> None:
         if self.best_metric_epoch > 0 and idist.get_rank() == 0:
-            self.logger.info(f"training finished: best {self.metric_name} {self.best_metric:.4f} at epoch "
-                             f"{self.best_metric_epoch}; best model {self.best_path}")  # fmt: skip
+            self.logger.info(
+                f"training finished: best {self.metric_name} {self.best_metric:.4f} at epoch "
+                f"{self.best_metric_epoch}; best model {self.best_path}"
+            )

@@ -28,8 +28,13 @@ class NetworkWeightsLoader:
         map_location: where the tensors are loaded before they are copied into the network.
     """
 
-    def __init__(self, load_path: str | os.PathLike, network: torch.nn.Module, map_location: Any = "cpu",
-                 logger_name: str = "calib_monai") -> None:  # fmt: skip
+    def __init__(
+        self,
+        load_path: str | os.PathLike,
+        network: torch.nn.Module,
+        map_location: Any = "cpu",
+        logger_name: str = "calib_monai",
+    ) -> None:
         self.load_path = Path(load_path)
         self.network = network
         self.map_location = map_location
@@ -40,7 +45,9 @@ class NetworkWeightsLoader:
 
     def __call__(self, engine: Engine | None = None) -> None:
         if not self.load_path.is_file():
-            raise FileNotFoundError(f"model weights {self.load_path} not found: train the bundle first, or point "
-                                    "model_path/output_dir at the folder holding model.pt")  # fmt: skip
+            raise FileNotFoundError(
+                f"model weights {self.load_path} not found: train the bundle first, or point "
+                "model_path/output_dir at the folder holding model.pt"
+            )
         load_network_weights(self.network, self.load_path, map_location=self.map_location)
         self.logger.info(f"loaded the network weights from {self.load_path}")
