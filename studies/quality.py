@@ -258,5 +258,5 @@ def quality_study(
                 }
                 ensemble += _ensemble_records(members, test_volumes, names, run.label_names, key)
     return write_quality_results(
-        setup, out, records, ensemble, timings, specs, seeds, methods, alpha, other_dataset, command
+        setup, out, records, ensemble, timings, specs, seeds, methods, alpha, other_dataset, command, list(REVIEW_RULES)
     )

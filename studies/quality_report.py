@@ -167,10 +167,11 @@ def write_quality_results(
     alpha: float,
     other_dataset: str,
     command: str,
+    rules: Sequence[str],
 ) -> str:
-    from studies.quality import REVIEW_RULES
-
-    rules = list(REVIEW_RULES)
+    """Write every table, figure and the README of the study from its per-volume records; ``rules``: the names of
+    the review rules whose ``flag_<rule>`` the records carry."""
+    rules = list(rules)
     write_csv(out / "per_volume.csv", records + ensemble)
     per_seed = configuration_rows(records, rules)
     write_csv(out / "per_seed.csv", per_seed)

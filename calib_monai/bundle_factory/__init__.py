@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calib_monai.bundle_factory import calibration, configs, docs
+from calib_monai.bundle_factory import calibration, configs, docs, inference
 from calib_monai.bundle_factory.specs import DATASETS, METHODS, RESULTS, Dataset, Method
 
 __all__ = ["DATASETS", "METHODS", "bundle_names", "render_bundle", "write_bundles"]
@@ -42,7 +42,7 @@ def render_bundle(name: str) -> dict[str, str]:
         "configs/evaluate.json": _json(configs.evaluate_config(name, method, dataset)),
         "configs/calibrate.json": _json(calibration.calibrate_config(name, method, dataset)),
         "configs/multi_gpu_train.json": _json(configs.multi_gpu_config(name, method, dataset)),
-        "configs/inference.json": _json(configs.inference_config(name, method, dataset)),
+        "configs/inference.json": _json(inference.inference_config(name, method, dataset)),
         "configs/logging.conf": docs.LOGGING_CONF,
         "docs/README.md": docs.bundle_readme(name, method, dataset, studies),
         "docs/data_license.txt": dataset.terms.text(),

@@ -30,17 +30,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, case_quality_keys
+from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits
 from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from calib_monai.bundle_factory.data import data_component, preprocessing
+from calib_monai.bundle_factory.handlers import train_handlers
 from calib_monai.bundle_factory.specs import Dataset, Method
-from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING
+from calib_monai.data.preprocessing import EVALUATION, TRAINING
 
-__all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
+__all__ = ["common_keys", "evaluate_config", "multi_gpu_config", "train_config"]
 
 
-def _common(name: str, dataset: Dataset) -> dict[str, Any]:
+def common_keys(name: str, dataset: Dataset) -> dict[str, Any]:
     """Keys shared by training and inference: where things are, and the network."""
     return {
         "imports": list(IMPORTS),
@@ -143,99 +144,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     }
 
 
-def _index(handlers: list[dict[str, Any]], target: str) -> int:
-    return next(i for i, h in enumerate(handlers) if h["_target_"].endswith(target))
-
-
-def _train_handlers(method: Method) -> list[dict[str, Any]]:
-    handlers: list[dict[str, Any]] = [
-        # fine-tuning starts from init_weights; first, so that a resumed run's checkpoint (loaded next) replaces them
-        {
-            "_target_": "calib_monai.handlers.NetworkWeightsLoader",
-            "load_path": "@init_weights",
-            "network": "@network",
-            "map_location": "@device",
-            "_disabled_": "$not @init_weights",
-        },
-        {"_target_": "LrScheduleHandler", "lr_scheduler": "@lr_scheduler", "print_lr": False},
-        {
-            "_target_": "ValidationHandler",
-            "validator": "@validate#evaluator",
-            "epoch_level": True,
-            "interval": "@val_interval",
-        },
-    ]
-    if method.alm:
-        handlers.append(
-            {
-                "_target_": "calib_monai.handlers.ALMUpdateHandler",
-                "loss": "@loss",
-                "evaluator": "@validate#evaluator",  # reads the logits of the validation the trainer runs anyway
-                "class_names": "$list(@label_names.values())",
-                "save_dir": "@output_dir",  # alm_history.json: every outer step's multipliers
-            }
-        )
-    handlers += [
-        {
-            "_target_": "calib_monai.handlers.EpochSummary",
-            "evaluator": "@validate#evaluator",
-            "optimizer": "@optimizer",
-            "metric_names": ["val_mean_dice", "val_ece"],
-        },
-        {
-            "_target_": "calib_monai.handlers.ValidationHistory",
-            "save_dir": "@output_dir",
-            "evaluator": "@validate#evaluator",
-        },
-        {
-            "_target_": "calib_monai.handlers.ModelSelection",
-            "save_dir": "@output_dir",
-            "network": "@network",
-            "evaluator": "@validate#evaluator",
-            "metric_name": "@selection_metric",
-            "mode": "@selection_mode",
-            "bounds": "@selection_bounds",
-        },
-        {
-            "_target_": "calib_monai.handlers.EpochSnapshots",
-            "save_dir": "@output_dir",
-            "network": "@network",
-            "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights)",
-        },
-    ]
-    # the checkpoint keeps the state of these very objects (MONAI resolves a reference to a list item by its index)
-    extra = {
-        name: f"@train#handlers#{_index(handlers, target)}"
-        for name, target in (("history", "ValidationHistory"), ("selection", "ModelSelection"))
-    }
-    if method.alm:
-        extra["loss"] = "@loss"  # the ALM multipliers are the loss's buffers
-    handlers += [
-        # after the handlers whose state it keeps, so that a resumed run restores them
-        {
-            "_target_": "calib_monai.handlers.TrainingCheckpoint",
-            "save_dir": "@output_dir",
-            "network": "@network",
-            "optimizer": "@optimizer",
-            "lr_scheduler": "@lr_scheduler",
-            "extra": extra,
-        },
-        # last, so that multi_gpu_train.json can drop it on ranks > 0
-        {
-            "_target_": "TensorBoardStatsHandler",
-            "log_dir": "$@output_dir + '/tensorboard'",
-            "tag_name": "train_loss",
-            # every loss_log_interval steps: reading the loss waits for the GPU, which each step must not do
-            "iteration_log": "@loss_log_interval",
-            "output_transform": "$lambda output: output['loss']",  # the trainer does not decollate: one dict
-        },
-    ]
-    return handlers
-
-
 def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
     """``configs/train.json``: the papers' protocol (2D slices, Adam 1e-3 then 1e-4 at half time, batch 16)."""
-    config = _common(name, dataset)
+    config = common_keys(name, dataset)
     config.update(
         {
             "dataset_dir": "",
@@ -288,7 +199,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "persistent_workers": "$@num_workers > 0",
                 },
                 "inferer": {"_target_": "monai.inferers.SimpleInferer"},
-                "handlers": _train_handlers(method),
+                "handlers": train_handlers(method),
                 "trainer": {
                     "_target_": "SupervisedTrainer",
                     "device": "@device",
@@ -417,66 +328,3 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "training": "@run",
         "finalize": ["$calib_monai.bundle.finalize_distributed()"],
     }
-
-
-def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
-    """``configs/inference.json``: images of ``dataset_dir`` in, segmentation and confidence NIfTI out, in the input
-    geometry."""
-    config = _common(name, dataset)
-    config.update(
-        {
-            "dataset_dir": "",  # a folder of images (NIfTI), or one image file
-            "output_dir": "$@bundle_root + '/inference'",
-            "model_path": "$@bundle_root + '/models/model.pt'",
-            # next to the weights, as the calibrate step writes it
-            "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
-            **case_quality_keys(),
-            "batch_size": 16,
-            # no data set: the component lists the images to segment and holds the data set's settings
-            "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
-            # the training steps without the label and the crop: SliceInferer covers the whole image
-            "preprocessing": preprocessing(dataset, INFERENCE),
-            "dataset": {
-                "_target_": "monai.data.Dataset",
-                "data": "$calib_monai.data.image_datalist(@dataset_dir, @data)",
-                "transform": "@preprocessing",
-            },
-            "dataloader": {
-                "_target_": "monai.data.DataLoader",
-                "dataset": "@dataset",
-                "batch_size": 1,
-                "num_workers": 0,  # images are read and preprocessed once each: workers would only add start-up time
-            },
-            "inferer": dict(SLICE_INFERER),
-            "postprocessing": {
-                "_target_": "Compose",
-                "transforms": [
-                    FLOAT_PRED,  # fp16 logits under amp
-                    calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
-                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality)",
-                ],
-            },
-            "handlers": [
-                {
-                    "_target_": "calib_monai.handlers.NetworkWeightsLoader",
-                    "load_path": "@model_path",
-                    "network": "@network",
-                    "map_location": "@device",
-                },
-            ],
-            "evaluator": {
-                "_target_": "SupervisedEvaluator",
-                "device": "@device",
-                "val_data_loader": "@dataloader",
-                "network": "@network",
-                "inferer": "@inferer",
-                "postprocessing": "@postprocessing",
-                "val_handlers": "@handlers",
-                "amp": "$calib_monai.bundle.as_bool(@amp)",
-            },
-            "initialize": [REPORT_ERRORS, check_settings()],
-            "run": [DATA_CHECK, "$@evaluator.run()"],
-            "inferring": [DATA_CHECK, "$@evaluator.run()"],
-        }
-    )
-    return config

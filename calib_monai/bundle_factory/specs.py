@@ -2,8 +2,9 @@
 
 Hyper-parameters are the papers' (NACL journal Sec. 4.1 and CRaC Sec. 3): focal gamma 3, ECP 0.1, label smoothing
 0.1, SVLS sigma 2 (3x3), MbLS margin 10 and lambda 0.1 (the MbLS and CRaC papers; the NACL journal used 5), NACL
-lambda 0.1 with a 3x3 mean prior, CRaC with the authors' ALM settings and 75 epochs as in their code; hL1-ACE and
-sL1-ACE as the average calibration losses' authors configure them (cai4cai/Average-Calibration-Losses,
+lambda 0.1 with a 3x3 mean prior, CRaC with the ``tolerance`` preset (``CRaCLoss.preset``: the constraint
+``|tau - l| <= 2`` with rho0 1, chosen by the ablation in ``docs/results``) and 75 epochs as in the authors'
+code; hL1-ACE and sL1-ACE as the average calibration losses' authors configure them (cai4cai/Average-Calibration-Losses,
 ``bundle_templates/configs/loss/{hard,soft}l1ace_dice_ce.yaml``): DiceCE (squared-probability Dice) plus mL1-ACE over
 20 bins, the three terms weighted equally (0.33 each there, 1 each here), soft bins below a weight of 0.01 dropped.
 """

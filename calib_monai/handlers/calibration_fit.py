@@ -28,9 +28,9 @@ class CalibrationFitter:
 
     ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded), by
     default their ground-truth foreground voxels (``voxels="foreground"``), the voxels the papers' ECE is measured
-    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels. On the demo bundle (one
-    validation volume) T fitted on all voxels was 0.47 and raised the test ECE from 0.10 to 0.24; on the foreground,
-    0.73 and 0.16: a temperature from a single volume did not transfer there either way;
+    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels, but the probabilities a user
+    reads over the whole image (case quality, volumes) are calibrated by a fit on all voxels; which to use is
+    measured in ``docs/results`` (the ``calibrated`` and ``quality`` studies);
     ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
     2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
     (ground-truth foreground voxels, 15 bins) of the fitted data before and after.

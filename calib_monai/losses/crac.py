@@ -205,10 +205,8 @@ class CRaCLoss(_Loss):
           their strict ``>`` in the rho rule.
         * ``"tolerance"`` (the bundles' default): the inequality ``|tau - l| <= 2`` with ``rho_init=1`` and the
           paper's other settings, so that multipliers can fall. ``eps`` and ``rho0`` were chosen by the ablation
-          (``python scripts/experiments.py crac_ablation``; ``docs/results/hpc_crac_grid``, ``docs/results/hpc`` and
-          ``docs/results/acdc``): on Hippocampus (seed 0) eps 0.5 keeps the logits so close to tau that the network
-          is under-confident (test ECE 0.135), eps 1, 1.5 and 2 give 0.060, 0.050 and 0.047 against the paper
-          preset's 0.137 and CE+Dice's 0.086, and rho0 0.1 or 1 makes little difference (0.051, 0.060 at eps 1).
+          (``python scripts/experiments.py crac_ablation``): the measurements are in ``docs/results`` (the
+          ``crac_ablation`` folders and ``docs/results/README.md``).
         """
         settings = dict(PRESETS[check_choice("preset", name, tuple(PRESETS))])
         settings.update(overrides)
