@@ -42,6 +42,23 @@ def hippocampus_few_dir(hippocampus_dir, tmp_path_factory) -> Path:
     return root
 
 
+def run_bundle_workflow(configs_dir: Path, configs: list[str], run_id: str, **overrides):
+    """``ConfigWorkflow`` of the bundle files ``configs`` (names under ``configs_dir``), initialized and run in this
+    process, as ``python -m monai.bundle run <run_id>`` would run them; returns the workflow."""
+    from monai.bundle import ConfigWorkflow
+
+    workflow = ConfigWorkflow(
+        config_file=[str(configs_dir / c) for c in configs],
+        workflow_type="train",
+        run_id=run_id,
+        logging_file=False,
+        **overrides,
+    )
+    workflow.initialize()
+    workflow.run()
+    return workflow
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a test's DDP rendezvous (a fixed port can still be in TIME_WAIT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -34,6 +34,18 @@ from conftest import REPO_ROOT, free_port
 
 LABEL_ENV = REPO_ROOT / ".venv-label"
 LABEL_NAMES = {0: "background", 1: "liver", 2: "kidney", 3: "spleen", 4: "pancreas"}
+# the review task's labels, by hand: each structure's confident part 2k - 1 and uncertain part 2k
+REVIEW_NAMES = {
+    "background": 0,
+    "liver": 1,
+    "liver (uncertain)": 2,
+    "kidney": 3,
+    "kidney (uncertain)": 4,
+    "spleen": 5,
+    "spleen (uncertain)": 6,
+    "pancreas": 7,
+    "pancreas (uncertain)": 8,
+}
 # input stored with flipped x/y (an LPS-like affine) and 4 x 4 x 10 mm voxels: the outputs must be on this grid
 SHAPE = (40, 36, 10)
 AFFINE = np.array([[-4.0, 0, 0, 80], [0, -4.0, 0, 70], [0, 0, 10.0, -50], [0, 0, 0, 1]])

@@ -14,7 +14,7 @@ from monai.bundle import ConfigWorkflow
 from calib_monai.bundle import TrainedBundle
 from calib_monai.calibration import ValidatedRange, load_validated_range, review_case
 from calib_monai.metrics import case_quality
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
@@ -22,16 +22,7 @@ TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 10, "data
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
-    workflow = ConfigWorkflow(
-        config_file=[str(CONFIGS / c) for c in configs],
-        workflow_type="train",
-        run_id=run_id,
-        logging_file=False,
-        **overrides,
-    )
-    workflow.initialize()
-    workflow.run()
-    return workflow
+    return run_bundle_workflow(CONFIGS, configs, run_id, **overrides)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from conftest import REPO_ROOT
 from label_server import (
     AFFINE,
     LABEL_NAMES,
+    REVIEW_NAMES,
     SHAPE,
     _get_json,
     _infer,
@@ -48,17 +49,7 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
     assert models["nacl_flare_review"]["type"] == "segmentation"  # listed by Slicer's segmentation selector
     for name, task in models.items():
         if name.endswith("_review"):  # confident and uncertain part of each structure, consecutive values
-            assert task["labels"] == {
-                "background": 0,
-                "liver": 1,
-                "liver (uncertain)": 2,
-                "kidney": 3,
-                "kidney (uncertain)": 4,
-                "spleen": 5,
-                "spleen (uncertain)": 6,
-                "pancreas": 7,
-                "pancreas (uncertain)": 8,
-            }
+            assert task["labels"] == REVIEW_NAMES
             assert task["config"] == {"uncertainty_threshold": 0.8}  # a scalar: Slicer's options table takes it
         else:
             assert task["labels"] == {name: value for value, name in LABEL_NAMES.items()}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
-from label_server import AFFINE, LABEL_ENV, _get_json, needs_label_env
+from label_server import AFFINE, LABEL_ENV, REVIEW_NAMES, _get_json, needs_label_env
 
 pytestmark = [needs_label_env, pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")]
 BUNDLE = "loop_flare"
@@ -97,17 +97,7 @@ def test_review_task_names_every_value_and_covers_the_segmentation(server):
     image = str(server["images"]["case"])
     out = _client(server, "compare", image=image, bundle=BUNDLE)
     names = out["review"]["info"]["label_names"]
-    assert names == {
-        "background": 0,
-        "liver": 1,
-        "liver (uncertain)": 2,
-        "kidney": 3,
-        "kidney (uncertain)": 4,
-        "spleen": 5,
-        "spleen (uncertain)": 6,
-        "pancreas": 7,
-        "pancreas (uncertain)": 8,
-    }
+    assert names == REVIEW_NAMES
     assert set(out["review"]["values"]) <= set(names.values())  # exactly the values label_names names
     assert out["same_support"] and out["same_structures"]  # the segments cover the segmentation, nothing more
     info = out["review"]["info"]
