@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# study tests on the demo phantoms with 12 of them: an 8 / 1 / 3 split, the test volumes they count
+SMALL_DEMO = {"data#num_phantoms": 12}
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 

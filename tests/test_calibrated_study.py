@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from calib_monai.handlers import select_epoch
+from conftest import SMALL_DEMO
 from studies import StudySetup
 from studies.calibrated import _add_ratios, _summary_rows, _verdict, calibrated_study, selection_rules
 
@@ -68,7 +69,12 @@ def test_selection_rules_are_the_bundle_flags():
 
 def test_calibrated_study_end_to_end_on_phantoms(tmp_path):
     setup = StudySetup(
-        "flare", demo=True, epochs=2, results_dir=str(tmp_path / "results"), runs_dir=str(tmp_path / "runs")
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=2,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
     )
     calibrated_study(setup, ["ce_dice", "nacl"], seeds=[0, 1], ece_bound=0.2, lts_steps=10)
     out = tmp_path / "results" / "calibrated"

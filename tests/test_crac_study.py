@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from calib_monai.losses.crac import PRESETS
+from conftest import SMALL_DEMO
 from studies import StudySetup, read_record
 from studies.crac_study import (
     CRAC_VARIANTS,
@@ -114,7 +115,12 @@ def test_variants_are_crac_options_and_presets_come_from_the_loss():
 
 def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
     setup = StudySetup(
-        "flare", demo=True, epochs=3, results_dir=str(tmp_path / "results"), runs_dir=str(tmp_path / "runs")
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=3,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
     )
     crac_ablation_study(setup, ["tol1_rho1"], seeds=[0, 1])
     out = tmp_path / "results" / "crac_ablation"

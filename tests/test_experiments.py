@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import SMALL_DEMO
 from studies import RunSpec, StudySetup, read_record, train
 from studies.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
 from studies.comparison import main_comparison
@@ -29,7 +30,14 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
-    setup = StudySetup("flare", demo=True, epochs=1, results_dir=str(root / "results"), runs_dir=str(root / "runs"))
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=1,
+        results_dir=str(root / "results"),
+        runs_dir=str(root / "runs"),
+    )
     means = main_comparison(setup, METHODS, command="python scripts/experiments.py main --dataset flare --demo")
     return setup, means
 
@@ -62,7 +70,7 @@ def test_runs_record_settings_and_are_reused(study):
     setup, _ = study
     spec = setup.spec("ce_dice")
     record = read_record(spec.run_dir)
-    assert record["status"] == "finished" and record["overrides"] == {"epochs": 1} and record["attempts"] == 1
+    assert record["status"] == "finished" and record["overrides"] == {"epochs": 1, **SMALL_DEMO} and record["attempts"] == 1
     assert record["versions"]["torch"] == torch.__version__ and record["wall_time_s"] > 0
     assert json.loads((spec.run_dir / "config.json").read_text())["epochs"] == 1
     log_size = (spec.run_dir / "train.log").stat().st_size
@@ -148,6 +156,7 @@ def test_logit_epochs_snapshots_each_stage(tmp_path):
     setup = StudySetup(
         "flare",
         demo=True,
+        overrides=SMALL_DEMO,
         epochs=2,
         lr_milestone=1,
         results_dir=str(tmp_path / "results"),

@@ -8,6 +8,7 @@ import csv
 import numpy as np
 import pytest
 
+from conftest import SMALL_DEMO
 from studies import StudySetup
 from studies.corruptions import CORRUPTIONS, corruption
 from studies.quality import REVIEW_RULES, quality_study
@@ -75,6 +76,7 @@ def test_quality_study_end_to_end_on_phantoms(tmp_path):
     setup = StudySetup(
         "flare",
         demo=True,
+        overrides=SMALL_DEMO,
         epochs=2,
         results_dir=str(tmp_path / "results"),
         runs_dir=str(tmp_path / "runs"),
