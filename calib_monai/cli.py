@@ -6,7 +6,6 @@ Example::
     calib-monai export bundles/nacl_flare --checkpoint /path/to/model.pt --output_dir /tmp/export
     calib-monai export --help
     calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
-    calib-monai experiment main --dataset flare --demo --epochs 2   # the studies of scripts/experiments.py
     calib-monai calibrate-probabilities preds/ labelsTr/ report/ --fit_predictions val/ --fit_labels labelsTr/
 """
 
@@ -20,8 +19,13 @@ import traceback
 __all__ = ["main", "slicer"]
 
 
-def slicer(bundle_dir: str, case: str, inference_dir: str | None = None, output_dir: str | None = None,
-           low_confidence: float = 0.8) -> dict[str, str]:
+def slicer(
+    bundle_dir: str,
+    case: str,
+    inference_dir: str | None = None,
+    output_dir: str | None = None,
+    low_confidence: float = 0.8,
+) -> dict[str, str]:
     """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (segments named and coloured from the
     bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.
 
@@ -33,8 +37,9 @@ def slicer(bundle_dir: str, case: str, inference_dir: str | None = None, output_
     from calib_monai.export import bundle_label_names, slicer_files_from_inference
 
     inference_dir = inference_dir or str(Path(bundle_dir) / "inference")
-    written = slicer_files_from_inference(inference_dir, case, bundle_label_names(bundle_dir), output_dir,
-                                          low_confidence=low_confidence)  # fmt: skip
+    written = slicer_files_from_inference(
+        inference_dir, case, bundle_label_names(bundle_dir), output_dir, low_confidence=low_confidence
+    )
     return {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
 
 
@@ -42,8 +47,9 @@ def main() -> None:
     """Entry point of the ``calib-monai`` console script.
 
     ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
-    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``experiment <study>``: the
-    studies of :mod:`calib_monai.experiments.cli`.
+    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``calibrate-probabilities``:
+    :func:`calib_monai.calibration.calibrate_probabilities`. (The studies are not part of the installed package:
+    ``python scripts/experiments.py`` in the repository.)
 
     An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
     bad input (a missing file or folder, a wrong value), 1 for anything else; ``CALIB_MONAI_TRACEBACK=1`` prints the
@@ -52,12 +58,10 @@ def main() -> None:
     import fire
 
     from calib_monai.calibration.external import calibrate_probabilities
-    from calib_monai.experiments.cli import COMMANDS
     from calib_monai.export import export_bundle
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    commands = {"export": export_bundle, "slicer": slicer, "experiment": COMMANDS,
-                "calibrate-probabilities": calibrate_probabilities}  # fmt: skip
+    commands = {"export": export_bundle, "slicer": slicer, "calibrate-probabilities": calibrate_probabilities}
     try:
         fire.Fire(commands, name="calib-monai")  # fire prints the returned dict of written paths
     except Exception as err:  # one line, not a traceback; fire's own usage errors exit 2 before reaching here

@@ -46,8 +46,9 @@ def _vector(values: np.ndarray) -> str:
     return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
 
 
-def grid_mismatch(reference_affine, reference_shape, other_affine, other_shape,
-                  tolerance: float = GEOMETRY_TOLERANCE) -> GridMismatch | None:  # fmt: skip
+def grid_mismatch(
+    reference_affine, reference_shape, other_affine, other_shape, tolerance: float = GEOMETRY_TOLERANCE
+) -> GridMismatch | None:
     """None when the two 3D grids cover the same voxels (up to the order they are stored in), else what differs,
     in words, "reference" first (e.g. the image) and "other" second (e.g. its label)."""
     ref_affine, ref_shape = _ras(reference_affine, tuple(reference_shape)[:3])
@@ -60,12 +61,18 @@ def grid_mismatch(reference_affine, reference_shape, other_affine, other_shape,
     if np.abs(ref_spacing - oth_spacing).max() > limit:
         return GridMismatch("spacing", f"voxel size {_vector(ref_spacing)} mm against {_vector(oth_spacing)} mm")
     if np.abs(ref_affine[:3, :3] - oth_affine[:3, :3]).max() > limit:
-        return GridMismatch("axes", f"axes (direction x voxel size) {ref_affine[:3, :3].round(4).tolist()} against "
-                                    f"{oth_affine[:3, :3].round(4).tolist()}")  # fmt: skip
+        return GridMismatch(
+            "axes",
+            f"axes (direction x voxel size) {ref_affine[:3, :3].round(4).tolist()} against "
+            f"{oth_affine[:3, :3].round(4).tolist()}",
+        )
     shift = oth_affine[:3, 3] - ref_affine[:3, 3]
     if np.abs(shift).max() > limit:
-        return GridMismatch("position", f"{np.linalg.norm(shift):.4g} mm apart (first voxel at "
-                                        f"{_vector(ref_affine[:3, 3])} against {_vector(oth_affine[:3, 3])} mm, RAS)")
+        return GridMismatch(
+            "position",
+            f"{np.linalg.norm(shift):.4g} mm apart (first voxel at "
+            f"{_vector(ref_affine[:3, 3])} against {_vector(oth_affine[:3, 3])} mm, RAS)",
+        )
     return None
 
 

@@ -97,7 +97,8 @@ def blob_case(gen: torch.Generator, shape: tuple[int, ...]) -> tuple[torch.Tenso
 
 
 def make_volumes(volumes: int, shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``probs (B, C, *shape)`` float32 (filled in place: one big tensor, no stacking copies), labels ``(B, 1, *shape)``."""
+    """``probs (B, C, *shape)`` float32 (filled in place: one big tensor, no stacking copies), labels
+    ``(B, 1, *shape)``."""
     gen = torch.Generator().manual_seed(seed)
     probs = torch.empty((volumes, NUM_CLASSES, *shape))
     labels = torch.empty((volumes, 1, *shape), dtype=torch.int64)
@@ -112,7 +113,8 @@ def make_volumes(volumes: int, shape: tuple[int, ...], seed: int) -> tuple[torch
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> tuple[dict, dict]:
-    """Run every fn ``warmup`` times, then ``repeats`` rounds in rotated order; returns (times per name, last result)."""
+    """Run every fn ``warmup`` times, then ``repeats`` rounds in rotated order; returns (times per name, last
+    result)."""
     results = {}
     for name, fn in fns.items():
         for _ in range(warmup):
@@ -210,12 +212,16 @@ def reference_float64(probs: torch.Tensor, labels: torch.Tensor, num_bins: int =
         vk, tk = vk[order], tk[order]
         edges = [r * vk.size // num_bins for r in range(num_bins + 1)]
         tace_terms.append(sum(abs(tk[a:b].sum() - vk[a:b].sum()) for a, b in zip(edges[:-1], edges[1:])) / vk.size)
-    return {"ece": loop_ece(probs, labels, num_bins), "cece": float(np.mean(cece_terms)),
-            "tace": float(np.mean(tace_terms))}  # fmt: skip
+    return {
+        "ece": loop_ece(probs, labels, num_bins),
+        "cece": float(np.mean(cece_terms)),
+        "tace": float(np.mean(tace_terms)),
+    }
 
 
-def benchmark_cuda(probs: torch.Tensor, labels: torch.Tensor, repeats: int, warmup: int, cpu_values: dict,
-                   tm_times: list[float]) -> None:  # fmt: skip
+def benchmark_cuda(
+    probs: torch.Tensor, labels: torch.Tensor, repeats: int, warmup: int, cpu_values: dict, tm_times: list[float]
+) -> None:
     """One line: the torch path on the GPU (data already there, as in a validation loop), or why it is skipped."""
     if not torch.cuda.is_available():
         print("\nGPU part skipped: no CUDA device")
@@ -231,22 +237,28 @@ def benchmark_cuda(probs: torch.Tensor, labels: torch.Tensor, repeats: int, warm
 
     times, values = interleaved({"cuda": run}, repeats, warmup)
     gap = max(abs(values["cuda"][k] - cpu_values[k]) for k in cpu_values)
-    print(f"\nCUDA ({torch.cuda.get_device_name()}): ours ECE+CECE+TACE fused {time_text(times['cuda'])} s; "
-          f"torchmetrics on the CPU / ours on CUDA {min(tm_times) / min(times['cuda']):.1f}x (best/best); "
-          f"max |CUDA - CPU| over the three = {gap:.1e}")
+    print(
+        f"\nCUDA ({torch.cuda.get_device_name()}): ours ECE+CECE+TACE fused {time_text(times['cuda'])} s; "
+        f"torchmetrics on the CPU / ours on CUDA {min(tm_times) / min(times['cuda']):.1f}x (best/best); "
+        f"max |CUDA - CPU| over the three = {gap:.1e}"
+    )
 
 
-def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup: int, seed: int, profile: bool) -> bool:
+def benchmark_metrics(
+    volumes: int, shape: tuple[int, ...], repeats: int, warmup: int, seed: int, profile: bool
+) -> bool:
     from torchmetrics.classification import MulticlassCalibrationError
 
     from calib_monai.metrics import calibration_errors, cece, ece, tace
 
     probs, labels = make_volumes(volumes, shape, seed)
     fg_frac = float((labels > 0).float().mean())
-    print(f"\n## Calibration metrics: {volumes} volumes of {'x'.join(map(str, shape))}, {NUM_CLASSES} classes, "
-          f"{NUM_BINS} bins, ground-truth foreground = {100 * fg_frac:.1f}% of voxels, "
-          f"probs {probs.nbytes / 2**20:.0f} MiB, torch threads {torch.get_num_threads()}, ours on torch tensors "
-          f"(the torch path, on the CPU)\n")
+    print(
+        f"\n## Calibration metrics: {volumes} volumes of {'x'.join(map(str, shape))}, {NUM_CLASSES} classes, "
+        f"{NUM_BINS} bins, ground-truth foreground = {100 * fg_frac:.1f}% of voxels, "
+        f"probs {probs.nbytes / 2**20:.0f} MiB, torch threads {torch.get_num_threads()}, ours on torch tensors "
+        f"(the torch path, on the CPU)\n"
+    )
 
     tm_checked = MulticlassCalibrationError(num_classes=NUM_CLASSES, n_bins=NUM_BINS, norm="l1", ignore_index=0)
     tm_fast = MulticlassCalibrationError(
@@ -277,11 +289,15 @@ def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup
     tm_times = times["torchmetrics MulticlassCalibrationError"]
     ours_sep = [a + b + c for a, b, c in zip(times["ours ECE"], times["ours CECE"], times["ours TACE"])]
 
-    print("| tool | value | value - float64 reference | time s: median (min-max) | torchmetrics / tool: median "
-          "(min-max) | best / best |")
+    print(
+        "| tool | value | value - float64 reference | time s: median (min-max) | torchmetrics / tool: median "
+        "(min-max) | best / best |"
+    )
     print("|---|---|---|---|---|---|")
-    rows = [(f"ours {k.upper()}", values[f"ours {k.upper()}"], ref[k], times[f"ours {k.upper()}"])
-            for k in ("ece", "cece", "tace")]  # fmt: skip
+    rows = [
+        (f"ours {k.upper()}", values[f"ours {k.upper()}"], ref[k], times[f"ours {k.upper()}"])
+        for k in ("ece", "cece", "tace")
+    ]
     rows.append(("ours ECE+CECE+TACE (fused calibration_errors)", None, None, times["ours ECE+CECE+TACE"]))
     rows.append(("ours ECE + CECE + TACE, separate calls (sum)", None, None, ours_sep))
     rows += [(name, values[name], ref["ece"], times[name]) for name in list(fns)[4:]]
@@ -291,43 +307,52 @@ def benchmark_metrics(volumes: int, shape: tuple[int, ...], repeats: int, warmup
             diff_text = f"max {max(abs(fused[k] - ref[k]) for k in ref):.1e}" if "fused" in name else "-"
         else:
             value_text, diff_text = f"{value:.10f}", f"{value - reference:+.1e}"
-        print(f"| {name} | {value_text} | {diff_text} | {time_text(ts)} | {ratio_text(tm_times, ts)} "
-              f"| {best_ratio(tm_times, ts)} |")
+        print(
+            f"| {name} | {value_text} | {diff_text} | {time_text(ts)} | {ratio_text(tm_times, ts)} "
+            f"| {best_ratio(tm_times, ts)} |"
+        )
 
     hits = edge_hits(probs, labels)
     print(f"\nBin-edge hits among foreground confidences: {hits}.")
-    print("Definitions: all ECE rows compute top-label ECE = sum_b n_b/N |acc_b - conf_b| over the same voxels "
-          "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on the edges k/15 "
-          "rounded to float32, the confidences' dtype; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
-          "float32 with conf == 1 in an extra 16th bin; netcal [lo, hi) with the last bin closed and confidences "
-          "clipped to [eps, 1 - eps]. They can differ only through voxels on an edge (counted above) and float32 "
-          "sums (torchmetrics, ~1e-6). The float64 references: the Python loop (ECE) and reference_float64 (CECE, "
-          "TACE), NumPy code independent of ours.")
+    print(
+        "Definitions: all ECE rows compute top-label ECE = sum_b n_b/N |acc_b - conf_b| over the same voxels "
+        "(label != 0), argmax over all 5 classes. Bins: ours and the Python loop use (lo, hi] (ours on the edges k/15 "
+        "rounded to float32, the confidences' dtype; the loop on float64 linspace edges); torchmetrics [lo, hi) in "
+        "float32 with conf == 1 in an extra 16th bin; netcal [lo, hi) with the last bin closed and confidences "
+        "clipped to [eps, 1 - eps]. They can differ only through voxels on an edge (counted above) and float32 "
+        "sums (torchmetrics, ~1e-6). The float64 references: the Python loop (ECE) and reference_float64 (CECE, "
+        "TACE), NumPy code independent of ours."
+    )
 
     ours_all = times["ours ECE+CECE+TACE"]
     tm_ratio = statistics.median([a / b for a, b in zip(tm_times, ours_all)])
     worst = max(abs(fused[k] - ref[k]) / abs(ref[k]) for k in ref)
     exact = worst < 1e-12
     met = tm_ratio >= METRIC_TARGET and exact
-    print(f"\ntorchmetrics ECE / ours: ECE+CECE+TACE fused {ratio_text(tm_times, ours_all)} (best/best "
-          f"{best_ratio(tm_times, ours_all)}); ECE {ratio_text(tm_times, times['ours ECE'])}; CECE "
-          f"{ratio_text(tm_times, times['ours CECE'])}; TACE {ratio_text(tm_times, times['ours TACE'])}")
-    print(f"Target ours ECE+CECE+TACE (fused) >= {METRIC_TARGET:.0f}x faster than torchmetrics' ECE and exact: "
-          f"speed {tm_ratio:.2f}x, max relative |ours - float64| over the three = {worst:.1e} -> "
-          f"{'MET' if met else 'MISSED'}")
+    print(
+        f"\ntorchmetrics ECE / ours: ECE+CECE+TACE fused {ratio_text(tm_times, ours_all)} (best/best "
+        f"{best_ratio(tm_times, ours_all)}); ECE {ratio_text(tm_times, times['ours ECE'])}; CECE "
+        f"{ratio_text(tm_times, times['ours CECE'])}; TACE {ratio_text(tm_times, times['ours TACE'])}"
+    )
+    print(
+        f"Target ours ECE+CECE+TACE (fused) >= {METRIC_TARGET:.0f}x faster than torchmetrics' ECE and exact: "
+        f"speed {tm_ratio:.2f}x, max relative |ours - float64| over the three = {worst:.1e} -> "
+        f"{'MET' if met else 'MISSED'}"
+    )
     benchmark_cuda(probs, labels, repeats, warmup, fused, tm_times)
     if profile:
         for name in ("ours ECE+CECE+TACE", "torchmetrics MulticlassCalibrationError"):
             with torch.profiler.profile() as prof:
                 fns[name]()
-            print(f"\n### torch.profiler of {name} (top ops by self CPU time)\n```\n"
-                  f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=12)}\n```")
+            print(
+                f"\n### torch.profiler of {name} (top ops by self CPU time)\n```\n"
+                f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=12)}\n```"
+            )
         prof = cProfile.Profile()
         prof.runcall(fns["ours ECE+CECE+TACE"])
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(12)
         print(f"\n### cProfile of ours ECE+CECE+TACE (cumulative)\n```\n{out.getvalue().strip()}\n```")
-    del probs, labels
     return met
 
 
@@ -365,12 +390,20 @@ def benchmark_losses(batch: int, size: int, repeats: int, warmup: int, steps: in
     cases = [blob_case(gen, (size, size)) for _ in range(batch)]
     labels = torch.stack([c[1] for c in cases])[:, None]
     image = labels.float() / NUM_CLASSES + 0.3 * torch.randn(labels.shape, generator=gen)  # noisy organ intensities
-    base = UNet(spatial_dims=2, in_channels=1, out_channels=NUM_CLASSES, channels=(16, 32, 64, 128, 256),
-                strides=(2, 2, 2, 2), num_res_units=2)
+    base = UNet(
+        spatial_dims=2,
+        in_channels=1,
+        out_channels=NUM_CLASSES,
+        channels=(16, 32, 64, 128, 256),
+        strides=(2, 2, 2, 2),
+        num_res_units=2,
+    )
     zoo = loss_zoo()
-    print(f"\n## Training step: MONAI 2D UNet, batch {batch}, {size}x{size}, {NUM_CLASSES} classes, torch threads "
-          f"{torch.get_num_threads()}, {steps} step(s) per timing, {repeats} rounds; ground-truth foreground = "
-          f"{100 * float((labels > 0).float().mean()):.1f}%\n")
+    print(
+        f"\n## Training step: MONAI 2D UNet, batch {batch}, {size}x{size}, {NUM_CLASSES} classes, torch threads "
+        f"{torch.get_num_threads()}, {steps} step(s) per timing, {repeats} rounds; ground-truth foreground = "
+        f"{100 * float((labels > 0).float().mean()):.1f}%\n"
+    )
 
     def make_step(loss_fn):
         model = copy.deepcopy(base).train()  # same initial weights for every loss, own optimizer state
@@ -401,8 +434,10 @@ def benchmark_losses(batch: int, size: int, repeats: int, warmup: int, steps: in
     fns = {name: make_step(fn) for name, fn in zoo.items()}
     times, values = interleaved(fns, repeats, warmup)
     ce, ce_alone = times["plain CE (torch)"], min(alone["plain CE (torch)"]) / 5
-    print(f"| loss | last loss value | step s: median (min-max) | step / CE step: median (min-max) | best / best "
-          f"| loss fwd+bwd alone ms, best (minus CE's) | implied step / CE | <= {LOSS_TARGET:.2f}x |")
+    print(
+        f"| loss | last loss value | step s: median (min-max) | step / CE step: median (min-max) | best / best "
+        f"| loss fwd+bwd alone ms, best (minus CE's) | implied step / CE | <= {LOSS_TARGET:.2f}x |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     all_met, missed = True, []
     for name in fns:
@@ -414,17 +449,23 @@ def benchmark_losses(batch: int, size: int, repeats: int, warmup: int, steps: in
             all_met &= "peer" in name  # the MONAI peer is reported, not held to our target
         mark = "-" if name == "plain CE (torch)" else ("yes" if ok else f"NO (+{100 * (ratio - LOSS_TARGET):.1f} pts)")
         own = min(alone[name]) / 5  # short calls: the fastest round is the one contention missed
-        print(f"| {name} | {values[name]:.4f} | {time_text(per_step)} | {ratio_text(times[name], ce)} "
-              f"| {best_ratio(times[name], ce)} | {1e3 * own:.1f} ({1e3 * (own - ce_alone):+.1f}) "
-              f"| {1 + (own - ce_alone) / (min(ce) / steps):.3f}x | {mark} |")
-    print(f"\nTarget every loss <= {LOSS_TARGET:.2f}x the CE step: {'MET' if all_met else 'MISSED'}"
-          + (f" (over: {', '.join(missed)})" if missed else ""))
+        print(
+            f"| {name} | {values[name]:.4f} | {time_text(per_step)} | {ratio_text(times[name], ce)} "
+            f"| {best_ratio(times[name], ce)} | {1e3 * own:.1f} ({1e3 * (own - ce_alone):+.1f}) "
+            f"| {1 + (own - ce_alone) / (min(ce) / steps):.3f}x | {mark} |"
+        )
+    print(
+        f"\nTarget every loss <= {LOSS_TARGET:.2f}x the CE step: {'MET' if all_met else 'MISSED'}"
+        + (f" (over: {', '.join(missed)})" if missed else "")
+    )
     if profile:
         for name in ["plain CE (torch)"] + missed:
             with torch.profiler.profile() as prof:
                 fns[name]()
-            print(f"\n### torch.profiler of {name} ({steps} step(s), top ops by self CPU time)\n```\n"
-                  f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=12)}\n```")
+            print(
+                f"\n### torch.profiler of {name} ({steps} step(s), top ops by self CPU time)\n```\n"
+                f"{prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=12)}\n```"
+            )
     return all_met
 
 
@@ -454,8 +495,10 @@ def main(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:  # the caller's thread count comes back (an in-process caller's numerics depend on it)
-        print(f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
-              f"repeats {repeats}{', QUICK smoke run' if quick else ''})")
+        print(
+            f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
+            f"repeats {repeats}{', QUICK smoke run' if quick else ''})"
+        )
         print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
         if not skip_metrics:
             benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)

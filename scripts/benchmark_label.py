@@ -38,8 +38,10 @@ def _volume(path: Path, shape=(256, 256, 40)) -> None:
 
 def _multipart(file: Path) -> tuple[bytes, str]:
     boundary = uuid.uuid4().hex
-    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="params"\r\n\r\n{{}}\r\n--{boundary}\r\n'
-            f'Content-Disposition: form-data; name="file"; filename="{file.name}"\r\n\r\n').encode()  # fmt: skip
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="params"\r\n\r\n{{}}\r\n--{boundary}\r\n'
+        f'Content-Disposition: form-data; name="file"; filename="{file.name}"\r\n\r\n'
+    ).encode()
     body += file.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
     return body, f"multipart/form-data; boundary={boundary}"
 
@@ -79,13 +81,31 @@ def main() -> None:
             peer.predict(volume)
             direct.append(time.perf_counter() - start)
 
-        env = {**os.environ, "PATH": f"{REPO / '.venv-label' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               "MONAI_LABEL_AUTO_UPDATE_SCORING": "false"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PATH": f"{REPO / '.venv-label' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "MONAI_LABEL_AUTO_UPDATE_SCORING": "false",
+        }
         env.pop("VIRTUAL_ENV", None)
-        server = subprocess.Popen(["monailabel", "start_server", "--app", str(root / "app"), "--studies",
-                                   str(root / "studies"), "--host", "127.0.0.1", "--port", str(args.port)],
-                                  cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # fmt: skip
+        server = subprocess.Popen(
+            [
+                "monailabel",
+                "start_server",
+                "--app",
+                str(root / "app"),
+                "--studies",
+                str(root / "studies"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(args.port),
+            ],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{args.port}"
         deadline = time.monotonic() + 240
         while True:
@@ -94,26 +114,39 @@ def main() -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the MONAI Label server did not start (bash scripts/setup_label_env.sh?)")
+                    raise SystemExit(
+                        "the MONAI Label server did not start (bash scripts/setup_label_env.sh?)"
+                    ) from None
                 time.sleep(1)
         try:
             segment, score = [], []
             for repeat in range(args.repeats + 1):  # the first request builds the network: not counted
                 body, kind = _multipart(volume)
-                seconds = _timed(urllib.request.Request(f"{url}/infer/{bundle.name}?output=image", data=body,
-                                                        method="POST", headers={"Content-Type": kind}))  # fmt: skip
+                seconds = _timed(
+                    urllib.request.Request(
+                        f"{url}/infer/{bundle.name}?output=image",
+                        data=body,
+                        method="POST",
+                        headers={"Content-Type": kind},
+                    )
+                )
                 segment += [seconds] if repeat else []
-                scoring = urllib.request.Request(f"{url}/scoring/{bundle.name}_case_quality?run_sync=true",
-                                                 data=json.dumps({f"{bundle.name}_case_quality": {"force": True}}).encode(),
-                                                 method="POST", headers={"Content-Type": "application/json"})  # fmt: skip
+                scoring = urllib.request.Request(
+                    f"{url}/scoring/{bundle.name}_case_quality?run_sync=true",
+                    data=json.dumps({f"{bundle.name}_case_quality": {"force": True}}).encode(),
+                    method="POST",
+                    headers={"Content-Type": "application/json"},
+                )
                 seconds = _timed(scoring)
                 score += [seconds] if repeat else []
         finally:
             os.killpg(server.pid, 15)
             server.wait(timeout=60)
         d, s, c = statistics.median(direct), statistics.median(segment), statistics.median(score)
-        print(f"volume 256x256x40, bundle {bundle.name}, {args.repeats} repeats (medians; spread "
-              f"{min(segment):.2f}-{max(segment):.2f} s for the requests)")
+        print(
+            f"volume 256x256x40, bundle {bundle.name}, {args.repeats} repeats (medians; spread "
+            f"{min(segment):.2f}-{max(segment):.2f} s for the requests)"
+        )
         print(f"  TrainedBundle.predict in process (peer): {d:.2f} s")
         print(f"  POST /infer/{bundle.name} (upload, segmentation, file back): {s:.2f} s = {s / d:.2f}x the peer")
         print(f"  POST /scoring/{bundle.name}_case_quality, one image (run_sync): {c:.2f} s = {c / d:.2f}x the peer")

@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         step_s = time_pure_steps(parser, device, args.steps, amp)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"\n{args.bundle} on {name}, amp {amp}, {iterations} iterations per epoch, pure step {step_s * 1e3:.1f} ms\n")
-    print("| epoch | training s | pure compute s | ratio (target <= 1.3) | validation s | validation share (target <= 20%) |")
+    print(
+        "| epoch | training s | pure compute s | ratio (target <= 1.3) | validation s "
+        "| validation share (target <= 20%) |"
+    )
     print("|---|---|---|---|---|---|")
     compute = step_s * iterations
     for epoch, (t, v) in enumerate(zip(train_s, val_s), start=1):
@@ -164,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(t / compute for t, _ in steady)
     share = statistics.median(v / (t + v) for t, v in steady)
     verdict = "meets" if ratio <= EPOCH_TARGET and share <= VALIDATION_TARGET else "misses"
-    print(f"\nmedian after warm-up: training {ratio:.2f}x pure compute, validation {share:.0%} of the epoch: {verdict} "
-          f"the GPU targets ({EPOCH_TARGET}x, {VALIDATION_TARGET:.0%})" + ("" if device.type == "cuda" else " (CPU run: the targets are for GPUs)"))  # fmt: skip
+    print(
+        f"\nmedian after warm-up: training {ratio:.2f}x pure compute, validation {share:.0%} of the epoch: {verdict} "
+        f"the GPU targets ({EPOCH_TARGET}x, {VALIDATION_TARGET:.0%})"
+        + ("" if device.type == "cuda" else " (CPU run: the targets are for GPUs)")
+    )
     return 0
 
 

@@ -9,7 +9,12 @@ Studies: main, noise, data_fraction, nacl_ablation, crac_vs_nacl, crac_ablation,
 calib_monai/experiments/cli.py for their flags).
 """
 
-from calib_monai.experiments.cli import run
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: studies/ is not installed
+
+from studies.cli import run  # noqa: E402
 
 if __name__ == "__main__":
     run()

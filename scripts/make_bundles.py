@@ -1,7 +1,7 @@
 """Write every method x data set bundle of ``bundles/`` from ``calib_monai.bundle_factory`` (the one source of truth).
 
-    python scripts/make_bundles.py            # (re)write all bundles
-    python scripts/make_bundles.py --check    # exit 1 if a committed bundle differs from what would be written
+python scripts/make_bundles.py            # (re)write all bundles
+python scripts/make_bundles.py --check    # exit 1 if a committed bundle differs from what would be written
 """
 
 from __future__ import annotations

@@ -38,31 +38,50 @@ from nnunetv2.preprocessing.cropping.cropping import crop_to_nonzero
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "nnunet"
-DATASET = {"channel_names": {"0": "CT"}, "labels": {"background": 0, "liver": 1, "spleen": 2}, "numTraining": 1,
-           "file_ending": ".nii.gz"}  # fmt: skip
+DATASET = {
+    "channel_names": {"0": "CT"},
+    "labels": {"background": 0, "liver": 1, "spleen": 2},
+    "numTraining": 1,
+    "file_ending": ".nii.gz",
+}
 SPACING_XYZ = (3.0, 1.0, 1.0)
 TRANSPOSE_FORWARD, TRANSPOSE_BACKWARD = [2, 0, 1], [1, 2, 0]  # nnU-Net's planner: the coarsest axis first
 
 
 def plans(spacing_transposed: list[float]) -> dict:
     configuration = {
-        "data_identifier": "nnUNetPlans_3d_fullres", "preprocessor_name": "DefaultPreprocessor", "batch_size": 2,
-        "patch_size": [6, 10, 12], "median_image_size_in_voxels": [6, 10, 12], "spacing": spacing_transposed,
-        "normalization_schemes": ["CTNormalization"], "use_mask_for_norm": [False],
-        "resampling_fn_data": "resample_data_or_seg_to_shape", "resampling_fn_seg": "resample_data_or_seg_to_shape",
+        "data_identifier": "nnUNetPlans_3d_fullres",
+        "preprocessor_name": "DefaultPreprocessor",
+        "batch_size": 2,
+        "patch_size": [6, 10, 12],
+        "median_image_size_in_voxels": [6, 10, 12],
+        "spacing": spacing_transposed,
+        "normalization_schemes": ["CTNormalization"],
+        "use_mask_for_norm": [False],
+        "resampling_fn_data": "resample_data_or_seg_to_shape",
+        "resampling_fn_seg": "resample_data_or_seg_to_shape",
         "resampling_fn_probabilities": "resample_data_or_seg_to_shape",
         "resampling_fn_data_kwargs": {"is_seg": False, "order": 3, "order_z": 0, "force_separate_z": None},
         "resampling_fn_seg_kwargs": {"is_seg": True, "order": 1, "order_z": 0, "force_separate_z": None},
         "resampling_fn_probabilities_kwargs": {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None},
-        "architecture": {"network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-                         "arch_kwargs": {}, "_kw_requires_import": []},
+        "architecture": {
+            "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+            "arch_kwargs": {},
+            "_kw_requires_import": [],
+        },
         "batch_dice": False,
-    }  # fmt: skip
-    return {"dataset_name": "Dataset999_Fixture", "plans_name": "nnUNetPlans", "image_reader_writer": "SimpleITKIO",
-            "transpose_forward": TRANSPOSE_FORWARD, "transpose_backward": TRANSPOSE_BACKWARD,
-            "original_median_spacing_after_transp": spacing_transposed,
-            "original_median_shape_after_transp": [6, 10, 12], "configurations": {"3d_fullres": configuration},
-            "foreground_intensity_properties_per_channel": {}}  # fmt: skip
+    }
+    return {
+        "dataset_name": "Dataset999_Fixture",
+        "plans_name": "nnUNetPlans",
+        "image_reader_writer": "SimpleITKIO",
+        "transpose_forward": TRANSPOSE_FORWARD,
+        "transpose_backward": TRANSPOSE_BACKWARD,
+        "original_median_spacing_after_transp": spacing_transposed,
+        "original_median_shape_after_transp": [6, 10, 12],
+        "configurations": {"3d_fullres": configuration},
+        "foreground_intensity_properties_per_channel": {},
+    }
 
 
 def main() -> None:
@@ -94,8 +113,15 @@ def main() -> None:
     noise = torch.rand((3, *cropped.shape), generator=torch.Generator().manual_seed(0))
     logits = 4.0 * torch.nn.functional.one_hot(torch.from_numpy(cropped), 3).permute(3, 0, 1, 2).float() + noise
     manager = PlansManager(plans([properties["spacing"][i] for i in TRANSPOSE_FORWARD]))
-    export_prediction_from_logits(logits, properties, manager.get_configuration("3d_fullres"), manager, DATASET,
-                                  str(OUT / "predictions" / "case_001"), save_probabilities=True)  # fmt: skip
+    export_prediction_from_logits(
+        logits,
+        properties,
+        manager.get_configuration("3d_fullres"),
+        manager,
+        DATASET,
+        str(OUT / "predictions" / "case_001"),
+        save_probabilities=True,
+    )
     (OUT / "predictions" / "dataset.json").write_text(json.dumps(DATASET, indent=4))
     stored = np.load(OUT / "predictions" / "case_001.npz")["probabilities"]
     print(f"wrote {OUT}: probabilities {stored.shape} {stored.dtype} (C, z, y, x); label (x, y, z) {label.shape}")

@@ -35,18 +35,28 @@ CONFIDENCE_COLOR_NODE_IDS = ("vtkMRMLColorTableNodeFileColdToHotRainbow.txt", "v
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--image", required=True, help="the image that was segmented")
     parser.add_argument("--segmentation", required=True, help="<case>.seg.nrrd")
     parser.add_argument("--confidence", required=True, help="<case>_confidence.nrrd")
     parser.add_argument("--opacity", type=float, default=0.4, help="opacity of the confidence overlay (default 0.4)")
-    parser.add_argument("--confidence-min", type=float, default=0.0,
-                        help="confidence shown as the coldest colour (default 0; 1/number of classes is the floor)")
-    parser.add_argument("--only-low-confidence", action="store_true",
-                        help="show the overlay only below the low-confidence threshold")
-    parser.add_argument("--low-confidence-fill", type=float, default=0.0,
-                        help="2D fill opacity of the low-confidence segment (default 0: outline only)")
+    parser.add_argument(
+        "--confidence-min",
+        type=float,
+        default=0.0,
+        help="confidence shown as the coldest colour (default 0; 1/number of classes is the floor)",
+    )
+    parser.add_argument(
+        "--only-low-confidence", action="store_true", help="show the overlay only below the low-confidence threshold"
+    )
+    parser.add_argument(
+        "--low-confidence-fill",
+        type=float,
+        default=0.0,
+        help="2D fill opacity of the low-confidence segment (default 0: outline only)",
+    )
     parser.add_argument("--show-3d", action="store_true", help="also build and show the segments' surfaces in 3D")
     return parser.parse_args(argv)
 
@@ -114,8 +124,9 @@ def main(argv: list[str] | None = None):
         conf_display.ApplyThresholdOn()
     conf_display.SetInterpolate(False)
 
-    slicer.util.setSliceViewerLayers(background=image, foreground=confidence, foregroundOpacity=args.opacity,
-                                     label=None, fit=True)  # fmt: skip
+    slicer.util.setSliceViewerLayers(
+        background=image, foreground=confidence, foregroundOpacity=args.opacity, label=None, fit=True
+    )
     if args.show_3d:
         segmentation.CreateClosedSurfaceRepresentation()
         slicer.app.layoutManager().setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutFourUpView)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# study tests on the demo phantoms with 12 of them: an 8 / 1 / 3 split, the test volumes they count
+SMALL_DEMO = {"data#num_phantoms": 12}
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
@@ -33,11 +35,30 @@ def acdc_dir() -> Path:
 def hippocampus_few_dir(hippocampus_dir, tmp_path_factory) -> Path:
     """A task folder whose dataset.json lists the first 6 real Hippocampus cases by absolute path (no data copied)."""
     description = json.loads((hippocampus_dir / "dataset.json").read_text())
-    training = [{k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
-                for item in description["training"][:6]]  # fmt: skip
+    training = [
+        {k: str((hippocampus_dir / item[k]).resolve()) for k in ("image", "label")}
+        for item in description["training"][:6]
+    ]
     root = tmp_path_factory.mktemp("hippocampus_few")
     (root / "dataset.json").write_text(json.dumps({**description, "numTraining": 6, "training": training}))
     return root
+
+
+def run_bundle_workflow(configs_dir: Path, configs: list[str], run_id: str, **overrides):
+    """``ConfigWorkflow`` of the bundle files ``configs`` (names under ``configs_dir``), initialized and run in this
+    process, as ``python -m monai.bundle run <run_id>`` would run them; returns the workflow."""
+    from monai.bundle import ConfigWorkflow
+
+    workflow = ConfigWorkflow(
+        config_file=[str(configs_dir / c) for c in configs],
+        workflow_type="train",
+        run_id=run_id,
+        logging_file=False,
+        **overrides,
+    )
+    workflow.initialize()
+    workflow.run()
+    return workflow
 
 
 def free_port() -> int:
@@ -45,3 +66,7 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# the real MONAI Label server of the label tests: one per session, shared by their modules
+from label_server import served_folder, server  # noqa: E402,F401

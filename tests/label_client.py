@@ -31,8 +31,13 @@ def compare(client: MONAILabelClient, image: str, bundle: str, threshold: float 
     seg = infer(client, bundle, image)
     r = sitk.GetArrayFromImage(sitk.ReadImage(review["file"])).astype(np.int64)
     s = sitk.GetArrayFromImage(sitk.ReadImage(seg["file"])).astype(np.int64)
-    return {"review": review, "segmentation": seg, "same_support": bool(np.array_equal(r > 0, s > 0)),
-            "same_structures": bool(np.array_equal((r + 1) // 2, s)), "uncertain_voxels": int(((r > 0) & (r % 2 == 0)).sum())}
+    return {
+        "review": review,
+        "segmentation": seg,
+        "same_support": bool(np.array_equal(r > 0, s > 0)),
+        "same_structures": bool(np.array_equal((r + 1) // 2, s)),
+        "uncertain_voxels": int(((r > 0) & (r % 2 == 0)).sum()),
+    }
 
 
 def main() -> None:

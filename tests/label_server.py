@@ -34,11 +34,33 @@ from conftest import REPO_ROOT, free_port
 
 LABEL_ENV = REPO_ROOT / ".venv-label"
 LABEL_NAMES = {0: "background", 1: "liver", 2: "kidney", 3: "spleen", 4: "pancreas"}
+# the review task's labels, by hand: each structure's confident part 2k - 1 and uncertain part 2k
+REVIEW_NAMES = {
+    "background": 0,
+    "liver": 1,
+    "liver (uncertain)": 2,
+    "kidney": 3,
+    "kidney (uncertain)": 4,
+    "spleen": 5,
+    "spleen (uncertain)": 6,
+    "pancreas": 7,
+    "pancreas (uncertain)": 8,
+}
 # input stored with flipped x/y (an LPS-like affine) and 4 x 4 x 10 mm voxels: the outputs must be on this grid
 SHAPE = (40, 36, 10)
 AFFINE = np.array([[-4.0, 0, 0, 80], [0, -4.0, 0, 70], [0, 0, 10.0, -50], [0, 0, 0, 1]])
-TINY = ["--epochs", "1", "--roi_size", "[32,32,8]", "--batch_size", "8", "--data#num_phantoms", "6",
-        "--data#spacing", "[12.0,12.0,30.0]"]  # fmt: skip
+TINY = [
+    "--epochs",
+    "1",
+    "--roi_size",
+    "[32,32,8]",
+    "--batch_size",
+    "8",
+    "--data#num_phantoms",
+    "6",
+    "--data#spacing",
+    "[12.0,12.0,30.0]",
+]
 needs_label_env = pytest.mark.skipif(
     not (LABEL_ENV / "bin" / "monailabel").exists(),
     reason=f"MONAI Label environment {LABEL_ENV} not set up: run `bash scripts/setup_label_env.sh` (DEVELOPERS.md)",
@@ -46,8 +68,9 @@ needs_label_env = pytest.mark.skipif(
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> None:
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
@@ -83,9 +106,23 @@ def served_folder(tmp_path_factory):
     for name in ("nacl_flare", "nacl_flare_ts", "ce_dice_hpc"):
         source = REPO_ROOT / "bundles" / name.removesuffix("_ts")
         shutil.copytree(source / "configs", app / "model" / name / "configs")
-    _run([sys.executable, "-m", "monai.bundle", "run", "training", "--config_file",
-          str(bundle / "configs" / "train.json"), *TINY, "--output_dir", str(bundle / "models"),
-          "--data#cache_dir", str(root / "phantoms")], cwd=root)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "training",
+            "--config_file",
+            str(bundle / "configs" / "train.json"),
+            *TINY,
+            "--output_dir",
+            str(bundle / "models"),
+            "--data#cache_dir",
+            str(root / "phantoms"),
+        ],
+        cwd=root,
+    )
     # the same weights as TorchScript only (what ckpt_export puts in model.ts: the scripted 2D network)
     network = load_bundle_network(bundle, config_file="inference.json")
     (app / "model" / "nacl_flare_ts" / "models").mkdir()
@@ -95,25 +132,56 @@ def served_folder(tmp_path_factory):
     shutil.copytree(bundle / "configs", calibrated / "configs")
     (calibrated / "models").mkdir()
     shutil.copy(bundle / "models" / "model.pt", calibrated / "models" / "model.pt")
-    save_calibration(TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt")
+    save_calibration(
+        TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt"
+    )
     # and a validated range whose validation cases all scored 0.99: any case this tiny model segments is below it
-    ValidatedRange([0.99] * 19, {}).save(calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt")
+    ValidatedRange([0.99] * 19, {}).save(
+        calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt"
+    )
     # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
     loop = app / "model" / "loop_flare"
     shutil.copytree(bundle / "configs", loop / "configs")
     (loop / "models").mkdir()
     shutil.copy(bundle / "models" / "model.pt", loop / "models" / "model.pt")
-    _run([sys.executable, "-m", "monai.bundle", "run", "calibrate", "--config_file",
-          json.dumps([str(loop / "configs" / "train.json"), str(loop / "configs" / "calibrate.json")]), *TINY[2:],
-          "--output_dir", str(loop / "models"), "--data#cache_dir", str(root / "phantoms")], cwd=root)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "calibrate",
+            "--config_file",
+            json.dumps([str(loop / "configs" / "train.json"), str(loop / "configs" / "calibrate.json")]),
+            *TINY[2:],
+            "--output_dir",
+            str(loop / "models"),
+            "--data#cache_dir",
+            str(root / "phantoms"),
+        ],
+        cwd=root,
+    )
     images = _write_images(root)
     (root / "studies").mkdir()
     for index in range(4):  # the datastore: unlabelled phantoms of different shapes
         _write_phantom(root / "studies" / f"study_{index}.nii.gz", seed=20 + index, shape=(40 + 4 * index, 36, 10))
     # the reference: the bundle's own inference run on the same file, in the main environment
-    _run([sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file",
-          str(bundle / "configs" / "inference.json"), "--dataset_dir", str(images["case"]),
-          "--output_dir", str(root / "reference")], cwd=root)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "inferring",
+            "--config_file",
+            str(bundle / "configs" / "inference.json"),
+            "--dataset_dir",
+            str(images["case"]),
+            "--output_dir",
+            str(root / "reference"),
+        ],
+        cwd=root,
+    )
     return {"root": root, "app": app, "images": images, "reference": root / "reference"}
 
 
@@ -123,14 +191,31 @@ def server(served_folder):
     root, port = served_folder["root"], free_port()
     (root / "tmp").mkdir()
     log_path = root / "server.log"
-    env = {**os.environ, "PATH": f"{LABEL_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(root / "tmp"),
-           "MONAI_LABEL_SESSION_PATH": str(root / "sessions"), "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{LABEL_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "TMPDIR": str(root / "tmp"),
+        "MONAI_LABEL_SESSION_PATH": str(root / "sessions"),
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("VIRTUAL_ENV", None)
-    cmd = ["monailabel", "start_server", "--app", str(served_folder["app"]), "--studies", str(root / "studies"),
-           "--host", "127.0.0.1", "--port", str(port), "--conf", "zoo_source", "local"]  # fmt: skip
+    cmd = [
+        "monailabel",
+        "start_server",
+        "--app",
+        str(served_folder["app"]),
+        "--studies",
+        str(root / "studies"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--conf",
+        "zoo_source",
+        "local",
+    ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -169,11 +254,15 @@ def _post(url: str, file: Path | None, params: dict | str | None = None) -> tupl
     fields = [(b'name="params"', b"application/json", params.encode())]
     if file is not None:
         fields.append((f'name="file"; filename="{file.name}"'.encode(), b"application/octet-stream", file.read_bytes()))
-    body = b"".join(b"--%s\r\nContent-Disposition: form-data; %s\r\nContent-Type: %s\r\n\r\n%s\r\n"
-                    % (boundary.encode(), disposition, kind, data) for disposition, kind, data in fields)  # fmt: skip
+    body = b"".join(
+        b"--%s\r\nContent-Disposition: form-data; %s\r\nContent-Type: %s\r\n\r\n%s\r\n"
+        % (boundary.encode(), disposition, kind, data)
+        for disposition, kind, data in fields
+    )
     body += f"--{boundary}--\r\n".encode()
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
             return response.status, response.headers.get("Content-Type", ""), response.read()
@@ -201,11 +290,11 @@ def _nifti(data: bytes, path: Path) -> nib.Nifti1Image:
 
 def _reference(server) -> tuple[np.ndarray, np.ndarray]:
     ref = server["reference"]
-    return (np.asarray(nib.load(str(ref / "case_seg.nii.gz")).dataobj),
-            np.asarray(nib.load(str(ref / "case_conf.nii.gz")).dataobj))  # fmt: skip
+    return (
+        np.asarray(nib.load(str(ref / "case_seg.nii.gz")).dataobj),
+        np.asarray(nib.load(str(ref / "case_conf.nii.gz")).dataobj),
+    )
 
 
 def _infer(server, model: str, image: Path, output: str = "all"):
     return _post(f"{server['url']}/infer/{model}?output={output}", image)
-
-

@@ -1,7 +1,9 @@
-"""ALMUpdateHandler on real engines: one process, and two gloo DDP processes that must agree."""
+"""ALMUpdateHandler on real engines (the validation the trainer runs each epoch): one process, and two gloo DDP
+processes that must agree."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import ignite.distributed as idist
@@ -14,8 +16,8 @@ from monai.networks.nets import UNet
 from monai.transforms import Activationsd, AsDiscreted, Compose, CopyItemsd
 
 from calib_monai.handlers import ALMUpdateHandler
-from conftest import free_port
 from calib_monai.losses.crac import CRaCLoss
+from conftest import free_port
 
 
 def _volumes(n: int = 4) -> list[dict]:
@@ -35,9 +37,47 @@ def _network() -> torch.nn.Module:
     return UNet(spatial_dims=2, in_channels=1, out_channels=3, channels=(4, 8), strides=(2,))
 
 
-def _handler(loss, net, items):
+def _evaluator(net, items) -> SupervisedEvaluator:
+    """The bundles' validation: whole volumes through a SliceInferer, raw logits kept, then softmax and one-hot."""
     loader = torch.utils.data.DataLoader(items, batch_size=1)
-    return ALMUpdateHandler(loss, net, loader, inferer=SliceInferer(roi_size=(16, 16), spatial_dim=2), device="cpu")
+    post = Compose(
+        [
+            CopyItemsd(keys="pred", names="logits"),
+            Activationsd(keys="pred", softmax=True),
+            AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=3),
+        ]
+    )
+    return SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=loader,
+        network=net,
+        inferer=SliceInferer(roi_size=(16, 16), spatial_dim=2),
+        postprocessing=post,
+    )
+
+
+def _handler(loss, net, items, **kwargs):
+    """A handler attached to a trainer, after one validation run: calling it runs the outer step."""
+    evaluator = _evaluator(net, items)
+    handler = ALMUpdateHandler(loss, evaluator, **kwargs)
+    handler.attach(Engine(lambda e, b: None))
+    was_training = net.training
+    evaluator.run()
+    net.train(was_training)  # the evaluator leaves the network in eval mode; training would switch it back
+    return handler
+
+
+def _slice_statistics(loss, net, items) -> torch.Tensor:
+    """The volumes' statistics from their axial slices fed to the loss directly."""
+    with torch.no_grad():
+        was_training = net.training
+        net.eval()
+        stats = torch.zeros(4, 3, 2, dtype=torch.float64)
+        for item in items:
+            slices = item["image"].movedim(-1, 0)  # (D, 1, H, W)
+            stats += loss.validation_statistics(net(slices), item["label"].movedim(-1, 0))
+        net.train(was_training)
+    return stats
 
 
 def _single_process_lambdas() -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +89,11 @@ def _single_process_lambdas() -> tuple[torch.Tensor, torch.Tensor]:
     return loss.lambdas.clone(), loss.rhos.clone()
 
 
-def test_outer_step_on_volumes_changes_lambda_and_logs(caplog):
+def test_outer_step_on_volumes_changes_lambda_and_logs(caplog, tmp_path):
     net = _network()
     net.train()
     loss = CRaCLoss(classes=3, dim=2)
-    handler = _handler(loss, net, _volumes())
+    handler = _handler(loss, net, _volumes(), save_dir=tmp_path)
     engine = Engine(lambda e, b: None)
     engine.state.epoch = 1
     with caplog.at_level(logging.INFO, logger="calib_monai"):
@@ -62,14 +102,14 @@ def test_outer_step_on_volumes_changes_lambda_and_logs(caplog):
     assert net.training  # the train/eval mode is given back
     assert "ALM outer step 1 (epoch 1)" in caplog.text and "2/boundary lambda" in caplog.text
     assert engine.state.metrics["alm_lambda_1_inner"] == float(loss.lambdas[1, 0])
-    # the volumes' statistics equal those of their axial slices fed to the loss directly
-    with torch.no_grad():
-        net.eval()
-        stats = torch.zeros(4, 3, 2, dtype=torch.float64)
-        for item in _volumes():
-            slices = item["image"].movedim(-1, 0)  # (D, 1, H, W)
-            stats += loss.validation_statistics(net(slices), item["label"].movedim(-1, 0))
-    torch.testing.assert_close(handler.collect_statistics(), stats)
+    # the volumes' statistics equal those of their axial slices fed to the loss directly: the same outer step
+    direct = CRaCLoss(classes=3, dim=2)
+    direct.outer_update(_slice_statistics(direct, net, _volumes()), 1)
+    torch.testing.assert_close(loss.lambdas, direct.lambdas)
+    # the record of the step, as the studies read it
+    record = json.loads((tmp_path / "alm_history.json").read_text())
+    assert [r["epoch"] for r in record] == [1] and record[0]["step"] == 1
+    assert record[0]["classes"]["1"]["inner"]["lambda"] == float(loss.lambdas[1, 0])
 
 
 def test_outer_step_reports_the_satisfied_fraction_and_lets_lambda_fall(caplog):
@@ -116,14 +156,8 @@ def test_two_gloo_processes_end_with_equal_multipliers(tmp_path):
 
 def test_evaluator_mode_equals_its_own_validation_pass_and_skips_epochs_without_validation():
     net = _network()
-    loader = torch.utils.data.DataLoader(_volumes(), batch_size=1)
-    inferer = SliceInferer(roi_size=(16, 16), spatial_dim=2)
-    # the bundles' postprocessing: raw logits kept, then softmax and one-hot as for DSC
-    post = Compose([CopyItemsd(keys="pred", names="logits"), Activationsd(keys="pred", softmax=True),
-                    AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=3)])  # fmt: skip
-    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=loader, network=net, inferer=inferer,
-                                    postprocessing=post)  # fmt: skip
-    from_evaluator, from_loader = CRaCLoss(classes=3, dim=2), CRaCLoss(classes=3, dim=2)
+    evaluator = _evaluator(net, _volumes())
+    from_evaluator, direct = CRaCLoss(classes=3, dim=2), CRaCLoss(classes=3, dim=2)
     handler = ALMUpdateHandler(from_evaluator, evaluator=evaluator)
     trainer = Engine(lambda e, b: None)
     handler.attach(trainer)  # hooks the evaluator too: constructing a handler changes no engine
@@ -132,11 +166,13 @@ def test_evaluator_mode_equals_its_own_validation_pass_and_skips_epochs_without_
     assert int(from_evaluator.outer_steps) == 0
     evaluator.run()
     handler(trainer)
-    ALMUpdateHandler(from_loader, net, loader, inferer=inferer, device="cpu")(trainer)
-    torch.testing.assert_close(from_evaluator.lambdas, from_loader.lambdas)
+    direct.outer_update(_slice_statistics(direct, net, _volumes()), 1)
+    torch.testing.assert_close(from_evaluator.lambdas, direct.lambdas)
     assert int(from_evaluator.outer_steps) == 1
 
 
-def test_needs_exactly_one_source_of_validation_logits():
-    with pytest.raises(ValueError, match="either evaluator"):
-        ALMUpdateHandler(CRaCLoss(classes=3, dim=2))
+def test_needs_the_evaluator_and_a_crac_loss():
+    with pytest.raises(ValueError, match="needs evaluator"):
+        ALMUpdateHandler(CRaCLoss(classes=3, dim=2), None)
+    with pytest.raises(ValueError, match="needs a CRaCLoss"):
+        ALMUpdateHandler(torch.nn.CrossEntropyLoss(), None)

@@ -13,7 +13,9 @@ def test_backbone_trains_one_step(name):
     torch.manual_seed(0)
     kwargs = {"img_size": (64, 64)}  # what a bundle passes to every backbone; only unetr uses it
     if name in ("unetr", "swin_unetr"):  # keep the transformers small for a CPU test
-        kwargs.update({"feature_size": 12} if name == "swin_unetr" else {"hidden_size": 96, "mlp_dim": 192, "num_heads": 4})
+        kwargs.update(
+            {"feature_size": 12} if name == "swin_unetr" else {"hidden_size": 96, "mlp_dim": 192, "num_heads": 4}
+        )
     net = backbone(name, spatial_dims=2, in_channels=2, out_channels=3, **kwargs)
     x = torch.rand(2, 2, 64, 64)
     y = torch.randint(0, 3, (2, 64, 64))

@@ -13,7 +13,7 @@ from monai.bundle import ConfigWorkflow
 from calib_monai.bundle import TrainedBundle
 from calib_monai.calibration import load_calibration
 from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 BUNDLE = REPO_ROOT / "bundles" / "nacl_flare"
@@ -22,11 +22,7 @@ TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
-    workflow = ConfigWorkflow(config_file=[str(CONFIGS / c) for c in configs], workflow_type="train", run_id=run_id,
-                              logging_file=False, **overrides)  # fmt: skip
-    workflow.initialize()
-    workflow.run()
-    return workflow
+    return run_bundle_workflow(CONFIGS, configs, run_id, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +45,9 @@ def test_calibrate_writes_a_temperature_fitted_on_the_validation_volumes(calibra
     models = root / "bundle" / "models"
     record = json.loads((models / "calibration.json").read_text())
     datalist = json.loads((models / "datalist.json").read_text())
-    assert record["method"] == "temperature" and record["fitted_on"] == "ground-truth foreground of the validation volumes"
+    assert (
+        record["method"] == "temperature" and record["fitted_on"] == "ground-truth foreground of the validation volumes"
+    )
     assert record["volumes"] == len(datalist["validation"]) and record["temperature"] > 0
     assert record["nll_after"] <= record["nll_before"] + 1e-9  # the NLL is what the temperature minimises
     assert float(load_calibration(models, models / "model.pt").temperature) == pytest.approx(record["temperature"])
@@ -57,14 +55,16 @@ def test_calibrate_writes_a_temperature_fitted_on_the_validation_volumes(calibra
 
 def test_evaluate_reports_ece_before_and_after_with_the_same_segmentation(calibrated, tmp_path):
     root, overrides = calibrated
-    with_calibration = _metrics(_workflow(["train.json", "evaluate.json"], "evaluating", **overrides,
-                                          eval_dir=str(tmp_path / "a")))  # fmt: skip
+    with_calibration = _metrics(
+        _workflow(["train.json", "evaluate.json"], "evaluating", **overrides, eval_dir=str(tmp_path / "a"))
+    )
     # the same evaluation with the calibration moved away: its ECE is the "uncalibrated" one above
     models = root / "bundle" / "models"
     (models / "calibration.pt").rename(tmp_path / "calibration.pt")
     try:
-        without = _metrics(_workflow(["train.json", "evaluate.json"], "evaluating", **overrides,
-                                     eval_dir=str(tmp_path / "b")))  # fmt: skip
+        without = _metrics(
+            _workflow(["train.json", "evaluate.json"], "evaluating", **overrides, eval_dir=str(tmp_path / "b"))
+        )
     finally:
         (tmp_path / "calibration.pt").rename(models / "calibration.pt")
     assert with_calibration["test_mean_dice"] == pytest.approx(without["test_mean_dice"], abs=1e-9)

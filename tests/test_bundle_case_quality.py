@@ -14,7 +14,7 @@ from monai.bundle import ConfigWorkflow
 from calib_monai.bundle import TrainedBundle
 from calib_monai.calibration import ValidatedRange, load_validated_range, review_case
 from calib_monai.metrics import case_quality
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
@@ -22,11 +22,7 @@ TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 10, "data
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
-    workflow = ConfigWorkflow(config_file=[str(CONFIGS / c) for c in configs], workflow_type="train", run_id=run_id,
-                              logging_file=False, **overrides)  # fmt: skip
-    workflow.initialize()
-    workflow.run()
-    return workflow
+    return run_bundle_workflow(CONFIGS, configs, run_id, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -58,16 +54,23 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     root, overrides = calibrated
     images = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[:2]
     settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
-    workflow = ConfigWorkflow(config_file=str(root / "bundle" / "configs" / "inference.json"), workflow_type="infer",
-                              logging_file=False, dataset_dir=str(images[0].parent), output_dir=str(tmp_path),
-                              bundle_root=str(root / "bundle"),
-                              **settings)  # fmt: skip
+    workflow = ConfigWorkflow(
+        config_file=str(root / "bundle" / "configs" / "inference.json"),
+        workflow_type="infer",
+        logging_file=False,
+        dataset_dir=str(images[0].parent),
+        output_dir=str(tmp_path),
+        bundle_root=str(root / "bundle"),
+        **settings,
+    )
     workflow.initialize()
     workflow.run()
     with open(tmp_path / "quality.csv") as f:
         rows = {r["case"]: r for r in csv.DictReader(f)}
     cases = {p.name[: -len(".nii.gz")] for p in images[0].parent.glob("*.nii.gz")}
-    assert set(rows) == cases and {"case_score", "review", "est_dice_liver", "volume_ml_kidney"} <= set(rows[next(iter(cases))])
+    assert set(rows) == cases and {"case_score", "review", "est_dice_liver", "volume_ml_kidney"} <= set(
+        rows[next(iter(cases))]
+    )
     case = sorted(cases)[0]
     written = json.loads((tmp_path / f"{case}_quality.json").read_text())
     assert written["case"] == case and written["review"]["flag"] in (True, False)

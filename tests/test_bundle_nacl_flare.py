@@ -16,7 +16,13 @@ from conftest import REPO_ROOT
 BUNDLE = REPO_ROOT / "bundles" / "nacl_flare"
 SCHEMA = REPO_ROOT.parent / "shared" / "monai" / "meta_schema_20240725.json"
 # a tiny run: 6 coarse phantoms (12 x 12 x 30 mm voxels) cropped to 32x32x8 (split 4/1/1), one epoch
-TINY = {"epochs": 1, "roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
+TINY = {
+    "epochs": 1,
+    "roi_size": [32, 32, 8],
+    "batch_size": 8,
+    "data#num_phantoms": 6,
+    "data#spacing": [12.0, 12.0, 30.0],
+}
 
 
 def _cli_overrides(values: dict) -> list[str]:
@@ -70,7 +76,9 @@ def test_config_workflow_model_zoo_style(tmp_path):
 def _user_command(tmp_path, overrides: dict, cwd) -> subprocess.CompletedProcess:
     config = "bundles/nacl_flare/configs/train.json" if cwd == REPO_ROOT else str(BUNDLE / "configs" / "train.json")
     cmd = [sys.executable, "-m", "monai.bundle", "run", "training", "--config_file", config]
-    cmd += _cli_overrides({**overrides, "output_dir": str(tmp_path / "out"), "data#cache_dir": str(tmp_path / "phantoms")})
+    cmd += _cli_overrides(
+        {**overrides, "output_dir": str(tmp_path / "out"), "data#cache_dir": str(tmp_path / "phantoms")}
+    )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
 

@@ -36,15 +36,26 @@ def _argv(*extra: str, config: Path = FLARE / "train.json") -> list[str]:
 # ------------------------------------------------------------------------------------------------ override keys
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--epoch", "1"], "--epoch 1 (the command line) is not a setting of train.json; did you mean --epochs?"),
-    (["--loss#alpah", "0.2"], "--loss#alpah 0.2 (the command line): calib_monai.losses.NACLLoss has no argument "
-                              "'alpah'; did you mean --loss#alpha?"),
-    (["--valdate#evaluator#amp", "true"], "did you mean --validate#evaluator#amp?"),
-    (["--train#preprocessing#transforms#99#spatial_size", "[8,8,8]"], "train#preprocessing#transforms has 10 items"),
-    (["--data#_target_", "calib_monai.data.MSDDataset", "--data#intensty", "percentile"],
-     "calib_monai.data.MSDDataset has no argument 'intensty'; did you mean --data#intensity?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--epoch", "1"], "--epoch 1 (the command line) is not a setting of train.json; did you mean --epochs?"),
+        (
+            ["--loss#alpah", "0.2"],
+            "--loss#alpah 0.2 (the command line): calib_monai.losses.NACLLoss has no argument "
+            "'alpah'; did you mean --loss#alpha?",
+        ),
+        (["--valdate#evaluator#amp", "true"], "did you mean --validate#evaluator#amp?"),
+        (
+            ["--train#preprocessing#transforms#99#spatial_size", "[8,8,8]"],
+            "train#preprocessing#transforms has 10 items",
+        ),
+        (
+            ["--data#_target_", "calib_monai.data.MSDDataset", "--data#intensty", "percentile"],
+            "calib_monai.data.MSDDataset has no argument 'intensty'; did you mean --data#intensity?",
+        ),
+    ],
+)
 def test_unknown_override_keys_name_the_nearest_known_key(extra, message):
     with pytest.raises(ValueError) as err:
         check_settings(argv=_argv(*extra))
@@ -52,13 +63,51 @@ def test_unknown_override_keys_name_the_nearest_known_key(extra, message):
 
 
 def test_the_readmes_overrides_are_accepted(tmp_path):
-    readme = ["--epochs", "50", "--device", "cpu", "--batch_size", "8", "--lr", "0.0005", "--output_dir", str(tmp_path),
-              "--loss#alpha", "0.2", "--loss#kernel_ops", "svls", "--roi_size", "[160,160,24]", "--backbone", "dynunet",
-              "--train#preprocessing#transforms#9#spatial_size", "[160,160,24]", "--data#spacing", "[1.6,1.6,6.0]",
-              "--selection_bounds", '{"val_ece": 0.05}', "--amp", "true", "--data#cache_dir", str(tmp_path)]  # fmt: skip
+    readme = [
+        "--epochs",
+        "50",
+        "--device",
+        "cpu",
+        "--batch_size",
+        "8",
+        "--lr",
+        "0.0005",
+        "--output_dir",
+        str(tmp_path),
+        "--loss#alpha",
+        "0.2",
+        "--loss#kernel_ops",
+        "svls",
+        "--roi_size",
+        "[160,160,24]",
+        "--backbone",
+        "dynunet",
+        "--train#preprocessing#transforms#9#spatial_size",
+        "[160,160,24]",
+        "--data#spacing",
+        "[1.6,1.6,6.0]",
+        "--selection_bounds",
+        '{"val_ece": 0.05}',
+        "--amp",
+        "true",
+        "--data#cache_dir",
+        str(tmp_path),
+    ]
     assert check_settings(argv=_argv(*readme))
-    own_data = ["--data#_target_", "calib_monai.data.MSDDataset", "--dataset_dir", str(tmp_path), "--num_classes", "3",
-                "--in_channels", "1", "--roi_size", "[64,64,-1]", "--output_dir", str(tmp_path)]  # fmt: skip
+    own_data = [
+        "--data#_target_",
+        "calib_monai.data.MSDDataset",
+        "--dataset_dir",
+        str(tmp_path),
+        "--num_classes",
+        "3",
+        "--in_channels",
+        "1",
+        "--roi_size",
+        "[64,64,-1]",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert check_settings(argv=_argv(*own_data, config=HPC / "train.json"))
     # a run id the command line defines, and a key another override references
     assert check_settings(argv=[RUNNER, "run", "probe", "--config_file", str(FLARE / "train.json"), "--probe", "$1"])
@@ -79,20 +128,31 @@ def test_keys_of_an_args_file_are_checked_too(tmp_path):
 # ------------------------------------------------------------------------------------------------------- values
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"roi_size": 96}, 'roi_size = 96 is not valid: the preprocessed volume size must be a list [H, W, D]; pass three '
-                       'sizes, e.g. --roi_size "[96,96,-1]"'),
-    ({"roi_size": [96, 96, 0]}, "each size must be a positive whole number or -1"),
-    ({"epochs": 0}, "epochs = 0 is not valid: epochs must be a whole number >= 1"),
-    ({"lr": -0.1}, "lr = -0.1 is not valid: the learning rate must be a finite number > 0"),
-    ({"num_classes": 5, "label_names": {"0": "background", "1": "a", "2": "b"}},
-     "num_classes = 5 is not valid: label_names names 3 classes"),
-    ({"selection_mode": "maximum"}, "selection_mode = 'maximum' is not valid"),
-    ({"selection_metric": "val_dic"}, "selection_metric = 'val_dic' is not valid: the validation computes "
-                                      "['val_mean_dice', 'val_ece', 'val_nll']; pass --selection_metric <one of them>; "
-                                      "did you mean val_mean_dice?"),
-    ({"selection_bounds": {"val_eec": 0.05}}, "'val_eec' is not a metric of the validation"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"roi_size": 96},
+            "roi_size = 96 is not valid: the preprocessed volume size must be a list [H, W, D]; pass three "
+            'sizes, e.g. --roi_size "[96,96,-1]"',
+        ),
+        ({"roi_size": [96, 96, 0]}, "each size must be a positive whole number or -1"),
+        ({"epochs": 0}, "epochs = 0 is not valid: epochs must be a whole number >= 1"),
+        ({"lr": -0.1}, "lr = -0.1 is not valid: the learning rate must be a finite number > 0"),
+        (
+            {"num_classes": 5, "label_names": {"0": "background", "1": "a", "2": "b"}},
+            "num_classes = 5 is not valid: label_names names 3 classes",
+        ),
+        ({"selection_mode": "maximum"}, "selection_mode = 'maximum' is not valid"),
+        (
+            {"selection_metric": "val_dic"},
+            "selection_metric = 'val_dic' is not valid: the validation computes "
+            "['val_mean_dice', 'val_ece', 'val_nll']; pass --selection_metric <one of them>; "
+            "did you mean val_mean_dice?",
+        ),
+        ({"selection_bounds": {"val_eec": 0.05}}, "'val_eec' is not a metric of the validation"),
+    ],
+)
 def test_bad_values_name_the_key_the_value_and_the_fix(settings, message):
     metrics = [{"val_mean_dice": object()}, {"val_ece": object(), "val_nll": object()}]
     with pytest.raises(ValueError) as err:
@@ -104,8 +164,15 @@ def _msd_task(root: Path, labels: dict[str, str], modality: dict[str, str]) -> P
     for folder in ("imagesTr", "labelsTr"):
         (root / folder).mkdir(parents=True)
         nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.uint8), np.eye(4)), str(root / folder / "case_1.nii.gz"))
-    (root / "dataset.json").write_text(json.dumps({"labels": labels, "modality": modality, "training": [
-        {"image": "./imagesTr/case_1.nii.gz", "label": "./labelsTr/case_1.nii.gz"}]}))
+    (root / "dataset.json").write_text(
+        json.dumps(
+            {
+                "labels": labels,
+                "modality": modality,
+                "training": [{"image": "./imagesTr/case_1.nii.gz", "label": "./labelsTr/case_1.nii.gz"}],
+            }
+        )
+    )
     return root
 
 
@@ -114,14 +181,23 @@ def test_classes_channels_and_names_are_checked_against_the_data_sets_descriptio
     task = _msd_task(tmp_path / "Task", labels, {"0": "MRI"})
     data = MSDDataset(task, tmp_path / "out")
     assert check_data_settings(data, 3, 1, {"0": "background", "1": "anterior", "2": "posterior"})  # case is free
-    with pytest.raises(ValueError, match=rf"^num_classes = 5 is not valid: {task / 'dataset.json'} describes 3 classes "
-                                         r".*; pass --num_classes 3"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"^num_classes = 5 is not valid: {task / 'dataset.json'} describes 3 classes "
+        r".*; pass --num_classes 3",
+    ):
         check_data_settings(data, 5, 1, None)
-    with pytest.raises(ValueError, match=r"^in_channels = 2 is not valid: .* describes 1 input channel\(s\) \(MRI\); "
-                                         r"pass --in_channels 1"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^in_channels = 2 is not valid: .* describes 1 input channel\(s\) \(MRI\); "
+        r"pass --in_channels 1",
+    ):
         check_data_settings(data, 3, 2, None)
-    with pytest.raises(ValueError, match=r"^label_names = .* names its classes .*; pass --label_names "
-                                         r"'\{\"0\": \"background\", \"1\": \"Anterior\", \"2\": \"Posterior\"\}'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^label_names = .* names its classes .*; pass --label_names "
+        r"'\{\"0\": \"background\", \"1\": \"Anterior\", \"2\": \"Posterior\"\}'",
+    ):
         check_data_settings(data, 3, 1, {"0": "background", "1": "liver", "2": "spleen"})
 
 
@@ -129,21 +205,32 @@ def test_classes_channels_and_names_are_checked_against_the_data_sets_descriptio
 
 
 def test_error_line_is_the_innermost_message_with_the_failing_config_id():
-    parser = ConfigParser({"imports": ["$import calib_monai"], "num_classes": 3,
-                           "loss": {"_target_": "calib_monai.losses.NACLLoss", "classes": "@num_classes", "dim": 2,
-                                    "alpha": -1.0}})  # fmt: skip
+    parser = ConfigParser(
+        {
+            "imports": ["$import calib_monai"],
+            "num_classes": 3,
+            "loss": {"_target_": "calib_monai.losses.NACLLoss", "classes": "@num_classes", "dim": 2, "alpha": -1.0},
+        }
+    )
     with pytest.raises(RuntimeError) as err:  # MONAI: "Failed to instantiate component ..."
         parser.get_parsed_content("loss")
-    assert error_line(err.value) == ("loss (calib_monai.losses.NACLLoss): alpha must be a finite number >= 0 (the "
-                                     "weight lambda of the neighbour penalty; the papers use 0.1), got -1.0.")
+    assert error_line(err.value) == (
+        "loss (calib_monai.losses.NACLLoss): alpha must be a finite number >= 0 (the "
+        "weight lambda of the neighbour penalty; the papers use 0.1), got -1.0."
+    )
     assert error_line(KeyError("plain")) == "KeyError: plain"  # not ours: the type stays in front
 
 
 def test_every_generated_config_checks_its_settings_and_reports_errors_in_one_line():
     """The check runs in every bundle's workflows: initialize reports errors and checks the settings; every step
     that reads data first checks the classes and channels against the data set."""
-    data_steps = {"train.json": ("run",), "evaluate.json": ("run", "evaluating"), "calibrate.json": ("run", "calibrate"),
-                  "multi_gpu_train.json": ("run",), "inference.json": ("run", "inferring")}  # fmt: skip
+    data_steps = {
+        "train.json": ("run",),
+        "evaluate.json": ("run", "evaluating"),
+        "calibrate.json": ("run", "calibrate"),
+        "multi_gpu_train.json": ("run",),
+        "inference.json": ("run", "inferring"),
+    }
     for name in bundle_names():
         for config, steps in data_steps.items():
             content = json.loads((REPO / "bundles" / name / "configs" / config).read_text())
@@ -159,35 +246,64 @@ def test_every_generated_config_checks_its_settings_and_reports_errors_in_one_li
 
 def _bundle_run(*args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, list[str]]:
     command = [sys.executable, "-m", "monai.bundle", "run", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
     return result.returncode, (result.stdout + result.stderr).strip().splitlines()
 
 
 def test_a_key_typo_ends_the_run_with_one_line_and_exit_1(tmp_path):
-    code, lines = _bundle_run("training", "--config_file", str(FLARE / "train.json"), "--epoch", "1",
-                              "--output_dir", str(tmp_path))  # fmt: skip
-    assert code == 1 and lines[-1].startswith("ERROR: --epoch 1 (the command line) is not a setting of train.json; "
-                                              "did you mean --epochs?")  # fmt: skip
+    code, lines = _bundle_run(
+        "training", "--config_file", str(FLARE / "train.json"), "--epoch", "1", "--output_dir", str(tmp_path)
+    )
+    assert code == 1 and lines[-1].startswith(
+        "ERROR: --epoch 1 (the command line) is not a setting of train.json; did you mean --epochs?"
+    )
     assert not any("Traceback" in line for line in lines) and len(lines) < 10
     assert lines[-2] == "(the full traceback: run again with CALIB_MONAI_TRACEBACK=1)"
     assert not (tmp_path / "model.pt").exists()
-    code, lines = _bundle_run("training", "--config_file", str(FLARE / "train.json"), "--loss#alpha", "-1",
-                              "--output_dir", str(tmp_path), env={"CALIB_MONAI_TRACEBACK": "1"})  # fmt: skip
+    code, lines = _bundle_run(
+        "training",
+        "--config_file",
+        str(FLARE / "train.json"),
+        "--loss#alpha",
+        "-1",
+        "--output_dir",
+        str(tmp_path),
+        env={"CALIB_MONAI_TRACEBACK": "1"},
+    )
     assert code == 1 and any(line.startswith("Traceback") for line in lines)  # on request
-    assert lines[-1] == ("ERROR: loss (calib_monai.losses.NACLLoss): alpha must be a finite number >= 0 (the weight "
-                         "lambda of the neighbour penalty; the papers use 0.1), got -1.")
-    code, lines = _bundle_run("training", "--config_file", str(FLARE / "train.json"), "--roi_size", "96",
-                              "--output_dir", str(tmp_path))  # fmt: skip
-    assert code == 1 and lines[-1] == ("ERROR: roi_size = 96 is not valid: the preprocessed volume size must be a list "
-                                       '[H, W, D]; pass three sizes, e.g. --roi_size "[96,96,-1]" (-1 keeps an axis\'s '
-                                       "extent)")  # a bare TypeError before  # fmt: skip
+    assert lines[-1] == (
+        "ERROR: loss (calib_monai.losses.NACLLoss): alpha must be a finite number >= 0 (the weight "
+        "lambda of the neighbour penalty; the papers use 0.1), got -1."
+    )
+    code, lines = _bundle_run(
+        "training", "--config_file", str(FLARE / "train.json"), "--roi_size", "96", "--output_dir", str(tmp_path)
+    )
+    assert code == 1 and lines[-1] == (
+        "ERROR: roi_size = 96 is not valid: the preprocessed volume size must be a list "
+        '[H, W, D]; pass three sizes, e.g. --roi_size "[96,96,-1]" (-1 keeps an axis\'s '
+        "extent)"
+    )  # a bare TypeError before
 
 
 def test_classes_against_a_3_class_dataset_json_in_a_real_run(tmp_path):
     task = _msd_task(tmp_path / "Task", {"0": "background", "1": "a", "2": "b"}, {"0": "MRI"})
-    common = ["--config_file", str(HPC / "train.json"), "--data#_target_", "calib_monai.data.MSDDataset",
-              "--dataset_dir", str(task), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    common = [
+        "--config_file",
+        str(HPC / "train.json"),
+        "--data#_target_",
+        "calib_monai.data.MSDDataset",
+        "--dataset_dir",
+        str(task),
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
     code, lines = _bundle_run("training", *common, "--num_classes", "2", "--label_names", '{"0": "bg", "1": "a"}')
     assert code == 1
     assert lines[-1].startswith(f"ERROR: num_classes = 2 is not valid: {task / 'dataset.json'} describes 3 classes")
@@ -204,19 +320,37 @@ def test_a_data_error_exits_1_with_the_files_named(tmp_path):
         label[2:8, 2:8, 1:5] = 1 + i
         shifted = affine.copy()
         shifted[0, 3] += 50.0  # every label: whichever case is read first stops the run
-        for folder, array, grid in (("TrainingImg", rng.integers(-500, 500, (12, 10, 6)).astype(np.int16), affine),
-                                    ("TrainingMask", label, shifted)):  # fmt: skip
+        for folder, array, grid in (
+            ("TrainingImg", rng.integers(-500, 500, (12, 10, 6)).astype(np.int16), affine),
+            ("TrainingMask", label, shifted),
+        ):
             (tmp_path / "F" / folder).mkdir(parents=True, exist_ok=True)
             name = f"train_{i:03d}_0000.nii.gz" if folder == "TrainingImg" else f"train_{i:03d}.nii.gz"
             nib.save(nib.Nifti1Image(array, grid), str(tmp_path / "F" / folder / name))
-    code, lines = _bundle_run("training", "--config_file", str(FLARE / "train.json"), "--dataset_dir",
-                              str(tmp_path / "F"), "--output_dir", str(tmp_path / "out"), "--roi_size", "[12,10,6]",
-                              "--data#spacing", "None", "--data#split", "[1,1,1]", "--epochs", "1")  # fmt: skip
+    code, lines = _bundle_run(
+        "training",
+        "--config_file",
+        str(FLARE / "train.json"),
+        "--dataset_dir",
+        str(tmp_path / "F"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--roi_size",
+        "[12,10,6]",
+        "--data#spacing",
+        "None",
+        "--data#split",
+        "[1,1,1]",
+        "--epochs",
+        "1",
+    )
     assert code == 1, lines[-3:]
     case = lines[-1].split("TrainingMask/train_")[1][:3]
-    assert lines[-1].startswith(f"ERROR: label {tmp_path / 'F' / 'TrainingMask' / f'train_{case}.nii.gz'} does not lie "
-                                f"on the grid of its image {tmp_path / 'F' / 'TrainingImg' / f'train_{case}_0000.nii.gz'}"
-                                ": 50 mm apart")  # fmt: skip
+    assert lines[-1].startswith(
+        f"ERROR: label {tmp_path / 'F' / 'TrainingMask' / f'train_{case}.nii.gz'} does not lie "
+        f"on the grid of its image {tmp_path / 'F' / 'TrainingImg' / f'train_{case}_0000.nii.gz'}"
+        ": 50 mm apart"
+    )
 
 
 def test_the_error_report_is_installed_in_bundle_runs_only():

@@ -25,8 +25,9 @@ def trained(tmp_path_factory):
     """One epoch of nacl_flare on six tiny phantoms: (output folder, phantom cache)."""
     root = tmp_path_factory.mktemp("nacl_flare")
     overrides = {**TINY, "epochs": 1, "output_dir": str(root / "models"), "data#cache_dir": str(root / "phantoms")}
-    workflow = ConfigWorkflow(config_file=str(CONFIGS / "train.json"), workflow_type="train", logging_file=False,
-                              **overrides)  # fmt: skip
+    workflow = ConfigWorkflow(
+        config_file=str(CONFIGS / "train.json"), workflow_type="train", logging_file=False, **overrides
+    )
     workflow.initialize()
     workflow.run()
     return root, overrides
@@ -36,9 +37,12 @@ def test_evaluate_writes_per_volume_metrics(trained):
     root, overrides = trained
     workflow = ConfigWorkflow(
         config_file=[str(CONFIGS / "train.json"), str(CONFIGS / "evaluate.json")],
-        workflow_type="train", run_id="evaluating", logging_file=False,
-        **overrides, eval_dir=str(root / "eval"),
-    )  # fmt: skip
+        workflow_type="train",
+        run_id="evaluating",
+        logging_file=False,
+        **overrides,
+        eval_dir=str(root / "eval"),
+    )
     workflow.initialize()
     workflow.run()
     datalist = json.loads((root / "models" / "datalist.json").read_text())
@@ -58,10 +62,16 @@ def test_inference_writes_segmentation_and_confidence_in_the_input_geometry(trai
     root, overrides = trained
     image_path = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
     workflow = ConfigWorkflow(
-        config_file=str(CONFIGS / "inference.json"), workflow_type="infer", run_id="inferring", logging_file=False,
-        dataset_dir=str(image_path), output_dir=str(tmp_path), model_path=str(root / "models" / "model.pt"),
-        roi_size=overrides["roi_size"], **{"data#spacing": overrides["data#spacing"]},
-    )  # fmt: skip
+        config_file=str(CONFIGS / "inference.json"),
+        workflow_type="infer",
+        run_id="inferring",
+        logging_file=False,
+        dataset_dir=str(image_path),
+        output_dir=str(tmp_path),
+        model_path=str(root / "models" / "model.pt"),
+        roi_size=overrides["roi_size"],
+        **{"data#spacing": overrides["data#spacing"]},
+    )
     workflow.initialize()
     workflow.run()
     source = nib.load(image_path)
@@ -100,10 +110,16 @@ def test_amp_switch_reaches_the_trainer_and_the_evaluators(amp, expected, tmp_pa
 
 def test_one_epoch_with_amp_on_the_cpu(tmp_path):
     """MONAI's engines autocast for CUDA only: on the CPU ``--amp true`` trains (in fp32) without an error."""
-    overrides = {**TINY, "epochs": 1, "amp": "true", "output_dir": str(tmp_path / "models"),
-                 "data#cache_dir": str(tmp_path / "phantoms")}  # fmt: skip
-    workflow = ConfigWorkflow(config_file=str(CONFIGS / "train.json"), workflow_type="train", logging_file=False,
-                              **overrides)  # fmt: skip
+    overrides = {
+        **TINY,
+        "epochs": 1,
+        "amp": "true",
+        "output_dir": str(tmp_path / "models"),
+        "data#cache_dir": str(tmp_path / "phantoms"),
+    }
+    workflow = ConfigWorkflow(
+        config_file=str(CONFIGS / "train.json"), workflow_type="train", logging_file=False, **overrides
+    )
     workflow.initialize()
     workflow.run()
     assert workflow.trainer.amp is True and workflow.trainer.state.epoch == 1

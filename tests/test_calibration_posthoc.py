@@ -70,7 +70,9 @@ def test_local_temperature_lowers_the_nll_of_overconfident_logits():
     # the labels follow softmax(logits / 3): the logits are three times too confident everywhere
     g = torch.Generator().manual_seed(2)
     logits = 4 * torch.randn(32, 3, 12, 12, generator=g)
-    labels = torch.multinomial(torch.softmax(logits / 3, 1).movedim(1, -1).reshape(-1, 3), 1, generator=g).reshape(32, 12, 12)
+    labels = torch.multinomial(torch.softmax(logits / 3, 1).movedim(1, -1).reshape(-1, 3), 1, generator=g).reshape(
+        32, 12, 12
+    )
     image = torch.rand(32, 1, 12, 12, generator=g)
     lts = LocalTemperatureScaling(3, 1).fit(logits, image, labels, steps=150)
     with torch.no_grad():
@@ -96,7 +98,9 @@ def test_stored_calibration_round_trip_and_weights_check(tmp_path, caplog):
     assert "fitted for other weights" in caplog.text
     assert load_calibration(tmp_path / "missing.pt") is None
     (tmp_path / "bad.pt").write_text("not a calibration")
-    with pytest.raises(ValueError, match="bad.pt cannot be read as a calibration file of calib_monai: it is not a PyTorch file"):
+    with pytest.raises(
+        ValueError, match="bad.pt cannot be read as a calibration file of calib_monai: it is not a PyTorch file"
+    ):
         load_calibration(tmp_path / "bad.pt")
 
 

@@ -51,7 +51,9 @@ def test_two_epochs_change_lambda_and_resume_restores_the_multipliers(tmp_path):
     resumed_loss = resumed.parser.get_parsed_content("loss")
     restored = {}
     trainer = resumed.trainer
-    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: restored.setdefault("lambdas", resumed_loss.lambdas.clone()))
+    trainer.add_event_handler(
+        Events.EPOCH_STARTED, lambda e: restored.setdefault("lambdas", resumed_loss.lambdas.clone())
+    )
     resumed.run()
     torch.testing.assert_close(restored["lambdas"], saved["lambdas"], rtol=0, atol=0)
     assert int(resumed_loss.outer_steps) == 3

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from calib_monai.experiments import StudySetup, read_record
-from calib_monai.experiments.crac_study import (
+from calib_monai.losses.crac import PRESETS
+from conftest import SMALL_DEMO
+from studies import StudySetup, read_record
+from studies.crac_study import (
     CRAC_VARIANTS,
     _paired_cells,
     _score_seed,
@@ -19,30 +22,51 @@ from calib_monai.experiments.crac_study import (
     paired_differences,
     validation_curve,
 )
-from calib_monai.losses.crac import PRESETS
-
-LOG = """\
-2026-11-23 17:29:33,955 - calib_monai - INFO - ALM outer step 1 (epoch 1): background/inner lambda 0.17 rho 1 h 0.979 satisfied 0.424; Liver/boundary lambda 0.134 rho 1 h 0.776 satisfied 0.676
-2026-11-23 17:29:33,955 - calib_monai - INFO - epoch 1/3  loss 0.4729  val_mean_dice 0.3350  val_ece 0.3270  lr 1.0e-03  time 19.8 s
-2026-11-23 17:29:53,000 - calib_monai - INFO - epoch 2/3  loss 0.4  val_mean_dice 0.5  val_ece 0.2500  lr 1.0e-03  time 19.8 s
-$ python -m monai.bundle run training ... (resumed)
-2026-11-23 17:30:13,000 - calib_monai - INFO - ALM outer step 2 (epoch 2): background/inner lambda 0.5 rho 1 h 0.5 satisfied 0.8; Liver/boundary lambda 2.5 rho 1.2 h 0.7 satisfied 0.4
-2026-11-23 17:30:13,000 - calib_monai - INFO - epoch 2/3  loss 0.4  val_mean_dice 0.5  val_ece 0.2000  lr 1.0e-03  time 19.8 s
-2026-11-23 17:30:33,000 - calib_monai - INFO - epoch 3/3  loss 0.3  val_mean_dice 0.6  val_ece 0.1000  lr 1.0e-04  time 19.8 s
-"""
+from studies.study import load_targets
 
 
-def test_validation_curve_keeps_the_last_line_of_a_resumed_epoch(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text(LOG)
-    assert validation_curve(log) == [0.327, 0.2, 0.1]
-    assert alm_health(log) == {"lambda_max": 2.5, "satisfied": pytest.approx(0.6)}  # the last ALM line only
+def _records(models):
+    """The records a CRaC run writes: validation_history.json (ValidationHistory; a resumed run keeps one entry per
+    epoch) and alm_history.json (ALMUpdateHandler, one entry per outer step)."""
+    models.mkdir(parents=True, exist_ok=True)
+    history = [
+        {"epoch": 1, "val_mean_dice": 0.335, "val_ece": 0.327},
+        {"epoch": 2, "val_mean_dice": 0.5, "val_ece": 0.2},
+        {"epoch": 3, "val_mean_dice": 0.6, "val_ece": 0.1},
+    ]
+    (models / "validation_history.json").write_text(json.dumps(history))
+    step = lambda epoch, inner, boundary: {
+        "epoch": epoch,
+        "step": epoch,
+        "classes": {  # noqa: E731
+            "background": {"inner": inner, "boundary": inner},
+            "Liver": {"inner": boundary, "boundary": boundary},
+        },
+    }
+    alm = [
+        step(
+            1,
+            {"lambda": 0.17, "rho": 1, "constraint": 0.979, "satisfied": 0.424},
+            {"lambda": 0.134, "rho": 1, "constraint": 0.776, "satisfied": 0.676},
+        ),
+        step(
+            2,
+            {"lambda": 0.5, "rho": 1, "constraint": 0.5, "satisfied": 0.8},
+            {"lambda": 2.5, "rho": 1.2, "constraint": 0.7, "satisfied": 0.4},
+        ),
+    ]
+    (models / "alm_history.json").write_text(json.dumps(alm))
 
 
-def test_alm_health_without_alm_lines_is_nan(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text("epoch 1/1  loss 1  val_mean_dice 0.1  val_ece 0.2\n")
-    assert all(math.isnan(v) for v in alm_health(log).values())
+def test_validation_curve_and_alm_health_come_from_the_run_records(tmp_path):
+    _records(tmp_path / "models")
+    assert validation_curve(tmp_path / "models") == [0.327, 0.2, 0.1]
+    assert alm_health(tmp_path / "models") == {"lambda_max": 2.5, "satisfied": pytest.approx(0.6)}  # the last step only
+
+
+def test_alm_health_without_alm_record_is_nan(tmp_path):
+    (tmp_path / "validation_history.json").write_text(json.dumps([{"epoch": 1, "val_ece": 0.2}]))
+    assert all(math.isnan(v) for v in alm_health(tmp_path).values())
 
 
 def test_ece_climb_compares_the_last_third_with_the_middle_third():
@@ -53,8 +77,16 @@ def test_ece_climb_compares_the_last_third_with_the_middle_third():
 
 
 def _result(dice, hd, ece, tace, climb=0.0):
-    return {"mean_dice": dice, "mean_hd95": hd, "ece": ece, "cece": ece, "tace": tace, "climb": climb,
-            "lambda_max": 1.0, "satisfied": 0.5}  # fmt: skip
+    return {
+        "mean_dice": dice,
+        "mean_hd95": hd,
+        "ece": ece,
+        "cece": ece,
+        "tace": tace,
+        "climb": climb,
+        "lambda_max": 1.0,
+        "satisfied": 0.5,
+    }
 
 
 def test_score_seed_ranks_each_variant_against_ce_dice_and_nacl():
@@ -65,7 +97,7 @@ def test_score_seed_ranks_each_variant_against_ce_dice_and_nacl():
         "CRaC b": _result(0.78, 2.2, 0.06, 0.11),  # last on DSC, HD95; second on ECE, TACE: rank 2.5
         "CRaC c": _result(0.81, 1.9, 0.04, 0.09, climb=0.02),  # as a, but its validation ECE climbs
     }
-    rows = {r["method"]: r for r in _score_seed(7, results)}
+    rows = {r["method"]: r for r in _score_seed(7, results, load_targets("crac_ablation"))}
     assert rows["CRaC a"]["friedman_rank"] == 1.0 and rows["CRaC a"]["ece_ratio"] == pytest.approx(0.4)
     assert rows["CRaC a"]["meets"] and not rows["CRaC c"]["meets"]
     # b: DSC 3, HD95 3, ECE 2, TACE 2 -> 2.5; NACL then 2, 2, 1, 1 -> 1.5, better than b
@@ -82,8 +114,14 @@ def test_variants_are_crac_options_and_presets_come_from_the_loss():
 
 
 def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
-    setup = StudySetup("flare", demo=True, epochs=3, results_dir=str(tmp_path / "results"),
-                       runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=3,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
+    )
     crac_ablation_study(setup, ["tol1_rho1"], seeds=[0, 1])
     out = tmp_path / "results" / "crac_ablation"
     for seed in (0, 1):  # one runs folder per seed, the seed in each run's overrides
@@ -93,8 +131,9 @@ def test_crac_ablation_study_end_to_end_on_phantoms(tmp_path):
         assert (out / f"val_ece_seed{seed}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(out / "per_seed.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["seed"], r["method"]) for r in rows] == [(s, m) for s in ("0", "1")
-                                                         for m in ("CE+Dice", "NACL", "CRaC tol1_rho1")]  # fmt: skip
+    assert [(r["seed"], r["method"]) for r in rows] == [
+        (s, m) for s in ("0", "1") for m in ("CE+Dice", "NACL", "CRaC tol1_rho1")
+    ]
     crac = [r for r in rows if r["method"].startswith("CRaC")]
     assert all(float(r["lambda_max"]) > 0 and 0 <= float(r["satisfied"]) <= 1 for r in crac)  # ALM lines were read
     assert all(not math.isnan(float(r["climb"])) for r in rows)  # three epochs of validation ECE each
@@ -118,12 +157,23 @@ def test_paired_differences_hand_worked():
     per_volume = []
     for i in range(6):
         case = f"v{i}"
-        per_volume.append({"seed": "3", "method": "NACL", "case": case, "mean_dice": 0.75, "mean_hd95": 2.0,
-                           "ece": 0.10, "tace": 0.2})  # fmt: skip
-        per_volume.append({"seed": "3", "method": "CRaC x", "case": case, "mean_dice": 0.75 + (0.125 if i < 3 else -0.125),
-                           "mean_hd95": math.inf if i == 5 else 2.0, "ece": 0.10 - 0.01 * (i + 1), "tace": 0.2})  # fmt: skip
-    per_volume.append({"seed": "4", "method": "NACL", "case": "v0", "mean_dice": 0.0, "mean_hd95": 0.0, "ece": 0.0,
-                       "tace": 0.0})  # another seed: not paired  # fmt: skip
+        per_volume.append(
+            {"seed": "3", "method": "NACL", "case": case, "mean_dice": 0.75, "mean_hd95": 2.0, "ece": 0.10, "tace": 0.2}
+        )
+        per_volume.append(
+            {
+                "seed": "3",
+                "method": "CRaC x",
+                "case": case,
+                "mean_dice": 0.75 + (0.125 if i < 3 else -0.125),
+                "mean_hd95": math.inf if i == 5 else 2.0,
+                "ece": 0.10 - 0.01 * (i + 1),
+                "tace": 0.2,
+            }
+        )
+    per_volume.append(
+        {"seed": "4", "method": "NACL", "case": "v0", "mean_dice": 0.0, "mean_hd95": 0.0, "ece": 0.0, "tace": 0.0}
+    )  # another seed: not paired
     row = paired_differences(per_volume, 3, "CRaC x", "NACL")
     assert row["volumes"] == 6 and row["reference"] == "NACL"
     assert row["ece_diff"] == pytest.approx(-0.035) and row["ece_p"] == pytest.approx(0.03125)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -28,8 +27,10 @@ def _todays_loss(loss: CRaCLoss, logits: torch.Tensor, labels: torch.Tensor) -> 
         tau = torch.where(boundary, tau, loss.inner_margin * tau)
     h = (tau - logits).abs()
     shape = (1, loss.classes, 1, 1)
-    lam, rho = (torch.where(boundary, t[:, 1].to(logits.dtype).reshape(shape), t[:, 0].to(logits.dtype).reshape(shape))
-                for t in (loss.lambdas, loss.rhos))  # fmt: skip
+    lam, rho = (
+        torch.where(boundary, t[:, 1].to(logits.dtype).reshape(shape), t[:, 0].to(logits.dtype).reshape(shape))
+        for t in (loss.lambdas, loss.rhos)
+    )
     return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
 
 
@@ -61,7 +62,9 @@ def test_satisfied_pixel_sits_on_the_inactive_branch_with_zero_derivative():
     stats = loss.validation_statistics(logits.detach(), LABELS)
     assert stats[0].abs().max() == 0
     torch.testing.assert_close(stats[3], stats[2])
-    assert float(phr_derivative(torch.tensor(0.1 - eps, **F64), torch.tensor(rho, **F64), torch.tensor(lam, **F64))) == 0
+    assert (
+        float(phr_derivative(torch.tensor(0.1 - eps, **F64), torch.tensor(rho, **F64), torch.tensor(lam, **F64))) == 0
+    )
 
 
 def test_penalty_between_eps_minus_lam_over_rho_and_eps_is_on_the_active_branch():
@@ -111,7 +114,15 @@ def test_tolerance_zero_gives_todays_loss_and_multipliers_exactly():
 def test_presets_give_the_documented_settings():
     paper, authors, tol = (CRaCLoss.preset(name, classes=3, dim=2) for name in ("paper", "authors", "tolerance"))
     default = CRaCLoss(classes=3, dim=2)
-    attrs = ("inner_margin", "multiplier_average", "tolerance", "rho_init", "clamp_per_pixel", "lambda_min", "lambda_max")
+    attrs = (
+        "inner_margin",
+        "multiplier_average",
+        "tolerance",
+        "rho_init",
+        "clamp_per_pixel",
+        "lambda_min",
+        "lambda_max",
+    )
     for attr in attrs:
         assert getattr(paper, attr) == getattr(default, attr)  # "paper" is today's defaults
     assert (paper.inner_margin, paper.multiplier_average, paper.tolerance) == (1.0, "region", 0.0)
@@ -135,8 +146,16 @@ def test_presets_give_the_documented_settings():
 
 def test_authors_outer_update_clamps_per_pixel_and_pads_with_the_other_regions_lambda():
     lam, rho = 0.5, 0.1
-    loss = CRaCLoss(classes=2, dim=2, lambda_init=lam, rho_init=rho, multiplier_average="all_padded",
-                    clamp_per_pixel=True, lambda_min=0.55, lambda_max=0.58)  # fmt: skip
+    loss = CRaCLoss(
+        classes=2,
+        dim=2,
+        lambda_init=lam,
+        rho_init=rho,
+        multiplier_average="all_padded",
+        clamp_per_pixel=True,
+        lambda_min=0.55,
+        lambda_max=0.58,
+    )
     loss.outer_update(loss.validation_statistics(torch.zeros(1, 2, 1, 3), LABELS), epoch=1)
     # h (logits 0) = tau: P' = 0.5 + 0.1 tau, clamped per pixel to [0.55, 0.58]; other region's pixels: clamp(0.5)
     clamp = lambda v: min(max(v, 0.55), 0.58)  # noqa: E731

@@ -8,7 +8,6 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-
 from training_check import assert_one_epoch_trains
 
 from calib_monai.data import ACDC
@@ -52,8 +51,9 @@ def test_split_lists_keep_both_frames_of_a_patient_together(acdc_dir, tmp_path):
         patients = [Path(c["image"]).parent.name for c in datalist[subset]]
         assert sorted(set(patients)) == sorted(lists[subset])
         assert all(patients.count(p) == 2 for p in set(patients))
-        assert all(Path(c["label"]).name == Path(c["image"]).name.replace(".nii.gz", "_gt.nii.gz")
-                   for c in datalist[subset])  # fmt: skip
+        assert all(
+            Path(c["label"]).name == Path(c["image"]).name.replace(".nii.gz", "_gt.nii.gz") for c in datalist[subset]
+        )
 
 
 def test_seeded_split_is_by_patient(acdc_dir, tmp_path):
@@ -62,8 +62,10 @@ def test_seeded_split_is_by_patient(acdc_dir, tmp_path):
     assert [len(patients[k]) for k in SUBSETS] == [70, 10, 20]
     assert [len(datalist[k]) for k in SUBSETS] == [140, 20, 40]
     assert not (patients["training"] & patients["validation"]) and not (patients["training"] & patients["test"])
-    assert patients["test"] != {Path(c["image"]).parent.name for c in ACDC(
-        acdc_dir, output_dir=tmp_path / "other", use_split_lists=False, seed=4).datalist()["test"]}  # fmt: skip
+    assert patients["test"] != {
+        Path(c["image"]).parent.name
+        for c in ACDC(acdc_dir, output_dir=tmp_path / "other", use_split_lists=False, seed=4).datalist()["test"]
+    }
 
 
 def test_volumes_are_resized_in_plane_and_the_192_crop_is_their_centre(acdc_few, few_acdc, tmp_path):

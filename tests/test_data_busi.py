@@ -57,16 +57,19 @@ def test_cases_masks_and_depth_one_volumes(tmp_path):
         cls, i = name.split(" ")[0], int(name.split("(")[1].rstrip(")"))
         np.testing.assert_array_equal(volume["label"][0, ..., 0].numpy(), _expected_mask(cls, i))
         grey = np.asarray(Image.open(case["image"]).convert("L"), np.float64)
-        np.testing.assert_allclose(volume["image"][0, ..., 0].numpy(), (grey - grey.min()) / (grey.max() - grey.min()),
-                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            volume["image"][0, ..., 0].numpy(), (grey - grey.min()) / (grey.max() - grey.min()), atol=1e-5
+        )
     assert len(data.train_dataset()) == 2 and data.train_dataset()[0]["image"].shape == (1, H, W)
 
 
 def test_default_size_type_classes_and_inference(tmp_path):
     data = BUSI(_busi(tmp_path), tmp_path / "run", classes="type")
     assert data.num_classes == 3 and data.label_names["2"] == "malignant"
-    malignant = {"image": str(tmp_path / "Dataset_BUSI_with_GT" / "malignant" / "malignant (1).png"),
-                 "label": [str(tmp_path / "Dataset_BUSI_with_GT" / "malignant" / "malignant (1)_mask.png")]}
+    malignant = {
+        "image": str(tmp_path / "Dataset_BUSI_with_GT" / "malignant" / "malignant (1).png"),
+        "label": [str(tmp_path / "Dataset_BUSI_with_GT" / "malignant" / "malignant (1)_mask.png")],
+    }
     volume = data.preprocessing()(malignant)
     assert volume["image"].shape == (1, 256, 256, 1)
     assert set(volume["label"].unique().tolist()) == {0.0, 2.0}

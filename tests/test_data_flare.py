@@ -102,8 +102,9 @@ def test_flare_crop_is_centred_on_the_foreground_and_keeps_context(tmp_path):
     for i in range(3):
         _save(image, root / "imagesTr" / f"c{i}.nii.gz")
         _save(label, root / "labelsTr" / f"c{i}.nii.gz")
-    data = FLARE(str(root), output_dir=tmp_path / "run", roi_size=(4, 4, 2), spacing=None, split=(1, 1, 1),
-                 window=(0, 10000))  # fmt: skip
+    data = FLARE(
+        str(root), output_dir=tmp_path / "run", roi_size=(4, 4, 2), spacing=None, split=(1, 1, 1), window=(0, 10000)
+    )
     volume = data.train_dataset().volumes[0]  # the training volumes are cropped around the organs
     # window start = clip(centre - roi // 2, 0, n - roi):
     # x: clip(9 - 2, 0, 8) = 7; y: clip(1 - 2, 0, 6) = 0; z: clip(5 - 1, 0, 4) = 4
@@ -248,7 +249,7 @@ def _truncated(image, label):
         (_fractional_label, "non-integer values"),
         (_shifted_label, r"does not lie on the grid of its image .*train_001_0000.nii.gz: 50 mm apart"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("cache_rate", [1.0, 0.0])
 def test_bad_input_stops_with_an_error_naming_the_file(tmp_path, spoil, message, cache_rate):
     name = _bad_flare21(tmp_path / "F", spoil)
@@ -274,8 +275,9 @@ def test_preprocessing_is_invertible_back_to_the_file_grid(tmp_path):
     np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
     np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)
     scored = data.val_dataset()[0]  # the evaluation chain, without the crop, inverts with its own instance
-    restored = Invertd("label", transform=data.preprocessing("validation"), orig_keys="label",
-                       nearest_interp=True)(dict(scored))  # fmt: skip
+    restored = Invertd("label", transform=data.preprocessing("validation"), orig_keys="label", nearest_interp=True)(
+        dict(scored)
+    )
     np.testing.assert_array_equal(restored["label"][0].numpy(), np.where(label == 13, 2, 0))
     np.testing.assert_allclose(restored["label"].affine.numpy(), flipped)
 
@@ -292,7 +294,9 @@ def test_a_label_stored_in_another_orientation_trains_on_the_same_voxels(tmp_pat
     volumes = []
     for name in ("ras", "las"):
         data = _component(tmp_path / name, tmp_path / f"run_{name}")
-        volumes.append({subset: data.volume_dataset(subset)[0]["label"] for subset in ("training", "validation", "test")})
+        volumes.append(
+            {subset: data.volume_dataset(subset)[0]["label"] for subset in ("training", "validation", "test")}
+        )
     for subset in volumes[0]:
         assert torch.equal(volumes[0][subset].as_tensor(), volumes[1][subset].as_tensor()), subset
 

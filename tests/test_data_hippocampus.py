@@ -7,11 +7,9 @@ import json
 import nibabel as nib
 import numpy as np
 import pytest
-
 from training_check import assert_one_epoch_trains
 
 from calib_monai.data import Hippocampus
-
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +34,9 @@ def test_volumes_are_min_max_scaled_and_padded_to_64(hippocampus):
     expected = np.zeros((64, 64, d))
     expected[top : top + h, left : left + w] = (raw - raw.min()) / (raw.max() - raw.min())
     np.testing.assert_allclose(volume["image"][0].numpy(), expected, atol=1e-5)
-    np.testing.assert_array_equal(volume["label"][0, top : top + h, left : left + w].numpy(),
-                                  np.asarray(nib.load(case["label"]).dataobj))  # fmt: skip
+    np.testing.assert_array_equal(
+        volume["label"][0, top : top + h, left : left + w].numpy(), np.asarray(nib.load(case["label"]).dataobj)
+    )
 
 
 def test_one_training_epoch_of_a_2d_unet(hippocampus):
@@ -48,7 +47,8 @@ def test_one_training_epoch_of_a_2d_unet(hippocampus):
 
 def test_another_task_is_refused(hippocampus_few_dir, tmp_path):
     description = json.loads((hippocampus_few_dir / "dataset.json").read_text())
-    (tmp_path / "dataset.json").write_text(json.dumps({**description, "labels": {"0": "background", "1": "liver",
-                                                                                   "2": "tumour"}}))
+    (tmp_path / "dataset.json").write_text(
+        json.dumps({**description, "labels": {"0": "background", "1": "liver", "2": "tumour"}})
+    )
     with pytest.raises(ValueError, match="this is not that data set"):
         Hippocampus(tmp_path, output_dir=tmp_path / "run")

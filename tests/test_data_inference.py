@@ -63,10 +63,12 @@ def test_inference_writes_segmentation_and_confidence_on_the_original_grid(tmp_p
     torch.manual_seed(0)
     network = UNet(spatial_dims=2, in_channels=1, out_channels=5, channels=(4, 8), strides=(2,)).eval()
     evaluator = SupervisedEvaluator(
-        device=torch.device("cpu"), val_data_loader=loader, network=network,
+        device=torch.device("cpu"),
+        val_data_loader=loader,
+        network=network,
         inferer=SliceInferer(roi_size=(16, 16), sw_batch_size=4, spatial_dim=2, progress=False),
         postprocessing=segmentation_and_confidence(preprocessing, tmp_path / "out"),
-    )  # fmt: skip
+    )
     evaluator.run()
     for i in range(3):
         seg = nib.load(tmp_path / "out" / f"case{i}_0000_seg.nii.gz")

@@ -23,8 +23,11 @@ SHAPE = (14, 12, 5)
 AFFINE = np.array([[-1.5, 0, 0, 10.0], [0, -1.2, 0, -4.0], [0, 0, 3.0, 2.0], [0, 0, 0, 1]])  # flipped, anisotropic
 BRATS_CASES = (("HGG", "BraTS19_A_1"), ("HGG", "BraTS19_B_1"), ("LGG", "BraTS19_C_1"))
 MRBRAINS_SUBJECTS = ("1", "4", "070")
-BUSI_IMAGES = (("benign", "benign (1)", (30, 40)), ("benign", "benign (2)", (26, 34)), ("malignant", "malignant (1)",
-                                                                                       (30, 40)))  # fmt: skip
+BUSI_IMAGES = (
+    ("benign", "benign (1)", (30, 40)),
+    ("benign", "benign (2)", (26, 34)),
+    ("malignant", "malignant (1)", (30, 40)),
+)
 PROMISE_SCANS = (("TrainingData_Part1", "Case00"), ("TrainingData_Part2", "Case01"), ("TestData", "Case30"))
 PROMISE_SPACING, PROMISE_ORIGIN = (0.8, 0.7, 3.0), (10.0, -20.0, 5.0)
 
@@ -66,8 +69,10 @@ def _busi(root: Path) -> Path:
 def _promise(root: Path) -> Path:
     rng = np.random.default_rng(0)
     for part, case in PROMISE_SCANS:
-        for name, array in ((case, rng.normal(100, 20, SHAPE[::-1]).astype(np.float32)),
-                            (f"{case}_segmentation", np.zeros(SHAPE[::-1], np.uint8))):  # fmt: skip
+        for name, array in (
+            (case, rng.normal(100, 20, SHAPE[::-1]).astype(np.float32)),
+            (f"{case}_segmentation", np.zeros(SHAPE[::-1], np.uint8)),
+        ):
             image = itk.image_from_array(array)  # ITK arrays are (z, y, x)
             image.SetSpacing(PROMISE_SPACING)
             image.SetOrigin(PROMISE_ORIGIN)
@@ -168,13 +173,16 @@ def test_inference_end_to_end_writes_case_named_outputs_on_the_input_grid(tmp_pa
     assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
     loader = DataLoader(Dataset(items, transform=preprocessing), batch_size=1)
     torch.manual_seed(0)
-    network = UNet(spatial_dims=2, in_channels=channels, out_channels=data.num_classes, channels=(4, 8),
-                   strides=(2,)).eval()  # fmt: skip
+    network = UNet(
+        spatial_dims=2, in_channels=channels, out_channels=data.num_classes, channels=(4, 8), strides=(2,)
+    ).eval()
     evaluator = SupervisedEvaluator(
-        device=torch.device("cpu"), val_data_loader=loader, network=network,
+        device=torch.device("cpu"),
+        val_data_loader=loader,
+        network=network,
         inferer=SliceInferer(roi_size=(16, 16), sw_batch_size=4, spatial_dim=2, progress=False),
         postprocessing=segmentation_and_confidence(preprocessing, tmp_path / "out"),
-    )  # fmt: skip
+    )
     evaluator.run()
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(f"{c}_{kind}.nii.gz" for c in cases for kind in ("conf", "seg"))

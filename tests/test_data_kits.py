@@ -20,10 +20,12 @@ def _kits(root: Path, n: int = 4, affine: np.ndarray = AFFINE) -> Path:
     for i in range(n):
         folder = root / "data" / f"case_{i:05d}"
         folder.mkdir(parents=True)
-        nib.save(nib.Nifti1Image(rng.integers(-200, 400, (D, H, W)).astype(np.int16), affine),
-                 str(folder / "imaging.nii.gz"))  # fmt: skip
-        nib.save(nib.Nifti1Image(rng.integers(0, 3, (D, H, W)).astype(np.uint8), affine),
-                 str(folder / "segmentation.nii.gz"))  # fmt: skip
+        nib.save(
+            nib.Nifti1Image(rng.integers(-200, 400, (D, H, W)).astype(np.int16), affine), str(folder / "imaging.nii.gz")
+        )
+        nib.save(
+            nib.Nifti1Image(rng.integers(0, 3, (D, H, W)).astype(np.uint8), affine), str(folder / "segmentation.nii.gz")
+        )
     test_case = root / "data" / "case_00210"  # a challenge test case: no segmentation
     test_case.mkdir()
     nib.save(nib.Nifti1Image(np.zeros((D, H, W), np.int16), affine), str(test_case / "imaging.nii.gz"))

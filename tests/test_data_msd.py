@@ -8,11 +8,9 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-
 from training_check import assert_one_epoch_trains
 
 from calib_monai.data import MSDDataset
-
 
 
 @pytest.fixture(scope="module")

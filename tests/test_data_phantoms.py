@@ -64,8 +64,15 @@ def test_phantom_cache_reuses_files_and_extends_deterministically(tmp_path):
 def test_flare_defaults_to_phantoms_and_logs_where(tmp_path, caplog):
     spacing = (6.4, 6.4, 12.0)
     with caplog.at_level(logging.INFO, logger="calib_monai"):
-        data = FLARE("", output_dir=tmp_path / "run", cache_dir=tmp_path / "cache", roi_size=(48, 48, 16),
-                     spacing=spacing, num_phantoms=4, seed=0)  # fmt: skip
+        data = FLARE(
+            "",
+            output_dir=tmp_path / "run",
+            cache_dir=tmp_path / "cache",
+            roi_size=(48, 48, 16),
+            spacing=spacing,
+            num_phantoms=4,
+            seed=0,
+        )
     assert data.source == "phantom" and data.num_classes == 5
     assert data.label_names == {"0": "background", "1": "liver", "2": "kidney", "3": "spleen", "4": "pancreas"}
     assert data.phantom_shape == phantom_shape(spacing) == (60, 60, 20)  # generated on the training grid

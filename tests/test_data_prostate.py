@@ -25,9 +25,12 @@ def _task05(root: Path, n: int = 4, labels=LABELS) -> Path:
             (root / folder).mkdir(parents=True, exist_ok=True)
             path = root / folder / f"prostate_{i:02d}.nii.gz"
             nib.save(nib.Nifti1Image(array, np.diag([0.625, 0.625, 3.6, 1])), str(path))
-        training.append({k: f"./{f}/prostate_{i:02d}.nii.gz" for k, f in (("image", "imagesTr"), ("label", "labelsTr"))})
-    (root / "dataset.json").write_text(json.dumps({"name": "PROSTATE", "modality": {"0": "T2", "1": "ADC"},
-                                                   "labels": labels, "training": training}))  # fmt: skip
+        training.append(
+            {k: f"./{f}/prostate_{i:02d}.nii.gz" for k, f in (("image", "imagesTr"), ("label", "labelsTr"))}
+        )
+    (root / "dataset.json").write_text(
+        json.dumps({"name": "PROSTATE", "modality": {"0": "T2", "1": "ADC"}, "labels": labels, "training": training})
+    )
     return root
 
 

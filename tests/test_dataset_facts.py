@@ -18,8 +18,11 @@ NAMES = sorted(DATASETS)
 
 def _configs(name: str) -> dict[str, dict]:
     files = render_bundle(f"nacl_{name}")
-    return {rel.split("/")[-1].removesuffix(".json"): json.loads(text) for rel, text in files.items()
-            if rel.endswith(".json")}  # fmt: skip
+    return {
+        rel.split("/")[-1].removesuffix(".json"): json.loads(text)
+        for rel, text in files.items()
+        if rel.endswith(".json")
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -32,7 +32,9 @@ LOSSES = {
     "mbls": lambda c, d: L.MbLSLoss(),
     "nacl_mean": lambda c, d: L.NACLLoss(classes=c, dim=d),
     "nacl_gaussian": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="gaussian"),
-    "nacl_svls_l2_softmax": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="svls", distance_type="l2", space="softmax"),
+    "nacl_svls_l2_softmax": lambda c, d: L.NACLLoss(
+        classes=c, dim=d, kernel_ops="svls", distance_type="l2", space="softmax"
+    ),
     "nacl_mode": lambda c, d: L.NACLLoss(classes=c, dim=d, kernel_ops="mode"),
     "soft_l1_ace": lambda c, d: L.SoftL1ACELoss(),
     "soft_l1_ace_no_background": lambda c, d: L.SoftL1ACELoss(include_background=False),
@@ -131,7 +133,9 @@ def test_segmentation_with_confidence_runs_where_its_network_is():
     assert segmentation.shape == confidence.shape == (1, 1, 32, 32, 3)
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the meta tests above cover CPU CI)")
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (the meta tests above cover CPU CI)"
+)
 
 
 @cuda

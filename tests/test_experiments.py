@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.experiments import RunSpec, StudySetup, read_record, train
-from calib_monai.experiments.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
-from calib_monai.experiments.comparison import main_comparison
-from calib_monai.experiments.robustness import data_fraction_study, noise_study
+from conftest import SMALL_DEMO
+from studies import RunSpec, StudySetup, read_record, train
+from studies.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
+from studies.comparison import main_comparison
+from studies.robustness import data_fraction_study, noise_study
 
 METHODS = ["ce_dice", "nacl"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +30,14 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
-    setup = StudySetup("flare", demo=True, epochs=1, results_dir=str(root / "results"), runs_dir=str(root / "runs"))
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=1,
+        results_dir=str(root / "results"),
+        runs_dir=str(root / "runs"),
+    )
     means = main_comparison(setup, METHODS, command="python scripts/experiments.py main --dataset flare --demo")
     return setup, means
 
@@ -62,7 +70,7 @@ def test_runs_record_settings_and_are_reused(study):
     setup, _ = study
     spec = setup.spec("ce_dice")
     record = read_record(spec.run_dir)
-    assert record["status"] == "finished" and record["overrides"] == {"epochs": 1} and record["attempts"] == 1
+    assert record["status"] == "finished" and record["overrides"] == {"epochs": 1, **SMALL_DEMO} and record["attempts"] == 1
     assert record["versions"]["torch"] == torch.__version__ and record["wall_time_s"] > 0
     assert json.loads((spec.run_dir / "config.json").read_text())["epochs"] == 1
     log_size = (spec.run_dir / "train.log").stat().st_size
@@ -78,9 +86,26 @@ def test_harness_metrics_equal_the_bundle_evaluate_run(study, tmp_path):
     spec = setup.spec("nacl")
     configs = [str(Path("bundles/nacl_flare/configs") / n) for n in ("train.json", "demo.json", "evaluate.json")]
     root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "monai.bundle", "run", "evaluating", "--config_file", json.dumps(configs),
-                    "--output_dir", str(spec.run_dir.resolve() / "models"), "--epochs", "1",
-                    "--eval_dir", str(tmp_path)], cwd=root, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "evaluating",
+            "--config_file",
+            json.dumps(configs),
+            "--output_dir",
+            str(spec.run_dir.resolve() / "models"),
+            "--epochs",
+            "1",
+            "--eval_dir",
+            str(tmp_path),
+        ],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())["metrics"]
     for column in ("mean_dice", "mean_hd95", "ece", "cece", "tace"):
         assert means["nacl"][column] == pytest.approx(summary[column]["mean"], rel=1e-6, abs=1e-9), column
@@ -128,8 +153,15 @@ def test_nacl_ablation_and_crac_reuse_the_main_runs(study):
 
 
 def test_logit_epochs_snapshots_each_stage(tmp_path):
-    setup = StudySetup("flare", demo=True, epochs=2, lr_milestone=1, results_dir=str(tmp_path / "results"),
-                       runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=2,
+        lr_milestone=1,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
+    )
     logit_epochs_study(setup, ["ce_dice"], [1])
     models = tmp_path / "runs" / "ce_dice_flare__staged" / "models"
     first, last = (torch.load(models / f"epoch_00{e}.pt", weights_only=True) for e in (1, 2))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from calib_monai.data import FLARE
-from calib_monai.experiments import EvaluatedVolume, LocalTemperatureScaling, TemperatureScaling, add_gaussian_noise
-from calib_monai.experiments.study import format_mean_std, heading, write_table
+from studies import EvaluatedVolume, VolumeLocalTemperature, VolumeTemperature, add_gaussian_noise
+from studies.study import format_mean_std, heading, write_table
 
 
 def _volumes_at_temperature(temperature: float, count: int = 4, seed: int = 0) -> list[EvaluatedVolume]:
@@ -33,17 +33,19 @@ def test_temperature_scaling_recovers_the_generating_temperature():
     volumes = _volumes_at_temperature(2.5)
     # every voxel's label is drawn at T = 2.5; keeping only label > 0 (the default, as the bundles) selects on the
     # outcome, so the generating temperature is recovered from all voxels
-    ts = TemperatureScaling(voxels="all").fit(volumes)
+    ts = VolumeTemperature(voxels="all").fit(volumes)
     assert ts.temperature == pytest.approx(2.5, rel=0.06)
     # fitting on a voxel sample gives nearly the same temperature
-    assert TemperatureScaling(max_voxels=5000, voxels="all").fit(volumes).temperature == pytest.approx(ts.temperature, rel=0.1)
+    assert VolumeTemperature(max_voxels=5000, voxels="all").fit(volumes).temperature == pytest.approx(
+        ts.temperature, rel=0.1
+    )
     identity = lambda v: torch.softmax(v.logits, dim=0)  # noqa: E731
     assert _nll(volumes, ts) < _nll(volumes, identity)
 
 
 def test_local_temperature_scaling_lowers_nll_and_keeps_the_argmax():
     volumes = _volumes_at_temperature(2.5)
-    lts = LocalTemperatureScaling(steps=150).fit(volumes)
+    lts = VolumeLocalTemperature(steps=150).fit(volumes)
     identity = lambda v: torch.softmax(v.logits, dim=0)  # noqa: E731
     assert _nll(volumes, lts) < 0.9 * _nll(volumes, identity)
     for v in volumes:
@@ -51,7 +53,7 @@ def test_local_temperature_scaling_lowers_nll_and_keeps_the_argmax():
         assert t.shape == (1, 24, 24, 6) and bool((t > 0).all())
         assert torch.equal(lts(v).argmax(0), v.logits.argmax(0))
     with pytest.raises(RuntimeError, match="fit must run"):
-        LocalTemperatureScaling()(volumes[0])
+        VolumeLocalTemperature()(volumes[0])
 
 
 def test_gaussian_noise_is_seeded_with_the_asked_sigma():
@@ -76,8 +78,9 @@ def test_train_fraction_keeps_a_nested_share_of_the_training_volumes(tmp_path):
 
 
 def test_tables_write_csv_and_markdown(tmp_path):
-    text = write_table([{"method": "nacl", "ECE": 0.12345}, {"method": "ce_dice", "ECE": "0.2 ± 0.1"}], tmp_path / "t",
-                       "Title")  # fmt: skip
+    text = write_table(
+        [{"method": "nacl", "ECE": 0.12345}, {"method": "ce_dice", "ECE": "0.2 ± 0.1"}], tmp_path / "t", "Title"
+    )
     assert text.splitlines()[:4] == ["### Title", "", "| method | ECE |", "|---|---|"]
     assert "| nacl | 0.1235 |" in text and (tmp_path / "t.csv").read_text().splitlines()[1] == "nacl,0.12345"
     assert format_mean_std(0.12345, 0.01) == "0.123 ± 0.010" and format_mean_std(float("nan")) == "n/a"

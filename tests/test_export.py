@@ -53,7 +53,10 @@ def exported(tmp_path_factory):
 def test_written_files(exported):
     tmp, paths = exported
     assert sorted(Path(p).name for p in paths.values()) == [
-        "model.ts", "segmentation_confidence.pt2", "segmentation_confidence.ts"]  # fmt: skip
+        "model.ts",
+        "segmentation_confidence.pt2",
+        "segmentation_confidence.ts",
+    ]
     assert all(Path(p).parent == tmp / "out" and Path(p).stat().st_size > 0 for p in paths.values())
     # MONAI's ckpt_export put the bundle's configs and metadata into model.ts
     extra = {"metadata.json": "", "train.json": ""}
@@ -132,7 +135,12 @@ def test_errors(tmp_path):
 
 
 def test_cli_help():
-    result = subprocess.run([sys.executable, "-m", "calib_monai.cli", "export", "--help"],
-                            capture_output=True, text=True, timeout=120, env={"PAGER": "cat", "PATH": ""})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "calib_monai.cli", "export", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PAGER": "cat", "PATH": ""},
+    )
     assert result.returncode == 0, result.stderr
     assert "bundle_dir" in result.stdout + result.stderr

@@ -17,9 +17,9 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+from test_external_probabilities import _affine, _peaked, _random_label, _rows, _save_label, _save_nnunet
 
 from calib_monai.calibration import calibrate_probabilities
-from test_external_probabilities import _affine, _peaked, _random_label, _rows, _save_label, _save_nnunet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,8 +54,9 @@ def test_las_probability_maps_against_ras_labels_are_reoriented(tmp_path):
     _save_map(tmp_path / "ras", "case", prob, _affine())
     las_path = _save_map(tmp_path / "las", "case", prob[:, ::-1], _las(_affine(), label.shape[0]))
     ras = calibrate_probabilities(str(tmp_path / "ras"), str(tmp_path / "labels"), str(tmp_path / "out_ras"))
-    las = calibrate_probabilities(str(tmp_path / "las"), str(tmp_path / "labels"), str(tmp_path / "out_las"),
-                                  write_calibrated=True)  # fmt: skip
+    las = calibrate_probabilities(
+        str(tmp_path / "las"), str(tmp_path / "labels"), str(tmp_path / "out_las"), write_calibrated=True
+    )
     rows_ras, rows_las = (_rows(tmp_path / out / "before" / "metrics.csv")[0] for out in ("out_ras", "out_las"))
     assert float(rows_las["mean_dice"]) == 1.0 and float(rows_las["mean_hd95"]) == 0.0
     assert rows_las == rows_ras and las["temperature"] == ras["temperature"]
@@ -80,8 +81,10 @@ def test_a_label_40_mm_off_its_prediction_is_an_error_naming_both_files(tmp_path
     with pytest.raises(ValueError) as err:
         calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
     message = str(err.value)
-    assert f"the probabilities {prediction} do not lie on the grid of the label {tmp_path / 'labels' / 'case.nii.gz'}"\
-        in message  # fmt: skip
+    assert (
+        f"the probabilities {prediction} do not lie on the grid of the label {tmp_path / 'labels' / 'case.nii.gz'}"
+        in message
+    )
     assert "40 mm apart" in message and not (tmp_path / "out" / "before").exists()
 
 
@@ -93,8 +96,9 @@ def test_nnunet_segmentations_without_probabilities_say_how_to_get_them(tmp_path
     with pytest.raises(FileNotFoundError) as err:
         calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
     message = str(err.value)
-    assert message.startswith(f"{tmp_path / 'preds'} holds segmentations (1 <case>.nii.gz label maps) but no "
-                              "probabilities (<case>.npz)")  # fmt: skip
+    assert message.startswith(
+        f"{tmp_path / 'preds'} holds segmentations (1 <case>.nii.gz label maps) but no probabilities (<case>.npz)"
+    )
     assert "run nnUNetv2_predict again with --save_probabilities" in message
 
 
@@ -113,8 +117,13 @@ def _documented_arguments() -> dict[str, str]:
 def test_help_shows_every_argument_with_its_whole_description():
     """--help showed "... it the temperature is fitted" under output_dir, nothing for --fit_predictions/--fit_labels
     and a cut-off --empty_class."""
-    result = subprocess.run([sys.executable, "-m", "calib_monai.cli", "calibrate-probabilities", "--help"],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "calib_monai.cli", "calibrate-probabilities", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     help_text = " ".join((result.stdout + result.stderr).split())  # fire writes help to stderr without a terminal
     documented = _documented_arguments()
     assert set(documented) == set(inspect.signature(calibrate_probabilities).parameters)
@@ -134,11 +143,14 @@ def test_reliability_plot_says_pooled_and_which_voxels(tmp_path, monkeypatch):
         label = _random_label((6, 5, 4), 3, seed=20 + i)
         _save_map(tmp_path / "preds", f"case_{i}", 0.5 * _peaked(label, 3) + 0.5 / 3, _affine())
         _save_label(tmp_path / "labels", f"case_{i}", label)
-    calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
-                            surface_distances=False)  # fmt: skip
+    calibrate_probabilities(
+        str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"), surface_distances=False
+    )
     data, kwargs = calls[0]  # before/
     assert kwargs["ece_label"] == "pooled ECE"
-    assert " ".join(kwargs["title"].split()) == "Reliability, pooled over all ground-truth foreground voxels of 2 volumes"
+    assert (
+        " ".join(kwargs["title"].split()) == "Reliability, pooled over all ground-truth foreground voxels of 2 volumes"
+    )
     import matplotlib
 
     matplotlib.use("Agg")

@@ -43,8 +43,9 @@ def _save_label(folder: Path, case: str, label: np.ndarray, affine: np.ndarray |
     nib.save(nib.Nifti1Image(label.astype(np.uint8), affine), str(folder / f"{case}.nii.gz"))
 
 
-def _save_nnunet(folder: Path, case: str, prob_xyz: np.ndarray, properties: dict | None = None,
-                 transpose: bool = True) -> None:  # fmt: skip
+def _save_nnunet(
+    folder: Path, case: str, prob_xyz: np.ndarray, properties: dict | None = None, transpose: bool = True
+) -> None:
     """nnU-Net's files: ``probabilities`` in (C, z, y, x) (``transpose=False``: wrongly left in (C, x, y, z))."""
     folder.mkdir(parents=True, exist_ok=True)
     stored = prob_xyz.transpose(0, 3, 2, 1) if transpose else prob_xyz
@@ -125,9 +126,16 @@ def test_overconfident_nnunet_probabilities_recover_the_temperature(tmp_path):
         _save_nnunet(fit_preds if i < 2 else eval_preds, f"case_{i}", prob)
         _save_label(labels, f"case_{i}", label)
     out = tmp_path / "out"
-    result = calibrate_probabilities(str(eval_preds), str(labels), str(out), fit_predictions=str(fit_preds),
-                                     fit_labels=str(labels), write_calibrated=True, ignore_extra_labels=True,
-                                     surface_distances=False)  # fmt: skip
+    result = calibrate_probabilities(
+        str(eval_preds),
+        str(labels),
+        str(out),
+        fit_predictions=str(fit_preds),
+        fit_labels=str(labels),
+        write_calibrated=True,
+        ignore_extra_labels=True,
+        surface_distances=False,
+    )
 
     assert result["temperature"] == pytest.approx(t0, rel=0.03)
     fit = json.loads((out / "temperature.json").read_text())
@@ -168,7 +176,9 @@ def test_nnunet_reoriented_reader_is_followed(tmp_path):
     label = _random_label((5, 6, 7), 3, seed=2)
     affine = np.diag([-1.0, 1.0, 2.0, 1.0])  # x flipped: RAS reorientation reverses the first axis
     ras = label[::-1]
-    reoriented = nib.Nifti1Image(label.astype(np.uint8), affine).as_reoriented(np.array([[0, -1], [1, 1], [2, 1]])).affine
+    reoriented = (
+        nib.Nifti1Image(label.astype(np.uint8), affine).as_reoriented(np.array([[0, -1], [1, 1], [2, 1]])).affine
+    )
     props = {"nibabel_stuff": {"original_affine": affine, "reoriented_affine": reoriented}}
     _save_nnunet(tmp_path / "preds", "case_r", _peaked(ras, 3), properties=props)
     _save_label(tmp_path / "labels", "case_r", label, affine)
@@ -197,8 +207,13 @@ def test_nifti_probability_maps(tmp_path, five_d):
     label = _random_label((5, 6, 7), 4, seed=5)
     _save_nifti(tmp_path / "preds", "case_n_0000", _peaked(label, 4), five_d=five_d)  # image-style name
     _save_label(tmp_path / "labels", "case_n", label)
-    calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
-                            label_names={"0": "bg", "1": "a", "2": "b", "3": "c"}, write_calibrated=True)  # fmt: skip
+    calibrate_probabilities(
+        str(tmp_path / "preds"),
+        str(tmp_path / "labels"),
+        str(tmp_path / "out"),
+        label_names={"0": "bg", "1": "a", "2": "b", "3": "c"},
+        write_calibrated=True,
+    )
     row = _rows(tmp_path / "out" / "before" / "metrics.csv")[0]
     assert row["case"] == "case_n" and float(row["mean_dice"]) == 1.0 and float(row["dice_c"]) == 1.0
     written = nib.load(str(tmp_path / "out" / "calibrated" / "case_n_0000.nii.gz"))
@@ -227,11 +242,13 @@ def test_missing_and_extra_cases_are_named(tmp_path):
         calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
     (tmp_path / "preds" / "case_2.nii.gz").unlink()
     with pytest.raises(ValueError, match="have no prediction.*case_3"):
-        calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
-                                ignore_extra_labels=False)  # fmt: skip
+        calibrate_probabilities(
+            str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"), ignore_extra_labels=False
+        )
     # by default the labels without a prediction are left out: README's nnU-Net layout (labelsTr, a fold's cases)
-    result = calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"),
-                                     surface_distances=False)  # fmt: skip
+    result = calibrate_probabilities(
+        str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"), surface_distances=False
+    )
     assert result["cases"] == 1 and [row["case"] for row in _rows(tmp_path / "out" / "before" / "metrics.csv")] == [
         "case_1"
     ]
@@ -254,8 +271,18 @@ def test_command_line(tmp_path, monkeypatch, capsys):
     label = _random_label((5, 5, 5), 2, seed=9)
     _save_nnunet(tmp_path / "preds", "case", _peaked(label, 2))
     _save_label(tmp_path / "labels", "case", label)
-    monkeypatch.setattr(sys, "argv", ["calib-monai", "calibrate-probabilities", str(tmp_path / "preds"),
-                                      str(tmp_path / "labels"), str(tmp_path / "out"), "--surface_distances=False"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "calib-monai",
+            "calibrate-probabilities",
+            str(tmp_path / "preds"),
+            str(tmp_path / "labels"),
+            str(tmp_path / "out"),
+            "--surface_distances=False",
+        ],
+    )
     main()
     assert "temperature" in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"before", "after", "comparison.csv", "temperature.json"}

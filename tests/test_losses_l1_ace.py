@@ -218,8 +218,15 @@ def _ours(kind: str, settings: dict):
     return term_only(cls, empty_classes=kind.split("_")[1], **kw)
 
 
-KINDS = ("hard_zero", "hard_include", "soft_zero", "soft_include", "soft_empty_weight_0.5", "hard_dice_ce",
-         "soft_dice_ce")  # fmt: skip
+KINDS = (
+    "hard_zero",
+    "hard_include",
+    "soft_zero",
+    "soft_include",
+    "soft_empty_weight_0.5",
+    "hard_dice_ce",
+    "soft_dice_ce",
+)
 
 
 @pytest.mark.parametrize("case", REFERENCE["cases"], ids=[c["name"] for c in REFERENCE["cases"]])

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, ml1ace, nll, tace
-from calib_monai.metrics import segmentation_calibration
+from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, ml1ace, nll, segmentation_calibration, tace
 
 
 def _two_class(p1, labels, dtype=np.float64):
@@ -236,7 +235,8 @@ def test_bad_options_raise():
 
 
 def _brute_tace(probs, labels, num_bins, foreground, include_background=True, threshold=1e-3):
-    """TACE by its definition: per class, sort the selected p_k > threshold by (p_k, [y == k]), cut at floor(r n / R)."""
+    """TACE by its definition: per class, sort the selected p_k > threshold by (p_k, [y == k]), cut at
+    floor(r n / R)."""
     p = np.asarray(probs, dtype=np.float64).reshape(probs.shape[0], probs.shape[1], -1)
     y = np.asarray(labels).reshape(p.shape[0], -1)
     keep = y != 0 if foreground != "all" else np.ones_like(y, dtype=bool)

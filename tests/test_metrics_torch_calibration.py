@@ -156,8 +156,9 @@ def test_helper_tensors_are_created_on_the_inputs_device():
             with torch.device("meta"):
                 for fg in ("gt", "union", "all"):
                     assert calibration_errors(probs, labels, ALL, foreground=fg) == expected[fg]
-                np.testing.assert_array_equal(segmentation_calibration(probs, labels, "tace", 15, "gt", "none"),
-                                              per_volume)  # fmt: skip
+                np.testing.assert_array_equal(
+                    segmentation_calibration(probs, labels, "tace", 15, "gt", "none"), per_volume
+                )
                 got = reliability_diagram_data(probs, labels, classwise=True)
                 np.testing.assert_array_equal(got["count"], reliability["count"])
                 metric(y_pred=probs, y=labels)

@@ -50,8 +50,11 @@ def test_values_above_one_and_wrong_sums_raise(as_numpy):
         above, halves, labels = above.numpy(), halves.numpy(), labels.numpy()
     with pytest.raises(ValueError, match=r"holds the value 3\.5 .*looks like logits: apply torch\.softmax\(x, dim=1\)"):
         calibration_errors(above, labels)
-    with pytest.raises(ValueError, match=r"probs must sum to 1 over the class dimension 1, but the class probabilities "
-                                         r"of a voxel sum to 0\.5.*torch\.softmax\(x, dim=1\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"probs must sum to 1 over the class dimension 1, but the class probabilities "
+        r"of a voxel sum to 0\.5.*torch\.softmax\(x, dim=1\)",
+    ):
         calibration_errors(halves, labels)
 
 
@@ -92,7 +95,7 @@ def test_empty_foreground_warns_and_returns_nan(as_numpy):
     with pytest.warns(UserWarning, match=EMPTY):
         out = calibration_errors(probs, background, ("ece", "cece", "tace", "nll"))
     assert all(np.isnan(v) for v in out.values())
-    labels_one_empty = (background.copy() if as_numpy else background.clone())
+    labels_one_empty = background.copy() if as_numpy else background.clone()
     labels_one_empty[0] = 1  # volume 0 all foreground, volume 1 empty
     with pytest.warns(UserWarning, match=r"volume\(s\) \[1\] have " + EMPTY):
         values = segmentation_calibration(probs, labels_one_empty, "ece", reduction="none")
@@ -169,8 +172,11 @@ def test_an_empty_batch_is_a_clear_error():
     from calib_monai.metrics import SegmentationCalibrationMetric, ece, segmentation_metrics_per_volume
 
     probs, labels = torch.zeros(0, 3, 8, 8), torch.zeros(0, 1, 8, 8)
-    for call in (lambda: ece(probs, labels), lambda: ece(probs.numpy(), labels.numpy()),
-                 lambda: SegmentationCalibrationMetric("ece")(probs, labels)):  # fmt: skip
+    for call in (
+        lambda: ece(probs, labels),
+        lambda: ece(probs.numpy(), labels.numpy()),
+        lambda: SegmentationCalibrationMetric("ece")(probs, labels),
+    ):
         with pytest.raises(ValueError, match=r"probs are empty \(shape \(0, 3, 8, 8\)\)"):
             call()
     with pytest.raises(ValueError, match=r"pred is empty \(shape \(0, 3, 8, 8\)\)"):

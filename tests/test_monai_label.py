@@ -8,7 +8,6 @@ another process), and the JSON summary with numpy on the returned files.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,20 +18,19 @@ import pytest
 
 from calib_monai.label import InputError, ServedBundle, confidence_summary
 from conftest import REPO_ROOT
-from label_server import (  # noqa: F401 - the fixtures
+from label_server import (
     AFFINE,
     LABEL_NAMES,
+    REVIEW_NAMES,
     SHAPE,
     _get_json,
     _infer,
-    _write_images,
     _multipart,
     _nifti,
     _post,
     _reference,
+    _write_images,
     needs_label_env,
-    served_folder,
-    server,
 )
 
 # the fixture scripts a network for model.ts; torch >= 2.10 flags every torch.jit call as deprecated
@@ -51,9 +49,7 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
     assert models["nacl_flare_review"]["type"] == "segmentation"  # listed by Slicer's segmentation selector
     for name, task in models.items():
         if name.endswith("_review"):  # confident and uncertain part of each structure, consecutive values
-            assert task["labels"] == {"background": 0, "liver": 1, "liver (uncertain)": 2, "kidney": 3,
-                                      "kidney (uncertain)": 4, "spleen": 5, "spleen (uncertain)": 6, "pancreas": 7,
-                                      "pancreas (uncertain)": 8}  # fmt: skip
+            assert task["labels"] == REVIEW_NAMES
             assert task["config"] == {"uncertainty_threshold": 0.8}  # a scalar: Slicer's options table takes it
         else:
             assert task["labels"] == {name: value for value, name in LABEL_NAMES.items()}
@@ -118,8 +114,9 @@ def test_confidence_map_is_float32_on_the_input_grid(server, tmp_path):
 def test_torchscript_weights_serve_the_same(server, tmp_path):
     status, _, body = _infer(server, "nacl_flare_ts_confidence", server["images"]["case"], output="image")
     assert status == 200, body[:2000]
-    np.testing.assert_allclose(np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj), _reference(server)[1],
-                               rtol=0, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj), _reference(server)[1], rtol=0, atol=1e-5
+    )
 
 
 @needs_label_env
@@ -129,12 +126,15 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
     assert status == 200, body[:2000]
     confidence = np.asarray(_nifti(body, tmp_path / "c.nii.gz").dataobj)
     assert confidence.min() >= 0.2 - 1e-6 and confidence.max() < 0.3
-    # a temperature above 1 can only lower the top probability: max_k softmax(z / T)_k = 1 / sum_j exp(-(z_max - z_j) / T)
+    # a temperature above 1 can only lower the top probability:
+    # max_k softmax(z / T)_k = 1 / sum_j exp(-(z_max - z_j) / T)
     assert (confidence <= _reference(server)[1] + 1e-6).all()
     status, kind, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"])
     assert status == 200, body[:2000]
     parts = _multipart(kind, body)
-    np.testing.assert_array_equal(np.asarray(_nifti(parts["image"], tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
+    np.testing.assert_array_equal(
+        np.asarray(_nifti(parts["image"], tmp_path / "s.nii.gz").dataobj), _reference(server)[0]
+    )
     # its stored validated range flags the case for review, with the reason
     review = json.loads(parts["params"])["quality"]["review"]
     assert review["flag"] is True and "below the validated range (0.990" in review["reasons"][0]
@@ -175,9 +175,13 @@ def test_still_serving_after_bad_requests(server, tmp_path):
 @needs_label_env
 @pytest.mark.parametrize(
     "model, image, status",
-    [("nacl_flare", "corrupt", 400), ("nacl_flare_confidence", "flat", 422), ("no_such_model", "case", 404),
-     ("ce_dice_hpc", "case", 404)],
-)  # fmt: skip
+    [
+        ("nacl_flare", "corrupt", 400),
+        ("nacl_flare_confidence", "flat", 422),
+        ("no_such_model", "case", 404),
+        ("ce_dice_hpc", "case", 404),
+    ],
+)
 def test_failed_requests_leave_no_file_behind(server, model, image, status):
     """MONAI Label copies each upload into TMPDIR (the server's own here) and removes it only after a response."""
     tmp = server["root"] / "tmp"
@@ -188,8 +192,9 @@ def test_failed_requests_leave_no_file_behind(server, model, image, status):
 
 
 @needs_label_env
-@pytest.mark.parametrize("file, params, message", [(False, None, "no image to segment"),
-                                                   (True, "{not json", "'params' is not JSON")])  # fmt: skip
+@pytest.mark.parametrize(
+    "file, params, message", [(False, None, "no image to segment"), (True, "{not json", "'params' is not JSON")]
+)
 def test_requests_without_an_image_or_with_bad_params_get_a_4xx_with_a_message(server, file, params, message):
     tmp = server["root"] / "tmp"
     before = set(tmp.iterdir())
@@ -252,11 +257,23 @@ def test_confidence_summary_by_hand():
     seg = np.array([[0, 1, 1], [1, 2, 2]])
     conf = np.array([[0.9, 0.4, 0.6], [0.85, 0.7, 0.79]], dtype=np.float32)
     summary = confidence_summary(seg, conf, {0: "bg", 1: "a", 2: "b", 3: "absent"})
-    assert summary["a"] == pytest.approx({"label": 1, "voxels": 3, "mean_confidence": (0.4 + 0.6 + 0.85) / 3,
-                                          "fraction_below_0.5": 1 / 3, "fraction_below_0.8": 2 / 3})  # fmt: skip
+    assert summary["a"] == pytest.approx(
+        {
+            "label": 1,
+            "voxels": 3,
+            "mean_confidence": (0.4 + 0.6 + 0.85) / 3,
+            "fraction_below_0.5": 1 / 3,
+            "fraction_below_0.8": 2 / 3,
+        }
+    )
     assert summary["b"]["fraction_below_0.8"] == 1.0 and summary["bg"]["fraction_below_0.5"] == 0.0
-    assert summary["absent"] == {"label": 3, "voxels": 0, "mean_confidence": None, "fraction_below_0.5": None,
-                                 "fraction_below_0.8": None}  # fmt: skip
+    assert summary["absent"] == {
+        "label": 3,
+        "voxels": 0,
+        "mean_confidence": None,
+        "fraction_below_0.5": None,
+        "fraction_below_0.8": None,
+    }
 
 
 def test_upload_checks_name_the_problem(tmp_path):

@@ -47,11 +47,16 @@ def validate_synthetic(n: int) -> tuple[dict, int]:
 
     parser = ConfigParser()
     parser.read_config([str(CONFIGS / "train.json"), str(CONFIGS / "multi_gpu_train.json")])
-    parser.update({
-        "bundle_root": str(BUNDLE), "device": "$torch.device('cpu')", "network": "$torch.nn.Identity()",
-        "roi_size": [16, 16, 4], "validate#evaluator#val_handlers": [],
-        "validate#dataset": f"$monai.data.Dataset(__import__('test_multi_gpu')._volumes({n}))",
-    })  # fmt: skip
+    parser.update(
+        {
+            "bundle_root": str(BUNDLE),
+            "device": "$torch.device('cpu')",
+            "network": "$torch.nn.Identity()",
+            "roi_size": [16, 16, 4],
+            "validate#evaluator#val_handlers": [],
+            "validate#dataset": f"$monai.data.Dataset(__import__('test_multi_gpu')._volumes({n}))",
+        }
+    )
     evaluator = parser.get_parsed_content("validate#evaluator")
     evaluator.run()
     metrics = {k: float(v) for k, v in evaluator.state.metrics.items()}
@@ -81,8 +86,16 @@ from conftest import free_port  # noqa: E402
 
 
 def _torchrun(script_and_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-            *script_and_args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        *script_and_args,
+    ]
 
 
 def _training_command(root: Path) -> list[str]:
@@ -126,8 +139,11 @@ def _epochs_done(checkpoint: Path) -> int:
 
 
 def _epoch_lines(log: str) -> list[int]:
-    return [int(line.split(" - ")[-1].split()[1].split("/")[0]) for line in log.splitlines()
-            if " - calib_monai - INFO - epoch " in line]  # fmt: skip
+    return [
+        int(line.split(" - ")[-1].split()[1].split("/")[0])
+        for line in log.splitlines()
+        if " - calib_monai - INFO - epoch " in line
+    ]
 
 
 def test_killed_run_resumes_where_it_stopped(ddp_run):
@@ -141,7 +157,7 @@ def test_killed_run_resumes_where_it_stopped(ddp_run):
     assert set(_epoch_lines(first_log)) >= set(range(1, stopped_at + 1))
     assert _epochs_done(root / "models" / "checkpoint_latest.pt") == EPOCHS
     state = torch.load(root / "models" / "checkpoint_latest.pt", weights_only=False)
-    assert 0 < state["best_metric"] <= 1 and 1 <= state["best_metric_epoch"] <= EPOCHS
+    assert 0 < state["selection"]["best_metric"] <= 1 and 1 <= state["selection"]["best_metric_epoch"] <= EPOCHS
 
 
 def test_one_validation_volume_for_two_ranks(ddp_run):
@@ -175,9 +191,14 @@ def test_evaluate_runs_on_the_multi_gpu_model(ddp_run):
     root = ddp_run[0]
     workflow = ConfigWorkflow(
         config_file=[str(CONFIGS / "train.json"), str(CONFIGS / "demo.json"), str(CONFIGS / "evaluate.json")],
-        workflow_type="train", run_id="evaluating", logging_file=False, **TINY,
-        output_dir=str(root / "models"), eval_dir=str(root / "eval"), **{"data#cache_dir": str(root / "phantoms")},
-    )  # fmt: skip
+        workflow_type="train",
+        run_id="evaluating",
+        logging_file=False,
+        **TINY,
+        output_dir=str(root / "models"),
+        eval_dir=str(root / "eval"),
+        **{"data#cache_dir": str(root / "phantoms")},
+    )
     workflow.initialize()
     workflow.run()
     with open(root / "eval" / "metrics.csv") as f:
@@ -193,8 +214,9 @@ def test_export_of_a_module_prefixed_model(ddp_run, tmp_path):
     root = ddp_run[0]
     best = torch.load(root / "models" / "model.pt", weights_only=True)
     torch.save({f"module.{k}": v for k, v in best.items()}, tmp_path / "model.pt")
-    paths = export_bundle(BUNDLE, output_dir=tmp_path / "out", checkpoint=tmp_path / "model.pt",
-                          example_shape=(2, 1, 32, 32, 2))  # fmt: skip
+    paths = export_bundle(
+        BUNDLE, output_dir=tmp_path / "out", checkpoint=tmp_path / "model.pt", example_shape=(2, 1, 32, 32, 2)
+    )
     network = _network_def().eval()
     network.load_state_dict(best)
     slices = torch.rand(3, 1, 32, 32, generator=torch.Generator().manual_seed(0))

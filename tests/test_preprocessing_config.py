@@ -73,16 +73,30 @@ def test_a_command_line_override_of_a_transform_argument(tmp_path):
     new size, the validation volumes (their own chain) do not."""
     config = json.loads((BUNDLE / "configs" / "train.json").read_text())
     index = [t["_target_"] for t in config["train"]["preprocessing"]["transforms"]].index("ResizeWithPadOrCropd")
-    probe = ("$print('PROBE', tuple(@train#dataset.volumes[0]['image'].shape), "
-             "tuple(@validate#dataset[0]['image'].shape))")  # fmt: skip
-    overrides = {**TINY, "output_dir": str(tmp_path / "out"), "data#cache_dir": str(tmp_path / "phantoms"),
-                 f"train#preprocessing#transforms#{index}#spatial_size": [20, 20, 6], "probe": probe}  # fmt: skip
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "probe", "--config_file",
-           str(BUNDLE / "configs" / "train.json")]
+    probe = (
+        "$print('PROBE', tuple(@train#dataset.volumes[0]['image'].shape), tuple(@validate#dataset[0]['image'].shape))"
+    )
+    overrides = {
+        **TINY,
+        "output_dir": str(tmp_path / "out"),
+        "data#cache_dir": str(tmp_path / "phantoms"),
+        f"train#preprocessing#transforms#{index}#spatial_size": [20, 20, 6],
+        "probe": probe,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run",
+        "probe",
+        "--config_file",
+        str(BUNDLE / "configs" / "train.json"),
+    ]
     for key, value in overrides.items():
         cmd += [f"--{key}", json.dumps(value) if isinstance(value, list) else str(value)]
-    result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("PROBE"))
     assert line == "PROBE (1, 20, 20, 6) (1, 32, 32, 8)"
@@ -96,8 +110,14 @@ def test_the_component_builds_the_chains_the_config_shows(tmp_path):
     data = parser.get_parsed_content("data")
     assert data.preprocessing("validation") is parser.get_parsed_content("validate#preprocessing")  # the one it applies
     # the same component in Python, without a config: its own chain from the same list, the same volume
-    alone = FLARE("", output_dir=tmp_path / "out", cache_dir=tmp_path / "phantoms", roi_size=TINY["roi_size"],
-                  spacing=TINY["data#spacing"], num_phantoms=TINY["data#num_phantoms"])  # fmt: skip
+    alone = FLARE(
+        "",
+        output_dir=tmp_path / "out",
+        cache_dir=tmp_path / "phantoms",
+        roi_size=TINY["roi_size"],
+        spacing=TINY["data#spacing"],
+        num_phantoms=TINY["data#num_phantoms"],
+    )
     built = alone.val_dataset()[0]
     for key in ("image", "label"):
         torch.testing.assert_close(built[key].as_tensor(), configured[key].as_tensor(), rtol=0, atol=0)

@@ -8,22 +8,42 @@ import csv
 import numpy as np
 import pytest
 
-from calib_monai.experiments import StudySetup
-from calib_monai.experiments.corruptions import CORRUPTIONS, corruption
-from calib_monai.experiments.quality import REVIEW_RULES, quality_study
-from calib_monai.experiments.quality_report import configuration_rows
+from conftest import SMALL_DEMO
+from studies import StudySetup
+from studies.corruptions import CORRUPTIONS, corruption
+from studies.quality import REVIEW_RULES, quality_study
+from studies.quality_report import configuration_rows
 
 
 def _record(case, condition, dice, est, flag, strength=0.0):
-    return {"seed": 0, "method": "m", "calibration": "none", "condition": condition, "strength": strength, "case": case,
-            "mean_dice": dice, "est_mean_dice": est, "mean_confidence": est, "ece": 0.1, "ece_all": 0.01,
-            "ece_band": 0.05, "volume_error_prob": 0.2, "volume_error_pred": 0.1, "flag_score": flag}  # fmt: skip
+    return {
+        "seed": 0,
+        "method": "m",
+        "calibration": "none",
+        "condition": condition,
+        "strength": strength,
+        "case": case,
+        "mean_dice": dice,
+        "est_mean_dice": est,
+        "mean_confidence": est,
+        "ece": 0.1,
+        "ece_all": 0.01,
+        "ece_band": 0.05,
+        "volume_error_prob": 0.2,
+        "volume_error_pred": 0.1,
+        "flag_score": flag,
+    }
 
 
 def test_configuration_figures_by_hand():
-    records = [_record("a", "in-distribution", 0.9, 0.85, False), _record("b", "in-distribution", 0.8, 0.82, False),
-               _record("c", "in-distribution", 0.7, 0.75, True), _record("d", "in-distribution", 0.6, 0.50, False),
-               _record("a", "noise", 0.3, 0.2, True, 0.2), _record("b", "noise", 0.5, 0.6, False, 0.2)]  # fmt: skip
+    records = [
+        _record("a", "in-distribution", 0.9, 0.85, False),
+        _record("b", "in-distribution", 0.8, 0.82, False),
+        _record("c", "in-distribution", 0.7, 0.75, True),
+        _record("d", "in-distribution", 0.6, 0.50, False),
+        _record("a", "noise", 0.3, 0.2, True, 0.2),
+        _record("b", "noise", 0.5, 0.6, False, 0.2),
+    ]
     (row,) = configuration_rows(records, ["score"])
     assert row["mean_dice"] == pytest.approx(0.75)
     # estimates 0.85, 0.82, 0.75, 0.50 against 0.9, 0.8, 0.7, 0.6: the same order, MAE (.05 + .02 + .05 + .1) / 4
@@ -53,8 +73,15 @@ def test_corruptions_are_seeded_and_the_flip_moves_the_label():
 
 
 def test_quality_study_end_to_end_on_phantoms(tmp_path):
-    setup = StudySetup("flare", demo=True, epochs=2, results_dir=str(tmp_path / "results"),
-                       runs_dir=str(tmp_path / "runs"), split_seed=0)  # fmt: skip
+    setup = StudySetup(
+        "flare",
+        demo=True,
+        overrides=SMALL_DEMO,
+        epochs=2,
+        results_dir=str(tmp_path / "results"),
+        runs_dir=str(tmp_path / "runs"),
+        split_seed=0,
+    )
     shifts = {"noise": (0.1, 0.3), "flip": (1.0,)}
     quality_study(setup, ["nacl"], seeds=[0, 1], lts_steps=5, corruptions=shifts)
     out = tmp_path / "results" / "quality"
@@ -74,13 +101,20 @@ def test_quality_study_end_to_end_on_phantoms(tmp_path):
     assert len(ensemble) == 1 * 4 * 3 and all(0 <= float(v["pairwise_dice"]) <= 1 for v in ensemble)
     # a recalibration keeps the segmentation: the true DSC is the same under every one of them
     for case in cases["0"]:
-        dice = {v["calibration"]: v["mean_dice"] for v in single
-                if (v["seed"], v["method"], v["case"], v["condition"]) == ("0", "nacl", case, "in-distribution")}  # fmt: skip
+        dice = {
+            v["calibration"]: v["mean_dice"]
+            for v in single
+            if (v["seed"], v["method"], v["case"], v["condition"]) == ("0", "nacl", case, "in-distribution")
+        }
         assert len(dice) == 4 and len(set(dice.values())) == 1
     # each configuration's fpr is the share of its flagged in-distribution volumes
     for row in configs:
-        mine = [v for v in single if (v["seed"], v["method"], v["calibration"], v["condition"])
-                == (row["seed"], row["method"], row["calibration"], "in-distribution")]  # fmt: skip
+        mine = [
+            v
+            for v in single
+            if (v["seed"], v["method"], v["calibration"], v["condition"])
+            == (row["seed"], row["method"], row["calibration"], "in-distribution")
+        ]
         for rule in REVIEW_RULES:
             assert float(row[f"fpr_{rule}"]) == pytest.approx(np.mean([v[f"flag_{rule}"] == "True" for v in mine]))
     readme = (out / "README.md").read_text()

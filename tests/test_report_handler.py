@@ -19,7 +19,9 @@ from calib_monai.metrics.report_table import case_name, voxel_spacing
 
 def _add(table: SegmentationReportTable, vol: dict) -> dict:
     """One volume into the table, as the harness adds it (spacing from the image affine, name from its meta)."""
-    return table.add(vol["prob"], vol["label"], pred=vol["pred"], spacing=voxel_spacing(vol), case=case_name(vol, len(table)))
+    return table.add(
+        vol["prob"], vol["label"], pred=vol["pred"], spacing=voxel_spacing(vol), case=case_name(vol, len(table))
+    )
 
 
 def _volume(seed: int, spacing: float) -> dict:
@@ -28,11 +30,16 @@ def _volume(seed: int, spacing: float) -> dict:
     label = torch.zeros(1, 8, 8, 4, dtype=torch.int64)
     label[:, 2:6, 2:6] = 1
     label[:, 3:5, 3:5, 1:3] = 2
-    logits = 3 * torch.nn.functional.one_hot(label[0], 3).permute(3, 0, 1, 2).float() + torch.randn(3, 8, 8, 4, generator=g)
+    logits = 3 * torch.nn.functional.one_hot(label[0], 3).permute(3, 0, 1, 2).float() + torch.randn(
+        3, 8, 8, 4, generator=g
+    )
     prob = logits.softmax(0)
     pred = torch.nn.functional.one_hot(prob.argmax(0), 3).permute(3, 0, 1, 2).float()
-    image = MetaTensor(torch.rand(1, 8, 8, 4), affine=torch.diag(torch.tensor([spacing, spacing, spacing, 1.0])),
-                       meta={"filename_or_obj": f"/data/case_{seed}.nii.gz"})  # fmt: skip
+    image = MetaTensor(
+        torch.rand(1, 8, 8, 4),
+        affine=torch.diag(torch.tensor([spacing, spacing, spacing, 1.0])),
+        meta={"filename_or_obj": f"/data/case_{seed}.nii.gz"},
+    )
     return {"image": image, "prob": prob, "pred": pred, "label": label}
 
 
@@ -53,7 +60,9 @@ def test_report_rows_match_direct_metrics(tmp_path):
         assert float(row["tace_union"]) == pytest.approx(tace(prob, label, foreground="union"))
         # DSC of the argmax, by hand: 2|P & G| / (|P| + |G|) for class 1
         p, g = vol["pred"][1].bool(), vol["label"][0] == 1
-        assert float(row["dice_outer"]) == pytest.approx(2 * (p & g).sum().item() / (p.sum() + g.sum()).item(), rel=1e-5)
+        assert float(row["dice_outer"]) == pytest.approx(
+            2 * (p & g).sum().item() / (p.sum() + g.sum()).item(), rel=1e-5
+        )
     assert {"hd95_outer", "asd_inner", "mean_hd95", "nll", "brier", "ece_union"} <= set(rows[0])
 
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -80,7 +89,9 @@ def test_empty_run_writes_nothing_and_says_so(tmp_path, caplog):
 
 def test_regions_are_scored_as_binary_unions_of_classes(tmp_path):
     vol = _volume(0, 1.0)
-    report = SegmentationReportTable({"0": "background", "1": "outer", "2": "inner"}, regions={"core": [2], "whole": [1, 2]})
+    report = SegmentationReportTable(
+        {"0": "background", "1": "outer", "2": "inner"}, regions={"core": [2], "whole": [1, 2]}
+    )
     row = _add(report, vol)
     # "core" is class 2 alone: the same DSC as the per-class column
     assert row["dice_core"] == pytest.approx(row["dice_inner"])

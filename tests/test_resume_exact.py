@@ -29,8 +29,15 @@ KILL_AFTER = 2  # the run is killed during epoch KILL_AFTER + 1
 
 
 def _command(output_dir: Path, phantoms: Path) -> list[str]:
-    overrides = {"epochs": EPOCHS, "roi_size": [32, 32, 8], "batch_size": 4, "data#num_phantoms": 6,
-                 "data#spacing": [12.0, 12.0, 30.0], "data#cache_dir": str(phantoms), "output_dir": str(output_dir)}
+    overrides = {
+        "epochs": EPOCHS,
+        "roi_size": [32, 32, 8],
+        "batch_size": 4,
+        "data#num_phantoms": 6,
+        "data#spacing": [12.0, 12.0, 30.0],
+        "data#cache_dir": str(phantoms),
+        "output_dir": str(output_dir),
+    }
     command = [sys.executable, "-m", "monai.bundle", "run", "training", "--config_file", str(TRAIN)]
     for key, value in overrides.items():
         command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
@@ -64,7 +71,9 @@ def _run_and_kill_during(models: Path, command: list[str], log: Path) -> None:
         while time.monotonic() < deadline and process.poll() is None:
             epochs = len(_history(models))
             seen.setdefault(epochs, time.monotonic())
-            written_after = latest.is_file() and latest.stat().st_mtime >= (models / "validation_history.json").stat().st_mtime
+            written_after = (
+                latest.is_file() and latest.stat().st_mtime >= (models / "validation_history.json").stat().st_mtime
+            )
             if epochs == KILL_AFTER and written_after:
                 epoch_time = seen[KILL_AFTER] - seen.get(KILL_AFTER - 1, seen[KILL_AFTER] - 1.0)
                 time.sleep(max(0.05, 0.4 * epoch_time))
@@ -79,18 +88,27 @@ def _run_and_kill_during(models: Path, command: list[str], log: Path) -> None:
 
 def test_killed_and_resumed_training_equals_the_uninterrupted_run_exactly(tmp_path):
     phantoms = tmp_path / "phantoms"
-    reference = subprocess.run(_command(tmp_path / "ref" / "models", phantoms), capture_output=True, text=True,
-                               cwd=REPO, env=_env(), timeout=900)  # fmt: skip
+    reference = subprocess.run(
+        _command(tmp_path / "ref" / "models", phantoms),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=900,
+    )
     assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-2000:]
 
     models = tmp_path / "run" / "models"
     _run_and_kill_during(models, _command(models, phantoms), tmp_path / "killed.log")
     stopped = torch.load(models / "checkpoint_latest.pt", weights_only=True)
     assert _epoch(stopped) == KILL_AFTER  # killed during the next epoch, before its end
-    resumed = subprocess.run(_command(models, phantoms), capture_output=True, text=True, cwd=REPO, env=_env(),
-                             timeout=900)  # fmt: skip
+    resumed = subprocess.run(
+        _command(models, phantoms), capture_output=True, text=True, cwd=REPO, env=_env(), timeout=900
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert f"resuming from {models / 'checkpoint_latest.pt'}: epoch {KILL_AFTER} done" in resumed.stdout + resumed.stderr
+    assert (
+        f"resuming from {models / 'checkpoint_latest.pt'}: epoch {KILL_AFTER} done" in resumed.stdout + resumed.stderr
+    )
 
     ref_models = tmp_path / "ref" / "models"
     assert _history(models) == _history(ref_models)  # every epoch's validation metrics, to the last bit

@@ -42,8 +42,11 @@ def _volume(seed: int, spacing: float) -> dict:
     logits = 3 * torch.nn.functional.one_hot(label[0], 3).permute(3, 0, 1, 2).float() + noise
     prob = logits.softmax(0)
     pred = torch.nn.functional.one_hot(prob.argmax(0), 3).permute(3, 0, 1, 2).float()
-    image = MetaTensor(torch.rand(1, 8, 8, 4), affine=torch.diag(torch.tensor([spacing, spacing, spacing, 1.0])),
-                       meta={"filename_or_obj": f"/data/case_{seed}.nii.gz"})  # fmt: skip
+    image = MetaTensor(
+        torch.rand(1, 8, 8, 4),
+        affine=torch.diag(torch.tensor([spacing, spacing, spacing, 1.0])),
+        meta={"filename_or_obj": f"/data/case_{seed}.nii.gz"},
+    )
     return {"image": image, "prob": prob, "pred": pred, "label": label}
 
 
@@ -102,8 +105,9 @@ def _reference_quality(vol: dict, spacing: list[float], radius: int = 3, thresho
     row["ece_all"] = calibration_errors(vol["prob"][None], vol["label"][None], ("ece",), foreground="all")["ece"]
     band = binary_dilation((pred > 0) | (y > 0), np.ones((2 * radius + 1,) * 3))
     inside = torch.from_numpy(band.reshape(-1))
-    row["ece_band"] = calibration_errors(vol["prob"].reshape(3, -1)[:, inside][None], vol["label"].reshape(-1)[inside][None],
-                                         ("ece",), foreground="all")["ece"]  # fmt: skip
+    row["ece_band"] = calibration_errors(
+        vol["prob"].reshape(3, -1)[:, inside][None], vol["label"].reshape(-1)[inside][None], ("ece",), foreground="all"
+    )["ece"]
     return row
 
 
@@ -131,7 +135,9 @@ def test_metric_table_equals_the_report_rows():
     assert table.shape == (len(vols), len(metric.columns)) and table.dtype == torch.float64
     report = SegmentationReportTable(NAMES, regions=REGIONS)
     with pytest.warns(UserWarning):
-        rows = [report.add(v["prob"], v["label"], v["pred"], voxel_spacing(v), case_name(v, i)) for i, v in enumerate(vols)]
+        rows = [
+            report.add(v["prob"], v["label"], v["pred"], voxel_spacing(v), case_name(v, i)) for i, v in enumerate(vols)
+        ]
     for values, row, vol in zip(table.tolist(), rows, vols):
         reference = _reference_row(vol, REGIONS)
         assert list(row)[1:] == list(metric.columns) and set(reference) == set(metric.columns)
@@ -142,11 +148,19 @@ def test_metric_table_equals_the_report_rows():
     assert math.isnan(table[4, metric.columns.index("ece")])  # no foreground: NaN
     # a batch-first tensor with one spacing for all volumes gives the rows of the list form
     batch = SegmentationReportMetric(NAMES)
-    batch(torch.stack([v["prob"] for v in vols[:3]]), torch.stack([v["label"] for v in vols[:3]]),
-          pred=torch.stack([v["pred"] for v in vols[:3]]), spacing=[1.0, 1.0, 1.0])  # fmt: skip
+    batch(
+        torch.stack([v["prob"] for v in vols[:3]]),
+        torch.stack([v["label"] for v in vols[:3]]),
+        pred=torch.stack([v["pred"] for v in vols[:3]]),
+        spacing=[1.0, 1.0, 1.0],
+    )
     listed = SegmentationReportMetric(NAMES)
-    listed([v["prob"] for v in vols[:3]], [v["label"] for v in vols[:3]], pred=[v["pred"] for v in vols[:3]],
-           spacing=[[1.0, 1.0, 1.0]] * 3)  # fmt: skip
+    listed(
+        [v["prob"] for v in vols[:3]],
+        [v["label"] for v in vols[:3]],
+        pred=[v["pred"] for v in vols[:3]],
+        spacing=[[1.0, 1.0, 1.0]] * 3,
+    )
     torch.testing.assert_close(batch.aggregate(), listed.aggregate(), equal_nan=True)
 
 
@@ -175,8 +189,11 @@ def test_saver_files_equal_the_report_written_by_hand(tmp_path, caplog):
     summary = json.loads((tmp_path / "engine" / "summary.json").read_text())
     assert summary["settings"]["volumes"] == 5 and summary["settings"]["reduction"] == "mean over volumes"
     eces = [float(r["ece"]) for r in rows if not math.isnan(float(r["ece"]))]
-    assert summary["metrics"]["ece"] == {"mean": pytest.approx(np.mean(eces)), "std": pytest.approx(np.std(eces)),
-                                         "volumes": 4}  # fmt: skip
+    assert summary["metrics"]["ece"] == {
+        "mean": pytest.approx(np.mean(eces)),
+        "std": pytest.approx(np.std(eces)),
+        "volumes": 4,
+    }
     # the state the saver read: the means under the handler's name, the table in the details
     means = engine.state.metrics["report"]
     assert means["ece"] == pytest.approx(summary["metrics"]["ece"]["mean"], rel=1e-12)

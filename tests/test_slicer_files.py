@@ -20,15 +20,11 @@ LABEL_NAMES = {"0": "background", "1": "liver", "2": "kidney", "3": "spleen"}  #
 SHAPE = (6, 5, 4)
 
 # Rotation-free, non-unit spacing and an origin. NIfTI: voxel (i, j, k) -> RAS (x, y, z) = A @ (i, j, k, 1).
-AFFINE = np.array([[0.8, 0.0, 0.0, -100.0],
-                   [0.0, 1.25, 0.0, 50.0],
-                   [0.0, 0.0, 3.0, 20.0],
-                   [0.0, 0.0, 0.0, 1.0]])  # fmt: skip
+AFFINE = np.array([[0.8, 0.0, 0.0, -100.0], [0.0, 1.25, 0.0, 50.0], [0.0, 0.0, 3.0, 20.0], [0.0, 0.0, 0.0, 1.0]])
 # Same grid axes but i runs to the Right-to-Left and j Posterior-to-Anterior flipped (a typical radiological file).
-AFFINE_FLIPPED = np.array([[-0.8, 0.0, 0.0, 100.0],
-                           [0.0, -1.25, 0.0, -50.0],
-                           [0.0, 0.0, 3.0, 20.0],
-                           [0.0, 0.0, 0.0, 1.0]])  # fmt: skip
+AFFINE_FLIPPED = np.array(
+    [[-0.8, 0.0, 0.0, 100.0], [0.0, -1.25, 0.0, -50.0], [0.0, 0.0, 3.0, 20.0], [0.0, 0.0, 0.0, 1.0]]
+)
 # The expected LPS geometry, by hand: LPS = (-x, -y, z), so the x and y parts of every vector and of the origin flip.
 EXPECTED_LPS = {
     "plain": (AFFINE, [[-0.8, 0, 0], [0, -1.25, 0], [0, 0, 3.0]], [100.0, -50.0, 20.0]),
@@ -57,9 +53,9 @@ def segments_of(header) -> dict[str, dict[str, str]]:
     """{segment ID: {field: value}} from the Segment<N>_<field> keys."""
     segments: dict[int, dict[str, str]] = {}
     for key, value in header.items():
-        if key.startswith("Segment") and "_" in key and key[len("Segment"):key.index("_")].isdigit():
-            index = int(key[len("Segment"):key.index("_")])
-            segments.setdefault(index, {})[key[key.index("_") + 1:]] = value
+        if key.startswith("Segment") and "_" in key and key[len("Segment") : key.index("_")].isdigit():
+            index = int(key[len("Segment") : key.index("_")])
+            segments.setdefault(index, {})[key[key.index("_") + 1 :]] = value
     assert sorted(segments) == list(range(len(segments))), "segment indices must be 0..N-1"
     return {fields["ID"]: fields for _, fields in sorted(segments.items())}
 
@@ -188,9 +184,12 @@ def test_geometry_mismatch_is_refused(tmp_path):
 def test_review_script_compiles_and_needs_slicer_only_in_main():
     py_compile.compile(str(SCRIPT), doraise=True)
     tree = ast.parse(SCRIPT.read_text())
-    top_level_imports = {alias.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-                         for alias in node.names} | {node.module.split(".")[0] for node in tree.body
-                                                     if isinstance(node, ast.ImportFrom) and node.module}  # fmt: skip
+    top_level_imports = {
+        alias.name.split(".")[0]
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    } | {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
     assert not top_level_imports & {"slicer", "vtk", "qt", "calib_monai", "nrrd"}
 
     spec = importlib.util.spec_from_file_location("slicer_review", SCRIPT)
@@ -245,8 +244,11 @@ def test_case_quality_travels_with_the_slicer_files(tmp_path, nrrd):
     inference_dir.mkdir()
     nib.save(nib.Nifti1Image(seg, AFFINE_FLIPPED), inference_dir / "case7_seg.nii.gz")
     nib.save(nib.Nifti1Image(conf, AFFINE_FLIPPED), inference_dir / "case7_conf.nii.gz")
-    quality = {"case_score": 0.4123, "review": {"flag": True, "reasons": ["estimated mean DSC 0.412 is below"]},
-               "classes": {"liver": {"est_dice": 0.61234, "volume": 12.5}, "kidney": {"est_dice": 0.2, "volume": 3.0}}}
+    quality = {
+        "case_score": 0.4123,
+        "review": {"flag": True, "reasons": ["estimated mean DSC 0.412 is below"]},
+        "classes": {"liver": {"est_dice": 0.61234, "volume": 12.5}, "kidney": {"est_dice": 0.2, "volume": 3.0}},
+    }
     (inference_dir / "case7_quality.json").write_text(json.dumps({"case": "case7", **quality}))
     files = slicer_files_from_inference(inference_dir, "case7", ["background", "liver", "kidney"], tmp_path / "slicer")
     _, header = nrrd.read(str(files.segmentation))
@@ -267,6 +269,8 @@ def test_missing_inference_outputs_say_to_run_inferring_first(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         slicer_files_from_inference(tmp_path, "case_0001", {"0": "background", "1": "organ"})
     message = str(err.value)
-    assert message.startswith(f"{tmp_path} has no case_0001_seg.nii.gz or case_0001_conf.nii.gz; it has the cases "
-                              "['other_case']: run the bundle's inferring step on the image first")  # fmt: skip
+    assert message.startswith(
+        f"{tmp_path} has no case_0001_seg.nii.gz or case_0001_conf.nii.gz; it has the cases "
+        "['other_case']: run the bundle's inferring step on the image first"
+    )
     assert "monai.bundle run inferring" in message and "--inference_dir" in message

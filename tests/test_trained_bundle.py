@@ -8,7 +8,6 @@ and anisotropic voxels, so the outputs must be inverted back onto the input's gr
 from __future__ import annotations
 
 import json
-
 import shutil
 
 import nibabel as nib
@@ -38,17 +37,29 @@ def trained(tmp_path_factory):
     bundle = root / "nacl_flare"
     shutil.copytree(REPO_ROOT / "bundles" / "nacl_flare" / "configs", bundle / "configs")
     common = {"bundle_root": str(bundle), "logging_file": False}
-    train = ConfigWorkflow(config_file=str(bundle / "configs" / "train.json"), workflow_type="train", **common,
-                           **TINY, epochs=1, output_dir=str(bundle / "models"),
-                           **{"data#cache_dir": str(root / "phantoms")})  # fmt: skip
+    train = ConfigWorkflow(
+        config_file=str(bundle / "configs" / "train.json"),
+        workflow_type="train",
+        **common,
+        **TINY,
+        epochs=1,
+        output_dir=str(bundle / "models"),
+        **{"data#cache_dir": str(root / "phantoms")},
+    )
     train.initialize()
     train.run()
     image, _, _ = generate_phantom(seed=7, index=0, shape=SHAPE, spacing=(4.0, 4.0, 10.0))
     image_path = root / "case.nii.gz"
     nib.save(nib.Nifti1Image(image, AFFINE), str(image_path))
-    infer = ConfigWorkflow(config_file=str(bundle / "configs" / "inference.json"), workflow_type="infer",
-                           run_id="inferring", **common, **INFER, dataset_dir=str(image_path),
-                           output_dir=str(root / "reference"))  # fmt: skip
+    infer = ConfigWorkflow(
+        config_file=str(bundle / "configs" / "inference.json"),
+        workflow_type="infer",
+        run_id="inferring",
+        **common,
+        **INFER,
+        dataset_dir=str(image_path),
+        output_dir=str(root / "reference"),
+    )
     infer.initialize()
     infer.run()
     return {"bundle": bundle, "image": image_path, "reference": root / "reference"}
@@ -78,7 +89,9 @@ def test_predict_equals_the_inferring_run_and_writes_its_files(trained, tmp_path
     reference_quality = json.loads(output_paths(trained["reference"], "case").quality.read_text())
     mine = json.loads(written.quality.read_text())
     assert mine["case_score"] == pytest.approx(reference_quality["case_score"], rel=1e-6)
-    assert mine["review"] == reference_quality["review"] and mine["classes"].keys() == reference_quality["classes"].keys()
+    assert (
+        mine["review"] == reference_quality["review"] and mine["classes"].keys() == reference_quality["classes"].keys()
+    )
     for path, reference in zip(written, (ref_seg, ref_conf)):
         out = nib.load(str(path))
         assert out.get_data_dtype() == reference.get_data_dtype() and out.shape == reference.shape == SHAPE
@@ -86,23 +99,33 @@ def test_predict_equals_the_inferring_run_and_writes_its_files(trained, tmp_path
         np.testing.assert_allclose(np.asarray(out.dataobj), np.asarray(reference.dataobj), rtol=0, atol=1e-6)
     # one output under another case name
     assert bundle.write(confidence=confidence, output_dir=tmp_path, case="other") == OutputFiles(
-        None, tmp_path / "other_conf.nii.gz")  # fmt: skip
+        None, tmp_path / "other_conf.nii.gz"
+    )
 
 
 def test_every_weights_layout_predicts_the_same(trained, tmp_path):
     """Plain, ``module.``-prefixed, ``{"model": ...}``, a custom key and TorchScript ``model.ts`` weights."""
     state = torch.load(trained["bundle"] / "models" / "model.pt", weights_only=True)
-    layouts = {"module.pt": {f"module.{k}": v for k, v in state.items()},
-               "checkpoint.pt": {"model": state, "optimizer": {"step": torch.tensor(1)}},
-               "custom.pt": {"ema": state}}  # fmt: skip
+    layouts = {
+        "module.pt": {f"module.{k}": v for k, v in state.items()},
+        "checkpoint.pt": {"model": state, "optimizer": {"step": torch.tensor(1)}},
+        "custom.pt": {"ema": state},
+    }
     for name, content in layouts.items():
         torch.save(content, tmp_path / name)
     plain = TrainedBundle(trained["bundle"], overrides=INFER, device="cpu")
     torch.jit.save(torch.jit.script(plain.network), str(tmp_path / "model.ts"))
     expected = plain.predict(trained["image"])
-    bundles = {name: TrainedBundle(trained["bundle"], overrides=INFER, device="cpu", weights=tmp_path / name,
-                                   key_in_ckpt="ema" if name == "custom.pt" else "")
-               for name in (*layouts, "model.ts")}  # fmt: skip
+    bundles = {
+        name: TrainedBundle(
+            trained["bundle"],
+            overrides=INFER,
+            device="cpu",
+            weights=tmp_path / name,
+            key_in_ckpt="ema" if name == "custom.pt" else "",
+        )
+        for name in (*layouts, "model.ts")
+    }
     for name, bundle in bundles.items():
         segmentation, confidence, _ = bundle.predict(trained["image"])
         assert torch.equal(segmentation, expected[0]), name
@@ -130,10 +153,10 @@ def test_bad_bundles_name_the_path_and_the_fix(trained, tmp_path):
     bundle = TrainedBundle(untrained)  # configs only: labels are readable, the network is not
     assert bundle.weights is None and bundle.label_names[1] == "liver"
     with pytest.raises(FileNotFoundError, match="no weights") as err:
-        bundle.network
+        _ = bundle.network
     assert str(untrained) in str(err.value) and "monai.bundle run training" in str(err.value)
     with pytest.raises(FileNotFoundError, match="checkpoint .*missing.pt not found"):
-        TrainedBundle(untrained, weights=tmp_path / "missing.pt").network
+        _ = TrainedBundle(untrained, weights=tmp_path / "missing.pt").network
     torch.save({"model": {}}, tmp_path / "nested.pt")
     with pytest.raises(KeyError, match="no 'ema'"):
-        TrainedBundle(untrained, weights=tmp_path / "nested.pt", key_in_ckpt="ema").network
+        _ = TrainedBundle(untrained, weights=tmp_path / "nested.pt", key_in_ckpt="ema").network

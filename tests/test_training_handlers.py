@@ -1,5 +1,6 @@
-"""EpochSummary and TrainingCheckpoint on real MONAI engines: best model, atomic files, exact resume; DDP networks
-saved unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
+"""The training handlers on real MONAI engines, composed as the bundles compose them (EpochSummary, ValidationHistory,
+ModelSelection, EpochSnapshots, TrainingCheckpoint): best model, atomic files, exact resume; DDP networks saved
+unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from monai.handlers import MeanDice, from_engine
 from monai.networks.nets import UNet
 from monai.transforms import AsDiscreted, Compose
 
+from calib_monai.atomic import save_atomically
 from calib_monai.bundle import (
     as_bool,
     dataloader_workers,
@@ -25,8 +27,30 @@ from calib_monai.bundle import (
     validation_sampler,
     weights_state_dict,
 )
-from calib_monai.handlers import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint
-from calib_monai.handlers.training import save_atomically, select_epoch
+from calib_monai.handlers import (
+    EpochSnapshots,
+    EpochSummary,
+    ModelSelection,
+    NetworkWeightsLoader,
+    TrainingCheckpoint,
+    ValidationHistory,
+    select_epoch,
+)
+
+
+def _attach(trainer, save_dir, network, opt, sched=None, evaluator=None, resume=True, keep_every_epoch=False, **rule):
+    """The handlers in the bundles' order: history, selection, snapshots, then the checkpoint that keeps their state."""
+    history = ValidationHistory(save_dir, evaluator)
+    selection = ModelSelection(save_dir, network, evaluator, **rule)
+    history.attach(trainer)
+    selection.attach(trainer)
+    if keep_every_epoch:
+        EpochSnapshots(save_dir, network).attach(trainer)
+    checkpoint = TrainingCheckpoint(
+        save_dir, network, opt, sched, extra={"selection": selection, "history": history}, resume=resume
+    )
+    checkpoint.attach(trainer)
+    return checkpoint, selection
 
 
 def _items(n: int, seed: int) -> list[dict]:
@@ -48,8 +72,15 @@ def _train_loader(shuffle: bool):
     return DataLoader(Dataset(_items(6, 0), transform=flip), batch_size=2, shuffle=True)
 
 
-def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = True, ddp: bool = False,
-         shuffle: bool = False, metric_name: str = "val_mean_dice"):
+def _run(
+    save_dir,
+    epochs: int,
+    stop_after: int | None = None,
+    resume: bool = True,
+    ddp: bool = False,
+    shuffle: bool = False,
+    metric_name: str = "val_mean_dice",
+):
     """Train a tiny net; a handler may stop the run after ``stop_after`` epochs, like a killed job. ``ddp``: the
     trainer and the checkpoint get the network wrapped in DistributedDataParallel, the evaluator the plain one, as
     in multi_gpu_train.json (needs a process group). ``shuffle``: shuffled batches of randomly flipped items (MONAI's
@@ -66,7 +97,9 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
         val_data_loader=torch.utils.data.DataLoader(_items(2, 1), batch_size=2),
         network=net,
         postprocessing=post,
-        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+        key_val_metric={
+            "val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
+        },
     )
     trainer = SupervisedTrainer(
         device="cpu",
@@ -79,16 +112,14 @@ def _run(save_dir, epochs: int, stop_after: int | None = None, resume: bool = Tr
     )
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run())
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: sched.step())
-    checkpoint = TrainingCheckpoint(save_dir, trained, opt, sched, evaluator=evaluator, resume=resume,
-                                    metric_name=metric_name)  # fmt: skip
-    checkpoint.attach(trainer)
+    _, selection = _attach(trainer, save_dir, trained, opt, sched, evaluator, resume=resume, metric_name=metric_name)
     EpochSummary(evaluator=evaluator, optimizer=opt).attach(trainer)
     started_at = {}
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: started_at.setdefault("epoch", e.state.epoch))
     if stop_after is not None:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run()
-    return trainer, net, opt, sched, checkpoint, started_at
+    return trainer, net, opt, sched, selection, started_at
 
 
 def test_stopped_run_resumes_at_next_epoch_with_same_state(tmp_path):
@@ -132,8 +163,11 @@ def test_resumed_run_with_shuffling_and_augmentation_equals_the_uninterrupted_on
 
 def test_a_selection_metric_the_validation_does_not_compute_is_an_error(tmp_path):
     """``--selection_metric val_dic`` trained to the end, wrote no model.pt and said nothing."""
-    with pytest.raises(ValueError, match=r"selection_metric 'val_dic' is not a metric of the validation \(did you "
-                                         r"mean 'val_mean_dice'\?\): it computes \['val_mean_dice'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"selection_metric 'val_dic' is not a metric of the validation \(did you "
+        r"mean 'val_mean_dice'\?\): it computes \['val_mean_dice'\]",
+    ):
         _run(tmp_path, epochs=2, metric_name="val_dic")
     assert not (tmp_path / "model.pt").exists()
 
@@ -150,15 +184,16 @@ def test_an_unreadable_latest_checkpoint_names_the_file_and_how_to_start_over(tm
 
 
 def test_best_model_is_the_best_epochs_weights(tmp_path):
-    trainer, net, *_ , checkpoint, _ = _run(tmp_path, epochs=3)
+    trainer, net, *_, checkpoint, _ = _run(tmp_path, epochs=3)
     assert 1 <= checkpoint.best_metric_epoch <= 3
     best = torch.load(tmp_path / "model.pt", weights_only=True)
     # model.pt is a plain state_dict (the model-zoo format), loadable into a fresh network
     fresh = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
     fresh.load_state_dict(best)
     latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=False)
-    assert latest["best_metric"] == checkpoint.best_metric
-    assert set(latest) >= {"network", "optimizer", "lr_scheduler", "trainer", "best_metric_epoch"}
+    assert latest["selection"]["best_metric"] == checkpoint.best_metric
+    assert set(latest) >= {"network", "optimizer", "lr_scheduler", "trainer", "selection", "history"}
+    assert latest["selection"]["best_metric_epoch"] == checkpoint.best_metric_epoch
 
 
 def test_finished_run_is_not_trained_again(tmp_path, caplog):
@@ -191,7 +226,9 @@ def test_save_atomically_keeps_previous_file_when_save_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temporary file left behind
 
 
-def _select(save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_dice", mode="max", keep_every_epoch=False):
+def _select(
+    save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_dice", mode="max", keep_every_epoch=False
+):
     """A trainer whose evaluator reports the given val_mean_dice / val_ece at each epoch; each epoch's network has
     its epoch number as weight, so model.pt tells which epoch was selected."""
     net = torch.nn.Linear(1, 1, bias=False)
@@ -200,7 +237,9 @@ def _select(save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_
     @evaluator.on(Events.COMPLETED)
     def _metrics(engine):
         epoch = trainer.state.epoch
-        engine.state.metrics.update(val_mean_dice=dice[epoch - 1], val_ece=ece[epoch - 1], val_nll=1.0 - dice[epoch - 1] + ece[epoch - 1])
+        engine.state.metrics.update(
+            val_mean_dice=dice[epoch - 1], val_ece=ece[epoch - 1], val_nll=1.0 - dice[epoch - 1] + ece[epoch - 1]
+        )
 
     def step(engine, batch):
         with torch.no_grad():
@@ -209,8 +248,17 @@ def _select(save_dir, dice, ece, bounds, stop_after=None, metric_name="val_mean_
     trainer = Engine(step)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    TrainingCheckpoint(save_dir, net, opt, evaluator=evaluator, bounds=bounds, metric_name=metric_name, mode=mode,
-                       keep_every_epoch=keep_every_epoch).attach(trainer)  # fmt: skip
+    _attach(
+        trainer,
+        save_dir,
+        net,
+        opt,
+        evaluator=evaluator,
+        keep_every_epoch=keep_every_epoch,
+        bounds=bounds,
+        metric_name=metric_name,
+        mode=mode,
+    )
     if stop_after is not None:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run([0], max_epochs=len(dice))
@@ -269,7 +317,20 @@ def test_select_epoch_without_a_finite_metric_is_minus_one():
 
 def test_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="'max' or 'min'"):
-        TrainingCheckpoint(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
+        ModelSelection(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
+
+
+def test_a_checkpoint_written_before_the_handlers_were_split_still_resumes(tmp_path):
+    """Older runs kept the best value and the history at the top of checkpoint_latest.pt."""
+    _run(tmp_path, epochs=3, stop_after=2)
+    latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=True)
+    old = {k: v for k, v in latest.items() if k not in ("selection", "history")}
+    old.update(latest["selection"], history=latest["history"]["history"])
+    torch.save(old, tmp_path / "checkpoint_latest.pt")
+    trainer, _, _, _, selection, started_at = _run(tmp_path, epochs=3)
+    assert started_at["epoch"] == 3  # resumed, with the best so far: epoch 3 replaces it only when better
+    assert selection.best_metric_epoch in (latest["selection"]["best_metric_epoch"], 3)
+    assert [h["epoch"] for h in json.loads((tmp_path / "validation_history.json").read_text())] == [1, 2, 3]
 
 
 # ---- DDP-wrapped networks and module.-prefixed files -----------------------------------------------------------
@@ -331,8 +392,11 @@ def test_load_network_weights_reads_every_model_pt_layout(tmp_path, layout):
 def test_load_network_weights_is_strict_and_unwraps(tmp_path, one_rank_group):
     torch.save({"other.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
     n = len(_net().state_dict())
-    with pytest.raises(ValueError, match=rf"^{tmp_path / 'wrong.pt'} holds the weights of another network than this UNet "
-                                         rf"\({n} tensors of the network missing .*; 1 unexpected tensors \(e.g. other.weight\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{tmp_path / 'wrong.pt'} holds the weights of another network than this UNet "
+        rf"\({n} tensors of the network missing .*; 1 unexpected tensors \(e.g. other.weight\)\)",
+    ):
         load_network_weights(_net(), tmp_path / "wrong.pt")
     source = _net().state_dict()
     wrapped = torch.nn.parallel.DistributedDataParallel(

@@ -76,9 +76,10 @@ def test_trained_bundle_and_export_name_a_cut_off_model_pt(tmp_path):
     (bundle / "models").mkdir()
     path, reason = _bad_files(tmp_path)["cut off"]
     shutil.copy(path, bundle / "models" / "model.pt")
-    with pytest.raises(WeightsFileError, match=f"^{bundle / 'models' / 'model.pt'} cannot be read as network weights: "
-                                               f"{reason}"):  # fmt: skip
-        TrainedBundle(bundle).network
+    with pytest.raises(
+        WeightsFileError, match=f"^{bundle / 'models' / 'model.pt'} cannot be read as network weights: {reason}"
+    ):
+        _ = TrainedBundle(bundle).network
     with pytest.raises(WeightsFileError, match="the file is cut off"):
         export_bundle(bundle, output_dir=tmp_path / "out")
 

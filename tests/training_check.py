@@ -19,11 +19,14 @@ def assert_one_epoch_trains(train_dataset, num_classes: int, in_channels: int = 
     loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=True, num_workers=0)
     losses = []
     trainer = SupervisedTrainer(
-        device=torch.device("cpu"), max_epochs=1, train_data_loader=loader, network=network,
+        device=torch.device("cpu"),
+        max_epochs=1,
+        train_data_loader=loader,
+        network=network,
         optimizer=torch.optim.Adam(network.parameters(), 1e-3),
         loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
         decollate=False,  # keep engine.state.output a dict holding the batch loss
-    )  # fmt: skip
+    )
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss"].item()))
     trainer.run()
     assert trainer.state.iteration == len(loader) == -(-len(train_dataset) // batch_size)

@@ -9,16 +9,28 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["OUTPUT_EXT", "OUTPUT_KEYS", "OUTPUT_POSTFIXES", "QUALITY_TABLE", "OutputFiles", "OutputWriter", "Prediction",
-           "output_case", "output_path",
-           "output_paths", "quality_path", "quality_row", "write_case_quality"]  # fmt: skip
+from calib_monai.atomic import write_json_atomically, write_text_atomically
+
+__all__ = [
+    "OUTPUT_EXT",
+    "OUTPUT_KEYS",
+    "OUTPUT_POSTFIXES",
+    "QUALITY_TABLE",
+    "OutputFiles",
+    "OutputWriter",
+    "Prediction",
+    "output_case",
+    "output_path",
+    "output_paths",
+    "quality_path",
+    "quality_row",
+    "write_case_quality",
+]
 
 OUTPUT_KEYS = ("segmentation", "confidence")  # the item keys of the two outputs (``ConfidenceAndSegmentationd``)
 OUTPUT_POSTFIXES = {"segmentation": "seg", "confidence": "conf"}  # <case>_<postfix><ext>
@@ -84,25 +96,23 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
     """The ``quality.csv`` row of one case: the case score and review flag first, then per class."""
     review = quality.get("review", {})
     flag = review.get("flag")
-    row: dict[str, Any] = {"case": case, "case_score": quality["case_score"],
-                           "review": "" if flag is None else ("yes" if flag else "no"),
-                           "reasons": "; ".join(review.get("reasons", []))}  # fmt: skip
-    names = {"est_dice": "est_dice", "volume": "volume_ml", "volume_low": "volume_ml_low", "volume_high": "volume_ml_high",
-             "volume_predicted": "predicted_volume_ml", "low_confidence_fraction": "low_confidence"}  # fmt: skip
+    row: dict[str, Any] = {
+        "case": case,
+        "case_score": quality["case_score"],
+        "review": "" if flag is None else ("yes" if flag else "no"),
+        "reasons": "; ".join(review.get("reasons", [])),
+    }
+    names = {
+        "est_dice": "est_dice",
+        "volume": "volume_ml",
+        "volume_low": "volume_ml_low",
+        "volume_high": "volume_ml_high",
+        "volume_predicted": "predicted_volume_ml",
+        "low_confidence_fraction": "low_confidence",
+    }
     for name, values in quality["classes"].items():
         row.update({f"{column}_{name}": values[key] for key, column in names.items()})
     return row
-
-
-def _replace(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)  # a reader never sees half a file
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
@@ -111,7 +121,7 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = quality_path(folder, case)
-    _replace(path, json.dumps({"case": case, **quality}, indent=2) + "\n")
+    write_json_atomically(path, {"case": case, **quality})
     table = folder / QUALITY_TABLE
     rows = []
     if table.is_file():
@@ -122,5 +132,5 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _replace(table, buffer.getvalue())
+    write_text_atomically(table, buffer.getvalue())
     return path

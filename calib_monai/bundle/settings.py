@@ -34,8 +34,19 @@ from typing import Any
 __all__ = ["RunnerArguments", "check_data_settings", "check_override_keys", "check_settings", "runner_arguments"]
 
 #: ``monai.bundle.scripts.run``'s own arguments (and those it passes on to ``create_workflow``): not config ids.
-RUN_ARGUMENTS = ("run_id", "init_id", "final_id", "meta_file", "config_file", "logging_file", "tracking", "args_file",
-                 "workflow_name", "workflow_type", "properties_path")  # fmt: skip
+RUN_ARGUMENTS = (
+    "run_id",
+    "init_id",
+    "final_id",
+    "meta_file",
+    "config_file",
+    "logging_file",
+    "tracking",
+    "args_file",
+    "workflow_name",
+    "workflow_type",
+    "properties_path",
+)
 COMPONENT_EXAMPLE = "settings of a component are --<id>#<argument>, e.g. --loss#alpha 0.2"
 
 
@@ -52,8 +63,12 @@ class RunnerArguments:
 
 def _is_bundle_runner(argv: Sequence[str]) -> bool:
     main = Path(argv[0]) if argv else Path()
-    return main.name == "__main__.py" and main.parent.name == "bundle" and main.parent.parent.name == "monai" and (
-        len(argv) > 1 and argv[1] == "run")
+    return (
+        main.name == "__main__.py"
+        and main.parent.name == "bundle"
+        and main.parent.parent.name == "monai"
+        and (len(argv) > 1 and argv[1] == "run")
+    )
 
 
 def _parse(args: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
@@ -214,11 +229,15 @@ def check_override_keys(arguments: RunnerArguments) -> None:
             signature = _arguments_of(owner["_target_"])
             if signature is None or signature[1] or last in signature[0]:
                 continue  # an argument of the component (or one it may take)
-            raise ValueError(f"{where}: {owner['_target_']} has no argument {last!r}"
-                             f"{_nearest(last, signature[0], f'--{parent}#')} (its arguments: "
-                             f"{', '.join(signature[0])})")  # fmt: skip
-        raise ValueError(f"{where} is not a setting of {names}{_nearest(key, known)}; check the spelling "
-                         f"({COMPONENT_EXAMPLE}; python -m monai.bundle run adds unknown keys without a word)")
+            raise ValueError(
+                f"{where}: {owner['_target_']} has no argument {last!r}"
+                f"{_nearest(last, signature[0], f'--{parent}#')} (its arguments: "
+                f"{', '.join(signature[0])})"
+            )
+        raise ValueError(
+            f"{where} is not a setting of {names}{_nearest(key, known)}; check the spelling "
+            f"({COMPONENT_EXAMPLE}; python -m monai.bundle run adds unknown keys without a word)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- values
@@ -234,7 +253,9 @@ def _is_int(value: Any) -> bool:
 
 def _int_at_least(key: str, value: Any, minimum: int, meaning: str) -> None:
     if not _is_int(value) or value < minimum:
-        raise _problem(key, value, f"{meaning} must be a whole number >= {minimum}", f"pass e.g. --{key} {max(minimum, 2)}")
+        raise _problem(
+            key, value, f"{meaning} must be a whole number >= {minimum}", f"pass e.g. --{key} {max(minimum, 2)}"
+        )
 
 
 def _check_roi_size(value: Any) -> None:
@@ -249,8 +270,12 @@ def _label_count(label_names: Any) -> int | None:
     if isinstance(label_names, Mapping):
         keys = [str(k) for k in label_names]
         if keys != [str(i) for i in range(len(keys))]:
-            raise _problem("label_names", dict(label_names), "the classes must be named '0', '1', ... in order",
-                           """pass e.g. --label_names "{'0': 'background', '1': 'organ'}\"""")
+            raise _problem(
+                "label_names",
+                dict(label_names),
+                "the classes must be named '0', '1', ... in order",
+                """pass e.g. --label_names "{'0': 'background', '1': 'organ'}\"""",
+            )
         return len(keys)
     if isinstance(label_names, (list, tuple)):
         return len(label_names)
@@ -271,7 +296,9 @@ def _check_value(key: str, value: Any) -> None:
             raise _problem(key, value, "the learning rate must be a finite number > 0", "pass e.g. --lr 0.001")
     elif key == "train_fraction":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise _problem(key, value, "the share of training cases must lie in (0, 1]", "pass e.g. --train_fraction 0.5")
+            raise _problem(
+                key, value, "the share of training cases must lie in (0, 1]", "pass e.g. --train_fraction 0.5"
+            )
     elif key == "selection_mode":
         if value not in ("max", "min"):
             raise _problem(key, value, "must be 'max' (higher is better: DSC) or 'min' (NLL, ECE)")
@@ -282,23 +309,39 @@ def _check_value(key: str, value: Any) -> None:
 def _check_selection(selection_metric: Any, selection_bounds: Any, metrics: Sequence[str]) -> None:
     metrics = list(metrics)
     if selection_metric is not None and selection_metric not in metrics:
-        raise _problem("selection_metric", selection_metric, f"the validation computes {metrics}",
-                       f"pass --selection_metric <one of them>{_nearest(str(selection_metric), metrics, '')}")
+        raise _problem(
+            "selection_metric",
+            selection_metric,
+            f"the validation computes {metrics}",
+            f"pass --selection_metric <one of them>{_nearest(str(selection_metric), metrics, '')}",
+        )
     if selection_bounds is None:
         return
     if not isinstance(selection_bounds, Mapping):
-        raise _problem("selection_bounds", selection_bounds, "must be {metric: upper bound}",
-                       """pass e.g. --selection_bounds '{"val_ece": 0.05}'""")
+        raise _problem(
+            "selection_bounds",
+            selection_bounds,
+            "must be {metric: upper bound}",
+            """pass e.g. --selection_bounds '{"val_ece": 0.05}'""",
+        )
     for name, bound in selection_bounds.items():
         if name not in metrics:
-            raise _problem("selection_bounds", dict(selection_bounds), f"{name!r} is not a metric of the validation, "
-                           f"which computes {metrics}{_nearest(str(name), metrics, '')}")  # fmt: skip
+            raise _problem(
+                "selection_bounds",
+                dict(selection_bounds),
+                f"{name!r} is not a metric of the validation, "
+                f"which computes {metrics}{_nearest(str(name), metrics, '')}",
+            )
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
             raise _problem("selection_bounds", dict(selection_bounds), f"the bound of {name!r} must be a finite number")
 
 
-def check_settings(metrics: Mapping[str, Any] | Sequence[str] | None = None, loss: Any = None,
-                   argv: Sequence[str] | None = None, **settings: Any) -> bool:  # fmt: skip
+def check_settings(
+    metrics: Mapping[str, Any] | Sequence[str] | None = None,
+    loss: Any = None,
+    argv: Sequence[str] | None = None,
+    **settings: Any,
+) -> bool:
     """Check a bundle run's settings before anything is built; a ValueError naming the key, the value and the fix.
 
     Args:
@@ -321,11 +364,19 @@ def check_settings(metrics: Mapping[str, Any] | Sequence[str] | None = None, los
     count = _label_count(settings.get("label_names"))
     classes = settings.get("num_classes")
     if count is not None and _is_int(classes) and count != classes:
-        raise _problem("num_classes", classes, f"label_names names {count} classes "
-                       f"({settings['label_names']})", "pass --num_classes and --label_names that agree")  # fmt: skip
+        raise _problem(
+            "num_classes",
+            classes,
+            f"label_names names {count} classes ({settings['label_names']})",
+            "pass --num_classes and --label_names that agree",
+        )
     if metrics is not None:
-        names = [name for group in ([metrics] if isinstance(metrics, Mapping) else metrics)
-                 for name in (group if isinstance(group, (Mapping, list, tuple)) else [group]) if group]  # fmt: skip
+        names = [
+            name
+            for group in ([metrics] if isinstance(metrics, Mapping) else metrics)
+            for name in (group if isinstance(group, (Mapping, list, tuple)) else [group])
+            if group
+        ]
         _check_selection(settings.get("selection_metric"), settings.get("selection_bounds"), names)
     return True
 
@@ -344,17 +395,29 @@ def check_data_settings(data: Any, num_classes: Any = None, in_channels: Any = N
     where = _data_description(data)
     names = {str(k): str(v) for k, v in dict(data.label_names).items()}
     if num_classes is not None and num_classes != len(names):
-        raise _problem("num_classes", num_classes, f"{where} describes {len(names)} classes ({names})",
-                       f"pass --num_classes {len(names)} (and --label_names naming those classes)")  # fmt: skip
+        raise _problem(
+            "num_classes",
+            num_classes,
+            f"{where} describes {len(names)} classes ({names})",
+            f"pass --num_classes {len(names)} (and --label_names naming those classes)",
+        )
     channels = getattr(data, "channel_names", None)
     if in_channels is not None and channels is not None and in_channels != len(channels):
-        raise _problem("in_channels", in_channels, f"{where} describes {len(channels)} input channel(s) "
-                       f"({', '.join(channels)})", f"pass --in_channels {len(channels)}")  # fmt: skip
+        raise _problem(
+            "in_channels",
+            in_channels,
+            f"{where} describes {len(channels)} input channel(s) ({', '.join(channels)})",
+            f"pass --in_channels {len(channels)}",
+        )
     if label_names is not None:
         given = dict(label_names) if isinstance(label_names, Mapping) else dict(enumerate(label_names))
         given = {str(k): str(v) for k, v in given.items()}
         if {k: v.lower() for k, v in given.items()} != {k: v.lower() for k, v in names.items()}:
             json_names = "{" + ", ".join(f'"{k}": "{v}"' for k, v in names.items()) + "}"
-            raise _problem("label_names", given, f"{where} names its classes {names}",
-                           f"pass --label_names '{json_names}' (the names label the report columns and segments)")
+            raise _problem(
+                "label_names",
+                given,
+                f"{where} names its classes {names}",
+                f"pass --label_names '{json_names}' (the names label the report columns and segments)",
+            )
     return True

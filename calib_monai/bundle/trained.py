@@ -1,7 +1,7 @@
 """A trained bundle as one object: its configs and weights in; the network, the transforms and predictions out.
 
 ``TrainedBundle`` is the one reader of a trained bundle folder: the export (``calib_monai.export``), MONAI Label
-serving (``calib_monai.label``), the experiment harness (``calib_monai.experiments.evaluation``) and the Slicer command
+serving (``calib_monai.label``), the studies (``studies/evaluation.py``, outside the package) and the Slicer command
 (``calib-monai slicer``) all build their network, weights and transforms through it.
 """
 
@@ -178,16 +178,22 @@ class TrainedBundle:
                 f"--output_dir {self.bundle_dir}/models) or pass weights=/path/to/model.pt"
             )
         if not weights.is_file():
-            raise FileNotFoundError(f"checkpoint {weights} not found: train the bundle or pass weights=... (a "
-                                    "model.pt state_dict or a model.ts)")  # fmt: skip
+            raise FileNotFoundError(
+                f"checkpoint {weights} not found: train the bundle or pass weights=... (a "
+                "model.pt state_dict or a model.ts)"
+            )
         if weights.suffix == ".ts":
             with warnings.catch_warnings():  # model.ts is the bundle format, deprecated TorchScript or not
-                warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+                warnings.filterwarnings(
+                    "ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning
+                )
                 try:
                     network = TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
                 except Exception as err:
-                    raise WeightsFileError(f"{weights} cannot be read as a TorchScript model ({type(err).__name__}): "
-                                           "export the bundle again (calib-monai export <bundle>)") from err
+                    raise WeightsFileError(
+                        f"{weights} cannot be read as a TorchScript model ({type(err).__name__}): "
+                        "export the bundle again (calib-monai export <bundle>)"
+                    ) from err
         else:
             if self.network_id not in self.parser:
                 raise KeyError(f"{[str(p) for p in self.config_paths]} define no {self.network_id!r} (network_id)")
@@ -252,8 +258,10 @@ class TrainedBundle:
         outputs = self._postprocessing_parts[0](decollated)
         missing = [key for key in OUTPUT_KEYS if key not in outputs]
         if missing:
-            raise KeyError(f"the postprocessing of {[str(p) for p in self.config_paths]} makes no {missing}: predict "
-                           "needs calib_monai.data.segmentation_and_confidence in it")  # fmt: skip
+            raise KeyError(
+                f"the postprocessing of {[str(p) for p in self.config_paths]} makes no {missing}: predict "
+                "needs calib_monai.data.segmentation_and_confidence in it"
+            )
         savers = self._postprocessing_parts[1]
         for key in OUTPUT_KEYS:  # in the file's dtype (Invertd resamples the labels as floats: whole numbers)
             dtype = savers[key].saver.init_kwargs.get("output_dtype") if key in savers else None
@@ -290,8 +298,10 @@ class TrainedBundle:
             if value is None:
                 continue
             if key not in savers:
-                raise KeyError(f"the postprocessing of {[str(p) for p in self.config_paths]} has no SaveImaged of "
-                               f"{key!r} to write it with")  # fmt: skip
+                raise KeyError(
+                    f"the postprocessing of {[str(p) for p in self.config_paths]} has no SaveImaged of "
+                    f"{key!r} to write it with"
+                )
             saver = savers[key].saver
             meta = value.meta if isinstance(value, MetaTensor) else {}
             path = output_path(folder, case or output_case(meta), key, ext=saver.output_ext)

@@ -11,8 +11,10 @@ from typing import Any
 __all__ = ["WeightsFileError", "load_network_weights", "read_weights_file", "unwrap_network", "weights_state_dict"]
 
 #: the fix of a bad ``model.pt``, for messages
-RETRAIN = ("train the bundle again (python -m monai.bundle run training --config_file <bundle>/configs/train.json), or "
-           "copy the model.pt of the run you want to use again")  # fmt: skip
+RETRAIN = (
+    "train the bundle again (python -m monai.bundle run training --config_file <bundle>/configs/train.json), or "
+    "copy the model.pt of the run you want to use again"
+)
 
 
 class WeightsFileError(ValueError):
@@ -27,8 +29,10 @@ def _unreadable_reason(path: Path, err: BaseException) -> str:
     with open(path, "rb") as f:
         head = f.read(4)
     unsafe = isinstance(err, pickle.UnpicklingError) and "weights_only" in str(err).lower()
-    objects = ("it holds Python objects other than tensors and numbers, so it is not a state_dict or checkpoint "
-               "written by calib_monai, and it is not loaded (loading it would run code from the file)")  # fmt: skip
+    objects = (
+        "it holds Python objects other than tensors and numbers, so it is not a state_dict or checkpoint "
+        "written by calib_monai, and it is not loaded (loading it would run code from the file)"
+    )
     if head == b"PK\x03\x04":
         if not zipfile.is_zipfile(path):
             return f"the file is cut off ({size} bytes; an interrupted write, copy or download?)"
@@ -38,8 +42,9 @@ def _unreadable_reason(path: Path, err: BaseException) -> str:
     return f"it is not a PyTorch file ({size} bytes that do not start like one)"
 
 
-def read_weights_file(path: str | os.PathLike, map_location: Any = "cpu", what: str = "network weights",
-                      fix: str = RETRAIN) -> Any:  # fmt: skip
+def read_weights_file(
+    path: str | os.PathLike, map_location: Any = "cpu", what: str = "network weights", fix: str = RETRAIN
+) -> Any:
     """``torch.load(path, weights_only=True)``; a file that does not load raises a ``WeightsFileError`` naming the
     file, what is wrong (empty, cut off, not a PyTorch file, Python objects inside) and ``fix``.
 
@@ -82,8 +87,9 @@ def weights_state_dict(source, map_location="cpu") -> dict:
     if isinstance(source, (str, os.PathLike)):
         name, source = str(source), read_weights_file(source, map_location)
     if not isinstance(source, dict):
-        raise WeightsFileError(f"{name} holds a {type(source).__name__}, not a state_dict (a dict of tensors): "
-                               f"{RETRAIN}")  # fmt: skip
+        raise WeightsFileError(
+            f"{name} holds a {type(source).__name__}, not a state_dict (a dict of tensors): {RETRAIN}"
+        )
     for key in ("model", "network", "state_dict"):
         if isinstance(source.get(key), dict):
             source = source[key]
@@ -116,12 +122,21 @@ def load_network_weights(network, source, map_location="cpu", strict: bool = Tru
         own = target.state_dict()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
-        shapes = [f"{k}: file {tuple(state[k].shape)}, network {tuple(own[k].shape)}" for k in own
-                  if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]  # fmt: skip
+        shapes = [
+            f"{k}: file {tuple(state[k].shape)}, network {tuple(own[k].shape)}"
+            for k in own
+            if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
+        ]
         if missing or unexpected or shapes:
-            parts = [f"{len(items)} {what} (e.g. {_examples(items)})" for items, what in
-                     ((missing, "tensors of the network missing"), (unexpected, "unexpected tensors"),
-                      (shapes, "tensors of another shape")) if items]  # fmt: skip
+            parts = [
+                f"{len(items)} {what} (e.g. {_examples(items)})"
+                for items, what in (
+                    (missing, "tensors of the network missing"),
+                    (unexpected, "unexpected tensors"),
+                    (shapes, "tensors of another shape"),
+                )
+                if items
+            ]
             raise WeightsFileError(
                 f"{name} holds the weights of another network than this {type(target).__name__} ({'; '.join(parts)}): "
                 "it was trained with other settings (backbone, in_channels, num_classes or the bundle); use the "

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calib_monai.bundle_factory import calibration, configs, docs
-from calib_monai.bundle_factory.specs import DATASETS, METHODS, Dataset, Method
+from calib_monai.bundle_factory import calibration, configs, docs, inference
+from calib_monai.bundle_factory.specs import DATASETS, METHODS, RESULTS, Dataset, Method
 
 __all__ = ["DATASETS", "METHODS", "bundle_names", "render_bundle", "write_bundles"]
 
@@ -28,20 +28,25 @@ def render_bundle(name: str) -> dict[str, str]:
     # method names may hold an underscore (ce_dice): match against the known names
     matches = [(m, name[len(m) + 1 :]) for m in METHODS if name.startswith(m + "_") and name[len(m) + 1 :] in DATASETS]
     if not matches:
-        raise ValueError(f"unknown bundle {name!r}: expected <method>_<dataset> with methods {sorted(METHODS)} "
-                         f"and data sets {sorted(DATASETS)}")  # fmt: skip
+        raise ValueError(
+            f"unknown bundle {name!r}: expected <method>_<dataset> with methods {sorted(METHODS)} "
+            f"and data sets {sorted(DATASETS)}"
+        )
     method_name, dataset_name = matches[0]
     method: Method = METHODS[method_name]
     dataset: Dataset = DATASETS[dataset_name]
+    studies = [folder for folder, (data, methods) in RESULTS.items() if data == dataset_name and method_name in methods]
     files = {
         "configs/metadata.json": _json(docs.metadata(name, method, dataset)),
         "configs/train.json": _json(configs.train_config(name, method, dataset)),
         "configs/evaluate.json": _json(configs.evaluate_config(name, method, dataset)),
         "configs/calibrate.json": _json(calibration.calibrate_config(name, method, dataset)),
         "configs/multi_gpu_train.json": _json(configs.multi_gpu_config(name, method, dataset)),
-        "configs/inference.json": _json(configs.inference_config(name, method, dataset)),
+        "configs/inference.json": _json(inference.inference_config(name, method, dataset)),
         "configs/logging.conf": docs.LOGGING_CONF,
-        "docs/README.md": docs.bundle_readme(name, method, dataset),
+        "docs/README.md": docs.bundle_readme(name, method, dataset, studies),
+        "docs/data_license.txt": dataset.terms.text(),
+        "large_files.yml": docs.large_files(name),
         "LICENSE": docs.LICENSE,
     }
     if dataset.demo:

@@ -47,8 +47,12 @@ def case_quality_keys() -> dict[str, Any]:
 
 def calibrate_logits(weights: str, uncalibrated_key: str | None = None) -> dict[str, Any]:
     """The transform that applies ``@calibration_path`` (fitted for ``weights``) to the logits under ``pred``."""
-    transform = {"_target_": "calib_monai.calibration.CalibrateLogitsd", "keys": "pred",
-                 "calibration": "@calibration_path", "weights": weights}  # fmt: skip
+    transform = {
+        "_target_": "calib_monai.calibration.CalibrateLogitsd",
+        "keys": "pred",
+        "calibration": "@calibration_path",
+        "weights": weights,
+    }
     if uncalibrated_key:
         transform["uncalibrated_key"] = uncalibrated_key
     return transform

@@ -13,12 +13,22 @@ from __future__ import annotations
 __all__ = ["DATA_CHECK", "REPORT_ERRORS", "check_settings"]
 
 REPORT_ERRORS = "$calib_monai.bundle.report_errors()"
-DATA_CHECK = ("$calib_monai.bundle.check_data_settings(@data, num_classes=@num_classes, in_channels=@in_channels, "
-              "label_names=@label_names)")  # fmt: skip
+DATA_CHECK = (
+    "$calib_monai.bundle.check_data_settings(@data, num_classes=@num_classes, in_channels=@in_channels, "
+    "label_names=@label_names)"
+)
 
 _NETWORK = ("num_classes", "in_channels", "label_names", "roi_size", "batch_size")
-_TRAINING = ("epochs", "lr", "val_interval", "train_fraction", "seed", "selection_metric", "selection_mode",
-             "selection_bounds")  # fmt: skip
+_TRAINING = (
+    "epochs",
+    "lr",
+    "val_interval",
+    "train_fraction",
+    "seed",
+    "selection_metric",
+    "selection_mode",
+    "selection_bounds",
+)
 
 
 def check_settings(training: bool = False) -> str:

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, case_quality_keys
+from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits
 from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from calib_monai.bundle_factory.data import data_component, preprocessing
+from calib_monai.bundle_factory.handlers import train_handlers
 from calib_monai.bundle_factory.specs import Dataset, Method
-from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING
+from calib_monai.data.preprocessing import EVALUATION, TRAINING
 
-__all__ = ["evaluate_config", "inference_config", "multi_gpu_config", "train_config"]
+__all__ = ["common_keys", "evaluate_config", "multi_gpu_config", "train_config"]
 
-def _common(name: str, dataset: Dataset) -> dict[str, Any]:
+
+def common_keys(name: str, dataset: Dataset) -> dict[str, Any]:
     """Keys shared by training and inference: where things are, and the network."""
     return {
         "imports": list(IMPORTS),
@@ -69,12 +71,19 @@ def _postprocessing(*before_softmax: dict[str, Any]) -> dict[str, Any]:
     the one-hot argmax and label for DSC."""
     return {
         "_target_": "Compose",
-        "transforms": [FLOAT_PRED, *before_softmax,
+        "transforms": [
+            FLOAT_PRED,
+            *before_softmax,
             {"_target_": "Activationsd", "keys": "pred", "softmax": True},
             {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
-            {"_target_": "AsDiscreted", "keys": ["pred", "label"], "argmax": [True, False], "to_onehot": "@num_classes"},
+            {
+                "_target_": "AsDiscreted",
+                "keys": ["pred", "label"],
+                "argmax": [True, False],
+                "to_onehot": "@num_classes",
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
@@ -95,7 +104,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
         },
         "inferer": dict(SLICE_INFERER),
         "postprocessing": _postprocessing(*logits),
-        "handlers": [{"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}],
+        "handlers": [
+            {"_target_": "TensorBoardStatsHandler", "log_dir": "$@output_dir + '/tensorboard'", "iteration_log": False}
+        ],
         "key_metric": {
             "val_mean_dice": {
                 "_target_": "MeanDice",
@@ -133,61 +144,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     }
 
 
-def _train_handlers(method: Method) -> list[dict[str, Any]]:
-    handlers: list[dict[str, Any]] = [
-        # fine-tuning starts from init_weights; first, so that a resumed run's checkpoint (loaded next) replaces them
-        {"_target_": "calib_monai.handlers.NetworkWeightsLoader", "load_path": "@init_weights", "network": "@network",
-         "map_location": "@device", "_disabled_": "$not @init_weights"},
-        {"_target_": "LrScheduleHandler", "lr_scheduler": "@lr_scheduler", "print_lr": False},
-        {"_target_": "ValidationHandler", "validator": "@validate#evaluator", "epoch_level": True, "interval": "@val_interval"},
-    ]
-    if method.alm:
-        handlers.append(
-            {
-                "_target_": "calib_monai.handlers.ALMUpdateHandler",
-                "loss": "@loss",
-                "evaluator": "@validate#evaluator",  # reads the logits of the validation the trainer runs anyway
-                "class_names": "$list(@label_names.values())",
-            }
-        )
-    checkpoint = {
-        "_target_": "calib_monai.handlers.TrainingCheckpoint",
-        "save_dir": "@output_dir",
-        "network": "@network",
-        "optimizer": "@optimizer",
-        "lr_scheduler": "@lr_scheduler",
-        "evaluator": "@validate#evaluator",
-        "metric_name": "@selection_metric",
-        "mode": "@selection_mode",
-        "bounds": "@selection_bounds",
-        "keep_every_epoch": "$calib_monai.bundle.as_bool(@keep_epoch_weights)",
-    }
-    if method.alm:
-        checkpoint["extra"] = {"loss": "@loss"}  # the ALM multipliers are the loss's buffers
-    handlers += [
-        {
-            "_target_": "calib_monai.handlers.EpochSummary",
-            "evaluator": "@validate#evaluator",
-            "optimizer": "@optimizer",
-            "metric_names": ["val_mean_dice", "val_ece"],
-        },
-        checkpoint,
-        # last, so that multi_gpu_train.json can drop it on ranks > 0
-        {
-            "_target_": "TensorBoardStatsHandler",
-            "log_dir": "$@output_dir + '/tensorboard'",
-            "tag_name": "train_loss",
-            # every loss_log_interval steps: reading the loss waits for the GPU, which each step must not do
-            "iteration_log": "@loss_log_interval",
-            "output_transform": "$lambda output: output['loss']",  # the trainer does not decollate: one dict
-        },
-    ]
-    return handlers
-
-
 def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
     """``configs/train.json``: the papers' protocol (2D slices, Adam 1e-3 then 1e-4 at half time, batch 16)."""
-    config = _common(name, dataset)
+    config = common_keys(name, dataset)
     config.update(
         {
             "dataset_dir": "",
@@ -219,8 +178,14 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 "milestones": ["@lr_milestone"],
                 "gamma": 0.1,
             },
-            "data": data_component(dataset, dataset_dir="@dataset_dir", output_dir="@output_dir", roi_size="@roi_size",
-                                   seed="@seed", num_workers="@num_workers"),  # fmt: skip
+            "data": data_component(
+                dataset,
+                dataset_dir="@dataset_dir",
+                output_dir="@output_dir",
+                roi_size="@roi_size",
+                seed="@seed",
+                num_workers="@num_workers",
+            ),
             "train": {
                 "preprocessing": preprocessing(dataset, TRAINING),
                 "dataset": "$@data.train_dataset(fraction=@train_fraction, preprocessing=@train#preprocessing)",
@@ -234,7 +199,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "persistent_workers": "$@num_workers > 0",
                 },
                 "inferer": {"_target_": "monai.inferers.SimpleInferer"},
-                "handlers": _train_handlers(method),
+                "handlers": train_handlers(method),
                 "trainer": {
                     "_target_": "SupervisedTrainer",
                     "device": "@device",
@@ -254,8 +219,11 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "validate": _validation(dataset, keep_logits=method.alm),
             "initialize": [REPORT_ERRORS, check_settings(training=True), "$monai.utils.set_determinism(seed=@seed)"],
             # the data are read when training starts, not at initialize (so `run export` needs none)
-            "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-                    "$@train#trainer.run()"],
+            "run": [
+                DATA_CHECK,
+                "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+                "$@train#trainer.run()",
+            ],
             "training": "@run",
             # models/model.ts (logits) + segmentation_confidence.{ts,pt2} from the best checkpoint; the network is
             # rebuilt from this file's network_def (command-line overrides of the network are not seen)
@@ -333,7 +301,12 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "backend": "$'nccl' if torch.cuda.is_available() else 'gloo'",
         "device": "$calib_monai.bundle.distributed_device()",
         "network": "$calib_monai.bundle.distributed_network(@network_def, @device)",
-        "train#sampler": {"_target_": "DistributedSampler", "dataset": "@train#dataset", "even_divisible": True, "shuffle": True},
+        "train#sampler": {
+            "_target_": "DistributedSampler",
+            "dataset": "@train#dataset",
+            "even_divisible": True,
+            "shuffle": True,
+        },
         "train#dataloader#sampler": "@train#sampler",
         "train#dataloader#shuffle": False,
         "train#trainer#train_handlers": "$@train#handlers[: -1 if torch.distributed.get_rank() > 0 else None]",
@@ -341,73 +314,17 @@ def multi_gpu_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "validate#dataloader#sampler": "@validate#sampler",
         "validate#evaluator#network": "$calib_monai.bundle.unwrap_network(@network)",
         "validate#evaluator#val_handlers": "$None if torch.distributed.get_rank() > 0 else @validate#handlers",
-        "initialize": [REPORT_ERRORS, "$calib_monai.bundle.init_distributed(@backend)", check_settings(training=True),
-                       "$monai.utils.set_determinism(seed=@seed)"],
-        "run": [DATA_CHECK, "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
-                "$@train#trainer.run()"],
+        "initialize": [
+            REPORT_ERRORS,
+            "$calib_monai.bundle.init_distributed(@backend)",
+            check_settings(training=True),
+            "$monai.utils.set_determinism(seed=@seed)",
+        ],
+        "run": [
+            DATA_CHECK,
+            "$calib_monai.bundle.log_run_start(@data, @epochs, @device, @output_dir)",
+            "$@train#trainer.run()",
+        ],
         "training": "@run",
         "finalize": ["$calib_monai.bundle.finalize_distributed()"],
     }
-
-
-def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
-    """``configs/inference.json``: images of ``dataset_dir`` in, segmentation and confidence NIfTI out, in the input
-    geometry."""
-    config = _common(name, dataset)
-    config.update(
-        {
-            "dataset_dir": "",  # a folder of images (NIfTI), or one image file
-            "output_dir": "$@bundle_root + '/inference'",
-            "model_path": "$@bundle_root + '/models/model.pt'",
-            # next to the weights, as the calibrate step writes it
-            "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
-            **case_quality_keys(),
-            "batch_size": 16,
-            # no data set: the component lists the images to segment and holds the data set's settings
-            "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
-            # the training steps without the label and the crop: SliceInferer covers the whole image
-            "preprocessing": preprocessing(dataset, INFERENCE),
-            "dataset": {
-                "_target_": "monai.data.Dataset",
-                "data": "$calib_monai.data.image_datalist(@dataset_dir, @data)",
-                "transform": "@preprocessing",
-            },
-            "dataloader": {
-                "_target_": "monai.data.DataLoader",
-                "dataset": "@dataset",
-                "batch_size": 1,
-                "num_workers": 0,  # images are read and preprocessed once each: workers would only add start-up time
-            },
-            "inferer": dict(SLICE_INFERER),
-            "postprocessing": {
-                "_target_": "Compose",
-                "transforms": [
-                    FLOAT_PRED,  # fp16 logits under amp
-                    calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
-                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality)",
-                ],
-            },
-            "handlers": [
-                {
-                    "_target_": "calib_monai.handlers.NetworkWeightsLoader",
-                    "load_path": "@model_path",
-                    "network": "@network",
-                    "map_location": "@device",
-                },
-            ],
-            "evaluator": {
-                "_target_": "SupervisedEvaluator",
-                "device": "@device",
-                "val_data_loader": "@dataloader",
-                "network": "@network",
-                "inferer": "@inferer",
-                "postprocessing": "@postprocessing",
-                "val_handlers": "@handlers",
-                "amp": "$calib_monai.bundle.as_bool(@amp)",
-            },
-            "initialize": [REPORT_ERRORS, check_settings()],
-            "run": [DATA_CHECK, "$@evaluator.run()"],
-            "inferring": [DATA_CHECK, "$@evaluator.run()"],
-        }
-    )
-    return config

@@ -21,7 +21,24 @@ from calib_monai.calibration.validated_range import (
     review_case,
 )
 
-__all__ = ["CALIBRATION_FILE", "VALIDATED_RANGE_FILE", "CaseQualityd", "ValidatedRange", "load_validated_range",
-           "review_case", "CalibrateLogitsd", "CalibratedNetwork", "LocalTemperatureScaling", "TemperatureScaling",
-           "Uncalibrated", "calibrate_probabilities", "calibration_voxels", "calibrate_volume", "fit_temperature", "load_calibration",
-           "sample_voxels", "save_calibration", "temperature_scale"]  # fmt: skip
+__all__ = [
+    "CALIBRATION_FILE",
+    "VALIDATED_RANGE_FILE",
+    "CaseQualityd",
+    "ValidatedRange",
+    "load_validated_range",
+    "review_case",
+    "CalibrateLogitsd",
+    "CalibratedNetwork",
+    "LocalTemperatureScaling",
+    "TemperatureScaling",
+    "Uncalibrated",
+    "calibrate_probabilities",
+    "calibration_voxels",
+    "calibrate_volume",
+    "fit_temperature",
+    "load_calibration",
+    "sample_voxels",
+    "save_calibration",
+    "temperature_scale",
+]

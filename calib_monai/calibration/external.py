@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from calib_monai.calibration import readers
 from calib_monai.calibration.readers import detect_format, label_names_from, match_cases, read_case
 from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
@@ -62,8 +63,21 @@ __all__ = ["calibrate_probabilities", "temperature_scale"]
 
 logger = logging.getLogger("calib_monai")
 #: ``comparison.csv`` rows: summary columns (mean over cases) then pooled values.
-COMPARED = ("ece", "cece", "tace", "ml1ace", "ece_union", "cece_union", "tace_union", "nll", "brier", "ece_all", "ece_band",
-            "mean_dice", "est_mean_dice")  # fmt: skip
+COMPARED = (
+    "ece",
+    "cece",
+    "tace",
+    "ml1ace",
+    "ece_union",
+    "cece_union",
+    "tace_union",
+    "nll",
+    "brier",
+    "ece_all",
+    "ece_band",
+    "mean_dice",
+    "est_mean_dice",
+)
 LOG_FLOOR = 1e-12
 
 
@@ -151,11 +165,15 @@ def calibrate_probabilities(
     overlap = sorted({c.name for c in fit_cases} & {c.name for c in cases})
     in_sample = bool(overlap)
     if fit_predictions is None:
-        logger.warning("no calibration set given (--fit_predictions/--fit_labels): the temperature is fitted on "
-                       f"the {len(cases)} evaluated case(s), so the 'after' numbers are in-sample (optimistic)")
+        logger.warning(
+            "no calibration set given (--fit_predictions/--fit_labels): the temperature is fitted on "
+            f"the {len(cases)} evaluated case(s), so the 'after' numbers are in-sample (optimistic)"
+        )
     elif overlap:
-        logger.warning(f"{len(overlap)} case name(s) are in both the calibration and the evaluated set "
-                       f"({', '.join(overlap[:10])}): the 'after' numbers are partly in-sample (optimistic)")
+        logger.warning(
+            f"{len(overlap)} case name(s) are in both the calibration and the evaluated set "
+            f"({', '.join(overlap[:10])}): the 'after' numbers are partly in-sample (optimistic)"
+        )
     temperature, voxels = _fit(fit_cases, max_voxels, seed)
     fitted_on = [c.name for c in fit_cases]
     logger.info(f"temperature {temperature:.4f} fitted on {voxels} voxels of {len(fit_cases)} case(s)")
@@ -168,8 +186,10 @@ def calibrate_probabilities(
             before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
             after = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
         if volume.probabilities.shape[0] != len(before.class_names):
-            raise ValueError(f"case {case.name} has {volume.probabilities.shape[0]} classes, expected "
-                             f"{len(before.class_names)} ({before.class_names})")  # fmt: skip
+            raise ValueError(
+                f"case {case.name} has {volume.probabilities.shape[0]} classes, expected "
+                f"{len(before.class_names)} ({before.class_names})"
+            )
         affine = torch.as_tensor(volume.affine, dtype=torch.float64)
         spacing = [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]  # mm, for HD95 / ASD and volumes
         label = torch.from_numpy(volume.label)[None].to(device)
@@ -182,22 +202,46 @@ def calibrate_probabilities(
             readers.write_calibrated(case, volume, scaled.cpu().numpy(), output_dir / "calibrated")
         del volume, scaled
 
-    settings = {"empty_class": empty_class, "foreground": "ground-truth foreground voxels (ece, cece, tace, nll, brier)",
-                "predictions": str(predictions), "labels": str(labels)}  # fmt: skip
+    settings = {
+        "empty_class": empty_class,
+        "foreground": "ground-truth foreground voxels (ece, cece, tace, nll, brier)",
+        "predictions": str(predictions),
+        "labels": str(labels),
+    }
     fit_info = {"temperature": temperature, "fitted_on": fitted_on, "in_sample": in_sample, "voxels": voxels}
     before.write(output_dir / "before", {**settings, "probabilities": "as given"}, logger)
-    note = ("the temperature was fitted on these cases: in-sample, optimistic" if in_sample
-            else "the temperature was fitted on a separate calibration set")  # fmt: skip
-    after.write(output_dir / "after", {**settings, "probabilities": f"softmax(log(p) / {temperature:.6g})", **fit_info,
-                                       "note": note, "segmentation": "DSC / HD95 / ASD of before/ (same argmax)"},
-                logger)  # fmt: skip
+    note = (
+        "the temperature was fitted on these cases: in-sample, optimistic"
+        if in_sample
+        else "the temperature was fitted on a separate calibration set"
+    )
+    after.write(
+        output_dir / "after",
+        {
+            **settings,
+            "probabilities": f"softmax(log(p) / {temperature:.6g})",
+            **fit_info,
+            "note": note,
+            "segmentation": "DSC / HD95 / ASD of before/ (same argmax)",
+        },
+        logger,
+    )
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "temperature.json").write_text(json.dumps(fit_info, indent=2))
     comparison = _write_comparison(output_dir / "comparison.csv", before, after)
-    logger.info("before -> after temperature scaling: " + ", ".join(
-        f"{k} {v['before']:.4f} -> {v['after']:.4f}" for k, v in comparison.items() if k in ("ece", "cece", "nll")))
-    return {"temperature": temperature, "in_sample": in_sample, "cases": len(cases), "output_dir": str(output_dir),
-            "comparison": comparison}  # fmt: skip
+    logger.info(
+        "before -> after temperature scaling: "
+        + ", ".join(
+            f"{k} {v['before']:.4f} -> {v['after']:.4f}" for k, v in comparison.items() if k in ("ece", "cece", "nll")
+        )
+    )
+    return {
+        "temperature": temperature,
+        "in_sample": in_sample,
+        "cases": len(cases),
+        "output_dir": str(output_dir),
+        "comparison": comparison,
+    }
 
 
 def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:

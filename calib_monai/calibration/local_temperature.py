@@ -7,8 +7,6 @@ convolutions on 2D slices, like the segmentation network); ``T(x) > 0`` keeps th
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -32,9 +30,12 @@ class LocalTemperatureScaling(nn.Module):
         super().__init__()
         self.num_classes, self.in_channels, self.hidden = int(num_classes), int(in_channels), int(hidden)
         self.body = nn.Sequential(
-            nn.Conv2d(num_classes + in_channels, hidden, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU(), nn.Conv2d(hidden, 1, 1),
-        )  # fmt: skip
+            nn.Conv2d(num_classes + in_channels, hidden, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(hidden, hidden, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(hidden, 1, 1),
+        )
         nn.init.zeros_(self.body[-1].weight)
         nn.init.constant_(self.body[-1].bias, _START)
 
@@ -43,18 +44,32 @@ class LocalTemperatureScaling(nn.Module):
         x = torch.cat([logits, image.to(logits.dtype)], dim=1)
         return F.softplus(self.body(x)) + _MIN_TEMPERATURE
 
-    def forward(self, logits: torch.Tensor, image: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         if image is None:
             raise ValueError("local temperature scaling needs the image next to the logits")
         return logits / self.temperature_map(logits, image)
 
-    def fit(self, logits: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, steps: int = 300,
-            batch_size: int = 16, lr: float = 1e-2, seed: int = 0) -> LocalTemperatureScaling:  # fmt: skip
+    def fit(
+        self,
+        logits: torch.Tensor,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        steps: int = 300,
+        batch_size: int = 16,
+        lr: float = 1e-2,
+        seed: int = 0,
+    ) -> LocalTemperatureScaling:
         """Adam on the NLL of ``steps`` batches of random slices: ``logits (S, C, H, W)``, ``images (S, C_in, H, W)``,
         ``labels (S, H, W)``; seeded (initialisation and batches)."""
-        if logits.ndim != 4 or images.shape[0] != logits.shape[0] or labels.shape != (logits.shape[0], *logits.shape[2:]):
-            raise ValueError(f"need logits (S, C, H, W), images (S, C_in, H, W), labels (S, H, W); got "
-                             f"{tuple(logits.shape)}, {tuple(images.shape)}, {tuple(labels.shape)}")  # fmt: skip
+        if (
+            logits.ndim != 4
+            or images.shape[0] != logits.shape[0]
+            or labels.shape != (logits.shape[0], *logits.shape[2:])
+        ):
+            raise ValueError(
+                f"need logits (S, C, H, W), images (S, C_in, H, W), labels (S, H, W); got "
+                f"{tuple(logits.shape)}, {tuple(images.shape)}, {tuple(labels.shape)}"
+            )
         torch.manual_seed(seed)
         for module in self.body:
             if isinstance(module, nn.Conv2d) and module is not self.body[-1]:

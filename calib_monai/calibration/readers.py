@@ -21,8 +21,16 @@ from nibabel.orientations import io_orientation
 
 from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
 
-__all__ = ["FORMATS", "CaseFiles", "Volume", "detect_format", "label_names_from", "match_cases", "read_case",
-           "write_calibrated"]  # fmt: skip
+__all__ = [
+    "FORMATS",
+    "CaseFiles",
+    "Volume",
+    "detect_format",
+    "label_names_from",
+    "match_cases",
+    "read_case",
+    "write_calibrated",
+]
 
 logger = logging.getLogger("calib_monai")
 FORMATS = ("nnunet", "nifti")
@@ -59,9 +67,11 @@ def _files(folder: Path, endings: tuple[str, ...]) -> dict[str, Path]:
     return {_stem(p): p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings)}
 
 
-_SAVE_PROBABILITIES = ("nnU-Net writes probabilities only when asked: run nnUNetv2_predict again with "
-                       "--save_probabilities (it adds <case>.npz and <case>.pkl beside each <case>.nii.gz) and pass "
-                       "that output folder")  # fmt: skip
+_SAVE_PROBABILITIES = (
+    "nnU-Net writes probabilities only when asked: run nnUNetv2_predict again with "
+    "--save_probabilities (it adds <case>.npz and <case>.pkl beside each <case>.nii.gz) and pass "
+    "that output folder"
+)
 
 
 def _segmentations_only(niftis: dict[str, Path]) -> bool:
@@ -76,8 +86,10 @@ def detect_format(predictions: Path) -> str:
         return "nnunet"
     niftis = _files(predictions, _NIFTI)
     if niftis and _segmentations_only(niftis):
-        raise FileNotFoundError(f"{predictions} holds segmentations ({len(niftis)} <case>.nii.gz label maps) but no "
-                                f"probabilities (<case>.npz): {_SAVE_PROBABILITIES}")  # fmt: skip
+        raise FileNotFoundError(
+            f"{predictions} holds segmentations ({len(niftis)} <case>.nii.gz label maps) but no "
+            f"probabilities (<case>.npz): {_SAVE_PROBABILITIES}"
+        )
     if niftis:
         return "nifti"
     raise FileNotFoundError(f"no probabilities in {predictions}: expected nnU-Net's <case>.npz or <case>.nii.gz maps")
@@ -107,15 +119,21 @@ def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: 
         else:
             missing.append(name)
     if missing:
-        raise ValueError(f"{len(missing)} prediction(s) in {predictions} have no label <case>.nii.gz in {labels}: "
-                         f"{_listing(missing)}")  # fmt: skip
+        raise ValueError(
+            f"{len(missing)} prediction(s) in {predictions} have no label <case>.nii.gz in {labels}: "
+            f"{_listing(missing)}"
+        )
     extra = sorted(set(label_files) - set(pairs))
     if extra and not ignore_extra_labels:
-        raise ValueError(f"{len(extra)} label(s) in {labels} have no prediction in {predictions}: {_listing(extra)} "
-                         "(leave out --ignore_extra_labels=False to evaluate only the predicted cases)")
+        raise ValueError(
+            f"{len(extra)} label(s) in {labels} have no prediction in {predictions}: {_listing(extra)} "
+            "(leave out --ignore_extra_labels=False to evaluate only the predicted cases)"
+        )
     if extra:
-        logger.info(f"{len(pairs)} predicted case(s) evaluated; {len(extra)} label(s) in {labels} without a "
-                    f"prediction in {predictions} are left out")  # fmt: skip
+        logger.info(
+            f"{len(pairs)} predicted case(s) evaluated; {len(extra)} label(s) in {labels} without a "
+            f"prediction in {predictions} are left out"
+        )
     return [pairs[k] for k in sorted(pairs)]
 
 
@@ -125,8 +143,10 @@ def label_names_from(predictions: Path, num_classes: int) -> dict[str, str]:
     path = predictions / "dataset.json"
     labels = json.loads(path.read_text()).get("labels", {}) if path.is_file() else {}
     if any(isinstance(v, (list, tuple)) for v in labels.values()):
-        raise ValueError(f"{path} defines regions: region-based nnU-Net models save sigmoid probabilities per region, "
-                         f"not one probability per class, and cannot be evaluated here")  # fmt: skip
+        raise ValueError(
+            f"{path} defines regions: region-based nnU-Net models save sigmoid probabilities per region, "
+            f"not one probability per class, and cannot be evaluated here"
+        )
     names = {str(v): k for k, v in labels.items() if k != "ignore"}
     return {str(c): names.get(str(c), "background" if c == 0 else f"class_{c}") for c in range(num_classes)}
 
@@ -152,18 +172,24 @@ def _check(probabilities: np.ndarray, label: np.ndarray, case: CaseFiles) -> np.
         raise ValueError(f"{case.probabilities} holds negative or non-finite values: probabilities expected")
     total = probabilities.sum(0)
     if np.abs(total - 1).max() > SUM_TOLERANCE:
-        raise ValueError(f"the channels of {case.probabilities} do not sum to 1 (range {total.min():.3g} to "
-                         f"{total.max():.3g}): softmax probabilities expected (not logits, not sigmoid regions)")
+        raise ValueError(
+            f"the channels of {case.probabilities} do not sum to 1 (range {total.min():.3g} to "
+            f"{total.max():.3g}): softmax probabilities expected (not logits, not sigmoid regions)"
+        )
     values = np.unique(label)
     if values.min() < 0 or values.max() >= probabilities.shape[0]:
-        raise ValueError(f"label {case.label} has values {values.tolist()} but {case.probabilities} has "
-                         f"{probabilities.shape[0]} classes (an nnU-Net 'ignore' label is not supported)")
+        raise ValueError(
+            f"label {case.label} has values {values.tolist()} but {case.probabilities} has "
+            f"{probabilities.shape[0]} classes (an nnU-Net 'ignore' label is not supported)"
+        )
     return (probabilities / total).astype(np.float32, copy=False)
 
 
 def _mismatch(case: CaseFiles, stored: tuple, expected: tuple, layout: str, cause: str) -> ValueError:
-    return ValueError(f"case {case.name}: the probabilities {case.probabilities} have shape {stored} ({layout}) but "
-                      f"the label {case.label} read by nibabel has shape (x, y, z) = {expected}: {cause}")
+    return ValueError(
+        f"case {case.name}: the probabilities {case.probabilities} have shape {stored} ({layout}) but "
+        f"the label {case.label} read by nibabel has shape (x, y, z) = {expected}: {cause}"
+    )
 
 
 def _nnunet_affine(properties: dict) -> np.ndarray | None:
@@ -182,8 +208,9 @@ def _nnunet_affine(properties: dict) -> np.ndarray | None:
     return np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
 
 
-def _onto_label_grid(case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray | None, label: np.ndarray,
-                     label_affine: np.ndarray) -> tuple[np.ndarray | None, Any]:  # fmt: skip
+def _onto_label_grid(
+    case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray | None, label: np.ndarray, label_affine: np.ndarray
+) -> tuple[np.ndarray | None, Any]:
     """``probabilities (C, x, y, z)`` stored in the label's voxel order, and the transform back to their own; None
     (unchanged) when the grids have other shapes (the caller explains those). Grids apart in position, voxel size or
     axes (:func:`calib_monai.geometry.grid_mismatch`) raise a ``ValueError`` naming both files."""
@@ -193,10 +220,12 @@ def _onto_label_grid(case: CaseFiles, probabilities: np.ndarray, affine: np.ndar
     if problem is not None and problem.kind == "shape":
         return None, None
     if problem is not None:
-        raise ValueError(f"case {case.name}: the probabilities {case.probabilities} do not lie on the grid of the "
-                         f"label {case.label}: {problem.text} (label first; tolerance {GEOMETRY_TOLERANCE:g} voxel), "
-                         "so they would be scored against other voxels; use the labels of the images that were "
-                         "segmented, in their original geometry")  # fmt: skip
+        raise ValueError(
+            f"case {case.name}: the probabilities {case.probabilities} do not lie on the grid of the "
+            f"label {case.label}: {problem.text} (label first; tolerance {GEOMETRY_TOLERANCE:g} voxel), "
+            "so they would be scored against other voxels; use the labels of the images that were "
+            "segmented, in their original geometry"
+        )
     onto_label = reorientation(affine, label_affine)  # stored LAS against a RAS label: the same voxels, reordered
     return reorient(probabilities, onto_label, channel_axis=0), reorientation(label_affine, affine)
 
@@ -204,8 +233,10 @@ def _onto_label_grid(case: CaseFiles, probabilities: np.ndarray, affine: np.ndar
 def _read_nnunet(case: CaseFiles) -> Volume:
     with np.load(case.probabilities) as f:
         if "probabilities" not in f:
-            raise ValueError(f"{case.probabilities} has no 'probabilities' array (keys {list(f)}): not written by "
-                             f"nnU-Net's --save_probabilities")  # fmt: skip
+            raise ValueError(
+                f"{case.probabilities} has no 'probabilities' array (keys {list(f)}): not written by "
+                f"nnU-Net's --save_probabilities"
+            )
         stored = f["probabilities"]
     pkl = case.probabilities.with_suffix(".pkl")
     properties = pickle.loads(pkl.read_bytes()) if pkl.is_file() else {}  # nnU-Net's own trusted output
@@ -219,16 +250,23 @@ def _read_nnunet(case: CaseFiles) -> Volume:
     if stored.ndim != 4 or stored.shape[1:][::-1] != label.shape:
         spatial = tuple(stored.shape[1:])
         if spatial == label.shape:
-            cause = ("the array is in (x, y, z) order already, not nnU-Net's (z, y, x): was the .npz written by "
-                     "something other than nnU-Net's export? Use the NIfTI format for (x, y, z) maps")
+            cause = (
+                "the array is in (x, y, z) order already, not nnU-Net's (z, y, x): was the .npz written by "
+                "something other than nnU-Net's export? Use the NIfTI format for (x, y, z) maps"
+            )
         elif sorted(spatial) == sorted(label.shape):
             cause = "the same sizes in another axis order: the probabilities' axes are permuted"
         else:
             before = properties.get("shape_before_cropping")
-            cause = ("different grids: nnU-Net writes probabilities in the original image geometry"
-                     + (f" (its .pkl: shape_before_cropping {tuple(before)}, in nnU-Net's transposed order)"
-                   if before is not None else "")
-                     + "; are the labels resampled or cropped (e.g. from nnUNet_preprocessed), or for another image?")
+            cause = (
+                "different grids: nnU-Net writes probabilities in the original image geometry"
+                + (
+                    f" (its .pkl: shape_before_cropping {tuple(before)}, in nnU-Net's transposed order)"
+                    if before is not None
+                    else ""
+                )
+                + "; are the labels resampled or cropped (e.g. from nnUNet_preprocessed), or for another image?"
+            )
         raise _mismatch(case, tuple(stored.shape), label.shape, "(C, z, y, x) as nnU-Net saves it", cause)
     probabilities = np.ascontiguousarray(stored.astype(np.float32).transpose(0, 3, 2, 1))
     return Volume(_check(probabilities, label, case), label, affine)
@@ -238,13 +276,17 @@ def _read_nifti(case: CaseFiles) -> Volume:
     image = nib.load(str(case.probabilities))
     data = np.asarray(image.dataobj, dtype=np.float32)
     if data.ndim == 3:
-        raise ValueError(f"{case.probabilities} is a 3D label map, not a probability map (x, y, z, C): "
-                         f"{_SAVE_PROBABILITIES}; other tools: save one channel per class")  # fmt: skip
+        raise ValueError(
+            f"{case.probabilities} is a 3D label map, not a probability map (x, y, z, C): "
+            f"{_SAVE_PROBABILITIES}; other tools: save one channel per class"
+        )
     if data.ndim == 5 and data.shape[3] == 1:  # (x, y, z, 1, C): nibabel's view of an intent-vector image
         data = data[:, :, :, 0]
     elif data.ndim != 4:
-        raise ValueError(f"{case.probabilities} has shape {data.shape}: a 4D (x, y, z, C) or 5D (x, y, z, 1, C) "
-                         f"probability map expected, one channel per class")  # fmt: skip
+        raise ValueError(
+            f"{case.probabilities} has shape {data.shape}: a 4D (x, y, z, C) or 5D (x, y, z, 1, C) "
+            f"probability map expected, one channel per class"
+        )
     label, affine = _read_label(case.label)
     on_grid, back = _onto_label_grid(case, np.moveaxis(data, -1, 0), image.affine, label, affine)
     if on_grid is not None:

@@ -10,24 +10,32 @@ calibrated again). ``<models>/calibration.json`` repeats the same facts for peop
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from monai.transforms import MapTransform
 from torch import nn
 
+from calib_monai.atomic import save_atomically, write_json_atomically
 from calib_monai.bundle.weights import read_weights_file
 
 from .local_temperature import LocalTemperatureScaling
 from .temperature import TemperatureScaling
 
-__all__ = ["CALIBRATION_FILE", "CalibrateLogitsd", "CalibratedNetwork", "Uncalibrated", "calibrate_volume",
-           "file_sha256", "load_calibration", "save_calibration"]  # fmt: skip
+__all__ = [
+    "CALIBRATION_FILE",
+    "CalibrateLogitsd",
+    "CalibratedNetwork",
+    "Uncalibrated",
+    "calibrate_volume",
+    "file_sha256",
+    "load_calibration",
+    "save_calibration",
+]
 
 logger = logging.getLogger(__name__)
 CALIBRATION_FILE = "calibration.pt"
@@ -37,7 +45,7 @@ METHODS = {"temperature": TemperatureScaling, "local_temperature": LocalTemperat
 class Uncalibrated(nn.Module):
     """The identity with the calibration modules' signature (so a scripted model always has one)."""
 
-    def forward(self, logits: torch.Tensor, image: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         return logits
 
 
@@ -56,8 +64,7 @@ def _method(module: nn.Module) -> str:
     raise TypeError(f"can store {list(METHODS)} modules, got {type(module).__name__}")
 
 
-def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike,
-                     **info: Any) -> Path:  # fmt: skip
+def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike, **info: Any) -> Path:
     """Write ``module`` (fitted for the network weights file ``weights``) to ``path`` atomically, and the readable
     ``calibration.json`` beside it; ``info`` (fit statistics: voxels, NLL and ECE before and after...) goes in both."""
     path = Path(path)
@@ -67,12 +74,8 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
         record["temperature"] = float(module.temperature)
     else:
         record.update(num_classes=module.num_classes, in_channels=module.in_channels, hidden=module.hidden)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({**record, "state_dict": module.state_dict()}, tmp)
-    os.replace(tmp, path)  # a reader never sees half a file
-    readable = path.with_suffix(".json")
-    readable.with_name(readable.name + ".tmp").write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(readable.with_name(readable.name + ".tmp"), readable)
+    save_atomically({**record, "state_dict": module.state_dict()}, path)
+    write_json_atomically(path.with_suffix(".json"), record)
     return path
 
 
@@ -92,10 +95,14 @@ def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None 
         method = record["method"]
         cls = METHODS[method]
     except Exception as err:
-        raise ValueError(f"{path} is not a calibration file of calib_monai ({type(err).__name__}: {err}); {fix}") from err
+        raise ValueError(
+            f"{path} is not a calibration file of calib_monai ({type(err).__name__}: {err}); {fix}"
+        ) from err
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
-        logger.warning(f"{path} was fitted for other weights than {weights} (the model was trained again since): "
-                       "not applied; run the bundle's calibrate step again")  # fmt: skip
+        logger.warning(
+            f"{path} was fitted for other weights than {weights} (the model was trained again since): "
+            "not applied; run the bundle's calibrate step again"
+        )
         return None
     if cls is TemperatureScaling:
         module: nn.Module = TemperatureScaling(record["temperature"])
@@ -116,7 +123,9 @@ class CalibratedNetwork(nn.Module):
         return self.calibration(self.network(x), x)
 
 
-def calibrate_volume(calibration: nn.Module, logits: torch.Tensor, image: torch.Tensor, spatial_dim: int = 2) -> torch.Tensor:
+def calibrate_volume(
+    calibration: nn.Module, logits: torch.Tensor, image: torch.Tensor, spatial_dim: int = 2
+) -> torch.Tensor:
     """Apply a 2D calibration module to a volume's logits ``(C, H, W, D)`` slice by slice along ``spatial_dim``
     (the slices the 2D network saw), with the image ``(C_in, H, W, D)``; 2D inputs ``(C, H, W)`` go in as they are."""
     if logits.ndim == 3:
@@ -140,9 +149,16 @@ class CalibrateLogitsd(MapTransform):
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
 
-    def __init__(self, keys, calibration: nn.Module | str | os.PathLike | None = None,
-                 weights: str | os.PathLike | None = None, image_key: str = "image",
-                 uncalibrated_key: str | None = None, spatial_dim: int = 2, allow_missing_keys: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        keys,
+        calibration: nn.Module | str | os.PathLike | None = None,
+        weights: str | os.PathLike | None = None,
+        image_key: str = "image",
+        uncalibrated_key: str | None = None,
+        spatial_dim: int = 2,
+        allow_missing_keys: bool = False,
+    ) -> None:
         super().__init__(keys, allow_missing_keys)
         if isinstance(calibration, (str, os.PathLike)):
             calibration = load_calibration(calibration, weights)

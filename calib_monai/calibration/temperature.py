@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from typing import Optional
 
 import torch
 from torch import nn
@@ -23,7 +22,9 @@ TEMPERATURE_RANGE = (0.01, 100.0)
 logger = logging.getLogger("calib_monai")
 
 
-def sample_voxels(logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_voxels(
+    logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A seeded sample of at most ``max_voxels`` rows of ``logits (N, C)`` and ``labels (N,)`` (all when fewer)."""
     if logits.shape[0] <= max_voxels:
         return logits, labels
@@ -31,8 +32,12 @@ def sample_voxels(logits: torch.Tensor, labels: torch.Tensor, max_voxels: int, s
     return logits[keep.to(logits.device)], labels[keep.to(labels.device)]
 
 
-def calibration_voxels(volumes: Iterable[tuple[torch.Tensor, torch.Tensor]], voxels: str = "foreground",
-                       max_voxels: int = 2_000_000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def calibration_voxels(
+    volumes: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    voxels: str = "foreground",
+    max_voxels: int = 2_000_000,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The voxels a temperature is fitted on: logits ``(N, C)`` and labels ``(N,)`` from ``(logits (C, *spatial),
     label (*spatial))`` volumes, at most ``max_voxels`` in all, the same share from each volume (seeded).
 
@@ -57,8 +62,16 @@ def calibration_voxels(volumes: Iterable[tuple[torch.Tensor, torch.Tensor]], vox
     return torch.cat(logits), torch.cat(labels)
 
 
+_FLAT = (
+    "the logits carry next to no information on these voxels (e.g. a network that predicts background on all "
+    "ground-truth foreground voxels): check the model, or fit on every voxel (--calibration_voxels all)"
+)
+_SHARP = "the voxels are all classified correctly with room to sharpen"
+
+
 def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
-    """``logits (N, C)`` with ``N > 0`` finite rows and ``labels (N,)`` in ``[0, C)``, else a ValueError saying which."""
+    """``logits (N, C)`` with ``N > 0`` finite rows and ``labels (N,)`` in ``[0, C)``, else a ValueError saying
+    which."""
     if logits.ndim != 2 or labels.shape != logits.shape[:1]:
         raise ValueError(f"need logits (N, C) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
     if logits.shape[0] == 0:
@@ -67,7 +80,9 @@ def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
         raise ValueError("the logits hold NaN or inf values; a temperature cannot be fitted on them")
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= logits.shape[1]:
-        raise ValueError(f"labels must lie in [0, {logits.shape[1]}) for {logits.shape[1]} classes, got [{low}, {high}]")
+        raise ValueError(
+            f"labels must lie in [0, {logits.shape[1]}) for {logits.shape[1]} classes, got [{low}, {high}]"
+        )
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> float:
@@ -96,8 +111,10 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
     low, high = TEMPERATURE_RANGE
     if not low <= temperature <= high:
         # NLL is convex in 1 / T, so the bound is the best temperature within the range
-        logger.warning(f"the fitted temperature {temperature:.3g} lies outside [{low}, {high}] and is clipped to it: "
-                       f"{'the logits carry next to no information on these voxels (e.g. a network that predicts background on all ground-truth foreground voxels): check the model, or fit on every voxel (--calibration_voxels all)' if temperature > high else 'the voxels are all classified correctly with room to sharpen'}")  # fmt: skip
+        logger.warning(
+            f"the fitted temperature {temperature:.3g} lies outside [{low}, {high}] and is clipped to it: "
+            f"{_FLAT if temperature > high else _SHARP}"
+        )
         temperature = min(max(temperature, low), high)
     return temperature
 
@@ -115,7 +132,7 @@ class TemperatureScaling(nn.Module):
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         self.register_buffer("temperature", torch.tensor(float(temperature)))
 
-    def forward(self, logits: torch.Tensor, image: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         return logits / self.temperature.to(logits.dtype)
 
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> TemperatureScaling:

@@ -34,12 +34,19 @@ from typing import Any
 import numpy as np
 from monai.transforms import MapTransform
 
+from calib_monai.atomic import write_json_atomically
 from calib_monai.calibration.stored import file_sha256
 from calib_monai.metrics.case_quality import case_quality, image_statistics
 from calib_monai.metrics.report_table import voxel_spacing
 
-__all__ = ["VALIDATED_RANGE_FILE", "CaseQualityd", "ValidatedRange", "load_validated_range", "review_case",
-           "voxel_volume_ml"]  # fmt: skip
+__all__ = [
+    "VALIDATED_RANGE_FILE",
+    "CaseQualityd",
+    "ValidatedRange",
+    "load_validated_range",
+    "review_case",
+    "voxel_volume_ml",
+]
 
 logger = logging.getLogger("calib_monai")
 VALIDATED_RANGE_FILE = "validated_range.json"
@@ -65,17 +72,30 @@ class ValidatedRange:
         self.scores = [float(s) for s in self.scores if s == s]
 
     @classmethod
-    def from_qualities(cls, qualities: Sequence[Mapping[str, Any]], alpha: float = 0.05, volume_factor: float = 0.0,
-                       inputs: Sequence[Sequence[float]] = (), input_check: bool = False,
-                       **info: Any) -> ValidatedRange:  # fmt: skip
+    def from_qualities(
+        cls,
+        qualities: Sequence[Mapping[str, Any]],
+        alpha: float = 0.05,
+        volume_factor: float = 0.0,
+        inputs: Sequence[Sequence[float]] = (),
+        input_check: bool = False,
+        **info: Any,
+    ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
         :func:`~calib_monai.metrics.case_quality.image_statistics` of their images)."""
         if not qualities:
             raise ValueError("a validated range needs at least one validation volume")
         names = list(qualities[0]["classes"])
         volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
-        return cls([float(q["case_score"]) for q in qualities], volumes, alpha, volume_factor, info,
-                   [list(map(float, f)) for f in inputs], bool(input_check))  # fmt: skip
+        return cls(
+            [float(q["case_score"]) for q in qualities],
+            volumes,
+            alpha,
+            volume_factor,
+            info,
+            [list(map(float, f)) for f in inputs],
+            bool(input_check),
+        )
 
     @property
     def rank(self) -> int:
@@ -110,8 +130,10 @@ class ValidatedRange:
         if not score == score:
             reasons.append("no case score (the model predicts none of the structures and gives them no probability)")
         elif score < threshold:
-            reasons.append(f"estimated mean DSC {score:.3f} is below the validated range ({threshold:.3f}, the "
-                           f"{_ordinal(self.rank)} lowest of {len(self.scores)} validation volumes)")  # fmt: skip
+            reasons.append(
+                f"estimated mean DSC {score:.3f} is below the validated range ({threshold:.3f}, the "
+                f"{_ordinal(self.rank)} lowest of {len(self.scores)} validation volumes)"
+            )
         if self.volume_factor:
             for name, values in self.volumes.items():
                 volume = float(quality["classes"].get(name, {}).get("volume", float("nan")))
@@ -121,26 +143,37 @@ class ValidatedRange:
         if self.input_check and image_statistics is not None and len(self.inputs) >= 3:
             distance, limit = self._input_distance(image_statistics), self.input_threshold
             if distance > limit:
-                reasons.append(f"the image's intensities are unlike the validation images' (distance {distance:.1f} "
-                               f"standard deviations, validated up to {limit:.1f})")  # fmt: skip
-        return {"flag": bool(reasons), "reasons": reasons, "score_threshold": threshold,
-                "validation_volumes": len(self.scores)}  # fmt: skip
+                reasons.append(
+                    f"the image's intensities are unlike the validation images' (distance {distance:.1f} "
+                    f"standard deviations, validated up to {limit:.1f})"
+                )
+        return {
+            "flag": bool(reasons),
+            "reasons": reasons,
+            "score_threshold": threshold,
+            "validation_volumes": len(self.scores),
+        }
 
     def save(self, path: str | os.PathLike, weights: str | os.PathLike) -> Path:
         """Write the range (with the SHA-256 of ``weights``) to ``path`` atomically."""
         path = Path(path)
-        record = {**asdict(self), "rule": self.describe(), "weights": Path(weights).name,
-                  "weights_sha256": file_sha256(weights)}  # fmt: skip
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        record = {
+            **asdict(self),
+            "rule": self.describe(),
+            "weights": Path(weights).name,
+            "weights_sha256": file_sha256(weights),
+        }
+        return write_json_atomically(path, record)
 
     def describe(self) -> str:
-        rule = (f"flag a case whose estimated mean DSC is below the {_ordinal(self.rank)} lowest of the "
-                f"{len(self.scores)} validation volumes' ({self.score_threshold:.3f})")  # fmt: skip
+        rule = (
+            f"flag a case whose estimated mean DSC is below the {_ordinal(self.rank)} lowest of the "
+            f"{len(self.scores)} validation volumes' ({self.score_threshold:.3f})"
+        )
         if self.volume_factor:
-            rule += f", or whose expected volume of a class is outside the validated range widened {self.volume_factor}x"
+            rule += (
+                f", or whose expected volume of a class is outside the validated range widened {self.volume_factor}x"
+            )
         if self.input_check:
             rule += ", or whose image intensities lie further from the validation images' than all but k-1 of them"
         return rule
@@ -163,21 +196,30 @@ def load_validated_range(path: str | os.PathLike, weights: str | os.PathLike | N
         fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info")}
         fields.update({k: record[k] for k in ("inputs", "input_check") if k in record})
     except (ValueError, KeyError) as err:
-        raise ValueError(f"{path} is not a validated range of calib_monai ({type(err).__name__}: {err}); delete it "
-                         "and run the bundle's calibrate step again") from err  # fmt: skip
+        raise ValueError(
+            f"{path} is not a validated range of calib_monai ({type(err).__name__}: {err}); delete it "
+            "and run the bundle's calibrate step again"
+        ) from err
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
-        logger.warning(f"{path} was measured with other weights than {weights} (the model was trained again since): "
-                       "no review flags; run the bundle's calibrate step again")  # fmt: skip
+        logger.warning(
+            f"{path} was measured with other weights than {weights} (the model was trained again since): "
+            "no review flags; run the bundle's calibrate step again"
+        )
         return None
     return ValidatedRange(**fields)
 
 
-def review_case(quality: Mapping[str, Any], validated: ValidatedRange | None,
-                image_statistics: Sequence[float] | None = None) -> dict[str, Any]:  # fmt: skip
+def review_case(
+    quality: Mapping[str, Any], validated: ValidatedRange | None, image_statistics: Sequence[float] | None = None
+) -> dict[str, Any]:
     """``quality`` with its ``review`` verdict (``flag`` None and the reason when no range is stored)."""
     if validated is None:
-        review = {"flag": None, "reasons": ["no validated range stored next to the weights: run the bundle's "
-                                            "calibrate step to get review flags"]}  # fmt: skip
+        review = {
+            "flag": None,
+            "reasons": [
+                "no validated range stored next to the weights: run the bundle's calibrate step to get review flags"
+            ],
+        }
     else:
         review = validated.check(quality, image_statistics)
     return {**quality, "review": review}
@@ -203,10 +245,17 @@ class CaseQualityd(MapTransform):
         confidence_threshold: the confidence below which a predicted voxel counts as low confidence.
     """
 
-    def __init__(self, keys, validated_range: ValidatedRange | str | os.PathLike | None = None,
-                 weights: str | os.PathLike | None = None, label_names: Mapping | None = None,
-                 quality_key: str = "quality", image_key: str = "image", confidence_threshold: float = 0.8,
-                 allow_missing_keys: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        keys,
+        validated_range: ValidatedRange | str | os.PathLike | None = None,
+        weights: str | os.PathLike | None = None,
+        label_names: Mapping | None = None,
+        quality_key: str = "quality",
+        image_key: str = "image",
+        confidence_threshold: float = 0.8,
+        allow_missing_keys: bool = False,
+    ) -> None:
         super().__init__(keys, allow_missing_keys)
         if isinstance(validated_range, (str, os.PathLike)):
             validated_range = load_validated_range(validated_range, weights)
@@ -220,8 +269,12 @@ class CaseQualityd(MapTransform):
         for key in self.key_iterator(d):
             prob = d[key]
             names = self.class_names if self.class_names and len(self.class_names) == prob.shape[0] else None
-            quality = case_quality(prob, voxel_volume=voxel_volume_ml(d.get(self.image_key)),
-                                   threshold=self.confidence_threshold, class_names=names)  # fmt: skip
+            quality = case_quality(
+                prob,
+                voxel_volume=voxel_volume_ml(d.get(self.image_key)),
+                threshold=self.confidence_threshold,
+                class_names=names,
+            )
             image = d.get(self.image_key)
             stats = image_statistics(image) if image is not None else None
             quality = review_case(quality, self.validated_range, stats)
@@ -240,4 +293,3 @@ def _case(d: Mapping, image_key: str) -> str:
     meta = getattr(d.get(image_key), "meta", {}) or {}
     name = meta.get("filename_or_obj")
     return os.path.basename(str(name)) if name else "(unnamed)"
-

@@ -25,8 +25,8 @@ from calib_monai.data.inference import (
     inference_preprocessing,
     segmentation_and_confidence,
 )
-from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
 from calib_monai.data.kits import KiTS
+from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
 from calib_monai.data.mrbrains import MRBRAINS18_TO_TISSUE, MRBrainS
 from calib_monai.data.msd import MSDDataset
 from calib_monai.data.msd_tasks import Hippocampus, Prostate

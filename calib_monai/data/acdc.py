@@ -62,12 +62,28 @@ class ACDC(VolumeSegmentationData):
     facts = DatasetFacts(ACDC_LABEL_NAMES, channel_names=("image",), roi_size=(224, 224, -1))
     preprocessing_args = ("resize",)
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, resize: Sequence[int] = (224, 224), split: Sequence[int] = (70, 10, 20),
-                 use_split_lists: bool = True):  # fmt: skip
-        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        resize: Sequence[int] = (224, 224),
+        split: Sequence[int] = (70, 10, 20),
+        use_split_lists: bool = True,
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            None,
+            split,
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self.resize = tuple(int(s) for s in resize)
         if len(self.resize) != 2 or min(self.resize) <= 0:
             raise ValueError(f"resize must be the in-plane size (H, W), two positive ints, got {tuple(resize)}")
@@ -75,15 +91,25 @@ class ACDC(VolumeSegmentationData):
         self.patients_dir, self.split_lists, self._cases = None, None, []
         if self.root is None:  # preprocessing only
             return
-        self.patients_dir = next((d for d in (self.root / "database" / "training", self.root / "training", self.root)
-                                  if d.is_dir() and any(d.glob("patient*"))), None)  # fmt: skip
+        self.patients_dir = next(
+            (
+                d
+                for d in (self.root / "database" / "training", self.root / "training", self.root)
+                if d.is_dir() and any(d.glob("patient*"))
+            ),
+            None,
+        )
         if self.patients_dir is None:
             raise layout_error(self.root, "has no patientNNN folders", ACDC_LAYOUTS)
         self.split_lists = self._read_split_lists() if use_split_lists else None
         self._cases = self._pair_frames()
-        logger.info("ACDC: %d annotated frames of %d patients in %s (%s split)", len(self._cases),
-                    len({self._patient(c) for c in self._cases}), self.patients_dir,
-                    "splits/*.list" if self.split_lists else "seeded")  # fmt: skip
+        logger.info(
+            "ACDC: %d annotated frames of %d patients in %s (%s split)",
+            len(self._cases),
+            len({self._patient(c) for c in self._cases}),
+            self.patients_dir,
+            "splits/*.list" if self.split_lists else "seeded",
+        )
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
@@ -117,8 +143,9 @@ class ACDC(VolumeSegmentationData):
                     raise ValueError(f"ACDC label {gt} has no image: expected {image}; restore it or remove the label")
                 cases.append({"image": str(image), "label": str(gt)})
         if not cases:
-            raise layout_error(self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels",
-                               ACDC_LAYOUTS)  # fmt: skip
+            raise layout_error(
+                self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels", ACDC_LAYOUTS
+            )
         return cases
 
     def _read_split_lists(self) -> dict[str, list[str]] | None:
@@ -135,13 +162,20 @@ class ACDC(VolumeSegmentationData):
         subset_of = {p: k for k, names in self.split_lists.items() for p in names}
         unlisted = sorted(set(patients) - set(subset_of))
         if unlisted:
-            raise ValueError(f"{self.root / 'splits'} lists no subset for patient(s) {unlisted[:5]}"
-                             f"{' ...' if len(unlisted) > 5 else ''}: add them to train/val/test.list or pass "
-                             "use_split_lists=False for a seeded patient split")  # fmt: skip
+            raise ValueError(
+                f"{self.root / 'splits'} lists no subset for patient(s) {unlisted[:5]}"
+                f"{' ...' if len(unlisted) > 5 else ''}: add them to train/val/test.list or pass "
+                "use_split_lists=False for a seeded patient split"
+            )
         absent = sorted(set(subset_of) - set(patients))
         if absent:
-            logger.warning("ACDC: %d patient(s) of %s are not in %s (e.g. %s)", len(absent), self.root / "splits",
-                           self.patients_dir, absent[0])  # fmt: skip
+            logger.warning(
+                "ACDC: %d patient(s) of %s are not in %s (e.g. %s)",
+                len(absent),
+                self.root / "splits",
+                self.patients_dir,
+                absent[0],
+            )
         out: dict[str, list[dict]] = {"training": [], "validation": [], "test": []}
         for case, patient in sorted(zip(cases, patients), key=lambda cp: cp[0]["image"]):
             out[subset_of[patient]].append(case)

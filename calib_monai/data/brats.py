@@ -51,8 +51,10 @@ def brats_regions(label, enhancing: int = 3, dim: int = 0):
     there. ``enhancing=4`` reads raw BraTS files (ET stored as 4); the default 3 is this component's training label.
     """
     if label.shape[dim] != 1:
-        raise ValueError(f"label must have a channel axis of size 1 at dim {dim} (class indices, not one-hot), "
-                         f"got shape {tuple(label.shape)}")  # fmt: skip
+        raise ValueError(
+            f"label must have a channel axis of size 1 at dim {dim} (class indices, not one-hot), "
+            f"got shape {tuple(label.shape)}"
+        )
     et = label == enhancing
     tc = (label == 1) | et
     wt = tc | (label == 2)
@@ -106,16 +108,36 @@ class BraTS(VolumeSegmentationData):
 
     source = "brats"
     drop_empty_training_slices = True
-    facts = DatasetFacts(BRATS_LABEL_NAMES, channel_names=("FLAIR", "T1", "T1ce", "T2"), roi_size=(192, 192, 128),
-                         regions=BRATS_REGION_CLASSES)  # fmt: skip
+    facts = DatasetFacts(
+        BRATS_LABEL_NAMES,
+        channel_names=("FLAIR", "T1", "T1ce", "T2"),
+        roi_size=(192, 192, 128),
+        regions=BRATS_REGION_CLASSES,
+    )
     preprocessing_args = ("resize", "intensity")
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, resize: Sequence[int] = (192, 192, 128), split: Sequence[int] = (235, 35, 65),
-                 intensity: str | Sequence[float] = "minmax"):  # fmt: skip
-        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        resize: Sequence[int] = (192, 192, 128),
+        split: Sequence[int] = (235, 35, 65),
+        intensity: str | Sequence[float] = "minmax",
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            None,
+            split,
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self.resize = tuple(int(s) for s in resize)
         if len(self.resize) != 3 or min(self.resize) <= 0:
             raise ValueError(f"resize must be (H, W, D), three positive ints, got {tuple(resize)}")
@@ -136,8 +158,12 @@ class BraTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
-            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": list(BRATS_MODALITIES),
-             "source": "BraTS"},  # fmt: skip
+            {
+                "_target_": "calib_monai.data.CheckChannelsd",
+                "key": "image",
+                "names": list(BRATS_MODALITIES),
+                "source": "BraTS",
+            },
             {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
             steps.pad_or_crop(),
         ]
@@ -179,12 +205,22 @@ class BraTS(VolumeSegmentationData):
                 return super().inference_items(path)
             flairs = [path.parent / f"{prefix}_flair{_nifti_suffix(path.name)}"]
         else:
-            flairs = sorted({p for pattern in ("*_flair.nii.gz", "*_flair.nii") for p in path.rglob(pattern)
-                             if p.is_file() and not p.name.startswith(".")})  # fmt: skip
+            flairs = sorted(
+                {
+                    p
+                    for pattern in ("*_flair.nii.gz", "*_flair.nii")
+                    for p in path.rglob(pattern)
+                    if p.is_file() and not p.name.startswith(".")
+                }
+            )
         if not flairs:
-            raise layout_error(path, "has no <case>_flair.nii.gz file (searched recursively); expected one case "
-                               "folder <case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release "
-                               "root", BRATS_LAYOUTS)  # fmt: skip
+            raise layout_error(
+                path,
+                "has no <case>_flair.nii.gz file (searched recursively); expected one case "
+                "folder <case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release "
+                "root",
+                BRATS_LAYOUTS,
+            )
         items = []
         for flair in flairs:
             case = _modality_prefix(flair.name)

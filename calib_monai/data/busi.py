@@ -49,8 +49,10 @@ class LoadBUSId(MapTransform):
         try:
             array = self.reader(path)
         except Exception as err:  # any reader failure: name the file, keep the cause
-            raise CaseDataError(f"cannot read {path} ({type(err).__name__}: {err}); the PNG is truncated or not an "
-                                "image: re-download it or remove the case") from err  # fmt: skip
+            raise CaseDataError(
+                f"cannot read {path} ({type(err).__name__}: {err}); the PNG is truncated or not an "
+                "image: re-download it or remove the case"
+            ) from err
         if array.ndim == 3:
             array = array[..., :3].float().mean(-1)
         return array
@@ -66,8 +68,10 @@ class LoadBUSId(MapTransform):
             for path in paths:
                 mask = self._read(str(path))
                 if tuple(mask.shape) != tuple(image.shape):
-                    raise CaseDataError(f"mask {path} is {tuple(mask.shape)} pixels but its image {image_path} is "
-                                        f"{tuple(image.shape)}: they must match; fix the mask or remove the case")
+                    raise CaseDataError(
+                        f"mask {path} is {tuple(mask.shape)} pixels but its image {image_path} is "
+                        f"{tuple(image.shape)}: they must match; fix the mask or remove the case"
+                    )
                 union |= mask.as_tensor() > 0
             value = self.malignant_value if Path(image_path).parent.name == "malignant" else 1
             d[self.label_key] = MetaTensor((union.float() * value)[None, ..., None], meta={"filename_or_obj": paths[0]})
@@ -107,16 +111,33 @@ class BUSI(VolumeSegmentationData):
     facts = DatasetFacts({"0": "background", "1": "lesion"}, channel_names=("image",), roi_size=(256, 256, 1))
     preprocessing_args = ("classes",)
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, split: Sequence[int] = (445, 65, 137), classes: str = "lesion"):  # fmt: skip
-        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        split: Sequence[int] = (445, 65, 137),
+        classes: str = "lesion",
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            None,
+            split,
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         if self.roi_size[2] != 1:
             raise ValueError(f"BUSI images are 2D: roi_size must be (H, W, 1), got {self.roi_size}")
         if classes not in ("lesion", "type"):
-            raise ValueError(f"classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), "
-                             f"got {classes!r}")  # fmt: skip
+            raise ValueError(
+                f"classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), got {classes!r}"
+            )
         self.classes = classes
         root = existing_root(dataset_dir, BUSI_LAYOUTS)
         self._cases = []
@@ -138,8 +159,12 @@ class BUSI(VolumeSegmentationData):
         """PNGs read as depth-1 volumes (no orientation or spacing: PNGs carry none), resized in-plane to
         ``roi_size``, min-max scaled."""
         return [
-            {"_target_": "calib_monai.data.LoadBUSId", "image_key": "image", "label_key": "label",
-             "malignant_value": "$2 if @data.classes == 'type' else 1"},  # fmt: skip
+            {
+                "_target_": "calib_monai.data.LoadBUSId",
+                "image_key": "image",
+                "label_key": "label",
+                "malignant_value": "$2 if @data.classes == 'type' else 1",
+            },
             steps.check_labels(),
             steps.to_float32(),
             steps.resize("$list(@roi_size[:2]) + [1]"),
@@ -164,8 +189,10 @@ class BUSI(VolumeSegmentationData):
                     masks.setdefault(p.stem[: match.start()], []).append(str(p))
             for image in (p for p in pngs if not _MASK.search(p.stem)):
                 if image.stem not in masks:
-                    raise ValueError(f"BUSI image {image} has no mask: expected {image.with_name(image.stem)}_mask.png;"
-                                     " add it or remove the image")  # fmt: skip
+                    raise ValueError(
+                        f"BUSI image {image} has no mask: expected {image.with_name(image.stem)}_mask.png;"
+                        " add it or remove the image"
+                    )
                 cases.append({"image": str(image), "label": sorted(masks[image.stem])})
         if not cases:
             raise layout_error(self.root, "has benign/malignant folders but no <name> (N).png images", BUSI_LAYOUTS)
@@ -178,12 +205,19 @@ class BUSI(VolumeSegmentationData):
         path = Path(path)
         if path.is_file():
             if path.suffix.lower() != ".png" or _MASK.search(path.stem):
-                raise ValueError(f"{path} is not a BUSI image to segment: pass a .png image (not a *_mask.png) or a "
-                                 "folder of them")  # fmt: skip
+                raise ValueError(
+                    f"{path} is not a BUSI image to segment: pass a .png image (not a *_mask.png) or a folder of them"
+                )
             images = [path]
         else:
-            images = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".png"
-                            and not p.name.startswith(".") and not _MASK.search(p.stem))  # fmt: skip
+            images = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() == ".png"
+                and not p.name.startswith(".")
+                and not _MASK.search(p.stem)
+            )
         if not images:
             raise layout_error(path, "has no .png image (other than *_mask.png; searched recursively)", BUSI_LAYOUTS)
         return [{"image": str(p), "case": p.stem} for p in images]

@@ -64,13 +64,32 @@ class FLARE(VolumeSegmentationData):
     facts = DatasetFacts(FLARE_LABEL_NAMES, channel_names=("image",), roi_size=(192, 192, 30))
     preprocessing_args = ("spacing", "window")
 
-    def __init__(self, dataset_dir: str | os.PathLike | None = "", output_dir: str | os.PathLike = "",
-                 cache_dir: str | os.PathLike | None = None, roi_size: Sequence[int] = facts.roi_size,
-                 spacing: Sequence[float] | None = (1.6, 1.6, 6.0), split: Sequence[int] = (240, 40, 80), seed: int = 0,
-                 num_phantoms: int = 24, phantom_shape: Sequence[int] | None = None, phantom_seed: int = 0,
-                 window: Sequence[float] = (-160.0, 240.0), cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
-        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground=True, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None = "",
+        output_dir: str | os.PathLike = "",
+        cache_dir: str | os.PathLike | None = None,
+        roi_size: Sequence[int] = facts.roi_size,
+        spacing: Sequence[float] | None = (1.6, 1.6, 6.0),
+        split: Sequence[int] = (240, 40, 80),
+        seed: int = 0,
+        num_phantoms: int = 24,
+        phantom_shape: Sequence[int] | None = None,
+        phantom_seed: int = 0,
+        window: Sequence[float] = (-160.0, 240.0),
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            spacing,
+            split,
+            seed,
+            crop_foreground=True,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self.window = tuple(float(w) for w in window)
         if len(self.window) != 2 or self.window[0] >= self.window[1]:
             raise ValueError(f"window must be (low, high) HU with low < high, got {tuple(window)}")
@@ -110,11 +129,15 @@ class FLARE(VolumeSegmentationData):
                 "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms (seed %d, %s voxels "
                 "of %s mm), cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 "
                 "(imagesTr/ + labelsTr/) or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
-                self.num_phantoms, self.phantom_seed, "x".join(map(str, self.phantom_shape)),
-                "x".join(f"{s:g}" for s in self.phantom_spacing), self.phantom_root,
-            )  # fmt: skip
-            phantoms.write_phantom_dataset(self.phantom_root, self.num_phantoms, self.phantom_seed, self.phantom_shape,
-                                  self.phantom_spacing)  # fmt: skip
+                self.num_phantoms,
+                self.phantom_seed,
+                "x".join(map(str, self.phantom_shape)),
+                "x".join(f"{s:g}" for s in self.phantom_spacing),
+                self.phantom_root,
+            )
+            phantoms.write_phantom_dataset(
+                self.phantom_root, self.num_phantoms, self.phantom_seed, self.phantom_shape, self.phantom_spacing
+            )
             self._cases = find_flare_cases(self.phantom_root)[1]
         return self._cases
 
@@ -125,8 +148,15 @@ class FLARE(VolumeSegmentationData):
         return [
             *steps.read_as_ras(FLARE22_TO_FLARE),
             steps.resample(),
-            {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
-             "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip
+            {
+                "_target_": "ScaleIntensityRanged",
+                "keys": "image",
+                "a_min": "$@data.window[0]",
+                "a_max": "$@data.window[1]",
+                "b_min": 0.0,
+                "b_max": 1.0,
+                "clip": True,
+            },
             steps.crop_around_label(),
             steps.pad_or_crop(phases=(steps.TRAINING,)),
         ]
@@ -152,6 +182,8 @@ class FLARE(VolumeSegmentationData):
         for value, expected in _FLARE22_NAMES.items():
             name = names.get(str(value))
             if name is not None and not any(e in name for e in expected):
-                raise ValueError(f"{Path(self.dataset_dir) / 'dataset.json'} names label {value} {name!r}, but FLARE "
-                                 f"has {expected[0]!r} there: this is not FLARE data; use calib_monai.data.MSDDataset "
-                                 "for other label conventions")  # fmt: skip
+                raise ValueError(
+                    f"{Path(self.dataset_dir) / 'dataset.json'} names label {value} {name!r}, but FLARE "
+                    f"has {expected[0]!r} there: this is not FLARE data; use calib_monai.data.MSDDataset "
+                    "for other label conventions"
+                )

@@ -44,8 +44,11 @@ def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "
         if intensity == "minmax":
             return [ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)]
         if intensity == "percentile":
-            return [ScaleIntensityRangePercentilesd(keys, lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True,
-                                                    channel_wise=True)]  # fmt: skip
+            return [
+                ScaleIntensityRangePercentilesd(
+                    keys, lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True, channel_wise=True
+                )
+            ]
         raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
     window = [float(v) for v in intensity]
     if len(window) != 2 or window[0] >= window[1]:
@@ -64,8 +67,9 @@ class ScaleIntensityToUnitd(MapTransform):
     One config item whose argument picks the MONAI transform, so that ``--data#intensity percentile`` still switches it.
     """
 
-    def __init__(self, keys: KeysCollection, intensity: str | Sequence[float] = "minmax",
-                 allow_missing_keys: bool = False):  # fmt: skip
+    def __init__(
+        self, keys: KeysCollection, intensity: str | Sequence[float] = "minmax", allow_missing_keys: bool = False
+    ):
         super().__init__(keys, allow_missing_keys)
         self.intensity = intensity
         (self.scaler,) = intensity_scaling(intensity, self.keys)
@@ -85,6 +89,8 @@ class CheckChannelsd(MapTransform):
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:
         channels = int(data[self.key].shape[0])
         if channels != len(self.names):
-            raise CaseDataError(f"{self.key} {case_filename(data, self.key)} has {channels} channel(s); {self.source} "
-                                f"expects {len(self.names)} ({', '.join(self.names)}): check the modality files")
+            raise CaseDataError(
+                f"{self.key} {case_filename(data, self.key)} has {channels} channel(s); {self.source} "
+                f"expects {len(self.names)} ({', '.join(self.names)}): check the modality files"
+            )
         return data

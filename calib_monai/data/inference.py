@@ -62,10 +62,18 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
     """
     if not dataset_dir:
         if data is None or getattr(data, "inference_only", False):
-            built = "" if data is None else (f" and {type(data).__name__} was built without a data set "
-                                             "(dataset_dir=None), so it has no test images to fall back on")
-            raise ValueError(f"dataset_dir is empty{built}: pass a NIfTI file or a folder of images to segment "
-                             "(e.g. --dataset_dir /path/to/FLARE22/imagesTs)")  # fmt: skip
+            built = (
+                ""
+                if data is None
+                else (
+                    f" and {type(data).__name__} was built without a data set "
+                    "(dataset_dir=None), so it has no test images to fall back on"
+                )
+            )
+            raise ValueError(
+                f"dataset_dir is empty{built}: pass a NIfTI file or a folder of images to segment "
+                "(e.g. --dataset_dir /path/to/FLARE22/imagesTs)"
+            )
         items = []
         for item in data.datalist()["test"]:
             case = data.inference_case(item["image"]) if hasattr(data, "inference_case") else None
@@ -81,8 +89,10 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
     names = [item.get("case") for item in items if item.get("case")]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise ValueError(f"several inputs under {path} are named {repeated[:5]}: their outputs would overwrite each "
-                         "other; segment the folders one at a time")  # fmt: skip
+        raise ValueError(
+            f"several inputs under {path} are named {repeated[:5]}: their outputs would overwrite each "
+            "other; segment the folders one at a time"
+        )
     return items
 
 
@@ -97,8 +107,9 @@ class ConfidenceAndSegmentationd(MapTransform):
     """From class probabilities ``p`` (C, ...) under ``key``: ``segmentation = argmax_c p`` and
     ``confidence = max_c p`` (the confidence that calibration is about), both (1, ...) with the meta data of ``p``."""
 
-    def __init__(self, keys: KeysCollection = "pred", segmentation_key: str = "segmentation",
-                 confidence_key: str = "confidence"):  # fmt: skip
+    def __init__(
+        self, keys: KeysCollection = "pred", segmentation_key: str = "segmentation", confidence_key: str = "confidence"
+    ):
         super().__init__(keys)
         self.segmentation_key, self.confidence_key = segmentation_key, confidence_key
 
@@ -155,8 +166,9 @@ class GridNibabelWriter(NibabelWriter):
             if isinstance(affine, MetaTensor):
                 affine = affine.as_tensor()
             return data_array, affine
-        return super().resample_if_needed(data_array, affine=affine, target_affine=target_affine,
-                                          output_spatial_shape=output_spatial_shape, **kwargs)  # fmt: skip
+        return super().resample_if_needed(
+            data_array, affine=affine, target_affine=target_affine, output_spatial_shape=output_spatial_shape, **kwargs
+        )
 
 
 class SaveCaseQualityd(MapTransform, OutputWriter):
@@ -176,8 +188,9 @@ class SaveCaseQualityd(MapTransform, OutputWriter):
         return d
 
 
-def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.PathLike,
-                                case_quality: MapTransform | None = None) -> Compose:  # fmt: skip
+def segmentation_and_confidence(
+    preprocessing: Compose, output_dir: str | os.PathLike, case_quality: MapTransform | None = None
+) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
     softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) -> ``Invertd`` back to each input's
@@ -190,17 +203,25 @@ def segmentation_and_confidence(preprocessing: Compose, output_dir: str | os.Pat
     ``<output_dir>/quality.csv``: its estimated DSC, volumes and review flag.
     """
     keys = ("segmentation", "confidence")
-    save = {"output_dir": str(output_dir), "separate_folder": False, "resample": False, "print_log": False,
-            "output_name_formatter": case_name_formatter, "writer": GridNibabelWriter}  # fmt: skip
+    save = {
+        "output_dir": str(output_dir),
+        "separate_folder": False,
+        "resample": False,
+        "print_log": False,
+        "output_name_formatter": case_name_formatter,
+        "writer": GridNibabelWriter,
+    }
     quality = [] if case_quality is None else [case_quality]
     saved = [] if case_quality is None else [SaveCaseQualityd(case_quality.quality_key, output_dir)]
-    return Compose([
-        Activationsd("pred", softmax=True),
-        *quality,
-        ConfidenceAndSegmentationd("pred"),
-        Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
-        CaseNamed(keys),
-        SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
-        SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
-        *saved,
-    ])  # fmt: skip
+    return Compose(
+        [
+            Activationsd("pred", softmax=True),
+            *quality,
+            ConfidenceAndSegmentationd("pred"),
+            Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
+            CaseNamed(keys),
+            SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
+            SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
+            *saved,
+        ]
+    )

@@ -58,16 +58,33 @@ class KiTS(VolumeSegmentationData):
     """
 
     source = "kits19"
-    facts = DatasetFacts({"0": "background", "1": "kidney", "2": "tumor"}, channel_names=("image",),
-                         roi_size=(160, 160, 80))  # fmt: skip
+    facts = DatasetFacts(
+        {"0": "background", "1": "kidney", "2": "tumor"}, channel_names=("image",), roi_size=(160, 160, 80)
+    )
     preprocessing_args = ("spacing", "window")
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
-                 split: Sequence[int] = (150, 25, 40), window: Sequence[float] = (-79.0, 304.0)):  # fmt: skip
-        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground=False, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
+        split: Sequence[int] = (150, 25, 40),
+        window: Sequence[float] = (-79.0, 304.0),
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            spacing,
+            split,
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self.window = tuple(float(w) for w in window)
         intensity_scaling(self.window)  # fails early on a bad window
         root = existing_root(dataset_dir, KITS_LAYOUTS)
@@ -94,9 +111,11 @@ class KiTS(VolumeSegmentationData):
         """KiTS19's affine maps array axis 0 (slices) to S/I; without it the "axial" slices would not be axial."""
         codes = nib.aff2axcodes(nib.load(str(image)).affine)
         if codes[0] not in ("S", "I"):
-            raise ValueError(f"{image} has orientation {''.join(codes)}: KiTS19 stores (slices, H, W) with array axis 0"
-                             " along S/I, and this affine puts it along another axis, so the training slices would "
-                             "not be axial; use the original KiTS19 files (github.com/neheller/kits19)")  # fmt: skip
+            raise ValueError(
+                f"{image} has orientation {''.join(codes)}: KiTS19 stores (slices, H, W) with array axis 0"
+                " along S/I, and this affine puts it along another axis, so the training slices would "
+                "not be axial; use the original KiTS19 files (github.com/neheller/kits19)"
+            )
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
@@ -104,8 +123,15 @@ class KiTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": "$@data.window[0]",
-             "a_max": "$@data.window[1]", "b_min": 0.0, "b_max": 1.0, "clip": True},  # fmt: skip
+            {
+                "_target_": "ScaleIntensityRanged",
+                "keys": "image",
+                "a_min": "$@data.window[0]",
+                "a_max": "$@data.window[1]",
+                "b_min": 0.0,
+                "b_max": 1.0,
+                "clip": True,
+            },
             steps.pad_or_crop(),
         ]
 

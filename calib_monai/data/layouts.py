@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calib_monai.atomic import write_json_atomically
+
 __all__ = [
     "FLARE_LAYOUTS",
     "find_flare_cases",
@@ -54,8 +56,10 @@ def _found(dataset_dir: Path) -> str:
 
 def _layout_error(dataset_dir: Path, problem: str, layouts: Sequence[str] = FLARE_LAYOUTS) -> ValueError:
     expected = "\n  - ".join(layouts)
-    return ValueError(f"dataset_dir {str(dataset_dir)!r} {problem}.\nExpected one of:\n  - {expected}\n"
-                      f"Found: {_found(dataset_dir) if dataset_dir.is_dir() else 'no such folder'}")  # fmt: skip
+    return ValueError(
+        f"dataset_dir {str(dataset_dir)!r} {problem}.\nExpected one of:\n  - {expected}\n"
+        f"Found: {_found(dataset_dir) if dataset_dir.is_dir() else 'no such folder'}"
+    )
 
 
 def layout_error(dataset_dir: str | os.PathLike, problem: str, layouts: Sequence[str]) -> ValueError:
@@ -80,8 +84,10 @@ def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
         stem = _strip_nifti(image.name)
         case = stem[: -len("_0000")] if stem.endswith("_0000") and stem not in labels else stem
         if case not in labels:
-            raise ValueError(f"image {image} has no label: expected {label_dir / (case + '.nii.gz')}; "
-                             f"add the mask or remove the image from {image_dir}")  # fmt: skip
+            raise ValueError(
+                f"image {image} has no label: expected {label_dir / (case + '.nii.gz')}; "
+                f"add the mask or remove the image from {image_dir}"
+            )
         cases.append({"image": str(image), "label": str(labels[case])})
     return cases
 
@@ -95,8 +101,10 @@ def _cases_from_dataset_json(dataset_dir: Path, description: dict) -> list[dict[
         image, label = (dataset_dir / item[k] for k in ("image", "label"))
         for path in (image, label):
             if not path.is_file():
-                raise ValueError(f"{dataset_dir / 'dataset.json'} lists {path}, which does not exist; "
-                                 "fix the 'training' entries or remove dataset.json to pair files by name")  # fmt: skip
+                raise ValueError(
+                    f"{dataset_dir / 'dataset.json'} lists {path}, which does not exist; "
+                    "fix the 'training' entries or remove dataset.json to pair files by name"
+                )
         cases.append({"image": str(image.resolve()), "label": str(label.resolve())})
     return cases
 
@@ -115,14 +123,15 @@ def read_dataset_json_labels(description: dict, source: str) -> dict[str, str]:
     """``{"0": "background", ...}`` from an MSD (value -> name) or nnU-Net v2 (name -> value) ``labels`` entry."""
     labels = description.get("labels")
     if not isinstance(labels, dict) or not labels:
-        raise ValueError(f"{source} has no 'labels' mapping; expected e.g. {{\"0\": \"background\", \"1\": \"organ\"}}")
+        raise ValueError(f'{source} has no \'labels\' mapping; expected e.g. {{"0": "background", "1": "organ"}}')
     if all(str(k).lstrip("-").isdigit() for k in labels):
         out = {str(int(k)): str(v) for k, v in labels.items()}
     elif all(isinstance(v, int) for v in labels.values()):
         out = {str(v): str(k) for k, v in labels.items()}
     else:
-        raise ValueError(f"{source} 'labels' must map integer values to names (MSD) or names to integers (nnU-Net v2), "
-                         f"got {labels}")  # fmt: skip
+        raise ValueError(
+            f"{source} 'labels' must map integer values to names (MSD) or names to integers (nnU-Net v2), got {labels}"
+        )
     values = sorted(int(k) for k in out)
     if values != list(range(len(values))):
         raise ValueError(f"{source} label values must be 0..K-1 without gaps, got {values}")
@@ -153,17 +162,23 @@ def find_msd_cases(dataset_dir: str | os.PathLike) -> tuple[dict, list[dict[str,
     """Return ``(dataset.json contents, cases)`` of an MSD-style task folder (``dataset.json`` is required)."""
     root = Path(dataset_dir).expanduser().resolve()
     if not root.is_dir():
-        raise ValueError(f"dataset_dir {str(root)!r} does not exist; expected an MSD task folder with dataset.json, "
-                         "imagesTr/ and labelsTr/")  # fmt: skip
+        raise ValueError(
+            f"dataset_dir {str(root)!r} does not exist; expected an MSD task folder with dataset.json, "
+            "imagesTr/ and labelsTr/"
+        )
     description = read_dataset_json(root)
     if description is None:
-        raise ValueError(f"dataset_dir {str(root)!r} has no dataset.json (found: {_found(root)}); expected an MSD task "
-                         "folder: dataset.json with 'labels' and 'training', imagesTr/, labelsTr/")  # fmt: skip
+        raise ValueError(
+            f"dataset_dir {str(root)!r} has no dataset.json (found: {_found(root)}); expected an MSD task "
+            "folder: dataset.json with 'labels' and 'training', imagesTr/, labelsTr/"
+        )
     cases = _cases_from_dataset_json(root, description)
     if cases is None:
         if not ((root / "imagesTr").is_dir() and (root / "labelsTr").is_dir()):
-            raise ValueError(f"{root / 'dataset.json'} has no 'training' list and {root} has no imagesTr/ + labelsTr/ "
-                             f"(found: {_found(root)})")  # fmt: skip
+            raise ValueError(
+                f"{root / 'dataset.json'} has no 'training' list and {root} has no imagesTr/ + labelsTr/ "
+                f"(found: {_found(root)})"
+            )
         cases = _pair_by_name(root / "imagesTr", root / "labelsTr")
     if not cases:
         raise ValueError(f"dataset_dir {str(root)!r} has no training cases (found: {_found(root)})")
@@ -193,12 +208,16 @@ def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[
     order = np.random.default_rng(int(seed)).permutation(len(ordered))
     n_train, n_val, _ = split_sizes(len(ordered), split)
     shuffled = [ordered[i] for i in order]
-    return {"training": shuffled[:n_train], "validation": shuffled[n_train : n_train + n_val],
-            "test": shuffled[n_train + n_val :]}  # fmt: skip
+    return {
+        "training": shuffled[:n_train],
+        "validation": shuffled[n_train : n_train + n_val],
+        "test": shuffled[n_train + n_val :],
+    }
 
 
-def split_groups(cases: Sequence[dict], groups: Sequence[str], split: Sequence[int],
-                 seed: int) -> dict[str, list[dict]]:
+def split_groups(
+    cases: Sequence[dict], groups: Sequence[str], split: Sequence[int], seed: int
+) -> dict[str, list[dict]]:
     """Seeded split of whole groups (e.g. patients), so that all cases of a group land in the same subset.
 
     ``groups[i]`` names the group of ``cases[i]``; the sorted group names are shuffled with ``seed`` and cut by
@@ -219,8 +238,14 @@ def split_groups(cases: Sequence[dict], groups: Sequence[str], split: Sequence[i
     return out
 
 
-def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], split: Sequence[int], seed: int,
-                            info: dict, splitter: Callable | None = None) -> dict[str, list[dict]]:
+def load_or_create_datalist(
+    path: str | os.PathLike,
+    cases: Sequence[dict],
+    split: Sequence[int],
+    seed: int,
+    info: dict,
+    splitter: Callable | None = None,
+) -> dict[str, list[dict]]:
     """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
 
     ``info`` (source, dataset_dir, ...) is stored beside the lists; a stored datalist whose ``dataset_dir`` (or any
@@ -232,32 +257,47 @@ def load_or_create_datalist(path: str | os.PathLike, cases: Sequence[dict], spli
     if path.is_file():
         stored = json.loads(path.read_text())
         if stored.get("dataset_dir") != info.get("dataset_dir"):
-            raise ValueError(f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
-                             f"{info.get('dataset_dir')!r}: use a new output_dir or delete {path}")  # fmt: skip
+            raise ValueError(
+                f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
+                f"{info.get('dataset_dir')!r}: use a new output_dir or delete {path}"
+            )
         for name, value in info.items():
             if name not in ("source", "dataset_dir") and name in stored and stored[name] != value:
-                raise ValueError(f"{path} was written for {name} {stored[name]!r}, not {value!r}: use a new "
-                                 f"output_dir or delete {path}")  # fmt: skip
+                raise ValueError(
+                    f"{path} was written for {name} {stored[name]!r}, not {value!r}: use a new "
+                    f"output_dir or delete {path}"
+                )
         for key in ("training", "validation", "test"):
             for item in stored.get(key, []):
                 if not all(Path(f).is_file() for f in _paths(item["image"]) + _paths(item["label"])):
-                    raise ValueError(f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
-                                     f"restore the data or delete {path} to split again")  # fmt: skip
+                    raise ValueError(
+                        f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
+                        f"restore the data or delete {path} to split again"
+                    )
         stored_images = {_case_key(item) for key in ("training", "validation", "test") for item in stored.get(key, [])}
         if stored_images != {_case_key(case) for case in cases}:
-            logger.warning("%s lists %d cases but %d are found now: reusing the stored split; delete the file to "
-                           "split the current cases", path, len(stored_images), len(cases))  # fmt: skip
+            logger.warning(
+                "%s lists %d cases but %d are found now: reusing the stored split; delete the file to "
+                "split the current cases",
+                path,
+                len(stored_images),
+                len(cases),
+            )
         if stored.get("seed") != int(seed) or list(stored.get("split", [])) != [int(s) for s in split]:
-            logger.warning("reusing the split in %s (seed %s, split %s), not seed %s, split %s",
-                           path, stored.get("seed"), stored.get("split"), seed, list(split))  # fmt: skip
+            logger.warning(
+                "reusing the split in %s (seed %s, split %s), not seed %s, split %s",
+                path,
+                stored.get("seed"),
+                stored.get("split"),
+                seed,
+                list(split),
+            )
         logger.info("datalist: reusing %s", path)
         return {k: stored[k] for k in ("training", "validation", "test")}
     datalist = (splitter or split_cases)(cases, split, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_json_atomically(path, record, indent=1)
     sizes = {k: len(v) for k, v in datalist.items()}
     logger.info("datalist: wrote %s (%s)", path, sizes)
     return datalist

@@ -68,46 +68,87 @@ class MRBrainS(VolumeSegmentationData):
     """
 
     source = "mrbrains18"
-    facts = DatasetFacts({"0": "background", "1": "GM", "2": "WM", "3": "CSF"}, channel_names=("T1", "FLAIR", "IR"),
-                         roi_size=(240, 240, 48))  # fmt: skip
+    facts = DatasetFacts(
+        {"0": "background", "1": "GM", "2": "WM", "3": "CSF"},
+        channel_names=("T1", "FLAIR", "IR"),
+        roi_size=(240, 240, 48),
+    )
     preprocessing_args = ("intensity",)
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, fold: int = 0, intensity: str | Sequence[float] = "minmax"):  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        fold: int = 0,
+        intensity: str | Sequence[float] = "minmax",
+    ):
         root = existing_root(dataset_dir, MRBRAINS_LAYOUTS)
         subjects: list[Path] = []
         if root is not None:  # the split needs the number of subjects: only when there is data
             self.root = root / "training" if (root / "training").is_dir() else root
-            subjects = sorted((p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
-                              key=lambda p: _subject_order(p.name))  # fmt: skip
+            subjects = sorted(
+                (p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
+                key=lambda p: _subject_order(p.name),
+            )
             if len(subjects) < 3:
-                raise layout_error(self.root, f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
-                                   "out needs at least 3 (training, validation, test)", MRBRAINS_LAYOUTS)  # fmt: skip
+                raise layout_error(
+                    self.root,
+                    f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
+                    "out needs at least 3 (training, validation, test)",
+                    MRBRAINS_LAYOUTS,
+                )
             if not 0 <= int(fold) < len(subjects):
-                raise ValueError(f"fold must be in 0..{len(subjects) - 1} (one per subject: "
-                                 f"{[p.name for p in subjects]}), got {fold}")  # fmt: skip
+                raise ValueError(
+                    f"fold must be in 0..{len(subjects) - 1} (one per subject: "
+                    f"{[p.name for p in subjects]}), got {fold}"
+                )
         self.fold = int(fold)
-        super().__init__(output_dir, roi_size, None, (max(len(subjects) - 2, 1), 1, 1), seed, crop_foreground=False,
-                         cache_rate=cache_rate, num_workers=num_workers)  # fmt: skip
+        super().__init__(
+            output_dir,
+            roi_size,
+            None,
+            (max(len(subjects) - 2, 1), 1, 1),
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
         self.subjects = [p.name for p in subjects]
         if root is None:  # preprocessing only
             self._cases = []
             return
-        self._cases = [{"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
-                        "label": require_file(p / "segm.nii.gz", "MRBrainS18 label")} for p in subjects]  # fmt: skip
-        logger.info("MRBrainS18: %d subjects in %s, fold %d tests subject %s", len(subjects), self.root, self.fold,
-                    self.subjects[self.fold])  # fmt: skip
+        self._cases = [
+            {
+                "image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
+                "label": require_file(p / "segm.nii.gz", "MRBrainS18 label"),
+            }
+            for p in subjects
+        ]
+        logger.info(
+            "MRBrainS18: %d subjects in %s, fold %d tests subject %s",
+            len(subjects),
+            self.root,
+            self.fold,
+            self.subjects[self.fold],
+        )
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
         """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
         return [
             *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
-             "source": "MRBrainS18"},  # fmt: skip
+            {
+                "_target_": "calib_monai.data.CheckChannelsd",
+                "key": "image",
+                "names": "$@data.channel_names",
+                "source": "MRBrainS18",
+            },
             {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
             steps.pad_or_crop(),
         ]
@@ -130,14 +171,22 @@ class MRBrainS(VolumeSegmentationData):
         elif (path / "pre").is_dir():
             subjects = [path]
         else:
-            subjects = sorted((p.parent for p in path.rglob("pre") if p.is_dir() and not p.parent.name.startswith(".")),
-                              key=lambda p: (_subject_order(p.name), str(p)))  # fmt: skip
+            subjects = sorted(
+                (p.parent for p in path.rglob("pre") if p.is_dir() and not p.parent.name.startswith(".")),
+                key=lambda p: (_subject_order(p.name), str(p)),
+            )
         if not subjects:
-            raise layout_error(path, "has no <id>/pre/ subject folder (searched recursively); expected one subject "
-                               f"folder <id>/pre/{{{', '.join(MRBRAINS_MODALITIES)}}}, a folder of them or the "
-                               "release root", MRBRAINS_LAYOUTS)  # fmt: skip
-        return [{"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
-                 "case": p.name} for p in subjects]  # fmt: skip
+            raise layout_error(
+                path,
+                "has no <id>/pre/ subject folder (searched recursively); expected one subject "
+                f"folder <id>/pre/{{{', '.join(MRBRAINS_MODALITIES)}}}, a folder of them or the "
+                "release root",
+                MRBRAINS_LAYOUTS,
+            )
+        return [
+            {"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES], "case": p.name}
+            for p in subjects
+        ]
 
     def inference_case(self, image) -> str | None:
         first = Path(image[0] if isinstance(image, (list, tuple)) else image)
@@ -151,8 +200,11 @@ class MRBrainS(VolumeSegmentationData):
         test = self.subjects[self.fold]
         rest = [s for s in self.subjects if s != test]
         validation = rest[int(np.random.default_rng(int(seed)).integers(len(rest)))]
-        return {"training": [by_subject[s] for s in rest if s != validation],
-                "validation": [by_subject[validation]], "test": [by_subject[test]]}  # fmt: skip
+        return {
+            "training": [by_subject[s] for s in rest if s != validation],
+            "validation": [by_subject[validation]],
+            "test": [by_subject[test]],
+        }
 
     @property
     def raw_label_values(self) -> list[int]:

@@ -55,16 +55,27 @@ class MSDDataset(VolumeSegmentationData):
         """The classes a known task must have (``facts``); none for the generic component (from dataset.json)."""
         return {} if self.facts is None else dict(self.facts.label_names)
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = (64, 64, -1), spacing: Sequence[float] | None = None,
-                 split: Sequence[int] = (70, 10, 20), seed: int = 0, intensity: str | Sequence[float] = "minmax",
-                 crop_foreground: bool = False, cache_rate: float = 1.0, num_workers: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = (64, 64, -1),
+        spacing: Sequence[float] | None = None,
+        split: Sequence[int] = (70, 10, 20),
+        seed: int = 0,
+        intensity: str | Sequence[float] = "minmax",
+        crop_foreground: bool = False,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+    ):
         super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground, cache_rate, num_workers)
         if dataset_dir is None and not self.expected_labels:
-            raise ValueError(f"{type(self).__name__} reads its classes from the task's dataset.json, so it needs "
-                             "dataset_dir (an MSD task folder with dataset.json, imagesTr/, labelsTr/) even for "
-                             "inference; dataset_dir=None (no data set) works for the tasks whose classes are known "
-                             "(calib_monai.data.Hippocampus, Prostate)")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__} reads its classes from the task's dataset.json, so it needs "
+                "dataset_dir (an MSD task folder with dataset.json, imagesTr/, labelsTr/) even for "
+                "inference; dataset_dir=None (no data set) works for the tasks whose classes are known "
+                "(calib_monai.data.Hippocampus, Prostate)"
+            )
         if dataset_dir is not None and not dataset_dir:
             raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
         self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
@@ -84,8 +95,13 @@ class MSDDataset(VolumeSegmentationData):
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            {"_target_": "calib_monai.data.CheckChannelsd", "key": "image", "names": "$@data.channel_names",
-             "source": "$@data.task", "_disabled_": "$@data.channel_names is None"},  # fmt: skip
+            {
+                "_target_": "calib_monai.data.CheckChannelsd",
+                "key": "image",
+                "names": "$@data.channel_names",
+                "source": "$@data.task",
+                "_disabled_": "$@data.channel_names is None",
+            },
             {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
             steps.crop_around_label(disabled="$not @data.crop_foreground"),
             steps.pad_or_crop(),

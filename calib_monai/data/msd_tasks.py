@@ -22,12 +22,16 @@ class _MSDTask(MSDDataset):
         names = {k: v.lower() for k, v in self._label_names.items()}
         expected = {k: v.lower() for k, v in self.expected_labels.items()}
         if names != expected:
-            raise ValueError(f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
-                             "this is not that data set; use calib_monai.data.MSDDataset for other tasks")  # fmt: skip
+            raise ValueError(
+                f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
+                "this is not that data set; use calib_monai.data.MSDDataset for other tasks"
+            )
         modality = self.description.get("modality")
         if isinstance(modality, dict) and len(modality) != len(self.channel_names):
-            raise ValueError(f"{where} lists modalities {modality}, but {self.task} has {len(self.channel_names)} "
-                             f"({', '.join(self.channel_names)})")  # fmt: skip
+            raise ValueError(
+                f"{where} lists modalities {modality}, but {self.task} has {len(self.channel_names)} "
+                f"({', '.join(self.channel_names)})"
+            )
 
 
 class Hippocampus(_MSDTask):
@@ -54,15 +58,33 @@ class Hippocampus(_MSDTask):
 
     source = "hippocampus"
     task = "Task04_Hippocampus"
-    facts = DatasetFacts({"0": "background", "1": "Anterior", "2": "Posterior"}, channel_names=("image",),
-                         roi_size=(64, 64, -1))  # fmt: skip
+    facts = DatasetFacts(
+        {"0": "background", "1": "Anterior", "2": "Posterior"}, channel_names=("image",), roi_size=(64, 64, -1)
+    )
     preprocessing_args = ()
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, split: Sequence[int] = (185, 25, 50)):  # fmt: skip
-        super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=None, split=split, seed=seed,
-                         intensity="minmax", crop_foreground=False, cache_rate=cache_rate, num_workers=num_workers)
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        split: Sequence[int] = (185, 25, 50),
+    ):
+        super().__init__(
+            dataset_dir,
+            output_dir,
+            roi_size=roi_size,
+            spacing=None,
+            split=split,
+            seed=seed,
+            intensity="minmax",
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self._check_description()
 
 
@@ -92,14 +114,33 @@ class Prostate(_MSDTask):
 
     source = "prostate"
     task = "Task05_Prostate"
-    facts = DatasetFacts({"0": "background", "1": "PZ", "2": "TZ"}, channel_names=("T2", "ADC"),
-                         roi_size=(320, 320, -1))  # fmt: skip
+    facts = DatasetFacts(
+        {"0": "background", "1": "PZ", "2": "TZ"}, channel_names=("T2", "ADC"), roi_size=(320, 320, -1)
+    )
     preprocessing_args = ("spacing", "intensity")
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, split: Sequence[int] = (22, 3, 7), spacing: Sequence[float] | None = None,
-                 intensity: str | Sequence[float] = "minmax"):  # fmt: skip
-        super().__init__(dataset_dir, output_dir, roi_size=roi_size, spacing=spacing, split=split, seed=seed,
-                         intensity=intensity, crop_foreground=False, cache_rate=cache_rate, num_workers=num_workers)
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        split: Sequence[int] = (22, 3, 7),
+        spacing: Sequence[float] | None = None,
+        intensity: str | Sequence[float] = "minmax",
+    ):
+        super().__init__(
+            dataset_dir,
+            output_dir,
+            roi_size=roi_size,
+            spacing=spacing,
+            split=split,
+            seed=seed,
+            intensity=intensity,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         self._check_description()

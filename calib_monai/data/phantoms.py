@@ -21,7 +21,6 @@ a grid of ``shape`` voxels of size ``spacing`` (default ``PHANTOM_FOV_MM / shape
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 from scipy import ndimage
+
+from calib_monai.atomic import save_atomically, write_json_atomically
 
 __all__ = [
     "PHANTOM_FOV_MM",
@@ -48,10 +49,21 @@ PHANTOM_FOV_MM = (384.0, 384.0, 240.0)
 
 # FLARE22 label values of the structures the phantom draws (the others of FLARE22 are absent)
 _FLARE22_LABELS = {
-    "0": "background", "1": "liver", "2": "right kidney", "3": "spleen", "4": "pancreas", "5": "aorta",
-    "6": "inferior vena cava", "7": "right adrenal gland", "8": "left adrenal gland", "9": "gallbladder",
-    "10": "esophagus", "11": "stomach", "12": "duodenum", "13": "left kidney",
-}  # fmt: skip
+    "0": "background",
+    "1": "liver",
+    "2": "right kidney",
+    "3": "spleen",
+    "4": "pancreas",
+    "5": "aorta",
+    "6": "inferior vena cava",
+    "7": "right adrenal gland",
+    "8": "left adrenal gland",
+    "9": "gallbladder",
+    "10": "esophagus",
+    "11": "stomach",
+    "12": "duodenum",
+    "13": "left kidney",
+}
 
 
 def default_cache_dir() -> Path:
@@ -91,8 +103,14 @@ class _Canvas:
         x, y, z = (ax[b] for ax, b in zip(self.axes, box))
         return x[:, None, None], y[None, :, None], z[None, None, :]
 
-    def paint(self, box: tuple[slice, ...], signed_mm: np.ndarray, hu: np.ndarray | float, label: int | None,
-              width: float | None = None) -> None:
+    def paint(
+        self,
+        box: tuple[slice, ...],
+        signed_mm: np.ndarray,
+        hu: np.ndarray | float,
+        label: int | None,
+        width: float | None = None,
+    ) -> None:
         """Composite a structure by its occupancy ``sigmoid(-d / w)``; label it where occupancy beats the threshold."""
         occupancy = _sigmoid(-signed_mm / (width or self.width))
         self.image[box] = self.image[box] * (1.0 - occupancy) + hu * occupancy
@@ -127,8 +145,9 @@ def _wobble(rng: np.random.Generator, q: Sequence[np.ndarray], amplitude: float)
     return out
 
 
-def _ellipsoid(canvas: _Canvas, centre, radii, angle: float = 0.0, wobble: float = 0.06, taper: float = 0.0,
-               extruded: bool = False):  # fmt: skip
+def _ellipsoid(
+    canvas: _Canvas, centre, radii, angle: float = 0.0, wobble: float = 0.06, taper: float = 0.0, extruded: bool = False
+):
     """Approximate signed distance (mm) to a randomly deformed ellipsoid rotated by ``angle`` about z.
 
     ``d = (|q| - 1 - wobble(q)) * mean(radii)`` with ``q = R^T (x - c) / r``; ``taper`` thins the shape along +x
@@ -176,8 +195,9 @@ def phantom_shape(spacing: Sequence[float]) -> tuple[int, int, int]:
     return tuple(int(np.ceil(f / float(s) - 1e-6)) for f, s in zip(PHANTOM_FOV_MM, spacing))
 
 
-def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48),
-                     spacing: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def generate_phantom(
+    seed: int, index: int, shape: Sequence[int] = (128, 128, 48), spacing: Sequence[float] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Generate phantom ``index`` of ``seed``: ``(image_hu int16, label uint8 in FLARE22 values, affine 4x4)``.
 
     ``spacing`` (mm) defaults to ``phantom_spacing(shape)``; a grid smaller than the field of view shows the
@@ -255,13 +275,17 @@ def generate_phantom(seed: int, index: int, shape: Sequence[int] = (128, 128, 48
 
 
 def _save_atomically(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
-    nib.save(nib.Nifti1Image(array, affine), str(tmp))
-    os.replace(tmp, path)  # a crash mid-write never leaves a truncated case that later looks cached
+    # a crash mid-write never leaves a truncated case that later looks cached
+    save_atomically(nib.Nifti1Image(array, affine), path, write=lambda image, tmp: nib.save(image, tmp))
 
 
-def write_phantom_dataset(root: str | os.PathLike, num_phantoms: int, seed: int = 0,
-                          shape: Sequence[int] = (128, 128, 48), spacing: Sequence[float] | None = None) -> Path:
+def write_phantom_dataset(
+    root: str | os.PathLike,
+    num_phantoms: int,
+    seed: int = 0,
+    shape: Sequence[int] = (128, 128, 48),
+    spacing: Sequence[float] | None = None,
+) -> Path:
     """Write (or reuse) phantoms ``0..num_phantoms-1`` under ``root`` in the FLARE22/MSD layout.
 
     ``root/imagesTr/Phantom_NNNN_0000.nii.gz``, ``root/labelsTr/Phantom_NNNN.nii.gz`` and ``root/dataset.json``
@@ -285,14 +309,17 @@ def write_phantom_dataset(root: str | os.PathLike, num_phantoms: int, seed: int 
     description = {
         "name": "calib_monai abdominal CT phantoms",
         "description": "Synthetic CT phantoms (calib_monai.data.phantoms), FLARE22 label convention.",
-        "phantom_version": PHANTOM_VERSION, "seed": int(seed), "shape": [int(s) for s in shape],
+        "phantom_version": PHANTOM_VERSION,
+        "seed": int(seed),
+        "shape": [int(s) for s in shape],
         "spacing": [float(s) for s in (phantom_spacing(shape) if spacing is None else spacing)],
-        "tensorImageSize": "3D", "modality": {"0": "CT"}, "labels": _FLARE22_LABELS,
-        "numTraining": len(training), "training": training,
-    }  # fmt: skip
+        "tensorImageSize": "3D",
+        "modality": {"0": "CT"},
+        "labels": _FLARE22_LABELS,
+        "numTraining": len(training),
+        "training": training,
+    }
     json_path = root / "dataset.json"
-    tmp = json_path.with_name(f".tmp_{os.getpid()}_dataset.json")
-    tmp.write_text(json.dumps(description, indent=1))
-    os.replace(tmp, json_path)
+    write_json_atomically(json_path, description, indent=1)
     logger.info("phantoms: %d generated, %d reused from the cache in %s", created, len(training) - created, root)
     return root

@@ -129,8 +129,9 @@ def compose_config(steps: Sequence[Mapping[str, Any]], phase: str) -> dict[str, 
 def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compose:
     """The ``phase`` chain of ``steps`` for ``component``, instantiated as a bundle would: ``@data`` is the component,
     ``@roi_size`` its ``roi_size``."""
-    parser = ConfigParser({"data": component, "roi_size": list(component.roi_size),
-                           "preprocessing": compose_config(steps, phase)})  # fmt: skip
+    parser = ConfigParser(
+        {"data": component, "roi_size": list(component.roi_size), "preprocessing": compose_config(steps, phase)}
+    )
     return parser.get_parsed_content("preprocessing")
 
 
@@ -143,21 +144,39 @@ def load_images() -> dict[str, Any]:
 
 def channel_first() -> dict[str, Any]:
     """Channels first; the image's channel count checked against the data set's (``ChannelFirstd``)."""
-    return {"_target_": "calib_monai.data.ChannelFirstd", "keys": list(KEYS), "image_channels": "$@data.channel_names",
-            "source": "$@data.source"}  # fmt: skip
+    return {
+        "_target_": "calib_monai.data.ChannelFirstd",
+        "keys": list(KEYS),
+        "image_channels": "$@data.channel_names",
+        "source": "$@data.source",
+    }
 
 
 def check_labels() -> dict[str, Any]:
     """Shapes, NaN and the label values the component's files may hold (before any remapping)."""
-    return only(LABELLED, {"_target_": "calib_monai.data.ValidateSegmentationd", "image_key": IMAGE, "label_key": LABEL,
-                           "allowed_labels": "$@data.raw_label_values",
-                           "label_description": "$@data.label_description"})  # fmt: skip
+    return only(
+        LABELLED,
+        {
+            "_target_": "calib_monai.data.ValidateSegmentationd",
+            "image_key": IMAGE,
+            "label_key": LABEL,
+            "allowed_labels": "$@data.raw_label_values",
+            "label_description": "$@data.label_description",
+        },
+    )
 
 
 def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
     """The files' label values -> the component's classes."""
-    return only(LABELLED, {"_target_": "MapLabelValued", "keys": LABEL, "orig_labels": [int(k) for k in mapping],
-                           "target_labels": [int(v) for v in mapping.values()]})  # fmt: skip
+    return only(
+        LABELLED,
+        {
+            "_target_": "MapLabelValued",
+            "keys": LABEL,
+            "orig_labels": [int(k) for k in mapping],
+            "target_labels": [int(v) for v in mapping.values()],
+        },
+    )
 
 
 def to_float32() -> dict[str, Any]:
@@ -179,21 +198,36 @@ def read_as_ras(label_mapping: Mapping[int, int] | None = None) -> list[dict[str
 def resample() -> dict[str, Any]:
     """Resampling to the component's ``spacing`` (mm); off when it is None. float32: the default float64 takes twice
     the memory and time on CT-sized volumes."""
-    return {"_target_": "Spacingd", "keys": list(KEYS), "pixdim": "$@data.spacing", "mode": ["bilinear", "nearest"],
-            "dtype": "$torch.float32", "_disabled_": "$@data.spacing is None"}  # fmt: skip
+    return {
+        "_target_": "Spacingd",
+        "keys": list(KEYS),
+        "pixdim": "$@data.spacing",
+        "mode": ["bilinear", "nearest"],
+        "dtype": "$torch.float32",
+        "_disabled_": "$@data.spacing is None",
+    }
 
 
 def resize(spatial_size: str) -> dict[str, Any]:
     """Resize to ``spatial_size`` (``-1`` keeps an axis): linear image, anti-aliased when shrinking; nearest label."""
-    return {"_target_": "Resized", "keys": list(KEYS), "spatial_size": spatial_size, "mode": ["trilinear", "nearest"],
-            "anti_aliasing": [True, False]}  # fmt: skip
+    return {
+        "_target_": "Resized",
+        "keys": list(KEYS),
+        "spatial_size": spatial_size,
+        "mode": ["trilinear", "nearest"],
+        "anti_aliasing": [True, False],
+    }
 
 
 def crop_around_label(disabled: str | None = None) -> dict[str, Any]:
     """A ``roi_size`` window centred on the label's foreground, for training only (a scored volume is never cropped
     by its label); ``disabled``: an expression that turns it off."""
-    step = {"_target_": "calib_monai.data.CropAroundForegroundd", "keys": list(KEYS), "source_key": LABEL,
-            "roi_size": "@roi_size"}  # fmt: skip
+    step = {
+        "_target_": "calib_monai.data.CropAroundForegroundd",
+        "keys": list(KEYS),
+        "source_key": LABEL,
+        "roi_size": "@roi_size",
+    }
     return only((TRAINING,), {**step, **({"_disabled_": disabled} if disabled else {})})
 
 

@@ -70,12 +70,28 @@ class PROMISE12(VolumeSegmentationData):
     facts = DatasetFacts({"0": "background", "1": "prostate"}, channel_names=("image",), roi_size=(256, 256, -1))
     preprocessing_args = ("in_plane_spacing", "intensity")
 
-    def __init__(self, dataset_dir: str | os.PathLike | None, output_dir: str | os.PathLike,
-                 roi_size: Sequence[int] = facts.roi_size, seed: int = 0, cache_rate: float = 1.0,
-                 num_workers: int = 0, split: Sequence[int] = (30, 5, 15), in_plane_spacing: float | None = 0.625,
-                 intensity: str | Sequence[float] = "percentile"):  # fmt: skip
-        super().__init__(output_dir, roi_size, None, split, seed, crop_foreground=False, cache_rate=cache_rate,
-                         num_workers=num_workers)  # fmt: skip
+    def __init__(
+        self,
+        dataset_dir: str | os.PathLike | None,
+        output_dir: str | os.PathLike,
+        roi_size: Sequence[int] = facts.roi_size,
+        seed: int = 0,
+        cache_rate: float = 1.0,
+        num_workers: int = 0,
+        split: Sequence[int] = (30, 5, 15),
+        in_plane_spacing: float | None = 0.625,
+        intensity: str | Sequence[float] = "percentile",
+    ):
+        super().__init__(
+            output_dir,
+            roi_size,
+            None,
+            split,
+            seed,
+            crop_foreground=False,
+            cache_rate=cache_rate,
+            num_workers=num_workers,
+        )
         if in_plane_spacing is not None and float(in_plane_spacing) <= 0:
             raise ValueError(f"in_plane_spacing must be a positive size in mm or None, got {in_plane_spacing}")
         self.in_plane_spacing = in_plane_spacing
@@ -91,8 +107,9 @@ class PROMISE12(VolumeSegmentationData):
             if label.is_file():
                 self._cases.append({"image": str(image), "label": str(label)})
         if not self._cases:
-            raise layout_error(self.root, "has no CaseNN.mhd image with a CaseNN_segmentation.mhd beside it",
-                               PROMISE12_LAYOUTS)  # fmt: skip
+            raise layout_error(
+                self.root, "has no CaseNN.mhd image with a CaseNN_segmentation.mhd beside it", PROMISE12_LAYOUTS
+            )
         if len(self._cases) < len(images):
             logger.info("PROMISE12: skipped %d image(s) without a segmentation", len(images) - len(self._cases))
         logger.info("PROMISE12: %d labelled cases in %s", len(self._cases), self.root)
@@ -104,9 +121,13 @@ class PROMISE12(VolumeSegmentationData):
         in_plane = "@data.in_plane_spacing"
         return [
             *steps.read_as_ras(),
-            {**steps.resample(), "pixdim": f"$[float({in_plane})] * 2 + [1.0]",
-             "min_pixdim": f"$[float({in_plane})] * 2 + [1e-6]", "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
-             "_disabled_": f"${in_plane} is None"},  # fmt: skip
+            {
+                **steps.resample(),
+                "pixdim": f"$[float({in_plane})] * 2 + [1.0]",
+                "min_pixdim": f"$[float({in_plane})] * 2 + [1e-6]",
+                "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
+                "_disabled_": f"${in_plane} is None",
+            },
             {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
             steps.pad_or_crop(),
         ]
@@ -121,15 +142,24 @@ class PROMISE12(VolumeSegmentationData):
         path = Path(path)
         if path.is_file():
             if not _scan_name(path.name) or _scan_name(path.name).endswith("_segmentation"):
-                raise ValueError(f"{path} is not a PROMISE12 scan to segment: pass a .mhd/.mha/.nii.gz scan (not a "
-                                 "*_segmentation.mhd) or a folder of them")  # fmt: skip
+                raise ValueError(
+                    f"{path} is not a PROMISE12 scan to segment: pass a .mhd/.mha/.nii.gz scan (not a "
+                    "*_segmentation.mhd) or a folder of them"
+                )
             scans = [path]
         else:
-            scans = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
-                           and _scan_name(p.name) and not _scan_name(p.name).endswith("_segmentation"))  # fmt: skip
+            scans = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and not p.name.startswith(".")
+                and _scan_name(p.name)
+                and not _scan_name(p.name).endswith("_segmentation")
+            )
         if not scans:
-            raise layout_error(path, "has no .mhd scan (other than *_segmentation.mhd; searched recursively)",
-                               PROMISE12_LAYOUTS)  # fmt: skip
+            raise layout_error(
+                path, "has no .mhd scan (other than *_segmentation.mhd; searched recursively)", PROMISE12_LAYOUTS
+            )
         return [{"image": str(p), "case": _scan_name(p.name)} for p in scans]
 
     def inference_case(self, image) -> str | None:

@@ -89,8 +89,14 @@ class ChannelFirstd(EnsureChannelFirstd):
         source: the data set, for the message.
     """
 
-    def __init__(self, keys: KeysCollection, image_key: str = "image", image_channels: Iterable[str] | None = None,
-                 source: str = "", **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self,
+        keys: KeysCollection,
+        image_key: str = "image",
+        image_channels: Iterable[str] | None = None,
+        source: str = "",
+        **kwargs,
+    ) -> None:
         super().__init__(keys, **kwargs)
         self.image_key, self.source = image_key, source
         self.image_channels = None if image_channels is None else tuple(str(c) for c in image_channels)
@@ -131,8 +137,13 @@ class ValidateSegmentationd(MapTransform):
     within ``allowed_labels``.
     """
 
-    def __init__(self, image_key: str = "image", label_key: str = "label", allowed_labels: Iterable[int] | None = None,
-                 label_description: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        image_key: str = "image",
+        label_key: str = "label",
+        allowed_labels: Iterable[int] | None = None,
+        label_description: str = "",
+    ):
         super().__init__([image_key, label_key])
         self.image_key, self.label_key = image_key, label_key
         self.allowed = None if allowed_labels is None else sorted({int(v) for v in allowed_labels})
@@ -193,7 +204,8 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
     Unlike ``CropForegroundd`` followed by a pad, the window keeps the real image context around the organs: its start
     along each axis is ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size,
     ``n`` the image size), so it slides inward at image borders instead of padding. Axes whose ROI size is ``<= 0``
-    or not smaller than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty foreground
+    or not smaller than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty
+    foreground
     centres the window on the image. Invertible (MONAI ``Crop``), so ``Invertd`` can map predictions back.
     """
 

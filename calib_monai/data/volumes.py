@@ -252,10 +252,12 @@ class VolumeSegmentationData:
     def _require_dataset(self) -> None:
         if self.inference_only:
             name = type(self).__name__
-            raise ValueError(f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
-                             "the image preprocessing but has no cases to list, train, validate or test on); pass "
-                             f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
-                             "train or evaluate on the data set")  # fmt: skip
+            raise ValueError(
+                f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
+                "the image preprocessing but has no cases to list, train, validate or test on); pass "
+                f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
+                "train or evaluate on the data set"
+            )
 
     def datalist(self) -> dict[str, list[dict[str, str]]]:
         """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
@@ -270,8 +272,9 @@ class VolumeSegmentationData:
         if self._datalist is None:
             self._require_dataset()
             cases = self._find_cases()
-            self._datalist = load_or_create_datalist(self.datalist_path, cases, self.split, self.seed,
-                                                     self._datalist_info(), splitter=self._split_cases)  # fmt: skip
+            self._datalist = load_or_create_datalist(
+                self.datalist_path, cases, self.split, self.seed, self._datalist_info(), splitter=self._split_cases
+            )
         return self._datalist
 
     def preprocessing(self, subset: str = "training") -> Compose:
@@ -326,27 +329,36 @@ class VolumeSegmentationData:
         self.datalist()  # the data set's, or a given datalist.json; else the error that says what to pass
         if preprocessing is not None:
             if not callable(preprocessing):
-                raise TypeError(f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "
-                                f"Compose), got {type(preprocessing).__name__}")  # fmt: skip
+                raise TypeError(
+                    f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "
+                    f"Compose), got {type(preprocessing).__name__}"
+                )
             self._given[phase_of_subset(subset)] = preprocessing
         chain = self.preprocessing(subset)
         if subset not in self._volumes or self._volumes[subset][0] is not chain:
             items = self.datalist()[subset]
             if not items:
-                raise ValueError(f"the {subset} subset of {self.datalist_path} is empty; use more cases or a split "
-                                 "with a non-zero count for it")  # fmt: skip
+                raise ValueError(
+                    f"the {subset} subset of {self.datalist_path} is empty; use more cases or a split "
+                    "with a non-zero count for it"
+                )
             logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
             with _single_threaded_torch():
                 volumes = _CaseCheckedCacheDataset(
-                    items, transform=chain, cache_rate=self.cache_rate, num_workers=max(self.num_workers, 1),
+                    items,
+                    transform=chain,
+                    cache_rate=self.cache_rate,
+                    num_workers=max(self.num_workers, 1),
                     progress=False,
-                    copy_cache=False,  # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
-                )  # fmt: skip
+                    # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
+                    copy_cache=False,
+                )
             self._volumes[subset] = (chain, volumes)
         return self._volumes[subset][1]
 
-    def train_dataset(self, transform: Callable | None = None, fraction: float = 1.0,
-                      preprocessing: Callable | None = None) -> SliceDataset:  # fmt: skip
+    def train_dataset(
+        self, transform: Callable | None = None, fraction: float = 1.0, preprocessing: Callable | None = None
+    ) -> SliceDataset:
         """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
 
         ``transform``: applied to each slice dict (e.g. 2D augmentation). ``fraction`` in (0, 1] keeps the first
@@ -376,5 +388,7 @@ class VolumeSegmentationData:
         return ", ".join(f"{k} {v}" for k, v in self.label_names.items())
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(source={self.source!r}, dataset_dir={self._dataset_root()!r}, "
-                f"num_classes={self.num_classes}, roi_size={self.roi_size}, spacing={self.spacing})")  # fmt: skip
+        return (
+            f"{type(self).__name__}(source={self.source!r}, dataset_dir={self._dataset_root()!r}, "
+            f"num_classes={self.num_classes}, roi_size={self.roi_size}, spacing={self.spacing})"
+        )

@@ -53,12 +53,15 @@ def _trained_bundle(bundle_dir, checkpoint, config_file: str, net_id: str, key_i
     given = checkpoint is not None
     checkpoint = Path(checkpoint) if given else bundle_dir / "models" / "model.pt"
     if not checkpoint.is_file():  # the export's own words: the command line has --checkpoint, not weights=
-        how = (f"train it first (python -m monai.bundle run training --config_file {bundle_dir}/configs/train.json), "
-               "or pass --checkpoint /path/to/model.pt")  # fmt: skip
+        how = (
+            f"train it first (python -m monai.bundle run training --config_file {bundle_dir}/configs/train.json), "
+            "or pass --checkpoint /path/to/model.pt"
+        )
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: " + ("check the path" if given else how))
     # only network_def and what it references (backbone, channels, roi_size) are parsed: no data or workflow
-    return TrainedBundle(bundle_dir, (config_file,), device="cpu", weights=checkpoint, key_in_ckpt=key_in_ckpt,
-                         network_id=net_id)  # fmt: skip
+    return TrainedBundle(
+        bundle_dir, (config_file,), device="cpu", weights=checkpoint, key_in_ckpt=key_in_ckpt, network_id=net_id
+    )
 
 
 def load_bundle_network(

@@ -243,7 +243,9 @@ def write_slicer_files(
         affine = seg_affine
     for what, own_affine in (("segmentation", seg_affine), ("confidence", conf_affine)):
         if own_affine is not None and not np.allclose(own_affine, affine, atol=1e-4):
-            raise ValueError(f"{what} is not on the reference grid (affine\n{own_affine}\nvs\n{affine}); resample it first")
+            raise ValueError(
+                f"{what} is not on the reference grid (affine\n{own_affine}\nvs\n{affine}); resample it first"
+            )
     if seg.shape != conf.shape:
         raise ValueError(f"segmentation {seg.shape} and confidence {conf.shape} have different shapes")
     if ref_shape is not None and seg.shape != ref_shape:
@@ -256,7 +258,13 @@ def write_slicer_files(
     if labels.size and labels.min() < 0:
         raise ValueError("segmentation labels must be >= 0")
     max_label = int(labels.max()) if labels.size else 0
-    dtype = np.uint8 if max_label <= np.iinfo(np.uint8).max else np.uint16 if max_label <= np.iinfo(np.uint16).max else np.uint32
+    dtype = (
+        np.uint8
+        if max_label <= np.iinfo(np.uint8).max
+        else np.uint16
+        if max_label <= np.iinfo(np.uint16).max
+        else np.uint32
+    )
 
     names = _label_names(label_names)
     present = {int(v) for v in np.unique(labels)}
@@ -282,11 +290,27 @@ def write_slicer_files(
     if quality is not None:
         header.update(_quality_fields(quality))
     per_class = (quality or {}).get("classes", {})
-    segments = [(f"label_{v}", names.get(v, f"label {v}"), segment_color(v), v, LABEL_LAYER,
-                 _quality_tags(per_class.get(names.get(v, ""), {}))) for v in values]  # fmt: skip
-    segments.append((LOW_CONFIDENCE_SEGMENT_ID, LOW_CONFIDENCE_SEGMENT_NAME, LOW_CONFIDENCE_COLOR,
-                     LOW_CONFIDENCE_LABEL_VALUE, LOW_CONFIDENCE_LAYER,
-                     f"calib_monai.confidence_threshold:{low_confidence:g}|"))  # fmt: skip
+    segments = [
+        (
+            f"label_{v}",
+            names.get(v, f"label {v}"),
+            segment_color(v),
+            v,
+            LABEL_LAYER,
+            _quality_tags(per_class.get(names.get(v, ""), {})),
+        )
+        for v in values
+    ]
+    segments.append(
+        (
+            LOW_CONFIDENCE_SEGMENT_ID,
+            LOW_CONFIDENCE_SEGMENT_NAME,
+            LOW_CONFIDENCE_COLOR,
+            LOW_CONFIDENCE_LABEL_VALUE,
+            LOW_CONFIDENCE_LAYER,
+            f"calib_monai.confidence_threshold:{low_confidence:g}|",
+        )
+    )
     for index, (segment_id, name, color, value, layer, tags) in enumerate(segments):
         key = f"Segment{index}_"
         header[key + "ID"] = segment_id
@@ -328,9 +352,11 @@ def _quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
     """The case's score and review verdict as custom NRRD header fields (Slicer keeps unknown fields)."""
     review = quality.get("review", {})
     flag = review.get("flag")
-    return {"calib_monai_case_score": f"{float(quality['case_score']):.4f}",
-            "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
-            "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-"}  # fmt: skip
+    return {
+        "calib_monai_case_score": f"{float(quality['case_score']):.4f}",
+        "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
+        "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-",
+    }
 
 
 def _quality_tags(entry: Mapping[str, Any]) -> str:
@@ -366,6 +392,13 @@ def slicer_files_from_inference(
     quality = json.loads(stored.read_text()) if stored.is_file() else None
     if quality is not None:
         quality.pop("case", None)
-    return write_slicer_files(seg_path, conf_path, seg_path, label_names,
-                              inference_dir if output_dir is None else output_dir, case, low_confidence,
-                              quality)  # fmt: skip
+    return write_slicer_files(
+        seg_path,
+        conf_path,
+        seg_path,
+        label_names,
+        inference_dir if output_dir is None else output_dir,
+        case,
+        low_confidence,
+        quality,
+    )

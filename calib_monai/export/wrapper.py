@@ -43,7 +43,9 @@ class SegmentationWithConfidence(torch.nn.Module):
         segmentation, confidence = model(torch.rand(1, 1, 192, 192, 30))
     """
 
-    def __init__(self, network: torch.nn.Module, spatial_dim: int = 2, calibration: torch.nn.Module | None = None) -> None:
+    def __init__(
+        self, network: torch.nn.Module, spatial_dim: int = 2, calibration: torch.nn.Module | None = None
+    ) -> None:
         super().__init__()
         if spatial_dim not in (0, 1, 2):
             raise ValueError(f"spatial_dim must be 0, 1 or 2 (an axis of H, W, D), got {spatial_dim}.")

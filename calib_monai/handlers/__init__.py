@@ -5,7 +5,11 @@ from __future__ import annotations
 from .alm import ALMUpdateHandler
 from .calibration import SegmentationCalibration
 from .calibration_fit import CalibrationFitter
+from .checkpoint import TrainingCheckpoint
+from .history import EpochSnapshots, ValidationHistory
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state
-from .training import EpochSummary, NetworkWeightsLoader, TrainingCheckpoint, check_selection_metric, select_epoch
+from .selection import ModelSelection, check_selection_metric, select_epoch
+from .summary import EpochSummary
+from .weights import NetworkWeightsLoader

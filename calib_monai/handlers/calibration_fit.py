@@ -28,9 +28,9 @@ class CalibrationFitter:
 
     ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded), by
     default their ground-truth foreground voxels (``voxels="foreground"``), the voxels the papers' ECE is measured
-    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels. On the demo bundle (one
-    validation volume) T fitted on all voxels was 0.47 and raised the test ECE from 0.10 to 0.24; on the foreground,
-    0.73 and 0.16: a temperature from a single volume did not transfer there either way;
+    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels, but the probabilities a user
+    reads over the whole image (case quality, volumes) are calibrated by a fit on all voxels; which to use is
+    measured in ``docs/results`` (the ``calibrated`` and ``quality`` studies);
     ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
     2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
     (ground-truth foreground voxels, 15 bins) of the fitted data before and after.
@@ -56,13 +56,28 @@ class CalibrationFitter:
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
 
-    def __init__(self, output_path: str | os.PathLike, weights: str | os.PathLike, method: str = "temperature",
-                 num_classes: int | None = None, in_channels: int = 1, max_voxels: int = 2_000_000,
-                 max_slices: int = 4_000, lts_steps: int = 300, seed: int = 0, logits_key: str = "pred",
-                 label_key: str = "label", image_key: str = "image", spatial_dim: int = 2,
-                 voxels: str = "foreground", validated_range_path: str | os.PathLike | None = None,
-                 label_names: dict | None = None, review_alpha: float = 0.05,
-                 review_volume_factor: float = 0.0, review_input_check: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        output_path: str | os.PathLike,
+        weights: str | os.PathLike,
+        method: str = "temperature",
+        num_classes: int | None = None,
+        in_channels: int = 1,
+        max_voxels: int = 2_000_000,
+        max_slices: int = 4_000,
+        lts_steps: int = 300,
+        seed: int = 0,
+        logits_key: str = "pred",
+        label_key: str = "label",
+        image_key: str = "image",
+        spatial_dim: int = 2,
+        voxels: str = "foreground",
+        validated_range_path: str | os.PathLike | None = None,
+        label_names: dict | None = None,
+        review_alpha: float = 0.05,
+        review_volume_factor: float = 0.0,
+        review_input_check: bool = False,
+    ) -> None:
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
         self.voxels = voxels
@@ -77,8 +92,11 @@ class CalibrationFitter:
         self.spatial_dim = spatial_dim
         self.validated_range_path = Path(validated_range_path) if validated_range_path else None
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
-        self.review = {"alpha": float(review_alpha), "volume_factor": float(review_volume_factor),
-                       "input_check": bool(review_input_check)}  # fmt: skip
+        self.review = {
+            "alpha": float(review_alpha),
+            "volume_factor": float(review_volume_factor),
+            "input_check": bool(review_input_check),
+        }
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         self._volumes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._voxel_ml: list[float] = []
@@ -97,8 +115,9 @@ class CalibrationFitter:
             label = (label.argmax(0) if label.shape[0] > 1 else label[0]).long()
             self._voxel_ml.append(voxel_volume_ml(item[image_key]))
             image = torch.as_tensor(item[image_key]).detach().float().cpu()
-            self._volumes.append((logits.as_subclass(torch.Tensor), label.as_subclass(torch.Tensor),
-                                  image.as_subclass(torch.Tensor)))  # fmt: skip
+            self._volumes.append(
+                (logits.as_subclass(torch.Tensor), label.as_subclass(torch.Tensor), image.as_subclass(torch.Tensor))
+            )
 
     def _voxels(self) -> tuple[torch.Tensor, torch.Tensor]:
         return calibration_voxels(((z, y) for z, y, _ in self._volumes), self.voxels, self.max_voxels, self.seed)
@@ -109,7 +128,9 @@ class CalibrationFitter:
         images = torch.cat([x.movedim(axis, 0) for _, _, x in self._volumes])
         labels = torch.cat([y.movedim(self.spatial_dim, 0) for _, y, _ in self._volumes])
         if logits.shape[0] > self.max_slices:
-            keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(self.seed))[: self.max_slices]
+            keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(self.seed))[
+                : self.max_slices
+            ]
             logits, images, labels = logits[keep], images[keep], labels[keep]
         return logits, images, labels
 
@@ -127,7 +148,9 @@ class CalibrationFitter:
             module = LocalTemperatureScaling(self.num_classes, self.in_channels)
             module.fit(logits, images, labels, steps=self.lts_steps, seed=self.seed)
             with torch.no_grad():
-                calibrated = torch.cat([module(logits[i : i + 64], images[i : i + 64]) for i in range(0, len(logits), 64)])
+                calibrated = torch.cat(
+                    [module(logits[i : i + 64], images[i : i + 64]) for i in range(0, len(logits), 64)]
+                )
             logits, calibrated = (t.movedim(1, -1).reshape(-1, t.shape[1]) for t in (logits, calibrated))
             labels = labels.reshape(-1)
         where = "ground-truth foreground of the validation volumes" if self.voxels == "foreground" else "validation"
@@ -140,9 +163,11 @@ class CalibrationFitter:
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
         save_calibration(module, self.output_path, self.weights, **stats)
         what = f"temperature {float(module.temperature):.4f}" if self.method == "temperature" else "local temperature"
-        logger.info(f"calibrate: {what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels): "
-                    f"NLL {stats['nll_before']:.4f} -> {stats['nll_after']:.4f}, ECE (ground-truth foreground) "
-                    f"{stats['ece_before']:.4f} -> {stats['ece_after']:.4f}; wrote {self.output_path}")  # fmt: skip
+        logger.info(
+            f"calibrate: {what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels): "
+            f"NLL {stats['nll_before']:.4f} -> {stats['nll_after']:.4f}, ECE (ground-truth foreground) "
+            f"{stats['ece_before']:.4f} -> {stats['ece_after']:.4f}; wrote {self.output_path}"
+        )
         if self.validated_range_path is not None:
             self._store_validated_range(module, stats)
         self._volumes.clear()
@@ -154,13 +179,22 @@ class CalibrationFitter:
             for (logits, _, image), voxel_ml in zip(self._volumes, self._voxel_ml):
                 prob = torch.softmax(calibrate_volume(module, logits, image, self.spatial_dim), dim=0)
                 qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=self.class_names))
-        calibration = {"method": self.method, **({"temperature": float(module.temperature)}
-                                                 if self.method == "temperature" else {})}  # fmt: skip
+        calibration = {
+            "method": self.method,
+            **({"temperature": float(module.temperature)} if self.method == "temperature" else {}),
+        }
         inputs = [image_statistics(image) for _, _, image in self._volumes]
-        validated = ValidatedRange.from_qualities(qualities, **self.review, inputs=inputs, volumes_scored=len(qualities),
-                                                  calibration=calibration, fitted_on=stats["fitted_on"])  # fmt: skip
+        validated = ValidatedRange.from_qualities(
+            qualities,
+            **self.review,
+            inputs=inputs,
+            volumes_scored=len(qualities),
+            calibration=calibration,
+            fitted_on=stats["fitted_on"],
+        )
         validated.save(self.validated_range_path, self.weights)
-        logger.info(f"calibrate: validated range of {len(qualities)} validation volumes (case score "
-                    f"{min(validated.scores):.3f}-{max(validated.scores):.3f}); inference will {validated.describe()}; "
-                    f"wrote {self.validated_range_path}")  # fmt: skip
-
+        logger.info(
+            f"calibrate: validated range of {len(qualities)} validation volumes (case score "
+            f"{min(validated.scores):.3f}-{max(validated.scores):.3f}); inference will {validated.describe()}; "
+            f"wrote {self.validated_range_path}"
+        )

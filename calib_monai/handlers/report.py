@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import reinit__is_reduced
 from monai.handlers import IgniteMetricHandler
@@ -78,8 +77,12 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         prob_key, pred_key, label_key = self.keys
         for item in items:
             self._cases.append(case_name(item, len(self._cases)))
-        self.metric_fn([item[prob_key] for item in items], [item[label_key] for item in items],
-                       pred=[item[pred_key] for item in items], spacing=[voxel_spacing(item) for item in items])  # fmt: skip
+        self.metric_fn(
+            [item[prob_key] for item in items],
+            [item[label_key] for item in items],
+            pred=[item[pred_key] for item in items],
+            spacing=[voxel_spacing(item) for item in items],
+        )
 
     def details(self) -> dict[str, Any]:
         """The report of the volumes so far (gathered over ranks; every rank must call it in distributed runs)."""
@@ -87,8 +90,13 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         world = idist.get_world_size()
         cases = string_list_all_gather(self._cases) if world > 1 else list(self._cases)
         report = SegmentationReportTable(metric=metric, cases=cases)
-        return {"report": report, "columns": metric.columns, "cases": cases, "table": metric.aggregate(),
-                "pooled": metric.pooled()}  # fmt: skip
+        return {
+            "report": report,
+            "columns": metric.columns,
+            "cases": cases,
+            "table": metric.aggregate(),
+            "pooled": metric.pooled(),
+        }
 
     def compute(self) -> dict[str, float]:
         details = self.details()
@@ -141,8 +149,9 @@ class SegmentationReport:
         confidence_threshold: float = 0.8,
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances,
-                                               band_radius, confidence_threshold)  # fmt: skip
+        self.metric = SegmentationReportMetric(
+            label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
+        )
         self.handler = SegmentationReportMetricHandler(self.metric, prob_key, pred_key, label_key)
         self.saver = SegmentationReportSaver(output_dir, name, logger_name=logger_name)
         self.name = name

@@ -20,7 +20,8 @@ class SegmentationReportSaver:
     Reads ``engine.state.metric_details[metric_name]["report"]`` (the handler's
     :class:`calib_monai.metrics.SegmentationReportTable`, every rank's volumes gathered) and writes its files to
     ``output_dir`` (:meth:`~calib_monai.metrics.SegmentationReportTable.write`: ``metrics.csv``, ``summary.json``,
-    ``reliability.png``, ``risk_coverage.png``). It computes nothing. ``monai.handlers.MetricsSaver`` is the model, but it cannot write these files: it writes
+    ``reliability.png``, ``risk_coverage.png``). It computes nothing. ``monai.handlers.MetricsSaver`` is the model,
+    but it cannot write these files: it writes
     one ``<name>_raw.csv`` per metric with one column per class (not one row per volume with all metrics), its
     summaries are per-class statistics (not the pooled values), and it has no reliability diagram.
 

@@ -60,8 +60,13 @@ def randomizable_transforms(root: Any) -> list:
 
 def _numpy_state(state: tuple) -> dict[str, Any]:
     name, key, pos, has_gauss, cached = state
-    return {"name": name, "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+    return {
+        "name": name,
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def _as_numpy_state(state: dict[str, Any]) -> tuple:
@@ -90,7 +95,9 @@ def capture_rng_state(loader: Any = None) -> dict[str, Any]:
         "numpy": _numpy_state(np.random.get_state()),
         "python": random.getstate(),
         "samplers": [g.get_state() for g in _loader_generators(loader)],
-        "transforms": [_numpy_state(t.R.get_state()) for t in randomizable_transforms(getattr(loader, "dataset", None))],
+        "transforms": [
+            _numpy_state(t.R.get_state()) for t in randomizable_transforms(getattr(loader, "dataset", None))
+        ],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -108,9 +115,11 @@ def restore_rng_state(state: dict[str, Any], loader: Any = None) -> None:
     generators = _loader_generators(loader)
     transforms = randomizable_transforms(getattr(loader, "dataset", None))
     if len(generators) != len(state["samplers"]) or len(transforms) != len(state["transforms"]):
-        raise ValueError(f"the checkpoint holds {len(state['samplers'])} sampler and {len(state['transforms'])} "
-                         f"transform generator(s), the training loader has {len(generators)} and {len(transforms)}: "
-                         "it was written by a run with another data pipeline")  # fmt: skip
+        raise ValueError(
+            f"the checkpoint holds {len(state['samplers'])} sampler and {len(state['transforms'])} "
+            f"transform generator(s), the training loader has {len(generators)} and {len(transforms)}: "
+            "it was written by a run with another data pipeline"
+        )
     for generator, saved in zip(generators, state["samplers"]):
         generator.set_state(saved)
     for transform, saved in zip(transforms, state["transforms"]):

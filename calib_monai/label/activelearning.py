@@ -60,8 +60,12 @@ class CaseQualityScoring(ScoringMethod):
             except Exception as err:  # one unreadable image must not stop the others; it says why in the info
                 logger.warning(f"{self.served.name}: cannot score {image_id}: {err}")
                 quality = {"case_score": None, "review": {"flag": None, "reasons": [str(err)]}}
-            entry = {"case_score": quality.get("case_score"), "review": (quality.get("review") or {}).get("flag"),
-                     "weights_sha256": sha, "scored_at": time.time()}  # fmt: skip
+            entry = {
+                "case_score": quality.get("case_score"),
+                "review": (quality.get("review") or {}).get("flag"),
+                "weights_sha256": sha,
+                "scored_at": time.time(),
+            }
             mine = dict(info.get(INFO_KEY) or {})
             mine[self.served.name] = entry
             datastore.update_image_info(image_id, {INFO_KEY: mine})
@@ -85,10 +89,14 @@ class LeastConfident(Strategy):
         for image_id in datastore.get_unlabeled_images():
             info = datastore.get_image_info(image_id)
             handed = (info.get("strategy") or {}).get(name) or {}
-            taken = bool(handed) and now - float(handed.get("ts", 0)) < self.recent_s and handed.get("client_id") != client
+            taken = (
+                bool(handed) and now - float(handed.get("ts", 0)) < self.recent_s and handed.get("client_id") != client
+            )
             score = stored_score(info, self.bundle).get("case_score")
             unscored = score is None or score != score
-            ranked.append((taken, float(handed.get("ts", 0)) if taken else 0.0, unscored, 0.0 if unscored else score, image_id))
+            ranked.append(
+                (taken, float(handed.get("ts", 0)) if taken else 0.0, unscored, 0.0 if unscored else score, image_id)
+            )
         if not ranked:
             return {}
         taken, _, unscored, score, image_id = min(ranked)

@@ -34,6 +34,8 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
+from calib_monai.atomic import copy_atomically
+
 __all__ = ["FineTune", "SubmittedLabel", "remap_label"]
 
 logger = logging.getLogger("calib_monai.label")
@@ -51,7 +53,9 @@ class SubmittedLabel:
     label_info: Sequence[Mapping[str, Any]] | None = None
 
 
-def value_map(label_info: Sequence[Mapping[str, Any]] | None, label_names: Mapping[int, str], case: str) -> dict[int, int]:
+def value_map(
+    label_info: Sequence[Mapping[str, Any]] | None, label_names: Mapping[int, str], case: str
+) -> dict[int, int]:
     """Submitted value -> bundle value, from the segment names (see the module); identity without ``label_info``."""
     if not label_info:
         return {v: v for v in label_names}
@@ -62,8 +66,10 @@ def value_map(label_info: Sequence[Mapping[str, Any]] | None, label_names: Mappi
         key = name[: -len(UNCERTAIN_SUFFIX)] if name.endswith(UNCERTAIN_SUFFIX) else name
         if key.lower() not in by_name:
             known = [n for v, n in sorted(label_names.items()) if v > 0]
-            raise ValueError(f"the label of {case} has a segment {name!r}, which this bundle does not segment (it "
-                             f"knows {known}): rename or delete that segment in Slicer and submit again")  # fmt: skip
+            raise ValueError(
+                f"the label of {case} has a segment {name!r}, which this bundle does not segment (it "
+                f"knows {known}): rename or delete that segment in Slicer and submit again"
+            )
         mapping[position + 1] = by_name[key.lower()]
     return mapping
 
@@ -77,19 +83,15 @@ def remap_label(source: str | os.PathLike, target: str | os.PathLike, mapping: M
     values = values.astype(np.int64)
     unknown = sorted(set(np.unique(values).tolist()) - set(mapping))
     if unknown:
-        raise ValueError(f"the label of {case} ({source}) has values {unknown[:5]} that no segment of its label_info "
-                         f"names (known: {sorted(mapping)}): submit it again from Slicer")  # fmt: skip
+        raise ValueError(
+            f"the label of {case} ({source}) has values {unknown[:5]} that no segment of its label_info "
+            f"names (known: {sorted(mapping)}): submit it again from Slicer"
+        )
     lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
     for value, bundle_value in mapping.items():
         lookup[value] = bundle_value
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     nib.save(nib.Nifti1Image(lookup[values], image.affine), str(target))
-
-
-def _copy_atomically(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
 
 
 @dataclass
@@ -130,8 +132,10 @@ class FineTune:
     def prepare(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str]) -> Path:
         """Map the submitted labels to the bundle's values and write the datalist (a fresh work folder)."""
         if len(cases) < 2:
-            raise ValueError(f"training needs at least 2 labelled images (one to train on, one held out to validate "
-                             f"and calibrate on); the datastore has {len(cases)}: submit more labels")  # fmt: skip
+            raise ValueError(
+                f"training needs at least 2 labelled images (one to train on, one held out to validate "
+                f"and calibrate on); the datastore has {len(cases)}: submit more labels"
+            )
         shutil.rmtree(self.workdir, ignore_errors=True)
         items = []
         for case in sorted(cases, key=lambda c: c.id):
@@ -140,8 +144,13 @@ class FineTune:
             items.append({"image": str(Path(case.image).resolve()), "label": str(target.resolve())})
         random.Random(self.seed).shuffle(items)
         held_out = max(1, round(float(self.validation_fraction) * len(items)))
-        datalist = {"given": True, "source": "submitted labels", "training": items[held_out:],
-                    "validation": items[:held_out], "test": []}  # fmt: skip
+        datalist = {
+            "given": True,
+            "source": "submitted labels",
+            "training": items[held_out:],
+            "validation": items[:held_out],
+            "test": [],
+        }
         self.models.mkdir(parents=True, exist_ok=True)
         path = self.models / "datalist.json"
         path.write_text(json.dumps(datalist, indent=1))
@@ -149,8 +158,21 @@ class FineTune:
 
     def _run(self, step: str, configs: Sequence[str], **overrides: Any) -> None:
         files = json.dumps([str(self.bundle_dir / "configs" / c) for c in configs])
-        command = [sys.executable, "-m", "monai.bundle", "run", step, "--config_file", files,
-                   "--bundle_root", str(self.bundle_dir), "--output_dir", str(self.models), "--seed", str(self.seed)]
+        command = [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            step,
+            "--config_file",
+            files,
+            "--bundle_root",
+            str(self.bundle_dir),
+            "--output_dir",
+            str(self.models),
+            "--seed",
+            str(self.seed),
+        ]
         for key, value in overrides.items():
             command += [f"--{key}", str(value)]
         with open(self.workdir / f"{step}.log", "a") as log:
@@ -159,9 +181,10 @@ class FineTune:
             code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
         if code != 0:
             tail = (self.workdir / f"{step}.log").read_text().splitlines()[-12:]
-            raise RuntimeError(f"the {step} step of {self.bundle_dir.name} failed (exit {code}); nothing was published, "
-                               f"the previous weights keep serving. Last lines of {self.workdir / f'{step}.log'}:\n"
-                               + "\n".join(tail))  # fmt: skip
+            raise RuntimeError(
+                f"the {step} step of {self.bundle_dir.name} failed (exit {code}); nothing was published, "
+                f"the previous weights keep serving. Last lines of {self.workdir / f'{step}.log'}:\n" + "\n".join(tail)
+            )
 
     def train_and_calibrate(self, calibration_method: str = "temperature") -> None:
         init = self.workdir / "init_model.pt"
@@ -177,9 +200,9 @@ class FineTune:
             raise RuntimeError(f"{self.models} lacks {missing}: nothing was published")
         target = self.bundle_dir / "models"
         if (target / "model.pt").is_file():
-            _copy_atomically(target / "model.pt", target / "model.previous.pt")
+            copy_atomically(target / "model.pt", target / "model.previous.pt")
         for name in PUBLISHED:
-            _copy_atomically(self.models / name, target / name)
+            copy_atomically(self.models / name, target / name)
         logger.info(f"{self.bundle_dir.name}: published the fine-tuned weights, calibration and validated range")
         return self.stats(finished=True)
 
@@ -193,8 +216,9 @@ class FineTune:
             out["total_time"] = round(time.time() - getattr(self, "_started", time.time()), 1)
         return out
 
-    def run(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str],
-            calibration_method: str = "temperature") -> dict[str, Any]:  # fmt: skip
+    def run(
+        self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str], calibration_method: str = "temperature"
+    ) -> dict[str, Any]:
         """Prepare, train, calibrate and publish; returns the final stats."""
         self.prepare(cases, label_names)
         self.train_and_calibrate(calibration_method)

@@ -2,7 +2,8 @@
 
 - ``<bundle>`` (type ``segmentation``): the label map, uint8 NIfTI on the input's grid. Its JSON carries
   ``label_names`` (``{name: value}`` of every label of the bundle: 3D Slicer's MONAI Label module names the segments it
-  imports by position, the i-th name after "background" for value i, so every value must be named), ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
+  imports by position, the i-th name after "background" for value i, so every value must be named),
+  ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
   ``quality`` (the case quality: estimated DSC per structure and of the case, volumes with their 95% interval, and
   ``review``: whether the case falls outside the model's validated range, with the reasons).
 - ``<bundle>_review`` (type ``segmentation``, so the stock Slicer module lists and shows it): for review in Slicer,
@@ -25,7 +26,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from monailabel.interfaces.tasks.infer_v2 import InferTask, InferType
 
 from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle, review_label_names
@@ -42,8 +42,14 @@ class _BundleTask(InferTask):
 
     keep = "segmentation"  # which output file the task returns
 
-    def __init__(self, served: ServedBundle, type: InferType, description: str, labels: dict[str, int] | None = None,
-                 config: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        served: ServedBundle,
+        type: InferType,
+        description: str,
+        labels: dict[str, int] | None = None,
+        config: dict | None = None,
+    ):
         labels = labels or {name: value for value, name in sorted(served.label_names.items())}
         # config values stay scalars: Slicer's options table breaks on lists of numbers
         super().__init__(type=type, labels=labels, dimension=3, description=description, config=config or {})
@@ -70,8 +76,11 @@ class _BundleTask(InferTask):
             info["confidence"] = dict(zip(("min", "mean", "max"), result.confidence_range))
         if self.keep == "review":
             info["uncertainty_threshold"] = self._threshold(request)
-            info["uncertain_fraction"] = {name: _below(result, entry["label"], info["uncertainty_threshold"])
-                                          for name, entry in result.summary.items() if entry["label"] > 0}  # fmt: skip
+            info["uncertain_fraction"] = {
+                name: _below(result, entry["label"], info["uncertainty_threshold"])
+                for name, entry in result.summary.items()
+                if entry["label"] > 0
+            }
         return output, info
 
     @staticmethod
@@ -86,8 +95,11 @@ class BundleSegmentation(_BundleTask):
     """``<bundle>``: the segmentation (uint8 label values) with a confidence summary per label in its JSON."""
 
     def __init__(self, served: ServedBundle):
-        super().__init__(served, InferType.SEGMENTATION,
-                         f"{served.name}: segmentation (calib-monai bundle); JSON: confidence summary per label")
+        super().__init__(
+            served,
+            InferType.SEGMENTATION,
+            f"{served.name}: segmentation (calib-monai bundle); JSON: confidence summary per label",
+        )
 
 
 class BundleReview(_BundleTask):
@@ -96,11 +108,14 @@ class BundleReview(_BundleTask):
     keep = "review"
 
     def __init__(self, served: ServedBundle):
-        super().__init__(served, InferType.SEGMENTATION,
-                         f"{served.name}: review - each structure's confident and uncertain (confidence < threshold) "
-                         "parts as separate segments; JSON: case quality and review flag",
-                         labels=review_label_names(served.label_names),
-                         config={"uncertainty_threshold": UNCERTAINTY_THRESHOLD})  # fmt: skip
+        super().__init__(
+            served,
+            InferType.SEGMENTATION,
+            f"{served.name}: review - each structure's confident and uncertain (confidence < threshold) "
+            "parts as separate segments; JSON: case quality and review flag",
+            labels=review_label_names(served.label_names),
+            config={"uncertainty_threshold": UNCERTAINTY_THRESHOLD},
+        )
 
 
 def _below(result, value: int, threshold: float) -> float | None:
@@ -115,5 +130,6 @@ class BundleConfidence(_BundleTask):
     keep = "confidence"
 
     def __init__(self, served: ServedBundle):
-        super().__init__(served, InferType.OTHERS,
-                         f"{served.name}: confidence map (max softmax probability, float32, in [1/C, 1])")
+        super().__init__(
+            served, InferType.OTHERS, f"{served.name}: confidence map (max softmax probability, float32, in [1/C, 1])"
+        )

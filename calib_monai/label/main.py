@@ -53,26 +53,35 @@ class CalibMONAILabelApp(MONAILabelApp):
         conf = conf or {}
         source = conf.get("zoo_source", "local")
         if source != "local":
-            raise MONAILabelException(MONAILabelError.APP_INIT_ERROR,
-                                      f"zoo_source {source!r}: this app serves local bundles only (--conf zoo_source "
-                                      "local), linked or copied into its model/ folder")  # fmt: skip
+            raise MONAILabelException(
+                MONAILabelError.APP_INIT_ERROR,
+                f"zoo_source {source!r}: this app serves local bundles only (--conf zoo_source "
+                "local), linked or copied into its model/ folder",
+            )
         self.model_dir = os.path.join(app_dir, "model")
         found = find_bundles(self.model_dir)
         wanted = conf.get("models", "all").strip()
         names = sorted(found) if wanted in ("", "all") else [n.strip() for n in wanted.split(",") if n.strip()]
         missing = [n for n in names if n not in found]
         if missing:
-            raise MONAILabelException(MONAILabelError.APP_INIT_ERROR,
-                                      f"--conf models names {missing}, not bundle folders of {self.model_dir} "
-                                      f"(found: {sorted(found) or 'none'})")  # fmt: skip
+            raise MONAILabelException(
+                MONAILabelError.APP_INIT_ERROR,
+                f"--conf models names {missing}, not bundle folders of {self.model_dir} "
+                f"(found: {sorted(found) or 'none'})",
+            )
         if not names:
             logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
         self.served = {name: ServedBundle(found[name]) for name in names}
         self.recent_s = float(conf.get("recent_s", 3600))
         check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
-        super().__init__(app_dir=app_dir, studies=studies, conf=conf, name="calib-monai",
-                         description="Calibrated segmentation: labels and their confidence",
-                         version=calib_monai.__version__)  # fmt: skip
+        super().__init__(
+            app_dir=app_dir,
+            studies=studies,
+            conf=conf,
+            name="calib-monai",
+            description="Calibrated segmentation: labels and their confidence",
+            version=calib_monai.__version__,
+        )
 
     def init_infers(self):
         tasks = {}

@@ -27,8 +27,10 @@ __all__ = ["check_infer_route", "remove_uploads", "uploaded_fields"]
 # the fields of the request being served that MONAI Label filled with an uploaded file ("image", "label")
 uploaded_fields: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("uploaded_fields", default=frozenset())
 
-NO_INPUT = ("no image to segment: send the image file as the multipart form field 'file' (or name a datastore image "
-            "with ?image=<id>, or a session with ?session_id=<id>)")  # fmt: skip
+NO_INPUT = (
+    "no image to segment: send the image file as the multipart form field 'file' (or name a datastore image "
+    "with ?image=<id>, or a session with ?session_id=<id>)"
+)
 
 
 def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
@@ -80,7 +82,8 @@ def check_infer_route() -> bool:
 
     checked_infer._calib_monai_checked = True  # type: ignore[attr-defined]
     # MONAI Label's own route stays (and stays in the API docs); this one is matched first
-    router.add_api_route(f"{settings.MONAI_LABEL_API_STR}/infer/{{model}}", checked_infer, methods=["POST"],
-                         include_in_schema=False)  # fmt: skip
+    router.add_api_route(
+        f"{settings.MONAI_LABEL_API_STR}/infer/{{model}}", checked_infer, methods=["POST"], include_in_schema=False
+    )
     router.routes.insert(0, router.routes.pop())
     return True

@@ -30,8 +30,16 @@ from monai.data import MetaTensor
 from calib_monai.bundle import TrainedBundle
 from calib_monai.data.transforms import unwrap_case_error
 
-__all__ = ["CONFIDENCE_THRESHOLDS", "InputError", "Served", "ServedBundle", "confidence_summary", "find_bundles",
-           "review_label_map", "review_label_names"]  # fmt: skip
+__all__ = [
+    "CONFIDENCE_THRESHOLDS",
+    "InputError",
+    "Served",
+    "ServedBundle",
+    "confidence_summary",
+    "find_bundles",
+    "review_label_map",
+    "review_label_names",
+]
 
 logger = logging.getLogger("calib_monai.label")
 
@@ -88,13 +96,16 @@ def review_label_map(segmentation: np.ndarray, confidence: np.ndarray, threshold
     uncertain = np.asarray(confidence, dtype=np.float32) < np.float32(threshold)
     review = np.where(segmentation > 0, 2 * segmentation.astype(np.int32) - 1 + uncertain, 0)
     if review.max(initial=0) > np.iinfo(np.uint8).max:
-        raise ValueError(f"{int(segmentation.max())} structures need review values up to {int(review.max())}: more "
-                         "than a uint8 label map holds")  # fmt: skip
+        raise ValueError(
+            f"{int(segmentation.max())} structures need review values up to {int(review.max())}: more "
+            "than a uint8 label map holds"
+        )
     return review.astype(np.uint8)
 
 
-def confidence_summary(segmentation: np.ndarray, confidence: np.ndarray, label_names: dict[int, str],
-                       thresholds=CONFIDENCE_THRESHOLDS) -> dict[str, dict]:  # fmt: skip
+def confidence_summary(
+    segmentation: np.ndarray, confidence: np.ndarray, label_names: dict[int, str], thresholds=CONFIDENCE_THRESHOLDS
+) -> dict[str, dict]:
     """Per label: its voxel count, the mean confidence of its voxels and the fraction of them below each threshold.
 
     ``{name: {"label": value, "voxels": n, "mean_confidence": m, "fraction_below_0.5": f, ...}}``; the statistics are
@@ -106,8 +117,11 @@ def confidence_summary(segmentation: np.ndarray, confidence: np.ndarray, label_n
     summary = {}
     for value, name in sorted(label_names.items()):
         values = confidence[segmentation == value]
-        entry = {"label": int(value), "voxels": int(values.size),
-                 "mean_confidence": float(values.mean()) if values.size else None}  # fmt: skip
+        entry = {
+            "label": int(value),
+            "voxels": int(values.size),
+            "mean_confidence": float(values.mean()) if values.size else None,
+        }
         for t in thresholds:
             entry[f"fraction_below_{t:g}"] = float((values < t).mean()) if values.size else None
         summary[name] = entry
@@ -143,7 +157,9 @@ class ServedBundle:
 
     def _load(self) -> TrainedBundle:
         self._stamp = self.files_stamp()
-        return TrainedBundle(self.bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=self._device)
+        return TrainedBundle(
+            self.bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=self._device
+        )
 
     def files_stamp(self) -> tuple:
         """(name, size, mtime) of the files that decide the output: the weights, the calibration and the validated
@@ -165,10 +181,12 @@ class ServedBundle:
         return self.bundle.weights
 
     def missing_weights_message(self) -> str:
-        return (f"model {self.name!r} has no weights: neither {self.bundle_dir / 'models' / 'model.pt'} nor "
-                f"model.ts there; train the bundle (python -m monai.bundle run training --config_file "
-                f"{self.bundle_dir}/configs/train.json --output_dir {self.bundle_dir}/models) or copy its model.pt "
-                "there, then restart the server")  # fmt: skip
+        return (
+            f"model {self.name!r} has no weights: neither {self.bundle_dir / 'models' / 'model.pt'} nor "
+            f"model.ts there; train the bundle (python -m monai.bundle run training --config_file "
+            f"{self.bundle_dir}/configs/train.json --output_dir {self.bundle_dir}/models) or copy its model.pt "
+            "there, then restart the server"
+        )
 
     def check_upload(self, path: str) -> None:
         """Reject an upload that is not a readable image of the bundle's dimensionality (``InputError``)."""
@@ -186,8 +204,11 @@ class ServedBundle:
             core.pop()
         if not ((len(core) == 3 and self.in_channels == 1) or (len(core) == 4 and core[3] == self.in_channels)):
             wanted = "(H, W, D)" if self.in_channels == 1 else f"(H, W, D, {self.in_channels}) (channels last)"
-            raise InputError(f"model {self.name!r} segments 3D volumes {wanted}; the uploaded NIfTI has "
-                             f"{len(shape)} dimensions, shape {shape}", status=422)  # fmt: skip
+            raise InputError(
+                f"model {self.name!r} segments 3D volumes {wanted}; the uploaded NIfTI has "
+                f"{len(shape)} dimensions, shape {shape}",
+                status=422,
+            )
 
     def _preprocess(self, path: str) -> dict:
         try:
@@ -197,9 +218,11 @@ class ServedBundle:
             raise InputError(f"cannot preprocess the uploaded image for {self.name!r}: {cause or err}") from err
         image = item["image"]
         if image.ndim != 4 or image.shape[0] != self.in_channels:
-            raise InputError(f"model {self.name!r} takes {self.in_channels} channel(s) of a 3D volume; the uploaded "
-                             f"image preprocesses to shape {tuple(image.shape)} (channels, spatial...)",
-                             status=422)  # fmt: skip
+            raise InputError(
+                f"model {self.name!r} takes {self.in_channels} channel(s) of a 3D volume; the uploaded "
+                f"image preprocesses to shape {tuple(image.shape)} (channels, spatial...)",
+                status=422,
+            )
         bad = int((~torch.isfinite(image)).sum())
         if bad:
             raise InputError(f"the uploaded image has {bad} NaN/Inf voxel(s)", status=422)
@@ -230,15 +253,18 @@ class ServedBundle:
     def review(self, served: Served, threshold: float) -> MetaTensor:
         """The review label map of a prediction (:func:`review_label_map`) on the input's grid, uint8."""
         values = review_label_map(served.segmentation[0].numpy(), served.confidence[0].numpy(), threshold)
-        return MetaTensor(torch.from_numpy(values)[None], affine=served.segmentation.affine,
-                          meta=dict(served.segmentation.meta))  # fmt: skip
+        return MetaTensor(
+            torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
+        )
 
     def save(self, served: Served, key: str, threshold: float = 0.8) -> str:
         """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``,
         with the segmentation's writer), as the ``inferring`` run does, under a name of its own in the temporary folder
         (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""
         case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
-        value, writer = (self.review(served, threshold), "segmentation") if key == "review" else (getattr(served, key), key)
+        value, writer = (
+            (self.review(served, threshold), "segmentation") if key == "review" else (getattr(served, key), key)
+        )
         with self._lock:  # the bundle's writers are not thread-safe
             written = self.bundle.write(**{writer: value}, output_dir=self._output_dir, case=case)
         return str(getattr(written, writer))

@@ -28,8 +28,10 @@ class BundleTrainer(TrainTask):
     """Fine-tune ``served`` with its own training (loss, ALM handler, selection) on the datastore's final labels."""
 
     def __init__(self, served: ServedBundle):
-        super().__init__(f"{served.name}: fine-tune on the submitted labels with the bundle's own loss, hold part "
-                         "out to validate and calibrate, then serve the new weights (no restart)")  # fmt: skip
+        super().__init__(
+            f"{served.name}: fine-tune on the submitted labels with the bundle's own loss, hold part "
+            "out to validate and calibrate, then serve the new weights (no restart)"
+        )
         self.served = served
 
     def config(self) -> dict[str, Any]:
@@ -45,9 +47,15 @@ class BundleTrainer(TrainTask):
     def __call__(self, request: dict[str, Any], datastore: Datastore) -> dict[str, Any]:
         if self.served.weights is None or self.served.weights.suffix != ".pt":
             raise ValueError(f"{self.served.name} has no models/model.pt to fine-tune (a model.ts is not trainable)")
-        cases = [SubmittedLabel(image_id, datastore.get_image_uri(image_id), datastore.get_label_uri(image_id, "final"),
-                                datastore.get_label_info(image_id, "final").get("label_info"))
-                 for image_id in datastore.get_labeled_images()]  # fmt: skip
+        cases = [
+            SubmittedLabel(
+                image_id,
+                datastore.get_image_uri(image_id),
+                datastore.get_label_uri(image_id, "final"),
+                datastore.get_label_info(image_id, "final").get("label_info"),
+            )
+            for image_id in datastore.get_labeled_images()
+        ]
         method = _served_calibration(self.served)
         logger.info(f"{self.served.name}: fine-tuning on {len(cases)} labelled image(s), calibration {method}")
         return self._fine_tune(request).run(cases, self.served.label_names, method)

@@ -19,10 +19,9 @@ stall keeps a launch-bound training step from overlapping the next batch's launc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -80,8 +79,15 @@ def value_checks_due(owner: object | None, device: torch.device) -> bool:
     return True
 
 
-def check_number(name: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,
-                 high_open: bool = False, hint: str = "") -> float:
+def check_number(
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    hint: str = "",
+) -> float:
     """``value`` as a float if it is a finite real number within ``[low, high]`` (``low_open``/``high_open``: the
     bound itself excluded), else a ValueError naming ``name``, the range, the value and ``hint`` (what it means).
 
@@ -94,8 +100,10 @@ def check_number(name: str, value, low: float | None = None, high: float | None 
         ranges.append(f"{'<' if high_open else '<='} {high:g}")
     wanted = f"{name} must be a finite number{' ' + ' and '.join(ranges) if ranges else ''}"
     hint = f" ({hint})" if hint else ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not (
-        isinstance(value, torch.Tensor) and value.numel() == 1
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        and not (isinstance(value, torch.Tensor) and value.numel() == 1)
     ):
         raise ValueError(f"{wanted}{hint}, got {value!r} ({type(value).__name__}).")
     number = float(value)

@@ -19,19 +19,36 @@ STATISTICS_ROWS = 4  # rows of CRaCLoss.validation_statistics: sum P'(g), sum h,
 # Named settings (CRaCLoss.preset); each lists every option in which the three differ.
 PRESETS: dict[str, dict[str, object]] = {
     # the paper as written (Eq. 3/7/8/10): equality-like target |tau - l|, P' averaged over the region's pixels
-    "paper": {"inner_margin": 1.0, "multiplier_average": "region", "tolerance": 0.0, "rho_init": 0.1,
-              "clamp_per_pixel": False},  # fmt: skip
+    "paper": {
+        "inner_margin": 1.0,
+        "multiplier_average": "region",
+        "tolerance": 0.0,
+        "rho_init": 0.1,
+        "clamp_per_pixel": False,
+    },
     # the authors' released code as far as our options express it (see CRaCLoss.preset)
-    "authors": {"inner_margin": 5.0, "multiplier_average": "all_padded", "tolerance": 0.0, "rho_init": 1.0,
-                "clamp_per_pixel": True},  # fmt: skip
-    # inequality |tau - l| <= eps, the bundles' default: eps and rho0 chosen by the ablation (docs/results/*/crac_ablation)
-    "tolerance": {"inner_margin": 1.0, "multiplier_average": "region", "tolerance": 2.0, "rho_init": 1.0,
-                  "clamp_per_pixel": False},  # fmt: skip
+    "authors": {
+        "inner_margin": 5.0,
+        "multiplier_average": "all_padded",
+        "tolerance": 0.0,
+        "rho_init": 1.0,
+        "clamp_per_pixel": True,
+    },
+    # inequality |tau - l| <= eps, the bundles' default: eps and rho0 chosen by the ablation
+    # (docs/results/*/crac_ablation)
+    "tolerance": {
+        "inner_margin": 1.0,
+        "multiplier_average": "region",
+        "tolerance": 2.0,
+        "rho_init": 1.0,
+        "clamp_per_pixel": False,
+    },
 }
 
 
 def phr(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """PHR penalty-Lagrangian (CRaC Eq. 10): ``lam z + rho z^2 / 2`` if ``lam + rho z >= 0``, else ``-lam^2 / (2 rho)``."""
+    """PHR penalty-Lagrangian (CRaC Eq. 10): ``lam z + rho z^2 / 2`` if ``lam + rho z >= 0``, else
+    ``-lam^2 / (2 rho)``."""
     active = lam + rho * z >= 0
     return torch.where(active, lam * z + 0.5 * rho * z * z, -lam * lam / (2 * rho))
 
@@ -127,18 +144,32 @@ class CRaCLoss(_Loss):
             raise ValueError(f"classes must be >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
-        check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint="a multiplier's rho grows when its constraint did "
-                     "not fall below tau_alm times its previous value; 0.9 in the paper")  # fmt: skip
+        check_number(
+            "tau_alm",
+            tau_alm,
+            0,
+            1,
+            low_open=True,
+            hint="a multiplier's rho grows when its constraint did "
+            "not fall below tau_alm times its previous value; 0.9 in the paper",
+        )
         check_number("inner_margin", inner_margin, 0, hint="the width of the boundary region in pixels")
-        settings = {"rho_init": rho_init, "rho_max": rho_max, "gamma": gamma, "lambda_init": lambda_init,
-                    "lambda_min": lambda_min, "lambda_max": lambda_max}  # fmt: skip
+        settings = {
+            "rho_init": rho_init,
+            "rho_max": rho_max,
+            "gamma": gamma,
+            "lambda_init": lambda_init,
+            "lambda_min": lambda_min,
+            "lambda_max": lambda_max,
+        }
         for name, value in settings.items():
             check_number(name, value, hint="an Augmented Lagrangian setting")
         if not 0 < rho_init <= rho_max:
             raise ValueError(f"need 0 < rho_init <= rho_max, got rho_init={rho_init!r}, rho_max={rho_max!r}.")
         if lambda_init < 0 or gamma < 1 or rho_interval < 1:
             raise ValueError(
-                f"need lambda_init >= 0, gamma >= 1, rho_interval >= 1; got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
+                "need lambda_init >= 0, gamma >= 1, rho_interval >= 1; "
+                f"got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
             )
         if not (math.isfinite(tolerance) and tolerance >= 0):
             raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}.")
@@ -161,7 +192,7 @@ class CRaCLoss(_Loss):
         self.register_buffer("outer_steps", torch.zeros((), dtype=torch.int64))
 
     @classmethod
-    def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> "CRaCLoss":
+    def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> CRaCLoss:
         """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
 
         * ``"paper"``: Eq. 3/7/8/10 as written (today's defaults): ``inner_margin=1``, ``multiplier_average="region"``,
@@ -174,17 +205,16 @@ class CRaCLoss(_Loss):
           their strict ``>`` in the rho rule.
         * ``"tolerance"`` (the bundles' default): the inequality ``|tau - l| <= 2`` with ``rho_init=1`` and the
           paper's other settings, so that multipliers can fall. ``eps`` and ``rho0`` were chosen by the ablation
-          (``python scripts/experiments.py crac_ablation``; ``docs/results/hpc_crac_grid``, ``docs/results/hpc`` and
-          ``docs/results/acdc``): on Hippocampus (seed 0) eps 0.5 keeps the logits so close to tau that the network
-          is under-confident (test ECE 0.135), eps 1, 1.5 and 2 give 0.060, 0.050 and 0.047 against the paper
-          preset's 0.137 and CE+Dice's 0.086, and rho0 0.1 or 1 makes little difference (0.051, 0.060 at eps 1).
+          (``python scripts/experiments.py crac_ablation``): the measurements are in ``docs/results`` (the
+          ``crac_ablation`` folders and ``docs/results/README.md``).
         """
         settings = dict(PRESETS[check_choice("preset", name, tuple(PRESETS))])
         settings.update(overrides)
         return cls(classes=classes, dim=dim, **settings)
 
     def constraints(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h`` ``(B, K, *spatial)`` and the boundary mask ``(B, 1, *spatial)`` for checked ``int64`` labels ``(B, *spatial)``."""
+        """``h`` ``(B, K, *spatial)`` and the boundary mask ``(B, 1, *spatial)`` for checked ``int64`` labels
+        ``(B, *spatial)``."""
         tau = class_proportion_prior(labels, self.classes, self.kernel_size, "mean", "background", dtype=logits.dtype)
         boundary = boundary_mask(labels, self.kernel_size, "background")
         if self.inner_margin != 1.0:
@@ -273,5 +303,9 @@ class CRaCLoss(_Loss):
         self.previous_constraint.copy_(torch.where(present, mean_h, previous))
         self.lambdas.copy_(new_lambdas)
         self.outer_steps += 1
-        return {"lambda": self.lambdas.clone(), "rho": self.rhos.clone(), "constraint": mean_h,
-                "satisfied": satisfied / region_pixels}  # fmt: skip
+        return {
+            "lambda": self.lambdas.clone(),
+            "rho": self.rhos.clone(),
+            "constraint": mean_h,
+            "satisfied": satisfied / region_pixels,
+        }

@@ -34,8 +34,9 @@ class ECPLoss(_Loss):
 
     def __init__(self, alpha: float = 0.1, class_reduction: str = "mean", reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        self.alpha = check_number("alpha", alpha, 0,
-                                  hint="the weight of the confidence (negative entropy) penalty; 0.1 in the bundles")
+        self.alpha = check_number(
+            "alpha", alpha, 0, hint="the weight of the confidence (negative entropy) penalty; 0.1 in the bundles"
+        )
         self.class_reduction = check_choice("class_reduction", class_reduction, ("mean", "sum"))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ class LabelSmoothingLoss(_Loss):
 
     def __init__(self, alpha: float = 0.1, reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        self.alpha = check_number("alpha", alpha, 0, 1, hint="the probability mass spread over the classes; 0.1 in "
-                                  "the bundles")  # fmt: skip
+        self.alpha = check_number(
+            "alpha", alpha, 0, 1, hint="the probability mass spread over the classes; 0.1 in the bundles"
+        )
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

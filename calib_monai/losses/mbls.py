@@ -36,8 +36,9 @@ class MbLSLoss(_Loss):
 
     def __init__(self, margin: float = 10.0, alpha: float = 0.1, penalty: str = "l1", reduction: str = "mean") -> None:
         super().__init__(reduction=check_reduction(reduction))
-        self.margin = check_number("margin", margin, 0, hint="the logit distance m tolerated before the penalty; the "
-                                   "papers use 10")  # fmt: skip
+        self.margin = check_number(
+            "margin", margin, 0, hint="the logit distance m tolerated before the penalty; the papers use 10"
+        )
         self.alpha = check_number("alpha", alpha, 0, hint="the weight lambda of the margin penalty; the papers use 0.1")
         self.penalty = check_choice("penalty", penalty, ("l1", "l2"))
 

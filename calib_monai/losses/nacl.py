@@ -84,8 +84,9 @@ class NACLLoss(_Loss):
         self.dim = dim
         self.ks = kernel_size
         self.distance_type = check_choice("distance_type", distance_type, ("l1", "l2"))
-        self.alpha = check_number("alpha", alpha, 0,
-                                  hint="the weight lambda of the neighbour penalty; the papers use 0.1")
+        self.alpha = check_number(
+            "alpha", alpha, 0, hint="the weight lambda of the neighbour penalty; the papers use 0.1"
+        )
         self.sigma = float(sigma)
         self.border = check_choice("border", border, BORDER_MODES)
         self.space = check_choice("space", space, ("logits", "softmax"))

@@ -83,18 +83,24 @@ def probability_problem(
 
     The usual mistake is passing logits (or per-class sigmoids): the message says so and names the fix.
     """
-    fix = (f"it looks like logits: apply torch.softmax(x, dim={class_dim}) (NumPy: scipy.special.softmax(x, "
-           f"axis={class_dim})) to the network output first")  # fmt: skip
+    fix = (
+        f"it looks like logits: apply torch.softmax(x, dim={class_dim}) (NumPy: scipy.special.softmax(x, "
+        f"axis={class_dim})) to the network output first"
+    )
     if not all(np.isfinite(v) for v in (lo, hi, sum_lo, sum_hi)):
         return f"{name} must hold finite softmax probabilities, got NaN or infinite values (range [{lo}, {hi}])."
     if lo < 0.0 or hi > 1.0:
         bad = lo if lo < 0.0 else hi
-        return (f"{name} must lie in [0, 1] (softmax probabilities over the class dimension {class_dim}), but it "
-                f"holds the value {bad:.6g} (values seen in [{lo:.6g}, {hi:.6g}]); {fix}.")  # fmt: skip
+        return (
+            f"{name} must lie in [0, 1] (softmax probabilities over the class dimension {class_dim}), but it "
+            f"holds the value {bad:.6g} (values seen in [{lo:.6g}, {hi:.6g}]); {fix}."
+        )
     bad = sum_hi if sum_hi - 1.0 >= 1.0 - sum_lo else sum_lo
     if abs(bad - 1.0) > _SUM_TOLERANCE:
-        return (f"{name} must sum to 1 over the class dimension {class_dim}, but the class probabilities of a voxel "
-                f"sum to {bad:.6g}; {fix} (a sigmoid output p of one class: stack [1 - p, p]).")  # fmt: skip
+        return (
+            f"{name} must sum to 1 over the class dimension {class_dim}, but the class probabilities of a voxel "
+            f"sum to {bad:.6g}; {fix} (a sigmoid output p of one class: stack [1 - p, p])."
+        )
     return None
 
 

@@ -152,4 +152,3 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         num_classes = self._num_classes or stats.size // (self.num_bins * 3)
         value = value_from_statistics(stats, self.metric_name, self.num_bins, num_classes, self.include_background)
         return torch.tensor(value, dtype=torch.float64)
-

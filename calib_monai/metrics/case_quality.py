@@ -40,8 +40,15 @@ import torch.nn.functional as F
 
 from ._inputs import as_plain_tensor
 
-__all__ = ["CASE_SCORE", "case_quality", "estimated_dice", "image_statistics", "predicted_volumes",
-           "low_confidence_fraction", "structure_band"]  # fmt: skip
+__all__ = [
+    "CASE_SCORE",
+    "case_quality",
+    "estimated_dice",
+    "image_statistics",
+    "predicted_volumes",
+    "low_confidence_fraction",
+    "structure_band",
+]
 
 #: The name of the case score in reports and outputs.
 CASE_SCORE = "est_mean_dice"
@@ -68,8 +75,9 @@ def _prediction(prob: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
     if pred.ndim == prob.ndim and pred.shape[0] == 1:
         pred = pred[0]
     if pred.shape != prob.shape[1:]:
-        raise ValueError(f"pred has shape {tuple(pred.shape)}, expected {tuple(prob.shape[1:])} or one-hot "
-                         f"{tuple(prob.shape)}")  # fmt: skip
+        raise ValueError(
+            f"pred has shape {tuple(pred.shape)}, expected {tuple(prob.shape[1:])} or one-hot {tuple(prob.shape)}"
+        )
     return pred.long()
 
 
@@ -97,8 +105,12 @@ def predicted_volumes(prob: Any, pred: Any = None, voxel_volume: float = 1.0) ->
     half = Z95 * (flat * (1 - flat)).sum(1).clamp_min(0).sqrt()
     counts = _per_class(prob, label, lambda p, m: m.sum().double())
     scale = float(voxel_volume)
-    return {"expected": expected * scale, "low": (expected - half).clamp_min(0) * scale,
-            "high": (expected + half) * scale, "predicted": counts * scale}  # fmt: skip
+    return {
+        "expected": expected * scale,
+        "low": (expected - half).clamp_min(0) * scale,
+        "high": (expected + half) * scale,
+        "predicted": counts * scale,
+    }
 
 
 def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = 0.8) -> torch.Tensor:
@@ -136,8 +148,13 @@ def image_statistics(image: Any) -> list[float]:
     return torch.stack([flat.mean(1), flat.std(1, correction=0)], dim=1).reshape(-1).cpu().tolist()
 
 
-def case_quality(prob: Any, pred: Any = None, voxel_volume: float = 1.0, threshold: float = 0.8,
-                 class_names: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def case_quality(
+    prob: Any,
+    pred: Any = None,
+    voxel_volume: float = 1.0,
+    threshold: float = 0.8,
+    class_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """A case's quality estimate as plain numbers (no label needed).
 
     Returns ``{"case_score", "mean_confidence", "classes": {name: {"est_dice", "volume", "volume_low",
@@ -153,13 +170,18 @@ def case_quality(prob: Any, pred: Any = None, voxel_volume: float = 1.0, thresho
     volumes = predicted_volumes(prob, label, voxel_volume)
     low = low_confidence_fraction(prob, label, threshold)
     confidence, foreground = prob.max(0).values.double(), label > 0
-    mean_confidence = torch.where(foreground.any(), (confidence * foreground).sum() / foreground.sum().clamp_min(1),
-                                  torch.nan)  # fmt: skip
+    mean_confidence = torch.where(
+        foreground.any(), (confidence * foreground).sum() / foreground.sum().clamp_min(1), torch.nan
+    )
     values = torch.stack([est, volumes["expected"], volumes["low"], volumes["high"], volumes["predicted"], low])
     rows = values.cpu().tolist()  # one read-back for every number
     keys = ("est_dice", "volume", "volume_low", "volume_high", "volume_predicted", "low_confidence_fraction")
     classes = {name: {key: rows[i][k] for i, key in enumerate(keys)} for k, name in enumerate(names)}
     finite = [v for v in rows[0] if v == v]
-    return {"case_score": sum(finite) / len(finite) if finite else float("nan"),
-            "mean_confidence": float(mean_confidence), "classes": classes, "voxel_volume": float(voxel_volume),
-            "threshold": float(threshold)}  # fmt: skip
+    return {
+        "case_score": sum(finite) / len(finite) if finite else float("nan"),
+        "mean_confidence": float(mean_confidence),
+        "classes": classes,
+        "voxel_volume": float(voxel_volume),
+        "threshold": float(threshold),
+    }

@@ -26,8 +26,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["aurc", "augrc", "failure_detection_summary", "quality_agreement", "risk_coverage_curve",
-           "save_risk_coverage_plot"]  # fmt: skip
+__all__ = [
+    "aurc",
+    "augrc",
+    "failure_detection_summary",
+    "quality_agreement",
+    "risk_coverage_curve",
+    "save_risk_coverage_plot",
+]
 
 
 def _pairs(confidence: Any, risk: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -82,8 +88,11 @@ def quality_agreement(estimated: Any, true: Any) -> dict[str, float]:
     from scipy.stats import pearsonr, spearmanr
 
     e, t = _pairs(estimated, true)
-    out = {"cases": int(e.size), "mae": float(np.abs(e - t).mean()) if e.size else float("nan"),
-           "bias": float((e - t).mean()) if e.size else float("nan")}  # fmt: skip
+    out = {
+        "cases": int(e.size),
+        "mae": float(np.abs(e - t).mean()) if e.size else float("nan"),
+        "bias": float((e - t).mean()) if e.size else float("nan"),
+    }
     constant = e.size < 3 or np.ptp(e) == 0 or np.ptp(t) == 0
     out["spearman"] = float("nan") if constant else float(spearmanr(e, t).statistic)
     out["pearson"] = float("nan") if constant else float(pearsonr(e, t).statistic)
@@ -101,8 +110,14 @@ def failure_detection_summary(confidence: Any, risk: Any) -> dict[str, float]:
     return out
 
 
-def save_risk_coverage_plot(confidence: Any, risk: Any, path: str | Path, title: str = "",
-                            confidence_name: str = "estimated DSC", risk_name: str = "1 - DSC") -> Path:  # fmt: skip
+def save_risk_coverage_plot(
+    confidence: Any,
+    risk: Any,
+    path: str | Path,
+    title: str = "",
+    confidence_name: str = "estimated DSC",
+    risk_name: str = "1 - DSC",
+) -> Path:
     """Risk-coverage curve of ``confidence`` beside the oracle and random orders, as a PNG (matplotlib)."""
     import matplotlib
 
@@ -113,10 +128,17 @@ def save_risk_coverage_plot(confidence: Any, risk: Any, path: str | Path, title:
     summary = failure_detection_summary(c, r)
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     curve = risk_coverage_curve(c, r)
-    ax.plot(curve["coverage"], curve["risk"], drawstyle="default", lw=2,
-            label=f"by {confidence_name} (AURC {summary['aurc']:.3f})")  # fmt: skip
+    ax.plot(
+        curve["coverage"],
+        curve["risk"],
+        drawstyle="default",
+        lw=2,
+        label=f"by {confidence_name} (AURC {summary['aurc']:.3f})",
+    )
     oracle = risk_coverage_curve(-np.arange(r.size, dtype=np.float64), np.sort(r))
-    ax.plot(oracle["coverage"], oracle["risk"], ls="--", color="grey", label=f"oracle (AURC {summary['aurc_oracle']:.3f})")
+    ax.plot(
+        oracle["coverage"], oracle["risk"], ls="--", color="grey", label=f"oracle (AURC {summary['aurc_oracle']:.3f})"
+    )
     ax.axhline(summary["aurc_random"], ls=":", color="black", label=f"random (AURC {summary['aurc_random']:.3f})")
     ax.set_xlabel("coverage (share of cases accepted, most confident first)")
     ax.set_ylabel(f"selective risk (mean {risk_name} of the accepted)")

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from ._inputs import check_foreground, check_num_bins, prepare_inputs, select_voxels
@@ -59,8 +58,9 @@ def reliability_diagram_data(
     }
 
 
-def save_reliability_diagram(data: dict[str, np.ndarray], path: str | Path, title: str | None = None,
-                             ece_label: str = "ECE") -> Path:
+def save_reliability_diagram(
+    data: dict[str, np.ndarray], path: str | Path, title: str | None = None, ece_label: str = "ECE"
+) -> Path:
     """Write a top-label reliability diagram (accuracy bars per bin, the diagonal, ECE in the legend) as PNG.
 
     ``data`` is the output of ``reliability_diagram_data(..., classwise=False)``. matplotlib is imported here with
@@ -98,8 +98,17 @@ def plot_reliability(ax: Any, data: dict[str, np.ndarray], title: str | None = N
     width = np.diff(edges)
     ax.bar(edges[:-1], accuracy, width=width, align="edge", edgecolor="black", color="tab:blue", label="accuracy")
     # the gap between accuracy and mean confidence, over- (confidence above) or under-confident (below)
-    ax.bar(edges[:-1], np.abs(confidence - accuracy), bottom=np.minimum(accuracy, confidence), width=width,
-           align="edge", facecolor="none", edgecolor="tab:red", hatch="//", label="gap to confidence")
+    ax.bar(
+        edges[:-1],
+        np.abs(confidence - accuracy),
+        bottom=np.minimum(accuracy, confidence),
+        width=width,
+        align="edge",
+        facecolor="none",
+        edgecolor="tab:red",
+        hatch="//",
+        label="gap to confidence",
+    )
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title or "Reliability diagram")
     ax.legend(loc="upper left", title=f"{ece_label} = {ece_value:.4f}")

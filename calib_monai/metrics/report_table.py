@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.atomic import save_atomically, write_text_atomically
+
 from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
 from .reliability import save_reliability_diagram
 from .segmentation_report import SegmentationReportMetric, column_summary
 
-__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing", "write_text_atomically"]
+__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing"]
 
 #: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
 REDUCTION = "mean over volumes"
@@ -59,30 +60,8 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
     return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
 
 
-def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
-    """``text`` to a temporary file beside ``path``, then renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
-
-
 def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        save(*args, tmp, **kwargs)
-        if tmp.exists():
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    save_atomically(None, path, write=lambda _, tmp: save(*args, tmp, **kwargs))
 
 
 class SegmentationReportTable:
@@ -118,8 +97,9 @@ class SegmentationReportTable:
         if metric is None:
             if label_names is None:
                 raise ValueError("SegmentationReportTable needs label_names (or an existing metric)")
-            metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances,
-                                              band_radius, confidence_threshold)  # fmt: skip
+            metric = SegmentationReportMetric(
+                label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
+            )
         self.metric = metric
         self.cases: list[str] = list(cases)
 
@@ -137,16 +117,33 @@ class SegmentationReportTable:
 
     def settings(self) -> dict[str, Any]:
         m = self.metric
-        return {"num_bins": m.num_bins, "empty_class": m.empty_class, "classes": m.class_names,
-                "band_radius": m.band_radius, "confidence_threshold": m.confidence_threshold}  # fmt: skip
+        return {
+            "num_bins": m.num_bins,
+            "empty_class": m.empty_class,
+            "classes": m.class_names,
+            "band_radius": m.band_radius,
+            "confidence_threshold": m.confidence_threshold,
+        }
 
-    def add(self, prob: Any, label: Any, pred: Any = None, spacing: Any = None, case: str | None = None,
-            same_segmentation_as: dict[str, float] | None = None) -> dict:  # fmt: skip
+    def add(
+        self,
+        prob: Any,
+        label: Any,
+        pred: Any = None,
+        spacing: Any = None,
+        case: str | None = None,
+        same_segmentation_as: dict[str, float] | None = None,
+    ) -> dict:
         """Score one volume (``prob (C, *spatial)``, ``label (1, *spatial)``, optional prediction and spacing in mm)
         and return its row (``case`` first; default name ``volume_<index>``). ``same_segmentation_as``: a row of
         the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused."""
-        table = self.metric([prob], [label], pred=None if pred is None else [pred], spacing=[spacing],
-                            segmentation=[same_segmentation_as])[0]  # fmt: skip
+        table = self.metric(
+            [prob],
+            [label],
+            pred=None if pred is None else [pred],
+            spacing=[spacing],
+            segmentation=[same_segmentation_as],
+        )[0]
         self.cases.append(case if case is not None else f"volume_{len(self.cases):04d}")
         return {"case": self.cases[-1], **dict(zip(self.columns, table[0].tolist()))}
 
@@ -187,8 +184,10 @@ class SegmentationReportTable:
         if not len(self):
             return {}
         estimate, true = self.values(CASE_SCORE), self.values("mean_dice")
-        out: dict[str, Any] = {"estimate": quality_agreement(estimate, true),
-                               "failure_detection": failure_detection_summary(estimate, 1 - true)}  # fmt: skip
+        out: dict[str, Any] = {
+            "estimate": quality_agreement(estimate, true),
+            "failure_detection": failure_detection_summary(estimate, 1 - true),
+        }
         volume: dict[str, dict[str, float]] = {}
         for name in self.class_names[1:]:
             truth = self.values(f"volume_{name}")
@@ -197,15 +196,25 @@ class SegmentationReportTable:
                 continue
             t = truth[present]
             rel = {kind: np.abs(self.values(f"volume_{kind}_{name}")[present] - t) / t for kind in ("prob", "pred")}
-            low, high = self.values(f"volume_prob_low_{name}")[present], self.values(f"volume_prob_high_{name}")[present]
-            volume[name] = {"prob_relative_error": float(np.mean(rel["prob"])),
-                            "pred_relative_error": float(np.mean(rel["pred"])),
-                            "interval_coverage": float(np.mean((low <= t) & (t <= high))), "volumes": int(t.size)}  # fmt: skip
+            low, high = (
+                self.values(f"volume_prob_low_{name}")[present],
+                self.values(f"volume_prob_high_{name}")[present],
+            )
+            volume[name] = {
+                "prob_relative_error": float(np.mean(rel["prob"])),
+                "pred_relative_error": float(np.mean(rel["pred"])),
+                "interval_coverage": float(np.mean((low <= t) & (t <= high))),
+                "volumes": int(t.size),
+            }
         out["volume"] = volume
         return out
 
-    def write(self, output_dir: str | os.PathLike, settings: dict[str, Any] | None = None,
-              logger: logging.Logger | None = None) -> None:  # fmt: skip
+    def write(
+        self,
+        output_dir: str | os.PathLike,
+        settings: dict[str, Any] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         """Write the report's files to ``output_dir`` (nothing, with a warning, when no volume was added);
         ``settings`` are added to the table's own in ``summary.json``."""
         logger = logger or logging.getLogger("calib_monai")
@@ -220,25 +229,38 @@ class SegmentationReportTable:
         writer.writerows(rows)
         write_text_atomically(output_dir / "metrics.csv", buffer.getvalue())
         summary, pooled, quality = self.summary(), self.pooled(), self.case_quality()
-        meta = {"volumes": len(rows), **self.settings(), **(settings or {}), "reduction": REDUCTION,
-                "pooled": POOLED_OVER}  # fmt: skip
+        meta = {
+            "volumes": len(rows),
+            **self.settings(),
+            **(settings or {}),
+            "reduction": REDUCTION,
+            "pooled": POOLED_OVER,
+        }
         content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
         write_text_atomically(output_dir / "summary.json", json.dumps(content, indent=2) + "\n")
         # the bins and the ECE drawn are pooled (the log leads with the mean over volumes): the figure says so
-        _save_figure_atomically(save_reliability_diagram, output_dir / "reliability.png", self.reliability_data(),
-                                ece_label="pooled ECE", title="Reliability, pooled over all ground-truth\nforeground "
-                                f"voxels of {len(rows)} volumes")  # fmt: skip
+        _save_figure_atomically(
+            save_reliability_diagram,
+            output_dir / "reliability.png",
+            self.reliability_data(),
+            ece_label="pooled ECE",
+            title=f"Reliability, pooled over all ground-truth\nforeground voxels of {len(rows)} volumes",
+        )
         estimate, risk = self.values(CASE_SCORE), 1 - self.values("mean_dice")
         if int((np.isfinite(estimate) & np.isfinite(risk)).sum()) >= 2:
             _save_figure_atomically(save_risk_coverage_plot, output_dir / "risk_coverage.png", estimate, risk)
-        headline = ", ".join(f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace")
-                             if k in summary)  # fmt: skip
-        logger.info(f"evaluated {len(rows)} volume(s), mean over {len(rows)} volumes: {headline}; pooled ECE "
-                    f"{pooled.get('pooled_ece', float('nan')):.4f}; per-volume metrics in {output_dir}")  # fmt: skip
+        headline = ", ".join(
+            f"{k} {summary[k]['mean']:.4f}" for k in ("mean_dice", "mean_hd95", "ece", "cece", "tace") if k in summary
+        )
+        logger.info(
+            f"evaluated {len(rows)} volume(s), mean over {len(rows)} volumes: {headline}; pooled ECE "
+            f"{pooled.get('pooled_ece', float('nan')):.4f}; per-volume metrics in {output_dir}"
+        )
         if quality:
             est, fd = quality["estimate"], quality["failure_detection"]
-            logger.info(f"case quality: estimated vs true mean DSC over {est['cases']} volumes: MAE {est['mae']:.3f}, "
-                        f"Spearman {est['spearman']:.2f}; sorted by the estimate, AURC {fd['aurc']:.4f} "
-                        f"(random {fd['aurc_random']:.4f}, oracle {fd['aurc_oracle']:.4f}: "
-                        f"{fd['aurc_gap_closed']:.0%} of the gap closed)")  # fmt: skip
-
+            logger.info(
+                f"case quality: estimated vs true mean DSC over {est['cases']} volumes: MAE {est['mae']:.3f}, "
+                f"Spearman {est['spearman']:.2f}; sorted by the estimate, AURC {fd['aurc']:.4f} "
+                f"(random {fd['aurc_random']:.4f}, oracle {fd['aurc_oracle']:.4f}: "
+                f"{fd['aurc_gap_closed']:.0%} of the gap closed)"
+            )

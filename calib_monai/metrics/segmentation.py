@@ -36,8 +36,10 @@ def _to_label_map(x: Any, name: str, num_classes: int | None) -> torch.Tensor:
     if t.ndim < 3:
         raise ValueError(f"{name} must have shape (B, C, *spatial) or (B, 1, *spatial), got {tuple(t.shape)}.")
     if t.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}): a batch without volumes or a volume without "
-                         "voxels; DSC, HD95 and ASD need at least one voxel (check the data loader or the crop).")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(t.shape)}): a batch without volumes or a volume without "
+            "voxels; DSC, HD95 and ASD need at least one voxel (check the data loader or the crop)."
+        )
     if t.shape[1] > 1:  # probabilities or one-hot: take the argmax class
         return t.argmax(dim=1, keepdim=True).cpu()
     if t.is_floating_point() and not torch.equal(t, t.round()):
@@ -69,7 +71,8 @@ def segmentation_metrics_per_volume(
         surface_distances: False leaves out HD95 and ASD (their distance transforms dominate the time).
 
     Returns:
-        ``{"dice", "hd95", "asd"}`` (``{"dice"}`` without surface distances): arrays ``(B, K)`` with K = C (or C - 1 without background), float64.
+        ``{"dice", "hd95", "asd"}`` (``{"dice"}`` without surface distances): arrays ``(B, K)`` with K = C (or
+        C - 1 without background), float64.
     """
     if empty_class not in EMPTY_CLASS_CONVENTIONS:
         raise ValueError(f"empty_class must be one of {EMPTY_CLASS_CONVENTIONS}, got {empty_class!r}.")
@@ -93,10 +96,12 @@ def segmentation_metrics_per_volume(
         dice = DiceMetric(include_background=include_background, reduction="none", ignore_empty=False)(p1h, y1h)
         metrics = {"dice": dice}
         if surface_distances:
-            metrics["hd95"] = HausdorffDistanceMetric(include_background=include_background, percentile=95,
-                                                      reduction="none")(p1h, y1h, **kwargs)  # fmt: skip
-            metrics["asd"] = SurfaceDistanceMetric(include_background=include_background,
-                                                   symmetric=symmetric_surface_distance, reduction="none")(p1h, y1h, **kwargs)  # fmt: skip
+            metrics["hd95"] = HausdorffDistanceMetric(
+                include_background=include_background, percentile=95, reduction="none"
+            )(p1h, y1h, **kwargs)
+            metrics["asd"] = SurfaceDistanceMetric(
+                include_background=include_background, symmetric=symmetric_surface_distance, reduction="none"
+            )(p1h, y1h, **kwargs)
     first = 0 if include_background else 1
     dims = tuple(range(2, y1h.ndim))
     gt_absent = (y1h.sum(dim=dims) == 0)[:, first:].numpy()

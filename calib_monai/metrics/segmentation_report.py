@@ -36,8 +36,15 @@ __all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", 
 
 CALIBRATION_COLUMNS = ("ece", "cece", "tace", "ml1ace")
 #: Per-class quality columns ``<prefix>_<class>`` (estimated DSC, volumes, low-confidence share).
-QUALITY_PREFIXES = ("est_dice", "volume", "volume_pred", "volume_prob", "volume_prob_low", "volume_prob_high",
-                    "low_conf")  # fmt: skip
+QUALITY_PREFIXES = (
+    "est_dice",
+    "volume",
+    "volume_pred",
+    "volume_prob",
+    "volume_prob_low",
+    "volume_prob_high",
+    "low_conf",
+)
 #: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
 POOLED_METRICS = ("ece", "cece", "nll", "brier")
 
@@ -49,11 +56,13 @@ def column_summary(table: Any) -> list[dict[str, float]]:
     out = []
     for column in values.T:
         finite = column[np.isfinite(column)]
-        out.append({
-            "mean": float(finite.mean()) if finite.size else float("nan"),
-            "std": float(finite.std()) if finite.size else float("nan"),
-            "volumes": int(finite.size),
-        })  # fmt: skip
+        out.append(
+            {
+                "mean": float(finite.mean()) if finite.size else float("nan"),
+                "std": float(finite.std()) if finite.size else float("nan"),
+                "volumes": int(finite.size),
+            }
+        )
     return out
 
 
@@ -141,7 +150,11 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         return [torch.cat(rows), torch.cat(stats)]
 
     def _compute_tensor(  # type: ignore[override]
-        self, y_pred: torch.Tensor, y: torch.Tensor | None = None, pred: torch.Tensor | None = None, spacing=None,
+        self,
+        y_pred: torch.Tensor,
+        y: torch.Tensor | None = None,
+        pred: torch.Tensor | None = None,
+        spacing=None,
         segmentation: dict[str, float] | None = None,
     ) -> list[torch.Tensor]:
         if y is None:
@@ -164,7 +177,11 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         return [torch.stack(rows), torch.stack(stats)]
 
     def _volume(
-        self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing: Any,
+        self,
+        prob: torch.Tensor,
+        label: torch.Tensor,
+        pred: torch.Tensor,
+        spacing: Any,
         segmentation: dict[str, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Row ``(K,)`` and pooled statistics ``(S,)`` of one volume (``prob (1, C, ...)``, ``label (1, 1, ...)``)."""
@@ -199,16 +216,25 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
         low = low_confidence_fraction(p, pred_map, self.confidence_threshold)
         band = structure_band([pred_map > 0, y > 0], self.band_radius)
-        stacked = torch.stack([est, true, volumes["predicted"], volumes["expected"], volumes["low"], volumes["high"], low])
+        stacked = torch.stack(
+            [est, true, volumes["predicted"], volumes["expected"], volumes["low"], volumes["high"], low]
+        )
         values = stacked.cpu().tolist()  # one read-back
-        row = {f"{prefix}_{name}": values[i][k] for i, prefix in enumerate(QUALITY_PREFIXES) for k, name in enumerate(names)}
+        row = {
+            f"{prefix}_{name}": values[i][k]
+            for i, prefix in enumerate(QUALITY_PREFIXES)
+            for k, name in enumerate(names)
+        }
         finite = [v for v in values[0] if np.isfinite(v)]
         row[CASE_SCORE] = float(np.mean(finite)) if finite else float("nan")
         flat_p, flat_y = p.reshape(p.shape[0], -1), y.reshape(-1)
         row["ece_all"] = calibration_errors(flat_p[None], flat_y[None], ("ece",), self.num_bins, "all")["ece"]
         inside = band.reshape(-1)
-        row["ece_band"] = (calibration_errors(flat_p[:, inside][None], flat_y[inside][None], ("ece",), self.num_bins, "all")["ece"]
-                           if bool(inside.any()) else float("nan"))  # fmt: skip
+        row["ece_band"] = (
+            calibration_errors(flat_p[:, inside][None], flat_y[inside][None], ("ece",), self.num_bins, "all")["ece"]
+            if bool(inside.any())
+            else float("nan")
+        )
         return row
 
     def _segmentation_columns(self) -> list[str]:
@@ -219,9 +245,14 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     def _segmentation_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing, num_classes: int) -> dict:
         """DSC (HD95, ASD) per class, their means, and the regions' (MONAI, on the argmax label maps)."""
         row: dict[str, float] = {}
-        seg = segmentation_metrics_per_volume(pred, label, num_classes=num_classes, spacing=spacing,
-                                              empty_class=self.empty_class,
-                                              surface_distances=self.surface_distances)  # fmt: skip
+        seg = segmentation_metrics_per_volume(
+            pred,
+            label,
+            num_classes=num_classes,
+            spacing=spacing,
+            empty_class=self.empty_class,
+            surface_distances=self.surface_distances,
+        )
         for metric, values in seg.items():
             for name, value in zip(self.class_names[1:], values[0]):
                 row[f"{metric}_{name}"] = float(value)
@@ -238,8 +269,13 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         for region, classes in self.regions.items():
             members = torch.tensor(classes, device=pred_map.device)
             binary = [torch.isin(m, members).long() for m in (pred_map, label)]
-            seg = segmentation_metrics_per_volume(*binary, num_classes=2, spacing=spacing, empty_class=self.empty_class,
-                                                  surface_distances=self.surface_distances)  # fmt: skip
+            seg = segmentation_metrics_per_volume(
+                *binary,
+                num_classes=2,
+                spacing=spacing,
+                empty_class=self.empty_class,
+                surface_distances=self.surface_distances,
+            )
             out.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
         return out
 
@@ -285,8 +321,10 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         if stats is None:
             return {f"pooled_{name}": float("nan") for name in POOLED_METRICS}
         parts = self._split(stats)
-        return {f"pooled_{name}": value_from_statistics(parts[name], name, self.num_bins, self._num_classes, True)
-                for name in POOLED_METRICS}  # fmt: skip
+        return {
+            f"pooled_{name}": value_from_statistics(parts[name], name, self.num_bins, self._num_classes, True)
+            for name in POOLED_METRICS
+        }
 
     def reliability_data(self) -> dict[str, np.ndarray]:
         """Top-label reliability bins pooled over the volumes' ground-truth foreground voxels (as

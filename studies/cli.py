@@ -1,0 +1,178 @@
+"""The study commands (``python scripts/experiments.py <study> ...`` or ``calib-monai experiment <study> ...``).
+
+Every study takes the set-up flags of :class:`studies.study.StudySetup`: ``--dataset`` (``hpc``,
+``acdc``, ``flare``, ...), ``--dataset_dir``, ``--results_dir`` (tables, figures, README), ``--runs_dir``
+(checkpoints; default ``runs/experiments/<dataset>``), ``--epochs``, ``--lr_milestone``, ``--train_fraction``,
+``--seed``, ``--overrides '{"data#resize": [128, 128]}'`` and ``--demo`` (FLARE phantoms' ``demo.json``).
+Runs are trained when missing, resumed when stopped, and reused when finished, so the studies share them.
+
+Example (the Hippocampus results in docs/results/hpc)::
+
+    python scripts/experiments.py main --dataset hpc --dataset_dir ../shared/data/Task04_Hippocampus \\
+        --results_dir docs/results/hpc --epochs 6 --lr_milestone 4 --train_fraction 0.5
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from calib_monai.bundle_factory.specs import METHODS
+from studies.ablations import (
+    NACL_ABLATIONS,
+    crac_vs_nacl_study,
+    logit_epochs_study,
+    nacl_ablation_study,
+    posthoc_study,
+)
+from studies.calibrated import calibrated_study
+from studies.comparison import main_comparison
+from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
+from studies.quality import quality_study
+from studies.robustness import data_fraction_study, noise_study
+from studies.study import StudySetup
+
+__all__ = ["COMMANDS", "run"]
+
+
+def _run(study, name: str, setup: StudySetup, *args: Any) -> str:
+    """Run a study with the command line that started it (for its README); return its results folder."""
+    program = os.path.basename(sys.argv[0])
+    program = "python scripts/experiments.py" if program == "experiments.py" else program  # or calib-monai
+    study(setup, *args, command=f"{program} {shlex.join(sys.argv[1:])}")
+    return str(setup.study_dir(name))
+
+
+def main(dataset: str, methods: Sequence[str] = tuple(METHODS), **setup: Any) -> str:
+    """Table 1 (DSC, HD95), Table 2 (ECE, CECE, TACE), ranks, radar, reliability, qualitative and logit figures."""
+    return _run(main_comparison, "main", StudySetup(dataset, **setup), methods)
+
+
+def noise(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "nacl"),
+    sigmas: Sequence[float] = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05),
+    **setup: Any,
+) -> str:
+    """Gaussian noise of ``sigmas`` on the test images, for the main runs of ``methods``."""
+    return _run(noise_study, "noise", StudySetup(dataset, **setup), methods, sigmas)
+
+
+def data_fraction(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "nacl"),
+    fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+    **setup: Any,
+) -> str:
+    """Training on ``fractions`` of the training cases."""
+    return _run(data_fraction_study, "data_fraction", StudySetup(dataset, **setup), methods, fractions)
+
+
+def nacl_ablation(dataset: str, groups: Sequence[str] = tuple(NACL_ABLATIONS), **setup: Any) -> str:
+    """NACL's lambda, prior, distance, logits/softmax and patch size, one at a time."""
+    return _run(nacl_ablation_study, "nacl_ablation", StudySetup(dataset, **setup), groups)
+
+
+def crac_vs_nacl(dataset: str, lambdas: Sequence[float] = (0.01, 0.1, 0.5, 1.0), **setup: Any) -> str:
+    """NACL for several lambda against CRaC's learned multipliers."""
+    return _run(crac_vs_nacl_study, "crac_vs_nacl", StudySetup(dataset, **setup), lambdas)
+
+
+def crac_ablation(
+    dataset: str, variants: Sequence[str] = tuple(CRAC_VARIANTS), seeds: Sequence[int] = (0, 1), **setup: Any
+) -> str:
+    """CRaC presets, tolerance, margin, averaging and rho0 against CE+Dice and NACL, for every seed."""
+    return _run(crac_ablation_study, "crac_ablation", StudySetup(dataset, **setup), variants, seeds)
+
+
+def calibrated(
+    dataset: str,
+    methods: Sequence[str] = tuple(METHODS),
+    seeds: Sequence[int] = (0, 1),
+    ece_bound: float = 0.05,
+    surface_distances: bool = False,
+    lts_steps: int = 300,
+    **setup: Any,
+) -> str:
+    """Every method with and without temperature scaling (and local temperature scaling) under each model-selection
+    rule (best validation DSC, lowest validation NLL, best DSC with validation ECE <= ``ece_bound``), every seed."""
+    return _run(
+        calibrated_study,
+        "calibrated",
+        StudySetup(dataset, **setup),
+        methods,
+        seeds,
+        ece_bound,
+        surface_distances,
+        lts_steps,
+    )
+
+
+def quality(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
+    seeds: Sequence[int] = (0, 1),
+    other_dataset: str = "",
+    other_dir: str = "",
+    other_overrides: dict | str | None = None,
+    lts_steps: int = 300,
+    alpha: float = 0.05,
+    **setup: Any,
+) -> str:
+    """Case quality and review flags: every method x seed x recalibration on the test volumes, their corruptions and
+    ``other_dataset``'s images (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one data
+    split for every seed (the seeds' ensemble needs it)."""
+    if isinstance(other_overrides, str):
+        import json
+
+        other_overrides = json.loads(other_overrides)
+    return _run(
+        quality_study,
+        "quality",
+        StudySetup(dataset, **setup),
+        methods,
+        seeds,
+        other_dataset,
+        other_dir,
+        other_overrides or {},
+        lts_steps,
+        alpha,
+    )
+
+
+def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
+    """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
+    return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
+
+
+def logit_epochs(
+    dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), snapshots: Sequence[int] = (1, 2, 4), **setup: Any
+) -> str:
+    """Max-logit histograms of validation voxels after the ``snapshots`` epochs and the last one."""
+    return _run(logit_epochs_study, "logit_epochs", StudySetup(dataset, **setup), methods, snapshots)
+
+
+COMMANDS = {
+    "main": main,
+    "noise": noise,
+    "data_fraction": data_fraction,
+    "nacl_ablation": nacl_ablation,
+    "crac_vs_nacl": crac_vs_nacl,
+    "crac_ablation": crac_ablation,
+    "calibrated": calibrated,
+    "quality": quality,
+    "posthoc": posthoc,
+    "logit_epochs": logit_epochs,
+}
+
+
+def run() -> None:
+    """Entry point of ``scripts/experiments.py``."""
+    import fire
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fire.Fire(COMMANDS, name="experiments.py")
