@@ -70,7 +70,11 @@ def test_runs_record_settings_and_are_reused(study):
     setup, _ = study
     spec = setup.spec("ce_dice")
     record = read_record(spec.run_dir)
-    assert record["status"] == "finished" and record["overrides"] == {"epochs": 1, **SMALL_DEMO} and record["attempts"] == 1
+    assert (
+        record["status"] == "finished"
+        and record["overrides"] == {"epochs": 1, **SMALL_DEMO}
+        and record["attempts"] == 1
+    )
     assert record["versions"]["torch"] == torch.__version__ and record["wall_time_s"] > 0
     assert json.loads((spec.run_dir / "config.json").read_text())["epochs"] == 1
     log_size = (spec.run_dir / "train.log").stat().st_size
