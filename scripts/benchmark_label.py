@@ -29,10 +29,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _volume(path: Path, shape=(256, 256, 40)) -> None:
+def _volume(path: Path, seed: int = 3, shape=(256, 256, 40)) -> None:
     from calib_monai.data.phantoms import generate_phantom
 
-    image, _, _ = generate_phantom(seed=3, index=0, shape=shape, spacing=(1.5, 1.5, 6.0))
+    image, _, _ = generate_phantom(seed=seed, index=0, shape=shape, spacing=(1.5, 1.5, 6.0))
     nib.save(nib.Nifti1Image(image.astype(np.float32), np.diag([1.5, 1.5, 6.0, 1.0])), str(path))
 
 
@@ -121,7 +121,11 @@ def main() -> None:
         try:
             segment, score = [], []
             for repeat in range(args.repeats + 1):  # the first request builds the network: not counted
-                body, kind = _multipart(volume)
+                # another volume each time: the server keeps the last prediction by image content, and scoring
+                # the datastore's volume in between makes that cache miss too
+                upload = root / f"upload_{repeat}.nii.gz"
+                _volume(upload, seed=100 + repeat)
+                body, kind = _multipart(upload)
                 seconds = _timed(
                     urllib.request.Request(
                         f"{url}/infer/{bundle.name}?output=image",
@@ -133,7 +137,7 @@ def main() -> None:
                 segment += [seconds] if repeat else []
                 scoring = urllib.request.Request(
                     f"{url}/scoring/{bundle.name}_case_quality?run_sync=true",
-                    data=json.dumps({f"{bundle.name}_case_quality": {"force": True}}).encode(),
+                    data=json.dumps({"force": True}).encode(),  # score it again though scored with these weights
                     method="POST",
                     headers={"Content-Type": "application/json"},
                 )
