@@ -8,6 +8,7 @@ The requests carry the parameters 3D Slicer's MONAI Label module sends (``result
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -17,23 +18,29 @@ from monailabel.client import MONAILabelClient
 SLICER = {"result_extension": ".nrrd", "result_dtype": "uint8"}
 
 
-def infer(client: MONAILabelClient, model: str, image: str, params: dict | None = None) -> dict:
-    """Segment the file ``image`` as Slicer does; the result read back with SimpleITK."""
+def _infer(client: MONAILabelClient, model: str, image: str, params: dict | None = None) -> tuple[dict, np.ndarray]:
+    """Segment the file ``image`` as Slicer does: the JSON and the result read back with SimpleITK (z, y, x)."""
     result, info = client.infer(model, "", {**SLICER, **(params or {})}, file=image)
-    array = sitk.GetArrayFromImage(sitk.ReadImage(result))  # (z, y, x)
-    return {"info": info, "values": sorted(int(v) for v in np.unique(array)), "file": result}
+    try:
+        return info, sitk.GetArrayFromImage(sitk.ReadImage(result))
+    finally:
+        os.remove(result)  # the client downloads it to a temporary file that the caller owns
+
+
+def infer(client: MONAILabelClient, model: str, image: str, params: dict | None = None) -> dict:
+    info, array = _infer(client, model, image, params)
+    return {"info": info, "values": sorted(int(v) for v in np.unique(array))}
 
 
 def compare(client: MONAILabelClient, image: str, bundle: str, threshold: float = 0.8) -> dict:
     """The review result against the segmentation of the same image: every segmented voxel is in exactly one segment
     of its structure (confident or uncertain), nothing else is."""
-    review = infer(client, f"{bundle}_review", image, {"uncertainty_threshold": threshold})
-    seg = infer(client, bundle, image)
-    r = sitk.GetArrayFromImage(sitk.ReadImage(review["file"])).astype(np.int64)
-    s = sitk.GetArrayFromImage(sitk.ReadImage(seg["file"])).astype(np.int64)
+    review_info, r = _infer(client, f"{bundle}_review", image, {"uncertainty_threshold": threshold})
+    seg_info, s = _infer(client, bundle, image)
+    r, s = r.astype(np.int64), s.astype(np.int64)
     return {
-        "review": review,
-        "segmentation": seg,
+        "review": {"info": review_info, "values": sorted(int(v) for v in np.unique(r))},
+        "segmentation": {"info": seg_info, "values": sorted(int(v) for v in np.unique(s))},
         "same_support": bool(np.array_equal(r > 0, s > 0)),
         "same_structures": bool(np.array_equal((r + 1) // 2, s)),
         "uncertain_voxels": int(((r > 0) & (r % 2 == 0)).sum()),

@@ -32,7 +32,8 @@ def calibrated(tmp_path_factory):
     shutil.copytree(CONFIGS, root / "bundle" / "configs")
     overrides = {**TINY, "output_dir": str(root / "bundle" / "models"), "data#cache_dir": str(root / "phantoms")}
     _workflow(["train.json"], "run", epochs=2, **overrides)
-    _workflow(["train.json", "calibrate.json"], "calibrate", **overrides)
+    # one temperature (the bundles' default is local temperature: tests/test_bundle_case_quality.py runs it)
+    _workflow(["train.json", "calibrate.json"], "calibrate", **overrides, calibration_method="temperature")
     return root, overrides
 
 

@@ -43,7 +43,9 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     datalist = json.loads((models / "datalist.json").read_text())
     assert len(record["scores"]) == len(datalist["validation"]) and record["alpha"] == 0.05
     assert set(record["volumes"]) == {"liver", "kidney", "spleen", "pancreas"}
-    assert record["info"]["calibration"]["method"] == "temperature" and "weights_sha256" in record
+    # the bundles' default recalibration, and where it was fitted
+    assert record["info"]["calibration"]["method"] == "local_temperature" and "weights_sha256" in record
+    assert record["info"]["fitted_on"] == "all voxels of the validation slices"
     validated = load_validated_range(models, models / "model.pt")
     assert validated.scores == pytest.approx(record["scores"])
     # another model.pt: the range is not applied, and inference says why

@@ -209,11 +209,11 @@ volumes (per-volume CSV of DSC, HD95, ASD, ECE, CECE, TACE, NLL, Brier, a summar
     python -m monai.bundle run evaluating --config_file "['{configs}/train.json','{configs}/evaluate.json']" \\
         --dataset_dir /path/to/data
 
-Calibrate the best model after training: fit temperature scaling on the validation volumes (`--calibration_method
-local_temperature` for a per-voxel temperature network instead); it writes `models/calibration.pt` (and the readable
-`calibration.json`: the temperature, NLL and ECE of the validation voxels before and after). `evaluating`,
-`inferring`, `export` and MONAI Label then apply it before the softmax (the segmentation is unchanged), as long as
-it was fitted for the `model.pt` they load; `evaluating` reports `test_ece` (calibrated) beside
+Calibrate the best model after training: fit local temperature scaling (a small network that gives every voxel its
+own temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it writes
+`models/calibration.pt` (and the readable `calibration.json`: NLL and ECE of the validation voxels before and after).
+`evaluating`, `inferring`, `export` and MONAI Label then apply it before the softmax (the segmentation is unchanged),
+as long as it was fitted for the `model.pt` they load; `evaluating` reports `test_ece` (calibrated) beside
 `test_ece_uncalibrated`:
 
     python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" \\

@@ -153,7 +153,12 @@ class CalibrationFitter:
                 )
             logits, calibrated = (t.movedim(1, -1).reshape(-1, t.shape[1]) for t in (logits, calibrated))
             labels = labels.reshape(-1)
-        where = "ground-truth foreground of the validation volumes" if self.voxels == "foreground" else "validation"
+        if self.method == "local_temperature":  # its NLL runs over every voxel of the slices: `voxels` is temperature's
+            where = "all voxels of the validation slices"
+        elif self.voxels == "foreground":
+            where = "ground-truth foreground of the validation volumes"
+        else:
+            where = "all voxels of the validation volumes"
         stats = {"fitted_on": where, "volumes": len(self._volumes), "voxels": int(labels.numel())}
         with torch.no_grad():
             for when, z in (("before", logits), ("after", calibrated)):

@@ -186,12 +186,14 @@ class FineTune:
                 f"the previous weights keep serving. Last lines of {self.workdir / f'{step}.log'}:\n" + "\n".join(tail)
             )
 
-    def train_and_calibrate(self, calibration_method: str = "temperature") -> None:
+    def train_and_calibrate(self, calibration_method: str | None = None) -> None:
+        """Fine-tune from the served weights, then calibrate (``calibration_method``: None keeps the bundle's own)."""
         init = self.workdir / "init_model.pt"
         shutil.copyfile(self.bundle_dir / "models" / "model.pt", init)  # the served weights, as they are now
         self._started = time.time()
         self._run("training", ["train.json"], epochs=int(self.epochs), lr=float(self.lr), init_weights=str(init))
-        self._run("calibrate", ["train.json", "calibrate.json"], calibration_method=calibration_method)
+        method = {} if calibration_method is None else {"calibration_method": calibration_method}
+        self._run("calibrate", ["train.json", "calibrate.json"], **method)
 
     def publish(self) -> dict[str, Any]:
         """Copy the new calibration, validated range and weights into ``<bundle>/models`` (``model.pt`` last)."""
@@ -217,7 +219,10 @@ class FineTune:
         return out
 
     def run(
-        self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str], calibration_method: str = "temperature"
+        self,
+        cases: Sequence[SubmittedLabel],
+        label_names: Mapping[int, str],
+        calibration_method: str | None = None,
     ) -> dict[str, Any]:
         """Prepare, train, calibrate and publish; returns the final stats."""
         self.prepare(cases, label_names)

@@ -97,6 +97,10 @@ class CRaCLoss(_Loss):
     works wherever the network runs without being moved itself. :meth:`preset` builds the named settings
     :data:`PRESETS` ("paper", "authors", "tolerance").
 
+    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
+    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
+    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+
     Args:
         classes: number of classes ``K``.
         dim: spatial dims of the logits (2 or 3); the patch is ``kernel_size^dim``.

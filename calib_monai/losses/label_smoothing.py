@@ -22,6 +22,10 @@ class LabelSmoothingLoss(_Loss):
     Mueller et al., NeurIPS 2019. ``alpha = 0.1`` as in the NACL/CRaC experiments. Same value as
     ``torch.nn.CrossEntropyLoss(label_smoothing=alpha)``.
 
+    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
+    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
+    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+
     Args:
         alpha: smoothing weight in ``[0, 1]``.
         reduction: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` for the ``(B, 1, *spatial)`` map.

@@ -44,6 +44,10 @@ class NACLLoss(_Loss):
     of the largest / smallest / lower-median / most frequent class index in each ``k^dim`` window, as in the
     authors' code; see :mod:`calib_monai.losses.priors`.
 
+    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
+    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
+    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+
     Args:
         classes: number of classes ``C``.
         dim: number of spatial dims, 2 or 3.
