@@ -172,7 +172,7 @@ def write_quality_results(
     """Write every table, figure and the README of the study from its per-volume records; ``rules``: the names of
     the review rules whose ``flag_<rule>`` the records carry."""
     rules = list(rules)
-    write_csv(out / "per_volume.csv", records + ensemble)
+    write_csv(out / "per_volume.csv.gz", records + ensemble)  # every volume x condition: MBs as text
     per_seed = configuration_rows(records, rules)
     write_csv(out / "per_seed.csv", per_seed)
     strongest = _strongest(_shifts(records))
@@ -254,7 +254,7 @@ def write_quality_results(
         "(the bundles' calibrate default), `temperature_all` on all voxels (`--calibration_voxels all`), "
         "`local_temperature` (`--calibration_method local_temperature`).",
         cost,
-        "Files: `per_volume.csv` (every volume of every configuration and condition), `per_seed.csv`, "
+        "Files: `per_volume.csv.gz` (every volume of every configuration and condition), `per_seed.csv`, "
         "`flags_by_strength.md`, `dice_under_shift.md`, `estimate_vs_true.png`, `risk_coverage_best.png`, "
         "`flag_rates.png`.",
     ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import logging
 import math
@@ -233,8 +235,13 @@ def write_table(rows: Sequence[Mapping[str, Any]], path_stem: str | os.PathLike,
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Rows whose keys may differ (the union of the keys, in order of appearance) as a CSV file."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        writer.writeheader()
-        writer.writerows(rows)
+    """Rows whose keys may differ (the union of the keys, in order of appearance) as a CSV file; gzip-compressed
+    (without a timestamp, so the same rows give the same bytes) when ``path`` ends in ``.gz``."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+    writer.writeheader()
+    writer.writerows(rows)
+    if str(path).endswith(".gz"):
+        Path(path).write_bytes(gzip.compress(text.getvalue().encode(), mtime=0))
+    else:
+        Path(path).write_text(text.getvalue(), newline="")

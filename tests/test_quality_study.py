@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_quality_study_end_to_end_on_phantoms(tmp_path):
     shifts = {"noise": (0.1, 0.3), "flip": (1.0,)}
     quality_study(setup, ["nacl"], seeds=[0, 1], lts_steps=5, corruptions=shifts)
     out = tmp_path / "results" / "quality"
-    with open(out / "per_volume.csv", newline="") as f:
+    with gzip.open(out / "per_volume.csv.gz", "rt", newline="") as f:
         volumes = list(csv.DictReader(f))
     with open(out / "per_seed.csv", newline="") as f:
         configs = list(csv.DictReader(f))
