@@ -1,27 +1,188 @@
 """Atomic file writes: the content goes to a temporary file in the target's folder, then is renamed over the target,
-so a reader (or a run killed mid-write and resumed) never sees half a file. Every writer of the package uses these."""
+so a reader (or a run killed mid-write and resumed) never sees half a file. Every writer of the package uses these.
+
+A write that fails is a :class:`WriteError` (an ``OSError``) of one line naming the file, the cause (read-only,
+no permission, disk full, a file where a folder should be) and the fix, not ``torch.save``'s bare
+``basic_ios::clear: iostream error``. Written files get the user's umask (``0o666 & ~umask``), as ``open`` gives,
+not the ``0o600`` of the temporary file."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["copy_atomically", "save_atomically", "write_json_atomically", "write_text_atomically"]
+__all__ = [
+    "NotAFolderError",
+    "WriteError",
+    "check_folder",
+    "copy_atomically",
+    "ensure_folder",
+    "naming_write_failures",
+    "save_atomically",
+    "write_error",
+    "write_json_atomically",
+    "write_text_atomically",
+]
+
+_CAUSES = {
+    errno.ENOSPC: ("the disk is full", "free space on that disk or write elsewhere"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space within your quota or write elsewhere"),
+    errno.EFBIG: (
+        "the file is larger than this process may write",
+        "free space or raise the file size limit (ulimit -f)",
+    ),
+    errno.EROFS: ("the file system is read-only", "write to a writable folder"),
+    errno.EACCES: ("no permission to write there", "make the folder writable (chmod u+w) or write elsewhere"),
+    errno.EPERM: ("no permission to write there", "make the folder writable (chmod u+w) or write elsewhere"),
+    errno.ENOTDIR: ("a file stands where a folder is needed", "remove or rename that file, or write elsewhere"),
+    errno.EEXIST: ("a file stands where a folder is needed", "remove or rename that file, or write elsewhere"),
+    errno.EISDIR: ("a folder stands where the file should go", "remove or rename that folder"),
+}
+
+_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class WriteError(OSError):
+    """A file that could not be written; ``str()`` is one line: the file, the cause and the fix."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class NotAFolderError(WriteError, NotADirectoryError):
+    """A file stands where a folder is needed: bad input (``calib-monai`` exit code 2)."""
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _probe(tmp: str) -> OSError | None:
+    """The ``OSError`` a plain write beside the failed one gets now (torch's C++ stream hides the errno of a full
+    disk behind ``basic_ios::clear: iostream error``); None when it succeeds."""
+    try:
+        with open(tmp, "ab") as f:
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        return err
+    return None
+
+
+#: torch.save's words for a failed write (its C++ stream hides the errno)
+_TORCH_WRITE_FAILURES = ("iostream error", "PytorchStreamWriter", "inline_container", "unexpected pos", "write failed")
+
+
+def _io_failure(err: RuntimeError, tmp: str | None) -> bool:
+    """Whether a ``RuntimeError`` of a writer is a failed write: torch's stream words, or a plain write beside it
+    failing now."""
+    if any(words in str(err) for words in _TORCH_WRITE_FAILURES):
+        return True
+    return tmp is not None and os.path.exists(tmp) and _probe(tmp) is not None
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return ""
+    return f"; {stat.f_bavail * stat.f_frsize / 2**20:.0f} MiB free there"
+
+
+def write_error(
+    path: str | os.PathLike, err: BaseException, tmp: str | None = None, shown: str | None = None
+) -> WriteError:
+    """One line for a failed write of ``path``: what, why (from the errno, or from a probe write when the writer hid
+    it), and the fix; ``shown``: the failure's own words in the line (default ``Type: message`` of ``err``)."""
+    path = Path(path)
+    cause = err if isinstance(err, OSError) and err.errno in _CAUSES else None
+    if cause is None and tmp is not None and os.path.exists(tmp):
+        cause = _probe(tmp)
+    if cause is None:  # not an errno we know: the writer's own words
+        code = errno.ENOTDIR if isinstance(err, (NotADirectoryError, FileExistsError)) else None
+        what = _CAUSES[code] if code else None
+    else:
+        what = _CAUSES.get(cause.errno)
+    found = " (" + " ".join((shown or f"{type(err).__name__}: {err}").split()) + ")"
+    if what is None:
+        return WriteError(
+            f"cannot write {path}{found}{_free_space(path.parent)}: check that its folder is writable and that the "
+            "disk has space"
+        )
+    space = _free_space(path.parent) if cause is not None and cause.errno in _SPACE else ""
+    return WriteError(f"cannot write {path}: {what[0]}{found}{space}; {what[1]}")
+
+
+def check_folder(folder: str | os.PathLike, what: str = "output folder") -> Path:
+    """``folder``, or a one-line ``WriteError`` when a file stands there or above it (nothing is created). ``what``
+    starts the message (``"output folder"``, ``"cannot write x.pt: its folder"``)."""
+    folder = Path(folder)
+    for part in (folder, *folder.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                where = "is a file" if part == folder else f"lies under {part}, which is a file"
+                raise NotAFolderError(
+                    f"{what} {folder} {where}, not a folder: pass a folder (it is created when missing), or "
+                    "remove or rename that file"
+                )
+            break
+    return folder
+
+
+def ensure_folder(folder: str | os.PathLike, what: str = "output folder") -> Path:
+    """``folder`` created when missing; a one-line ``WriteError`` when a file stands there (or above it) or it
+    cannot be created (read-only, no permission)."""
+    folder = check_folder(folder, what)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise write_error(folder, err) from err
+    return folder
+
+
+def _raise_named(path: Path, err: BaseException, tmp: str | None) -> None:
+    """Raise the one-line ``WriteError`` of a failed write; return when ``err`` is ours already or no write failure
+    (an object that does not pickle)."""
+    if isinstance(err, WriteError) or (isinstance(err, RuntimeError) and not _io_failure(err, tmp)):
+        return
+    if isinstance(err, (OSError, RuntimeError)):
+        raise write_error(path, err, tmp) from err
+
+
+@contextmanager
+def naming_write_failures(path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> Iterator[None]:
+    """Writes of ``path`` (to ``tmp`` beside it) inside the block fail as :func:`save_atomically`'s do: one line
+    naming ``path``, the cause and the fix (for writers that stage several files themselves)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        _raise_named(Path(path), err, None if tmp is None else str(tmp))
+        raise
 
 
 def save_atomically(obj: Any, path: str | os.PathLike, write: Callable[[Any, str], Any] | None = None) -> Path:
-    """``write(obj, tmp)`` (``torch.save`` by default) to a temporary file beside ``path``, then renamed over it."""
+    """``write(obj, tmp)`` (``torch.save`` by default) to a temporary file beside ``path``, then renamed over it.
+
+    A failure (``OSError``, or the ``RuntimeError`` of ``torch.save``) is a one-line :class:`WriteError` naming
+    ``path``; the temporary file is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # the target's suffixes kept: writers that choose the format by extension (nibabel, matplotlib) still can
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes))
-    os.close(fd)
+    ensure_folder(path.parent, f"cannot write {path.name}: its folder")
+    tmp = None
     try:
+        # the target's suffixes kept: writers that choose the format by extension (nibabel, matplotlib) still can
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes))
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0o600 would make every output private
         if write is None:
             import torch
 
@@ -29,8 +190,11 @@ def save_atomically(obj: Any, path: str | os.PathLike, write: Callable[[Any, str
         else:
             write(obj, tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        _raise_named(path, err, tmp)
+        raise
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return path
 

@@ -30,7 +30,9 @@ def slicer(
     bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.
 
     Reads ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz`` from ``inference_dir`` (default ``<bundle>/inference``,
-    where the bundle's ``inferring`` run writes them) and writes next to them unless ``output_dir`` is given.
+    where the bundle's ``inferring`` run writes them) and writes next to them unless ``output_dir`` is given. Each
+    file reaches its name complete or not at all; an input that cannot be read (cut off by a killed run) is an error
+    naming it, and a case whose files record different sources (two models' outputs in one folder) is refused.
     """
     from pathlib import Path
 
@@ -40,7 +42,8 @@ def slicer(
     written = slicer_files_from_inference(
         inference_dir, case, bundle_label_names(bundle_dir), output_dir, low_confidence=low_confidence
     )
-    return {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
+    paths = {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
+    return {**paths, **({"quality": str(written.quality)} if written.quality is not None else {})}
 
 
 def main() -> None:

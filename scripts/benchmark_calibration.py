@@ -26,6 +26,29 @@ gathering the selected probabilities, the input checks), ECE ~1.5 ms, the bucket
 gathering and sorting the elements of cut buckets ~1.3 ms; each is a few memory-bound passes of eager torch ops,
 ~10 ms a volume where 10x leaves 1.6 ms: about what reading the inputs once takes on this machine.
 
+One implementation since issue 32.1: NumPy inputs take the torch path (``torch.from_numpy``) and labels keep their
+integer dtype (no int64 copy). Rows "NumPy input" and "uint8 labels" time the fused call so, and "memory floor" one
+read of the probabilities and int64 labels (``aminmax`` / ``amax``). Measured with ``--volumes 4 --repeats 5
+--threads 1 --skip_losses True`` on the 2-core CPU at load average 5-7 (2 threads were erratic under that load):
+torchmetrics 0.156 s; ours fused 0.083 s = 1.75x, NumPy input 0.086 s, uint8 labels 0.099 s (the labels are 8 of
+28 bytes a voxel and selection reads them once: no gain within the noise); the floor 0.0065 s (17.7 GiB/s), ours
+fused 12.9x the floor. The NumPy implementation NumPy inputs used before took 0.15-0.19 s on the same 4 volumes
+(1 thread; torch tensors 0.09-0.11 s), now 0.10 s; values identical.
+
+Issue 32.1, compiled CPU kernel (``calib_monai/metrics/calibration_kernel.py``: C through ctypes, built once in
+~1 s; ``CALIB_MONAI_KERNEL=0`` switches it off): ECE and the CECE / TACE bucket histograms of a chunk in one pass,
+labels read in their own dtype, and the gather of refined buckets. Rows "eager torch ops (kernel off)" and "+ kernel
+voxel selection" (``calibration_kernel.select_voxels`` patched in for ``select_tensor_voxels``: what
+``pooled_accumulator`` gives once it selects through it) come from the same run. ``--cpu_time True`` (one thread)
+times each call by the thread's CPU time, which the other jobs of a busy machine hardly move. Measured with
+``--volumes 4 --repeats 7 --threads 1 --skip_losses True --cpu_time True`` at load average 4-5: torchmetrics 0.107 s;
+ours fused 0.035 s = 3.0x (eager 0.065 s = 1.7x; with kernel selection 0.033 s = 3.1x); floor 0.0051 s (22.6 GiB/s),
+ours fused 6.9x the floor (eager 12.7x); relative difference to float64 <= 2e-16. Targets 10x and 2x the floor:
+MISSED. Thread CPU time per call: selection 8.6 ms (kernel; torch 13 ms), chunk pass 10.7 ms (3.3 ns per class
+probability: histogram updates, not memory), refinement scan 5.2 ms, equal-mass bins and the rest ~10 ms. Measured
+before choosing C: ``torch.compile`` (inductor) of the chunk pass took 44 s to compile and ran 1.3x faster than
+eager.
+
 Part 2, losses: training-step time (forward + loss + backward + Adam step) of a MONAI 2D UNet (batch 16, 96x96,
 5 classes, ``torch.set_num_threads(2)``) for each loss of ``calib_monai.losses`` and ``monai.losses.NACLLoss``,
 against plain cross-entropy. Every loss trains its own copy of the same initial model. The loss alone (forward +
@@ -53,6 +76,7 @@ import pstats
 import statistics
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 import torch
@@ -62,6 +86,9 @@ NUM_CLASSES = 5
 NUM_BINS = 15
 METRIC_TARGET = 10.0  # ours must be >= 10x faster than torchmetrics
 LOSS_TARGET = 1.10  # every loss step must be <= 1.10x the CE step
+# the timer of ``interleaved``: wall clock, or (``--cpu_time``, one thread) the thread's CPU time, which leaves out
+# the time other jobs keep it off the CPU
+CLOCK = [time.perf_counter]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -125,9 +152,9 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int)
         for name in names[shift:] + names[:shift]:
             gc.collect()
             gc.disable()  # a collection inside one tool's window would be charged to it alone
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             results[name] = fns[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(CLOCK[0]() - t0)
             gc.enable()
     return times, results
 
@@ -249,7 +276,7 @@ def benchmark_metrics(
 ) -> bool:
     from torchmetrics.classification import MulticlassCalibrationError
 
-    from calib_monai.metrics import calibration_errors, cece, ece, tace
+    from calib_monai.metrics import calibration, calibration_errors, calibration_kernel, cece, ece, tace
 
     probs, labels = make_volumes(volumes, shape, seed)
     fg_frac = float((labels > 0).float().mean())
@@ -281,7 +308,29 @@ def benchmark_metrics(
         "netcal ECE": lambda: netcal_ece(probs, labels),
         "per-bin Python loop (float64)": lambda: loop_ece(probs, labels),
     }
-    times, values = interleaved(fns, repeats, warmup)
+    peers = list(fns)[4:]
+    names3 = ("ece", "cece", "tace")
+    probs_np, labels_u8 = probs.numpy(), labels.to(torch.uint8)
+
+    def eager_fused():
+        with calibration_kernel.use_kernel(False):
+            return calibration_errors(probs, labels, names3, **kw)
+
+    def kernel_selection():
+        # what pooled_accumulator gives once it selects through calibration_kernel.select_voxels (pending change)
+        with mock.patch.object(calibration, "select_tensor_voxels", calibration_kernel.select_voxels):
+            return calibration_errors(probs, labels, names3, **kw)
+
+    extra = {  # the one implementation from other inputs, and what reading the inputs once costs
+        "ours ECE+CECE+TACE, NumPy input": lambda: calibration_errors(probs_np, labels.numpy(), names3, **kw),
+        "ours ECE+CECE+TACE, uint8 labels": lambda: calibration_errors(probs, labels_u8, names3, **kw),
+        "ours ECE+CECE+TACE, eager torch ops (kernel off)": eager_fused,
+        "ours ECE+CECE+TACE, + kernel voxel selection": kernel_selection,
+        "memory floor: read probs + int64 labels once": lambda: (torch.aminmax(probs), labels.amax()),
+    }
+    compiled = calibration_kernel.available(probs[0].reshape(NUM_CLASSES, -1), labels[0, 0].reshape(-1))
+    print(f"Compiled CPU kernel (calibration_kernel): {'on' if compiled else 'OFF: every ours row is eager'}\n")
+    times, values = interleaved({**fns, **extra}, repeats, warmup)
     fused = values["ours ECE+CECE+TACE"]
     gap = max(abs(fused[k] - values[f"ours {k.upper()}"]) for k in fused)
     assert gap < 1e-12, f"fused and separate values differ by {gap:.1e}"
@@ -300,11 +349,16 @@ def benchmark_metrics(
     ]
     rows.append(("ours ECE+CECE+TACE (fused calibration_errors)", None, None, times["ours ECE+CECE+TACE"]))
     rows.append(("ours ECE + CECE + TACE, separate calls (sum)", None, None, ours_sep))
-    rows += [(name, values[name], ref["ece"], times[name]) for name in list(fns)[4:]]
+    rows += [(name, values[name], ref["ece"], times[name]) for name in peers]
+    rows += [(name, None, None, times[name]) for name in extra]
+    for name in list(extra)[:4]:
+        gap = max(abs(values[name][k] - fused[k]) for k in fused)
+        assert gap < 1e-12, f"{name} differs from the tensor input by {gap:.1e}"
     for name, value, reference, ts in rows:
         if value is None:
-            value_text = "ECE/CECE/TACE as above" if "fused" in name else "-"
-            diff_text = f"max {max(abs(fused[k] - ref[k]) for k in ref):.1e}" if "fused" in name else "-"
+            same = "fused" in name or name in extra and "floor" not in name
+            value_text = "ECE/CECE/TACE as above" if same else "-"
+            diff_text = f"max {max(abs(fused[k] - ref[k]) for k in ref):.1e}" if same else "-"
         else:
             value_text, diff_text = f"{value:.10f}", f"{value - reference:+.1e}"
         print(
@@ -325,14 +379,26 @@ def benchmark_metrics(
     )
 
     ours_all = times["ours ECE+CECE+TACE"]
+    selecting = times["ours ECE+CECE+TACE, + kernel voxel selection"]
+    eager_all = times["ours ECE+CECE+TACE, eager torch ops (kernel off)"]
+    floor = times["memory floor: read probs + int64 labels once"]
+    read = (probs.nbytes + labels.nbytes) / 2**30
+    print(
+        f"\nMemory floor: one read of the inputs ({read:.2f} GiB) takes {time_text(floor)} s "
+        f"({read / statistics.median(floor):.1f} GiB/s); ours fused / floor: {ratio_text(ours_all, floor)} "
+        f"(target <= 2x), eager / floor: {ratio_text(eager_all, floor)}; eager / ours fused: "
+        f"{ratio_text(eager_all, ours_all)}; with kernel voxel selection / floor: {ratio_text(selecting, floor)}"
+    )
     tm_ratio = statistics.median([a / b for a, b in zip(tm_times, ours_all)])
     worst = max(abs(fused[k] - ref[k]) / abs(ref[k]) for k in ref)
     exact = worst < 1e-12
     met = tm_ratio >= METRIC_TARGET and exact
     print(
         f"\ntorchmetrics ECE / ours: ECE+CECE+TACE fused {ratio_text(tm_times, ours_all)} (best/best "
-        f"{best_ratio(tm_times, ours_all)}); ECE {ratio_text(tm_times, times['ours ECE'])}; CECE "
-        f"{ratio_text(tm_times, times['ours CECE'])}; TACE {ratio_text(tm_times, times['ours TACE'])}"
+        f"{best_ratio(tm_times, ours_all)}; eager {ratio_text(tm_times, eager_all)}; with kernel voxel selection "
+        f"{ratio_text(tm_times, selecting)}); "
+        f"ECE {ratio_text(tm_times, times['ours ECE'])}; CECE {ratio_text(tm_times, times['ours CECE'])}; "
+        f"TACE {ratio_text(tm_times, times['ours TACE'])}"
     )
     print(
         f"Target ours ECE+CECE+TACE (fused) >= {METRIC_TARGET:.0f}x faster than torchmetrics' ECE and exact: "
@@ -488,18 +554,23 @@ def main(
     profile: bool = False,
     skip_metrics: bool = False,
     skip_losses: bool = False,
+    cpu_time: bool = False,
 ) -> None:
     """Print the metric and loss benchmark tables (Markdown). ``--quick``: tiny sizes, a smoke run of seconds."""
     if quick:
         volumes, repeats, warmup, height, depth, batch, size, steps = 2, 2, 1, 32, 8, 2, 32, 1
     previous = torch.get_num_threads()
+    if cpu_time and threads != 1:
+        raise ValueError("--cpu_time True times the calling thread only: use it with --threads 1")
     torch.set_num_threads(threads)
+    CLOCK[0] = time.thread_time if cpu_time else time.perf_counter
     try:  # the caller's thread count comes back (an in-process caller's numerics depend on it)
         print(
             f"# calib_monai calibration benchmark (torch {torch.__version__}, seed {seed}, warm-up {warmup}, "
             f"repeats {repeats}{', QUICK smoke run' if quick else ''})"
         )
         print(f"\nMachine: {os.cpu_count()} CPUs, load average before the run {load_text()} (others' jobs add noise)")
+        print(f"Timer: {'thread CPU time (time.thread_time)' if cpu_time else 'wall clock (time.perf_counter)'}")
         if not skip_metrics:
             benchmark_metrics(volumes, (height, height, depth), repeats, warmup, seed, profile)
         if not skip_losses:
@@ -507,6 +578,7 @@ def main(
         print(f"\nLoad average after the run: {load_text()} (1/5/15 min)")
     finally:
         torch.set_num_threads(previous)
+        CLOCK[0] = time.perf_counter
 
 
 if __name__ == "__main__":

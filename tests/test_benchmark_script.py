@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import calib_monai.metrics  # a plain import: the benchmark's tests fail, never skip, when the package or script breaks
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_calibration.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
+    # exec_module raises on a script that does not import: every test using it then errors (fails), not skips
     spec = importlib.util.spec_from_file_location("benchmark_calibration", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -34,7 +37,7 @@ def test_loop_ece_matches_netcal_and_ours(bench):
     ref = bench.loop_ece(probs, labels)
     assert 0.0 < ref < 1.0
     assert bench.netcal_ece(probs, labels) == pytest.approx(ref, abs=1e-12)
-    metrics = pytest.importorskip("calib_monai.metrics")
+    metrics = calib_monai.metrics
     assert metrics.ece(probs, labels, num_bins=15, foreground="gt") == pytest.approx(ref, abs=1e-12)
 
 
@@ -45,7 +48,6 @@ def test_interleaved_and_ratio_text(bench):
 
 
 def test_quick_run_prints_tables(bench, capsys):
-    pytest.importorskip("calib_monai.metrics")
     threads = torch.get_num_threads()
     bench.main(quick=True, skip_losses=True, threads=threads + 1)
     assert torch.get_num_threads() == threads  # given back: later tests' numerics (test_export) depend on it
@@ -55,11 +57,21 @@ def test_quick_run_prints_tables(bench, capsys):
         assert f"| ours {name} |" in out
     assert "| ours ECE+CECE+TACE (fused calibration_errors) |" in out and "torchmetrics / tool" in out
     assert ("GPU part skipped: no CUDA device" in out) != torch.cuda.is_available()
+    # issue 32.1: the compiled kernel against the eager ops and the memory floor, in the same run
+    assert "| ours ECE+CECE+TACE, eager torch ops (kernel off) |" in out and "Compiled CPU kernel" in out
+    assert "ours fused / floor" in out and "eager / ours fused" in out
+
+
+def test_cpu_time_needs_one_thread(bench, capsys):
+    with pytest.raises(ValueError, match="--threads 1"):
+        bench.main(quick=True, skip_losses=True, threads=2, cpu_time=True)
+    bench.main(quick=True, skip_losses=True, threads=1, cpu_time=True, repeats=1)
+    assert "Timer: thread CPU time" in capsys.readouterr().out and bench.CLOCK[0] is bench.time.perf_counter
 
 
 def test_float64_reference_matches_ours(bench):
     probs, labels = bench.make_volumes(2, (32, 32, 8), seed=2)
     ref = bench.reference_float64(probs, labels)
-    metrics = pytest.importorskip("calib_monai.metrics")
+    metrics = calib_monai.metrics
     ours = metrics.calibration_errors(probs, labels, ("ece", "cece", "tace"), num_bins=15, foreground="gt")
     assert ours == pytest.approx(ref, rel=1e-12, abs=1e-15)

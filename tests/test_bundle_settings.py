@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from monai.bundle import ConfigParser
 
+from bundle_factory import bundle_names
 from calib_monai.bundle import check_data_settings, check_settings, error_line
-from calib_monai.bundle_factory import bundle_names
 from calib_monai.data import MSDDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,3 +365,18 @@ def test_the_error_report_is_installed_in_bundle_runs_only():
     finally:
         report_errors(enabled=False)
     assert sys.excepthook is before
+
+
+def test_the_settings_a_resumed_training_must_share_are_recorded_and_compared():
+    """What ``TrainingCheckpoint`` stores and compares (``tests/test_bad_inputs.py`` resumes real runs)."""
+    from calib_monai.bundle.runtime import resume_changes_allowed, run_settings, settings_differences
+
+    check_settings(argv=_argv("--lr", "0.003", "--loss#alpha", "0.2", "--output_dir", "/tmp/x"), lr=0.003, epochs=2)
+    recorded = run_settings()
+    assert recorded == {"lr": 0.003, "loss#alpha": 0.2} and not resume_changes_allowed()  # no paths, no epochs
+    check_settings(argv=_argv("--lr", "0.0003", "--resume_changes", "allow"), lr=0.0003, epochs=5)
+    assert resume_changes_allowed()
+    # the key this command leaves out has the config file's value
+    assert settings_differences(recorded) == [("loss#alpha", 0.2, 0.1), ("lr", 0.003, 0.0003)]
+    with pytest.raises(ValueError, match="resume_changes = 'yes' is not valid: pass --resume_changes allow"):
+        check_settings(argv=_argv("--resume_changes", "yes"))

@@ -66,6 +66,22 @@ def test_las_probability_maps_against_ras_labels_are_reoriented(tmp_path):
     np.testing.assert_array_equal(np.asarray(written.dataobj).argmax(-1)[::-1], label)
 
 
+def test_an_nnunet_map_stored_las_without_its_pkl_takes_the_geometry_of_its_segmentation(tmp_path):
+    """Without ``<case>.pkl`` the shapes alone matched and a LAS image was scored mirrored; the segmentation nnU-Net
+    writes beside the ``.npz`` (the argmax, with the image's affine) now gives the geometry; without it: refused."""
+    label = _asymmetric_label()
+    las = _las(_affine(), label.shape[0])
+    _save_label(tmp_path / "labels", "case", label)
+    _save_nnunet(tmp_path / "preds", "case", _peaked(label, 3)[:, ::-1])  # stored LAS: x reversed
+    (tmp_path / "preds" / "case.pkl").unlink()
+    nib.save(nib.Nifti1Image(label[::-1].astype(np.uint8), las), str(tmp_path / "preds" / "case.nii.gz"))
+    calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
+    assert float(_rows(tmp_path / "out" / "before" / "metrics.csv")[0]["mean_dice"]) == 1.0
+    (tmp_path / "preds" / "case.nii.gz").unlink()
+    with pytest.raises(ValueError, match=r"case.npz has no case.pkl .* and no segmentation case.nii.gz beside it"):
+        calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out2"))
+
+
 @pytest.mark.parametrize("fmt", ["nifti", "nnunet"])
 def test_a_label_40_mm_off_its_prediction_is_an_error_naming_both_files(tmp_path, fmt):
     label = _asymmetric_label()

@@ -8,7 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics import ace, brier, calibration_errors, cece, ece, ml1ace, nll, segmentation_calibration, tace
+from calib_monai.metrics import (
+    ace,
+    brier,
+    calibration_errors,
+    cece,
+    ece,
+    ml1ace,
+    ml1ace_gt,
+    nll,
+    segmentation_calibration,
+    tace,
+)
 
 
 def _two_class(p1, labels, dtype=np.float64):
@@ -63,12 +74,14 @@ def test_ml1ace_hand_worked_weights_every_non_empty_bin_equally():
     # class 1: bin 0 {.2, .3, .5; one hit} |1/3 - 1/3| = 0                            -> 0
     # class 2: bin 0 {.1, .4, .4; one hit} |.3 - 1/3| = 1/30                          -> 1/30
     # CECE weights the bins by their voxels (class 0: (1 * .3 + 2 * .2) / 3 = .7/3); mL1-ACE does not.
-    assert ml1ace(THREE, THREE_Y, num_bins=2, foreground="all") == pytest.approx((0.25 + 0 + 1 / 30) / 3, abs=1e-12)
-    assert ml1ace(THREE, THREE_Y, 2, "all", include_background=False) == pytest.approx(1 / 60, abs=1e-12)
-    assert ml1ace(torch.from_numpy(THREE), torch.from_numpy(THREE_Y), 2, "all") == pytest.approx(17 / 180, abs=1e-12)
+    with_bg = (0.25 + 0 + 1 / 30) / 3
+    assert ml1ace(THREE, THREE_Y, num_bins=2, include_background=True) == pytest.approx(with_bg, abs=1e-12)
+    assert ml1ace(THREE, THREE_Y, 2) == pytest.approx(1 / 60, abs=1e-12)  # default: every voxel, no background
+    assert ml1ace(torch.from_numpy(THREE), torch.from_numpy(THREE_Y), 2, "all", True) == pytest.approx(17 / 180)
     # gt: voxels 1 (label 2) and 2 (label 1); class 0: bin 0 {.3, .1} .2; class 1: bin 0 {.3, .5 hit} |.4 - .5| = .1;
-    # class 2: bin 0 {.4 hit, .4} |.4 - .5| = .1 -> (.2 + .1 + .1) / 3
-    assert ml1ace(THREE, THREE_Y, num_bins=2) == pytest.approx(0.4 / 3, abs=1e-12)
+    # class 2: bin 0 {.4 hit, .4} |.4 - .5| = .1 -> (.2 + .1 + .1) / 3: the earlier default, now ml1ace_gt
+    assert ml1ace_gt(THREE, THREE_Y, num_bins=2) == pytest.approx(0.4 / 3, abs=1e-12)
+    assert ml1ace(THREE, THREE_Y, 2, "gt", True, "pooled") == pytest.approx(0.4 / 3, abs=1e-12)
 
 
 def test_tace_and_ace_hand_worked():
@@ -276,6 +289,7 @@ def test_calibration_errors_equal_separate_functions_and_brute_force(foreground,
         assert list(out) == list(ALL_METRICS)
         for name, fn in separate.items():
             extra = {"include_background": include_background} if name in ("cece", "tace", "ace", "ml1ace") else {}
+            extra.update({"reduction": "pooled"} if name == "ml1ace" else {})
             assert out[name] == pytest.approx(fn(probs, labels, **kw, **extra), rel=0, abs=1e-12), (seed, name)
         # the additive metrics also equal the per-volume statistics path, summed (reduction="pooled")
         for name in ("ece", "cece", "ml1ace", "nll", "brier"):

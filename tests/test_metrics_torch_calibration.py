@@ -1,5 +1,6 @@
-"""Torch path of the calibration metrics: exact agreement with the NumPy path and a float64 brute force, on inputs
-with values on bin edges, ties, zeros, ones and the threshold; chunking; device placement (CPU, meta)."""
+"""The calibration metrics' one implementation (torch; NumPy inputs as CPU tensors): NumPy and torch inputs agree
+exactly, and with a float64 brute force (the reference), on inputs with values on bin edges, ties, zeros, ones and
+the threshold; chunking; device placement (CPU, meta)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_confidences_on_rounded_edges_fall_in_the_lower_bin_as_monai_small_left_
     assert monai_counts.flatten().tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]  # the test case's stated expectation
     probs = torch.stack([1 - p1, p1]).reshape(1, 2, 4, 1, 1)
     labels = torch.tensor([1, 0, 0, 1]).reshape(1, 1, 4, 1, 1)
-    for given in (probs, probs.numpy()):  # the torch and the NumPy path
+    for given in (probs, probs.numpy()):  # torch and NumPy inputs
         data = reliability_diagram_data(given, labels, num_bins=5, foreground="all", classwise=True)
         assert data["count"][1].tolist() == [1, 1, 1, 1, 0]
         # top-label bins of max(p, 1 - p) = 0.8, 0.8, 0.6, 0.6: bins 3 and 2 (0.6 and 0.8 are edges too)

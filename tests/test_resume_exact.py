@@ -102,6 +102,10 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run_exactly(tmp_pa
     _run_and_kill_during(models, _command(models, phantoms), tmp_path / "killed.log")
     stopped = torch.load(models / "checkpoint_latest.pt", weights_only=True)
     assert _epoch(stopped) == KILL_AFTER  # killed during the next epoch, before its end
+    # the settings a resumed run must share (the same command: no difference), without paths or the epochs
+    assert stopped["settings"]["batch_size"] == 4 and stopped["settings"]["data#num_phantoms"] == 6
+    assert not {"epochs", "output_dir", "data#cache_dir"} & set(stopped["settings"])
+    assert (models / "training.lock").is_file()  # SIGKILL: no handler ran, the lock's file stays
     resumed = subprocess.run(
         _command(models, phantoms), capture_output=True, text=True, cwd=REPO, env=_env(), timeout=900
     )
@@ -109,6 +113,7 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run_exactly(tmp_pa
     assert (
         f"resuming from {models / 'checkpoint_latest.pt'}: epoch {KILL_AFTER} done" in resumed.stdout + resumed.stderr
     )
+    assert "no longer runs" in resumed.stdout + resumed.stderr and not (models / "training.lock").exists()
 
     ref_models = tmp_path / "ref" / "models"
     assert _history(models) == _history(ref_models)  # every epoch's validation metrics, to the last bit

@@ -274,3 +274,21 @@ def test_missing_inference_outputs_say_to_run_inferring_first(tmp_path):
         "['other_case']: run the bundle's inferring step on the image first"
     )
     assert "monai.bundle run inferring" in message and "--inference_dir" in message
+
+
+def test_outputs_of_two_models_in_one_case_are_refused(tmp_path):
+    """A case whose segmentation and confidence record different sources (NIfTI descrip, as inferring writes it)."""
+    from calib_monai.export import slicer_files_from_inference
+
+    affine = np.diag([2.0, 2.0, 5.0, 1.0])
+    for name, descrip, data in (
+        ("case_seg.nii.gz", "calib_monai w=aaaaaaaaaaaa c=none r=none", np.zeros((4, 4, 2), np.uint8)),
+        ("case_conf.nii.gz", "calib_monai w=bbbbbbbbbbbb c=none r=none", np.ones((4, 4, 2), np.float32)),
+    ):
+        image = nib.Nifti1Image(data, affine)
+        image.header["descrip"] = descrip.encode()
+        nib.save(image, tmp_path / name)
+    with pytest.raises(ValueError, match="come from different models") as info:
+        slicer_files_from_inference(tmp_path, "case", {0: "background", 1: "liver"})
+    assert "w=aaaaaaaaaaaa" in str(info.value) and "w=bbbbbbbbbbbb" in str(info.value)
+    assert not list(tmp_path.glob("*.nrrd"))

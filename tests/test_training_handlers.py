@@ -1,6 +1,7 @@
 """The training handlers on real MONAI engines, composed as the bundles compose them (EpochSummary, ValidationHistory,
 ModelSelection, EpochSnapshots, TrainingCheckpoint): best model, atomic files, exact resume; DDP networks saved
-unwrapped, and the readers of model.pt (load_network_weights, NetworkWeightsLoader) for every file layout."""
+unwrapped. The readers of model.pt for every file layout: ``test_weight_files.py``; the runtime switches:
+``test_runtime_switches.py``."""
 
 from __future__ import annotations
 
@@ -18,20 +19,12 @@ from monai.transforms import AsDiscreted, Compose
 
 from calib_monai.atomic import save_atomically
 from calib_monai.bundle import (
-    as_bool,
-    dataloader_workers,
     finalize_distributed,
-    load_network_weights,
-    pin_memory,
-    unwrap_network,
-    validation_sampler,
-    weights_state_dict,
 )
 from calib_monai.handlers import (
     EpochSnapshots,
     EpochSummary,
     ModelSelection,
-    NetworkWeightsLoader,
     TrainingCheckpoint,
     ValidationHistory,
     select_epoch,
@@ -320,20 +313,18 @@ def test_mode_is_checked(tmp_path):
         ModelSelection(tmp_path, torch.nn.Linear(1, 1), None, mode="best")
 
 
-def test_a_checkpoint_written_before_the_handlers_were_split_still_resumes(tmp_path):
-    """Older runs kept the best value and the history at the top of checkpoint_latest.pt."""
+def test_a_checkpoint_without_the_handlers_state_is_refused_naming_what_it_lacks(tmp_path):
+    """A file lacking the ``selection`` and ``history`` entries is not this training's checkpoint: start over."""
     _run(tmp_path, epochs=3, stop_after=2)
     latest = torch.load(tmp_path / "checkpoint_latest.pt", weights_only=True)
-    old = {k: v for k, v in latest.items() if k not in ("selection", "history")}
-    old.update(latest["selection"], history=latest["history"]["history"])
-    torch.save(old, tmp_path / "checkpoint_latest.pt")
-    trainer, _, _, _, selection, started_at = _run(tmp_path, epochs=3)
-    assert started_at["epoch"] == 3  # resumed, with the best so far: epoch 3 replaces it only when better
-    assert selection.best_metric_epoch in (latest["selection"]["best_metric_epoch"], 3)
-    assert [h["epoch"] for h in json.loads((tmp_path / "validation_history.json").read_text())] == [1, 2, 3]
+    torch.save(
+        {k: v for k, v in latest.items() if k not in ("selection", "history")}, tmp_path / "checkpoint_latest.pt"
+    )
+    with pytest.raises(ValueError, match=r"lacks \['selection', 'history'\]\): delete .*checkpoint_latest.pt"):
+        _run(tmp_path, epochs=3)
 
 
-# ---- DDP-wrapped networks and module.-prefixed files -----------------------------------------------------------
+# ---- DDP-wrapped networks and module.-prefixed checkpoints -----------------------------------------------------------
 @pytest.fixture
 def one_rank_group(tmp_path):
     """A single-process gloo group, so that a network can be wrapped in DistributedDataParallel here."""
@@ -370,67 +361,3 @@ def test_old_module_prefixed_latest_checkpoint_still_resumes(tmp_path):
     torch.save(latest, tmp_path / "checkpoint_latest.pt")
     trainer, *_, started_at = _run(tmp_path, epochs=3)
     assert started_at["epoch"] == 3 and trainer.state.epoch == 3
-
-
-def _net():
-    torch.manual_seed(1)
-    return UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
-
-
-@pytest.mark.parametrize("layout", ["plain", "module", "model", "model_module"])
-def test_load_network_weights_reads_every_model_pt_layout(tmp_path, layout):
-    source = _net().state_dict()
-    state = {f"module.{k}": v for k, v in source.items()} if "module" in layout else source
-    torch.save({"model": state, "optimizer": {}} if layout.startswith("model") else state, tmp_path / "model.pt")
-    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
-    load_network_weights(target, tmp_path / "model.pt")  # strict
-    for key, value in source.items():
-        torch.testing.assert_close(target.state_dict()[key], value)
-    assert not any(k.startswith("module.") for k in weights_state_dict(tmp_path / "model.pt"))
-
-
-def test_load_network_weights_is_strict_and_unwraps(tmp_path, one_rank_group):
-    torch.save({"other.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
-    n = len(_net().state_dict())
-    with pytest.raises(
-        ValueError,
-        match=rf"^{tmp_path / 'wrong.pt'} holds the weights of another network than this UNet "
-        rf"\({n} tensors of the network missing .*; 1 unexpected tensors \(e.g. other.weight\)\)",
-    ):
-        load_network_weights(_net(), tmp_path / "wrong.pt")
-    source = _net().state_dict()
-    wrapped = torch.nn.parallel.DistributedDataParallel(
-        UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
-    )
-    load_network_weights(wrapped, source)  # a DDP network is loaded through its module
-    assert unwrap_network(wrapped) is wrapped.module
-    torch.testing.assert_close(wrapped.module.state_dict(), source)
-
-
-def test_network_weights_loader_loads_a_module_prefixed_file_when_the_engine_starts(tmp_path):
-    source = _net().state_dict()
-    torch.save({f"module.{k}": v for k, v in source.items()}, tmp_path / "model.pt")
-    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
-    engine = Engine(lambda e, b: None)
-    NetworkWeightsLoader(tmp_path / "model.pt", target).attach(engine)
-    engine.run([0], max_epochs=1)
-    torch.testing.assert_close(target.state_dict(), source)
-    with pytest.raises(FileNotFoundError, match="train the bundle first"):
-        NetworkWeightsLoader(tmp_path / "missing.pt", target)()
-
-
-def test_data_loading_defaults_follow_the_device(monkeypatch):
-    assert dataloader_workers("cpu") == 0 and pin_memory("cpu") is False
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert dataloader_workers("cuda") == 8 and dataloader_workers(torch.device("cuda:1")) == 8  # capped
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks on this node share the 16 CPUs
-    assert dataloader_workers("cuda") == 3 and pin_memory("cuda:0") is True
-    assert validation_sampler([1, 2, 3]) is None  # not distributed: all volumes, loader order
-
-
-def test_as_bool_reads_command_line_switches():
-    values = (True, False, "true", "false", "True", 1, 0)
-    assert [as_bool(v) for v in values] == [True, False, True, False, True, True, False]
-    with pytest.raises(ValueError, match="boolean"):
-        as_bool("maybe")

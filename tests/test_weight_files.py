@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ignite.engine import Engine
 from monai.networks.nets import UNet
 
-from calib_monai.bundle import TrainedBundle, WeightsFileError
+from calib_monai.bundle import TrainedBundle, WeightsFileError, load_network_weights, unwrap_network, weights_state_dict
 from calib_monai.export import export_bundle
 from calib_monai.handlers import NetworkWeightsLoader
 
@@ -94,3 +95,65 @@ def test_export_before_training_names_the_command_line_flag(tmp_path):
     message = str(err.value)
     assert message.startswith(f"checkpoint {bundle / 'models' / 'model.pt'} not found: train it first")
     assert "--checkpoint /path/to/model.pt" in message and "weights=" not in message
+
+
+# ---- the layouts every reader of model.pt accepts ---------------------------------------------------------------
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A single-process gloo group, so that a network can be wrapped in DistributedDataParallel here."""
+    import torch.distributed as dist
+
+    from calib_monai.bundle import finalize_distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        finalize_distributed()  # also resets ignite's cached context, which later tests would otherwise still see
+
+
+def _seeded_net():
+    torch.manual_seed(1)
+    return UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+
+
+@pytest.mark.parametrize("layout", ["plain", "module", "model", "model_module"])
+def test_load_network_weights_reads_every_model_pt_layout(tmp_path, layout):
+    source = _seeded_net().state_dict()
+    state = {f"module.{k}": v for k, v in source.items()} if "module" in layout else source
+    torch.save({"model": state, "optimizer": {}} if layout.startswith("model") else state, tmp_path / "model.pt")
+    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    load_network_weights(target, tmp_path / "model.pt")  # strict
+    for key, value in source.items():
+        torch.testing.assert_close(target.state_dict()[key], value)
+    assert not any(k.startswith("module.") for k in weights_state_dict(tmp_path / "model.pt"))
+
+
+def test_load_network_weights_is_strict_and_unwraps(tmp_path, one_rank_group):
+    torch.save({"other.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
+    n = len(_seeded_net().state_dict())
+    with pytest.raises(
+        ValueError,
+        match=rf"^{tmp_path / 'wrong.pt'} holds the weights of another network than this UNet "
+        rf"\({n} tensors of the network missing .*; 1 unexpected tensors \(e.g. other.weight\)\)",
+    ):
+        load_network_weights(_seeded_net(), tmp_path / "wrong.pt")
+    source = _seeded_net().state_dict()
+    wrapped = torch.nn.parallel.DistributedDataParallel(
+        UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    )
+    load_network_weights(wrapped, source)  # a DDP network is loaded through its module
+    assert unwrap_network(wrapped) is wrapped.module
+    torch.testing.assert_close(wrapped.module.state_dict(), source)
+
+
+def test_network_weights_loader_loads_a_module_prefixed_file_when_the_engine_starts(tmp_path):
+    source = _seeded_net().state_dict()
+    torch.save({f"module.{k}": v for k, v in source.items()}, tmp_path / "model.pt")
+    target = UNet(spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,))
+    engine = Engine(lambda e, b: None)
+    NetworkWeightsLoader(tmp_path / "model.pt", target).attach(engine)
+    engine.run([0], max_epochs=1)
+    torch.testing.assert_close(target.state_dict(), source)
+    with pytest.raises(FileNotFoundError, match="train the bundle first"):
+        NetworkWeightsLoader(tmp_path / "missing.pt", target)()

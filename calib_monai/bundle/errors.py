@@ -1,8 +1,9 @@
 """Errors as the user should see them: one clear last line, the traceback on request.
 
-A bundle error used to end in 2-3 chained tracebacks (70-170 lines) whose last line was MONAI's generic "Failed to
-instantiate component", with the project's own message somewhere in the middle; a data error could end the process
-with "terminate called without an active exception" (exit 134) as threads were torn down at interpreter exit.
+MONAI's runner ends a bundle error with chained tracebacks whose last line is the generic "Failed to instantiate
+component", the project's own message somewhere in the middle, and threads torn down at interpreter exit can turn a
+data error into "terminate called without an active exception" (exit 134); ``docs/notes/errors.md`` has the
+measurements.
 
 :func:`error_line` finds the message that says what is wrong: the innermost exception of the chain raised by
 calib_monai's own code (else the innermost one), prefixed with the config id whose component failed to build.
@@ -11,23 +12,27 @@ calib_monai's own code (else the innermost one), prefixed with the config id who
 flushing, so no thread teardown can turn it into an abort), in ``python -m monai.bundle run`` processes (a program
 that runs a ``ConfigWorkflow`` itself keeps its exceptions). ``CALIB_MONAI_TRACEBACK=1`` prints the full traceback
 before the line; ``CALIB_MONAI_TRACEBACK=python`` (or a config without the ``report_errors`` step) leaves Python's
-own handling in place.
+own handling in place. MONAI's ``SaveImage`` hides why a file could not be written behind "cannot find a suitable
+writer": the line names the file and the cause instead (read-only, no permission, disk full).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["TRACEBACK_ENV", "error_chain", "error_line", "report_errors"]
+__all__ = ["TRACEBACK_ENV", "error_chain", "error_line", "on_error_exit", "report_errors"]
 
 TRACEBACK_ENV = "CALIB_MONAI_TRACEBACK"
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # calib_monai/
 _installed: dict[str, object] = {}
+_ON_ERROR_EXIT: dict[str, Callable[[], object]] = {}
 
 
 def error_chain(err: BaseException) -> list[BaseException]:
@@ -70,10 +75,38 @@ def _text(err: BaseException) -> str:
     return " ".join(str(message).split())  # one line
 
 
+_NO_WRITER = re.compile(r"cannot find a suitable writer for (?P<file>.+?)\.\s*\n")
+_RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<text>.*)$")
+_ERRNO = re.compile(r"\[Errno (?P<code>\d+)\]")
+
+
+def _writer_failure(err: BaseException) -> str | None:
+    """MONAI's ``SaveImage`` turns any failure of its writer (a read-only folder, a full disk, an array it cannot
+    lay out) into "cannot find a suitable writer ... install the writer libraries", the real error only as text
+    inside: the line that says which file and why (``calib_monai.atomic.write_error``'s words)."""
+    found = _NO_WRITER.search(str(err))
+    if not isinstance(err, RuntimeError) or found is None:
+        return None
+    raised = [m for m in (_RAISED.match(line.strip()) for line in str(err).splitlines()) if m]
+    if not raised:
+        return None
+    last = raised[-1]
+    if last["type"].endswith("WriteError"):  # calib_monai's writers have said it already
+        return last["text"]
+    code = _ERRNO.search(last["text"])
+    inner = OSError(int(code["code"]), last["text"]) if code else RuntimeError(last["text"])
+    from calib_monai.atomic import write_error
+
+    return str(write_error(found["file"], inner, shown=f"{last['type'].rsplit('.', 1)[-1]}: {last['text']}"))
+
+
 def error_line(err: BaseException) -> str:
     """The one line that says what went wrong: the innermost message raised by calib_monai (else the innermost of
     the chain), with the failing component's config id in front and the exception type unless it is ours."""
     chain = error_chain(err)
+    written = next((line for line in map(_writer_failure, reversed(chain)) if line), None)
+    if written is not None:
+        return written
     ours = [e for e in chain if _raised_by_us(e)]
     chosen = ours[-1] if ours else chain[-1]
     text = _text(chosen) or type(chosen).__name__
@@ -83,6 +116,14 @@ def error_line(err: BaseException) -> str:
     if component and component.split(" ")[0] not in text:
         text = f"{component}: {text}"
     return text
+
+
+def on_error_exit(key: str, cleanup: Callable[[], object] | None) -> None:
+    """Run ``cleanup`` when the error report ends the process (``os._exit`` runs no ``atexit``); None removes it."""
+    if cleanup is None:
+        _ON_ERROR_EXIT.pop(key, None)
+    else:
+        _ON_ERROR_EXIT[key] = cleanup
 
 
 def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -95,6 +136,11 @@ def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType |
     else:
         print(f"(the full traceback: run again with {TRACEBACK_ENV}=1)", file=sys.stderr)
     print(f"ERROR: {error_line(exc)}", file=sys.stderr)
+    for cleanup in list(_ON_ERROR_EXIT.values()):  # e.g. the output folder's training lock
+        try:
+            cleanup()
+        except Exception:  # noqa: BLE001, S110 - the error line is out; nothing may stop the exit
+            pass
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()
@@ -108,9 +154,9 @@ def report_errors(enabled: bool = True, force: bool = False) -> bool:
     Called by the bundles' ``initialize``. It takes effect in ``python -m monai.bundle run`` processes (also under
     torchrun) only, unless ``force``: a program that builds a ``ConfigWorkflow`` itself gets its exceptions as
     usual. ``CALIB_MONAI_TRACEBACK=python`` keeps Python's own handler."""
-    from .settings import _is_bundle_runner
+    from .overrides import is_bundle_runner
 
-    if enabled and "previous" not in _installed and (force or _is_bundle_runner(sys.argv)):
+    if enabled and "previous" not in _installed and (force or is_bundle_runner(sys.argv)):
         _installed["previous"] = sys.excepthook
         sys.excepthook = _hook
     elif not enabled and "previous" in _installed:

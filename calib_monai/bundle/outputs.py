@@ -3,18 +3,27 @@
 
 The bundle's ``inferring`` run (``calib_monai.data.segmentation_and_confidence``), ``TrainedBundle.write``, MONAI Label
 serving and the 3D Slicer files (``calib_monai.export.slicer``) all name and find the files through here.
+
+Every output records its source (``calib_monai.bundle.manifest.ArtifactSet.source``: the SHA-256 of the weights, of
+the recalibration and of the validated range): in full in ``<case>_quality.json``, short in ``quality.csv`` and in
+the NIfTI header's ``descrip`` (:func:`source_descrip`). A folder holding another source's results is refused
+(:func:`check_output_folder`). Every file reaches its final name complete or not at all (:func:`write_durably`:
+a temporary name in the same folder, fsync, ``os.replace``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from calib_monai.atomic import write_json_atomically, write_text_atomically
+from calib_monai.atomic import save_atomically
+
+from .manifest import short_sha
 
 __all__ = [
     "OUTPUT_EXT",
@@ -24,6 +33,10 @@ __all__ = [
     "OutputFiles",
     "OutputWriter",
     "Prediction",
+    "SOURCE_META",
+    "check_output_folder",
+    "source_descrip",
+    "write_durably",
     "output_case",
     "output_path",
     "output_paths",
@@ -37,6 +50,58 @@ OUTPUT_POSTFIXES = {"segmentation": "seg", "confidence": "conf"}  # <case>_<post
 OUTPUT_EXT = ".nii.gz"
 QUALITY_POSTFIX = "quality.json"  # <case>_quality.json
 QUALITY_TABLE = "quality.csv"  # one row per case of the folder
+SOURCE_META = "calib_monai_source"  # the meta data key of an output image's source (written to the header)
+SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibration", "validated_range_sha256": "range"}
+
+
+def write_durably(path: str | os.PathLike, write) -> Path:
+    """``write(tmp)`` to a temporary name beside ``path`` (same suffixes), fsync, then ``os.replace``: the file has
+    its final name complete or not at all, even after a kill or a power cut."""
+
+    def written(obj, tmp):
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    return save_atomically(None, path, write=written)
+
+
+def _write_text(path: str | os.PathLike, text: str) -> Path:
+    return write_durably(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def source_descrip(source: Mapping[str, Any] | None) -> str:
+    """The source in 80 bytes (the NIfTI ``descrip``): ``calib_monai w=<12 hex> c=<12 hex|none> r=<...|none>``."""
+    if not source:
+        return ""
+    parts = [f"{key}={short_sha(source.get(name)) or 'none'}" for name, key in zip(SOURCE_COLUMNS, "wcr")]
+    return "calib_monai " + " ".join(parts)
+
+
+def _source_of_row(row: Mapping[str, Any]) -> tuple:
+    return tuple(row.get(column) or "" for column in SOURCE_COLUMNS.values())
+
+
+def check_output_folder(output_dir: str | os.PathLike, source: Mapping[str, Any] | None) -> None:
+    """Refuse to add outputs of ``source`` to a folder whose ``quality.csv`` holds another source's rows (another
+    model, recalibration or range: their rows would mix in one table): a ``ValueError`` naming the folder and the
+    fix. Rows without a source (written before outputs recorded it) count as another source: nothing says whose."""
+    table = Path(output_dir) / QUALITY_TABLE
+    if not table.is_file():
+        return
+    with open(table, newline="") as f:
+        rows = list(csv.DictReader(f))
+    mine = _source_of_row({c: short_sha((source or {}).get(k)) for k, c in SOURCE_COLUMNS.items()})
+    others = sorted({_source_of_row(r) for r in rows} - {mine})
+    if others:
+        names = ", ".join("/".join(v or "-" for v in other) for other in others[:3])
+        raise ValueError(
+            f"{output_dir} holds results of another model ({table} rows by weights/calibration/range {names}; this "
+            f"run: {'/'.join(v or '-' for v in mine)}): pass a new --output_dir, or delete {output_dir}"
+        )
 
 
 class OutputWriter:
@@ -102,6 +167,8 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
         "review": "" if flag is None else ("yes" if flag else "no"),
         "reasons": "; ".join(review.get("reasons", [])),
     }
+    source = quality.get("source") or {}
+    row.update({column: short_sha(source.get(key)) for key, column in SOURCE_COLUMNS.items()})
     names = {
         "est_dice": "est_dice",
         "volume": "volume_ml",
@@ -117,11 +184,13 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
     """Write ``<case>_quality.json`` and put the case's row into ``<output_dir>/quality.csv`` (replacing an earlier
-    row of the same case), each atomically; returns the JSON's path."""
+    row of the same case), each durably (:func:`write_durably`); returns the JSON's path. A ``quality.csv`` of
+    another source (``quality["source"]``) is refused (:func:`check_output_folder`)."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    check_output_folder(folder, quality.get("source"))
     path = quality_path(folder, case)
-    write_json_atomically(path, {"case": case, **quality})
+    _write_text(path, json.dumps({"case": case, **quality}, indent=2, default=str) + "\n")
     table = folder / QUALITY_TABLE
     rows = []
     if table.is_file():
@@ -132,5 +201,5 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
-    write_text_atomically(table, buffer.getvalue())
+    _write_text(table, buffer.getvalue())
     return path

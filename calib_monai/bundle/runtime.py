@@ -1,5 +1,6 @@
 """Helpers that bundle configs call (``calib_monai.bundle.<name>``): where the bundle lives, whatever the working
-directory; the distributed set-up of ``multi_gpu_train.json``; data loading switches."""
+directory; the distributed set-up of ``multi_gpu_train.json``; data loading switches; the settings of a run that a
+resumed training must share with its checkpoint (``record_run_settings``, ``settings_differences``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ __all__ = [
     "locate_bundle",
     "log_run_start",
     "pin_memory",
+    "record_run_settings",
+    "resume_changes_allowed",
+    "run_settings",
+    "settings_differences",
     "validation_sampler",
 ]
 
@@ -177,3 +182,101 @@ def pin_memory(device) -> bool:
     import torch
 
     return torch.device(device).type == "cuda"
+
+
+# ------------------------------------------------------------------------------------------- the settings of a run
+
+#: ``--resume_changes allow``: a resumed training may run with settings other than its checkpoint's
+RESUME_CHANGES = ("refuse", "allow")
+#: keys whose change does not change what is trained (paths, logging, loading switches, the epochs to run)
+_NOT_COMPARED = {
+    "epochs",
+    "output_dir",
+    "dataset_dir",
+    "bundle_root",
+    "device",
+    "num_workers",
+    "pin_memory",
+    "init_weights",
+    "keep_epoch_weights",
+    "loss_log_interval",
+    "resume_changes",
+}
+_NOT_COMPARED_ENDINGS = ("_dir", "_path", "_file", "_root", "num_workers", "cache_rate", "pin_memory", "progress")
+_RUN: dict = {}
+
+
+def _compared(key: str) -> bool:
+    last = key.split("#")[-1]
+    return key not in _NOT_COMPARED and not last.endswith(_NOT_COMPARED_ENDINGS)
+
+
+def _plain_value(value):
+    """``value`` as plain JSON types (tuples as lists, paths as strings): what a ``weights_only`` checkpoint holds
+    and compares equal across runs."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def record_run_settings(settings: dict, loss=None, arguments=None) -> None:
+    """Keep the settings of this run that a resumed training must share with its checkpoint (called by
+    ``check_settings``): the checked values but ``epochs``, the loss's class, and every other command-line override
+    but paths and loading switches (``arguments``: ``settings.runner_arguments()``)."""
+    values = {k: _plain_value(v) for k, v in settings.items() if _compared(k) and v is not None}
+    if loss is not None:
+        values["loss"] = f"{type(loss).__module__}.{type(loss).__qualname__}"
+    defaults: dict = {}
+    if arguments is not None:
+        from monai.bundle import ConfigParser
+
+        for key, value in arguments.overrides.items():
+            key = key.replace("::", "#")
+            if _compared(key) and key not in values:
+                values[key] = _plain_value(value)
+        base = ConfigParser()
+        base.read_config(arguments.config_files)
+        defaults = {"parser": base}
+    changes = (arguments.overrides.get("resume_changes") if arguments is not None else None) or "refuse"
+    if changes not in RESUME_CHANGES:
+        raise ValueError(
+            f"resume_changes = {changes!r} is not valid: pass --resume_changes allow (resume a training with settings "
+            "other than its checkpoint's) or leave it out"
+        )
+    _RUN.clear()
+    _RUN.update(settings=values, defaults=defaults, resume_changes=changes)
+
+
+def run_settings() -> dict:
+    """The settings ``check_settings`` recorded for this run (``{}`` when it did not run): what
+    ``TrainingCheckpoint`` stores beside the weights."""
+    return dict(_RUN.get("settings", {}))
+
+
+def resume_changes_allowed() -> bool:
+    """Whether this run was given ``--resume_changes allow``."""
+    return _RUN.get("resume_changes") == "allow"
+
+
+def _default(key: str):
+    """The config files' own value of ``key`` (unresolved), or ``"(not set)"``."""
+    parser = _RUN.get("defaults", {}).get("parser")
+    try:
+        return _plain_value(parser[key]) if parser is not None and key in parser else "(not set)"
+    except (KeyError, IndexError, TypeError, ValueError):
+        return "(not set)"
+
+
+def settings_differences(recorded: dict, current: dict | None = None) -> list[tuple[str, object, object]]:
+    """``(key, recorded value, current value)`` of every setting a checkpoint's ``recorded`` settings and this run's
+    (``current``: :func:`run_settings`) do not share; a key one side lacks has the config files' value there."""
+    current = run_settings() if current is None else current
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        if not _compared(key):
+            continue
+        old = recorded[key] if key in recorded else _default(key)
+        new = current[key] if key in current else _default(key)
+        if old != new:
+            out.append((key, old, new))
+    return out

@@ -3,6 +3,11 @@
 ``TrainedBundle`` is the one reader of a trained bundle folder: the export (``calib_monai.export``), MONAI Label
 serving (``calib_monai.label``), the studies (``studies/evaluation.py``, outside the package) and the Slicer command
 (``calib-monai slicer``) all build their network, weights and transforms through it.
+
+The weights are read as a member of their folder's set (``calib_monai.bundle.manifest``): when ``models/`` holds a
+calibration or validated range that does not belong with them (deleted, replaced, from another run, half-published),
+building the network is an ``ArtifactSetError`` naming the files and the fix, whoever asks (export, serving, studies).
+``TrainedBundle.source`` names the weights, recalibration and range every output records.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from monai.data import MetaTensor, decollate_batch, list_data_collate
 from monai.transforms import Compose, SaveImaged
 from monai.utils import get_equivalent_dtype
 
+from .manifest import ArtifactSet, is_raw_request, read_artifact_set
 from .outputs import OUTPUT_KEYS, OutputFiles, OutputWriter, Prediction, output_case, output_path, write_case_quality
 from .runtime import as_bool
 from .weights import WeightsFileError, load_network_weights, read_weights_file
@@ -167,10 +173,35 @@ class TrainedBundle:
             return self._weights
         return next((p for p in (self.bundle_dir / "models" / f for f in WEIGHT_FILES) if p.is_file()), None)
 
+    @property
+    def raw(self) -> bool:
+        """Whether the network's own probabilities were asked for (``calibration_path`` ``none``)."""
+        return "calibration_path" in self.parser and is_raw_request(self.get("calibration_path"))
+
+    @cached_property
+    def artifacts(self) -> ArtifactSet | None:
+        """The checked set of the weights' folder (``read_artifact_set``): an ``ArtifactSetError`` when its files do
+        not belong together; None without weights or for a TorchScript ``model.ts`` (no set of its own)."""
+        weights = self.weights
+        if weights is None or not weights.is_file() or weights.suffix == ".ts":
+            return None
+        return read_artifact_set(weights.parent, weights, raw=self.raw)
+
+    @property
+    def source(self) -> dict[str, Any] | None:
+        """What the outputs come from (weights, recalibration, validated range: SHA-256s), as the postprocessing's
+        ``CalibrateLogitsd`` records it in each output, else from the checked set."""
+        post = self._postprocessing_parts[0] if "postprocessing" in self.parser else None
+        for transform in post.transforms if post is not None else ():
+            if getattr(transform, "source", None):
+                return dict(transform.source)
+        return self.artifacts.source() if self.artifacts is not None else None
+
     @cached_property
     def network(self) -> torch.nn.Module:
-        """The network with its trained weights, on ``device``, in eval mode."""
+        """The network with its trained weights, on ``device``, in eval mode (the weights' set checked first)."""
         weights = self.weights
+        self.artifacts  # noqa: B018 - a set that does not belong together is refused before anything is built
         if weights is None:
             raise FileNotFoundError(
                 f"bundle {self.bundle_dir} has no weights: neither models/model.pt nor models/model.ts there. Train "
@@ -252,10 +283,11 @@ class TrainedBundle:
         """``(segmentation, confidence, quality)`` of one preprocessed item (``preprocess``); see ``predict``."""
         batch = list_data_collate([dict(item)])  # as the bundle's DataLoader hands it to the evaluator
         network = self.network
+        postprocessing = self._postprocessing_parts[0]  # built first: CaseQualityd's feature hook sees this forward
         with torch.no_grad(), self._autocast():
             batch["pred"] = self.inferer(batch["image"].to(self.device), network)
         (decollated,) = decollate_batch(batch, detach=True)
-        outputs = self._postprocessing_parts[0](decollated)
+        outputs = postprocessing(decollated)
         missing = [key for key in OUTPUT_KEYS if key not in outputs]
         if missing:
             raise KeyError(

@@ -17,9 +17,12 @@ Input formats (``format="auto"`` picks nnU-Net when the folder holds ``.npz`` fi
 * ``"nifti"``: ``<case>.nii.gz`` probability maps, 4D ``(x, y, z, C)`` (one channel per class on the last axis) or
   5D ``(x, y, z, 1, C)`` (nibabel's view of an intent-vector image), in the label's voxel grid.
 
-Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``); predictions named
-``<case>_0000`` match the label ``<case>``. Shapes are checked and a mismatch names both files, both shapes and the
-likely cause.
+Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``); predictions pair
+with labels by exact case name, and one named ``<case>_0000`` matches the label ``<case>`` when it is the only one (a
+folder holding both is refused). Shapes are checked and a mismatch names both files, both shapes and the likely
+cause. nnU-Net's ``.pkl`` must agree with its ``.npz`` (``calib_monai.calibration.nnunet_files``: shape before
+cropping, background outside the crop box); without a ``.pkl`` the geometry comes from the segmentation beside the
+``.npz``, else the case is refused (shapes alone would score a mirrored image).
 
 Output folder (the metrics are :class:`calib_monai.metrics.SegmentationReportTable`'s, the table a bundle's
 ``evaluating`` run writes, so the files read like a bundle's evaluation report):
@@ -45,7 +48,7 @@ over the cases. Without them it is fitted on the evaluated cases, and the ``afte
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
 import math
 from collections.abc import Sequence
@@ -54,9 +57,11 @@ from typing import Any
 
 import torch
 
+from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
 from calib_monai.calibration import readers
 from calib_monai.calibration.readers import detect_format, label_names_from, match_cases, read_case
 from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+from calib_monai.checks import is_whole_number
 from calib_monai.metrics.report_table import SegmentationReportTable
 
 __all__ = ["calibrate_probabilities", "temperature_scale"]
@@ -67,7 +72,9 @@ COMPARED = (
     "ece",
     "cece",
     "tace",
+    "ml1ace_gt",
     "ml1ace",
+    "cece_all",
     "ece_union",
     "cece_union",
     "tace_union",
@@ -157,7 +164,8 @@ def calibrate_probabilities(
     Returns:
         ``{"temperature", "in_sample", "cases", "output_dir", "comparison"}``.
     """
-    output_dir = Path(output_dir)
+    _check_arguments(num_bins=num_bins, max_voxels=max_voxels, seed=seed, empty_class=empty_class)
+    output_dir = check_folder(Path(output_dir), "output_dir")  # not a file (created when the report is written)
     cases = _resolve(predictions, labels, format, ignore_extra_labels)
     if (fit_predictions is None) != (fit_labels is None):
         raise ValueError("give both fit_predictions and fit_labels (a calibration set), or neither")
@@ -226,8 +234,7 @@ def calibrate_probabilities(
         },
         logger,
     )
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "temperature.json").write_text(json.dumps(fit_info, indent=2))
+    write_json_atomically(output_dir / "temperature.json", fit_info)
     comparison = _write_comparison(output_dir / "comparison.csv", before, after)
     logger.info(
         "before -> after temperature scaling: "
@@ -250,8 +257,22 @@ def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:
     pooled = [report.pooled() for report in (before, after)]
     table = {k: {"before": means[0][k]["mean"], "after": means[1][k]["mean"]} for k in COMPARED if k in means[0]}
     table.update({k: {"before": pooled[0][k], "after": pooled[1][k]} for k in pooled[0]})
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["metric", "before", "after"])
-        writer.writerows([k, v["before"], v["after"]] for k, v in table.items())
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["metric", "before", "after"])
+    writer.writerows([k, v["before"], v["after"]] for k, v in table.items())
+    write_text_atomically(path, text.getvalue())
     return table
+
+
+def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any) -> None:
+    """The command's numbers before any file is read: one line naming the argument, its value and the fix."""
+    for name, value, minimum, example in (("num_bins", num_bins, 1, 15), ("max_voxels", max_voxels, 1, 2000000)):
+        if not is_whole_number(value) or value < minimum:
+            raise ValueError(
+                f"--{name} {value!r} is not valid: it must be a whole number >= {minimum}; pass e.g. --{name} {example}"
+            )
+    if not is_whole_number(seed):
+        raise ValueError(f"--seed {seed!r} is not valid: it must be a whole number; pass e.g. --seed 0")
+    if empty_class not in ("nan", "papers"):
+        raise ValueError(f"--empty_class {empty_class!r} is not valid: pass --empty_class nan or --empty_class papers")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,8 @@ import nibabel as nib
 import numpy as np
 from nibabel.orientations import io_orientation
 
+from calib_monai.atomic import copy_atomically, save_atomically
+from calib_monai.calibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
 
 __all__ = [
@@ -112,12 +112,18 @@ def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: 
     if not preds:
         raise FileNotFoundError(f"no {fmt} probabilities in {predictions}")
     pairs, missing = {}, []
-    for name, path in preds.items():
+    for name, path in preds.items():  # the exact case name first; <case>_0000 only for a label <case>
         key = name if name in label_files else _CHANNEL_SUFFIX.sub("", name)
-        if key in label_files:
-            pairs[key] = CaseFiles(key, path, label_files[key], fmt)
-        else:
+        if key not in label_files:
             missing.append(name)
+        elif key in pairs:
+            first = pairs[key].probabilities
+            raise ValueError(
+                f"{predictions} is ambiguous: both {first.name} and {path.name} are predictions of the label "
+                f"{label_files[key]}; keep one of them in the folder (move the other out)"
+            )
+        else:
+            pairs[key] = CaseFiles(key, path, label_files[key], fmt)
     if missing:
         raise ValueError(
             f"{len(missing)} prediction(s) in {predictions} have no label <case>.nii.gz in {labels}: "
@@ -192,22 +198,6 @@ def _mismatch(case: CaseFiles, stored: tuple, expected: tuple, layout: str, caus
     )
 
 
-def _nnunet_affine(properties: dict) -> np.ndarray | None:
-    """The RAS affine of the image nnU-Net predicted, from its ``.pkl``: NibabelIO(WithReorient)'s affine, or
-    SimpleITKIO's spacing, origin and direction (ITK's LPS world: x and y flipped); None when it holds neither."""
-    nibabel_stuff = properties.get("nibabel_stuff") or {}
-    for key in ("reoriented_affine", "original_affine"):
-        if key in nibabel_stuff:
-            return np.asarray(nibabel_stuff[key], dtype=np.float64)
-    sitk = properties.get("sitk_stuff") or {}
-    if not all(k in sitk for k in ("spacing", "origin", "direction")):
-        return None
-    affine = np.eye(4)
-    affine[:3, :3] = np.asarray(sitk["direction"], dtype=np.float64).reshape(3, 3) * np.asarray(sitk["spacing"])
-    affine[:3, 3] = sitk["origin"]
-    return np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
-
-
 def _onto_label_grid(
     case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray | None, label: np.ndarray, label_affine: np.ndarray
 ) -> tuple[np.ndarray | None, Any]:
@@ -238,12 +228,15 @@ def _read_nnunet(case: CaseFiles) -> Volume:
                 f"nnU-Net's --save_probabilities"
             )
         stored = f["probabilities"]
-    pkl = case.probabilities.with_suffix(".pkl")
-    properties = pickle.loads(pkl.read_bytes()) if pkl.is_file() else {}  # nnU-Net's own trusted output
+    properties = read_properties(case.probabilities.with_suffix(".pkl"))
+    check_properties(case.probabilities, stored, properties, case.name)
     reoriented = "reoriented_affine" in properties.get("nibabel_stuff", {})
     label, affine = _read_label(case.label, reoriented)
     if stored.ndim == 4:
-        on_grid, back = _onto_label_grid(case, stored.transpose(0, 3, 2, 1), _nnunet_affine(properties), label, affine)
+        stored_affine = nnunet_affine(properties)
+        if stored_affine is None:  # no .pkl (or one without geometry): the segmentation beside it, else refused
+            stored_affine = segmentation_affine(case.probabilities, stored)
+        on_grid, back = _onto_label_grid(case, stored.transpose(0, 3, 2, 1), stored_affine, label, affine)
         if on_grid is not None and on_grid.shape[1:] == label.shape:
             probabilities = np.ascontiguousarray(on_grid.astype(np.float32))
             return Volume(_check(probabilities, label, case), label, affine, stored_order=back)
@@ -311,16 +304,16 @@ def read_case(case: CaseFiles) -> Volume:
 def write_calibrated(case: CaseFiles, volume: Volume, probabilities: np.ndarray, folder: Path) -> Path:
     """Write ``probabilities (C, x, y, z)`` as the input was written: nnU-Net's ``.npz`` (``(C, z, y, x)``, with the
     ``.pkl`` and segmentation copied, the argmax being unchanged) or a NIfTI map with the input's header."""
-    folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(case.probabilities)
     probabilities = reorient(probabilities, volume.stored_order, channel_axis=0)  # in the input's own voxel order
     if case.format == "nnunet":
         out = folder / f"{stem}.npz"
-        np.savez_compressed(out, probabilities=probabilities.transpose(0, 3, 2, 1).astype(np.float32))
+        stored = probabilities.transpose(0, 3, 2, 1).astype(np.float32)
+        save_atomically(stored, out, write=lambda a, tmp: np.savez_compressed(tmp, probabilities=a))  # tmp ends .npz
         for name in (f"{stem}.pkl", f"{stem}.nii.gz", "dataset.json", "plans.json"):  # an nnU-Net output folder
             src = case.probabilities.with_name(name)
             if src.is_file():
-                shutil.copy2(src, folder / name)
+                copy_atomically(src, folder / name)
         return out
     data = np.moveaxis(probabilities, 0, -1).astype(np.float32)
     if volume.nifti_ndim == 5:
@@ -328,5 +321,6 @@ def write_calibrated(case: CaseFiles, volume: Volume, probabilities: np.ndarray,
     header = volume.header.copy()
     header.set_data_dtype(np.float32)
     out = folder / case.probabilities.name
-    nib.save(nib.Nifti1Image(data, None, header), str(out))  # the input map's own affine, from its header
+    image = nib.Nifti1Image(data, None, header)  # the input map's own affine, from its header
+    save_atomically(image, out, write=lambda i, tmp: nib.save(i, tmp))
     return out

@@ -5,11 +5,17 @@ exported ``segmentation_confidence`` modules and MONAI Label (through ``inferenc
 ``<models>/calibration.pt`` holds the method, the module's ``state_dict``, what it was fitted on and the SHA-256 of
 the ``model.pt`` it was fitted for; a calibration is never applied to other weights (a retrained bundle must be
 calibrated again). ``<models>/calibration.json`` repeats the same facts for people to read.
+
+``calibrate`` publishes them with the validated range as one set (:func:`publish_calibration`, through
+``calib_monai.bundle.manifest``: ``<models>/manifest.json`` last), and every reader here checks the set against the
+manifest: a calibration deleted, replaced or left half-published is an error naming the files, never a silent
+fallback to raw probabilities. ``calibration_path`` ``none`` (``--calibration_path none``) asks for the network's own
+probabilities: nothing is applied, and the validated range (measured on recalibrated ones) neither.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
 from collections.abc import Hashable, Mapping
@@ -21,6 +27,14 @@ from monai.transforms import MapTransform
 from torch import nn
 
 from calib_monai.atomic import save_atomically, write_json_atomically
+from calib_monai.bundle.manifest import (
+    NOT_APPLICABLE,
+    ArtifactSet,
+    file_sha256,
+    is_raw_request,
+    publish_artifacts,
+    read_artifact_set,
+)
 from calib_monai.bundle.weights import read_weights_file
 
 from .local_temperature import LocalTemperatureScaling
@@ -30,15 +44,21 @@ __all__ = [
     "CALIBRATION_FILE",
     "CalibrateLogitsd",
     "CalibratedNetwork",
+    "NOT_APPLICABLE",
+    "SOURCE_KEY",
     "Uncalibrated",
+    "calibrate_settings",
     "calibrate_volume",
+    "calibration_set",
     "file_sha256",
     "load_calibration",
+    "publish_calibration",
     "save_calibration",
 ]
 
 logger = logging.getLogger(__name__)
 CALIBRATION_FILE = "calibration.pt"
+SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 METHODS = {"temperature": TemperatureScaling, "local_temperature": LocalTemperatureScaling}
 
 
@@ -49,14 +69,6 @@ class Uncalibrated(nn.Module):
         return logits
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _method(module: nn.Module) -> str:
     for name, cls in METHODS.items():
         if type(module) is cls:
@@ -64,29 +76,92 @@ def _method(module: nn.Module) -> str:
     raise TypeError(f"can store {list(METHODS)} modules, got {type(module).__name__}")
 
 
-def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike, **info: Any) -> Path:
-    """Write ``module`` (fitted for the network weights file ``weights``) to ``path`` atomically, and the readable
-    ``calibration.json`` beside it; ``info`` (fit statistics: voxels, NLL and ECE before and after...) goes in both."""
-    path = Path(path)
-    method = _method(module)
-    record = {"method": method, "weights": str(Path(weights).name), "weights_sha256": file_sha256(weights), **info}
+def _record(module: nn.Module, weights: str | os.PathLike, **info: Any) -> dict[str, Any]:
+    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": file_sha256(weights)}
+    record.update(info)
     if isinstance(module, TemperatureScaling):
         record["temperature"] = float(module.temperature)
     else:
         record.update(num_classes=module.num_classes, in_channels=module.in_channels, hidden=module.hidden)
+    return record
+
+
+def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike, **info: Any) -> Path:
+    """Write ``module`` (fitted for the network weights file ``weights``) to ``path`` atomically, and the readable
+    ``calibration.json`` beside it; ``info`` (fit statistics: voxels, NLL and ECE before and after...) goes in both.
+    Two files, no manifest: a bundle's ``calibrate`` publishes with :func:`publish_calibration` instead."""
+    path = Path(path)
+    record = _record(module, weights, **info)
     save_atomically({**record, "state_dict": module.state_dict()}, path)
     write_json_atomically(path.with_suffix(".json"), record)
     return path
 
 
-def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> nn.Module | None:
-    """The calibration module stored at ``path``, or None when there is no such file.
+def calibrate_settings(fitter: Any) -> dict[str, Any]:
+    """The settings of a calibrate step (``CalibrationFitter``'s: method, voxels, budgets, seed, split, review rule)
+    that the manifest records as what made its files; attributes it does not have are left out."""
+    names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "split", "review")
+    settings = {name: getattr(fitter, name) for name in names if hasattr(fitter, name)}
+    return json.loads(json.dumps(settings, default=str))
 
-    With ``weights`` (the network's weights file), a calibration fitted for other weights is not applied: a
-    warning says so and None is returned."""
+
+def publish_calibration(
+    module: nn.Module,
+    path: str | os.PathLike,
+    weights: str | os.PathLike,
+    validated_range: Any = None,
+    range_path: str | os.PathLike | None = None,
+    settings: Mapping[str, Any] | None = None,
+    **info: Any,
+) -> Path:
+    """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
+    ``validated_range`` measured with it (a :class:`~calib_monai.calibration.ValidatedRange`, at ``range_path``,
+    default ``<models>/validated_range.json``) as one set of ``weights``: the files under temporary names, then
+    renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
+    an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate
+    step's method, voxels, seed, review rule); ``info``: the fit statistics, as :func:`save_calibration`."""
+    path = Path(path)
+    record = _record(module, weights, **info)
+    writers = {
+        path.name: lambda tmp: torch.save({**record, "state_dict": module.state_dict()}, tmp),
+        path.with_suffix(".json").name: lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2) + "\n"),
+    }
+    if validated_range is not None:
+        range_name = Path(range_path).name if range_path is not None else "validated_range.json"
+        if range_path is not None and Path(range_path).parent.resolve() != path.parent.resolve():
+            raise ValueError(f"the validated range {range_path} must sit beside the calibration {path} (one set)")
+        writers[range_name] = lambda tmp: validated_range.save(tmp, weights)
+    depends = {"validated_range.json": path.name}
+    return publish_artifacts(path.parent, weights, writers, settings, depends)
+
+
+def calibration_set(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ArtifactSet:
+    """The checked set (``calib_monai.bundle.manifest.read_artifact_set``) of the folder of the calibration
+    ``path`` (``calibration.pt`` or its folder; ``none``: the network's own probabilities, asked for)."""
+    if is_raw_request(path):
+        folder = Path(weights).parent if weights is not None else Path(".")
+        return read_artifact_set(folder, weights, raw=True)
+    path = Path(path)
+    return read_artifact_set(path if path.is_dir() else path.parent, weights)
+
+
+def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> nn.Module | None:
+    """The calibration module stored at ``path``, or None when there is none (or ``path`` is ``none``).
+
+    A ``calibration.pt`` is read as a member of its folder's set (:func:`calibration_set`): when the folder's
+    ``manifest.json`` lists other files than are there (deleted, replaced, from another run, half-published), an
+    ``ArtifactSetError`` names them and the fix. Without a manifest (a folder written before it existed), with
+    ``weights`` (the network's weights file), a calibration fitted for other weights is not applied: a warning says
+    so and None is returned."""
+    if is_raw_request(path):
+        return None
     path = Path(path)
     if path.is_dir():
         path = path / CALIBRATION_FILE
+    if path.name == CALIBRATION_FILE:
+        artifacts = calibration_set(path, weights)
+        if artifacts.manifest is not None and artifacts.calibration is None:
+            return None  # the published set has no recalibration
     if not path.is_file():
         return None
     fix = "delete it and run the bundle's calibrate step again"
@@ -141,12 +216,16 @@ class CalibrateLogitsd(MapTransform):
 
     Args:
         keys: the logits ``(C, *spatial)`` (``"pred"``).
-        calibration: a calibration module, a ``calibration.pt`` path (or its folder) or None (nothing to apply).
+        calibration: a calibration module, a ``calibration.pt`` path (or its folder), checked with its set
+            (:func:`load_calibration`), or ``"none"`` / None: no recalibration (the validated range is then not
+            applied either: :data:`NOT_APPLICABLE`).
         weights: the network's weights file, to check that a stored calibration was fitted for them.
         image_key: the image, for local temperature scaling.
         uncalibrated_key: where to put ``softmax`` of the logits as they came (the evaluation's "before" numbers);
             None keeps nothing.
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
+        source_key: where each item gets the source of its outputs (weights, recalibration and validated range,
+            SHA-256s: ``ArtifactSet.source``), for the files that record it; None with a module given.
     """
 
     def __init__(
@@ -158,12 +237,21 @@ class CalibrateLogitsd(MapTransform):
         uncalibrated_key: str | None = None,
         spatial_dim: int = 2,
         allow_missing_keys: bool = False,
+        source_key: str = SOURCE_KEY,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
-        if isinstance(calibration, (str, os.PathLike)):
-            calibration = load_calibration(calibration, weights)
+        self.source = None
+        if is_raw_request(calibration) or isinstance(calibration, (str, os.PathLike)):
+            raw = is_raw_request(calibration)
+            artifacts = None if raw and weights is None else calibration_set(calibration, weights)
+            calibration = None if raw else load_calibration(calibration, weights)
+            if artifacts is not None:
+                if calibration is None:  # none asked for, none stored, or (no manifest) one for other weights
+                    artifacts.calibration = artifacts.validated_range = None
+                self.source = artifacts.source()
         self.calibration = calibration
         self.image_key, self.uncalibrated_key, self.spatial_dim = image_key, uncalibrated_key, spatial_dim
+        self.source_key = source_key
         if calibration is not None:
             logger.info(f"logits calibrated with {calibration}")
 
@@ -177,4 +265,6 @@ class CalibrateLogitsd(MapTransform):
                 with torch.no_grad():
                     module = self.calibration.to(logits.device)
                     d[key] = calibrate_volume(module, logits, d.get(self.image_key), self.spatial_dim)
+        if self.source is not None and self.source_key:
+            d[self.source_key] = dict(self.source)
         return d

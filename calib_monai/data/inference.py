@@ -6,6 +6,7 @@ import os
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
@@ -13,13 +14,25 @@ from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
 from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveImaged
 
-from calib_monai.bundle.outputs import OUTPUT_POSTFIXES, OutputWriter, output_case, write_case_quality
+from calib_monai.bundle.manifest import NOT_APPLICABLE
+from calib_monai.bundle.outputs import (
+    OUTPUT_POSTFIXES,
+    SOURCE_META,
+    OutputWriter,
+    check_output_folder,
+    output_case,
+    source_descrip,
+    write_case_quality,
+    write_durably,
+)
 from calib_monai.data.layouts import NIFTI_SUFFIXES
 
 __all__ = [
     "CaseNamed",
     "ConfidenceAndSegmentationd",
+    "CheckOutputFolderd",
     "GridNibabelWriter",
+    "RecordSourced",
     "SaveCaseQualityd",
     "image_datalist",
     "inference_preprocessing",
@@ -27,6 +40,7 @@ __all__ = [
     "segmentation_and_confidence",
 ]
 
+SOURCE_KEY = "calib_monai_source"  # as calib_monai.calibration.stored.SOURCE_KEY (CalibrateLogitsd puts it there)
 IMAGE_FOLDERS = ("imagesTs", "imagesTr", "images", "TestImg", "TrainingImg", "ValidationImg")
 
 
@@ -156,7 +170,33 @@ def case_name_formatter(metadict: dict, saver) -> dict:
 class GridNibabelWriter(NibabelWriter):
     """``NibabelWriter`` that writes the data as it is on its grid when no resampling is asked for (``SaveImaged``
     with ``resample=False``): MONAI's writer resamples anyway (an identity), and that fails for 2D images such as
-    the BUSI PNGs once the depth-1 axis is squeezed (the squeezed MetaTensor's spatial rank drops to 1)."""
+    the BUSI PNGs once the depth-1 axis is squeezed (the squeezed MetaTensor's spatial rank drops to 1).
+
+    Each file reaches its name complete or not at all (``write_durably``: a temporary name in the same folder,
+    fsync, ``os.replace``; MONAI's writer saves straight to the name, so a killed run could leave a truncated
+    ``.nii.gz``), and the image's source (``SOURCE_META``, from :class:`RecordSourced`) goes into the header's
+    ``descrip`` (``calib_monai w=<weights> c=<calibration> r=<range>``, short SHA-256s)."""
+
+    def set_metadata(self, meta_dict=None, resample: bool = True, **options):
+        self.descrip = source_descrip((meta_dict or {}).get(SOURCE_META))
+        return super().set_metadata(meta_dict, resample, **options)
+
+    def write(self, filename, verbose: bool = False, **obj_kwargs):
+        import nibabel as nib
+        from monai.data.utils import to_affine_nd
+        from monai.utils import convert_data_type
+
+        self.data_obj = self.create_backend_obj(
+            self.data_obj, affine=self.affine, dtype=self.output_dtype, **obj_kwargs
+        )
+        if self.affine is None:
+            self.affine = np.eye(4)
+        affine = to_affine_nd(r=3, affine=convert_data_type(self.affine, np.ndarray)[0])
+        self.data_obj.set_sform(affine, code=1)
+        self.data_obj.set_qform(affine, code=1)
+        if getattr(self, "descrip", ""):
+            self.data_obj.header["descrip"] = self.descrip.encode()[:79]
+        write_durably(filename, lambda tmp: nib.save(self.data_obj, tmp))
 
     @classmethod
     def resample_if_needed(cls, data_array, affine=None, target_affine=None, output_spatial_shape=None, **kwargs):
@@ -169,6 +209,52 @@ class GridNibabelWriter(NibabelWriter):
         return super().resample_if_needed(
             data_array, affine=affine, target_affine=target_affine, output_spatial_shape=output_spatial_shape, **kwargs
         )
+
+
+class RecordSourced(MapTransform):
+    """Put the item's source (``source_key``: the weights, recalibration and validated range SHA-256s that
+    ``CalibrateLogitsd`` records) into the case quality (``quality["source"]``) and the meta data of the output
+    images ``keys`` (``SOURCE_META``, which the writer puts into the NIfTI header). Without a recalibration a stored
+    validated range (measured on recalibrated probabilities) is not applicable: the review flag is null with the
+    reason ``NOT_APPLICABLE``, whatever ``CaseQualityd`` made of the range."""
+
+    def __init__(self, keys: KeysCollection, quality_key: str = "quality", source_key: str = SOURCE_KEY) -> None:
+        super().__init__(keys, allow_missing_keys=True)
+        self.quality_key, self.source_key = quality_key, source_key
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        source = d.get(self.source_key)
+        if not source:
+            return d
+        quality = d.get(self.quality_key)
+        if isinstance(quality, Mapping):
+            quality = {**quality, "source": dict(source)}
+            if source.get("validated_range") == NOT_APPLICABLE:
+                quality["review"] = {"flag": None, "reasons": [NOT_APPLICABLE]}
+            d[self.quality_key] = quality
+        for key in self.key_iterator(d):
+            if isinstance(d[key], MetaTensor):
+                d[key].meta = {**d[key].meta, SOURCE_META: dict(source)}
+        return d
+
+
+class CheckOutputFolderd(MapTransform, OutputWriter):
+    """Before anything is written: refuse an ``output_dir`` whose ``quality.csv`` holds another source's results
+    (:func:`calib_monai.bundle.outputs.check_output_folder`); checked once per source."""
+
+    def __init__(self, output_dir: str | os.PathLike, source_key: str = SOURCE_KEY) -> None:
+        super().__init__(source_key, allow_missing_keys=True)
+        self.output_dir, self.source_key = output_dir, source_key
+        self._checked: set[str] = set()
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        source = data.get(self.source_key) or {}
+        stamp = repr(sorted(source.items()))
+        if stamp not in self._checked:
+            check_output_folder(self.output_dir, source)
+            self._checked.add(stamp)
+        return dict(data)
 
 
 class SaveCaseQualityd(MapTransform, OutputWriter):
@@ -220,6 +306,8 @@ def segmentation_and_confidence(
             ConfidenceAndSegmentationd("pred"),
             Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
             CaseNamed(keys),
+            RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
+            CheckOutputFolderd(output_dir),
             SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
             SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
             *saved,

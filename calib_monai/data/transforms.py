@@ -20,6 +20,7 @@ __all__ = [
     "CropAroundForegroundd",
     "ValidateSegmentationd",
     "case_filename",
+    "check_image_values",
     "unwrap_case_error",
 ]
 
@@ -53,16 +54,60 @@ def case_filename(data: Mapping[Hashable, object], key: Hashable) -> str:
     return str(value) if isinstance(value, str) else f"<{key}>"
 
 
+def _spatial_shape(image) -> tuple[int, ...]:
+    meta = getattr(image, "meta", None)
+    shape = meta.get("spatial_shape") if isinstance(meta, Mapping) else None
+    return tuple(int(v) for v in (shape if shape is not None else image.shape))
+
+
+def check_image_values(image, filename: str) -> None:
+    """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (the
+    network's output, and every confidence, would be NaN) or one value everywhere (an empty export, a 1-voxel
+    image: nothing to segment, and the scaling to [0, 1] divides by zero)."""
+    values = _plain(image).detach()
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise CaseDataError(
+            f"image {filename} has {bad} NaN/Inf voxel(s) of {values.numel()}: it cannot be segmented (every "
+            "probability would be NaN); replace them (e.g. by the background intensity) or remove the case"
+        )
+    low, high = torch.aminmax(values)
+    if bool(low == high):
+        size = "x".join(str(v) for v in _spatial_shape(image))
+        raise CaseDataError(
+            f"image {filename} is constant (every voxel of its {size} grid is {float(low):g}): there is nothing to "
+            "segment; check the file (an empty or failed export?) or remove the case"
+        )
+
+
 class CheckedLoadImaged(MapTransform):
     """``monai.transforms.LoadImaged`` per key, re-raising any reader failure as a ValueError that names the file.
 
     Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
-    worker, with no hint of which of hundreds of cases is broken.
+    worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
+    each a ``CaseDataError`` naming the file: 3D (a 2D image reached the 2D inferer as a bad shape), finite and not
+    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps).
     """
 
-    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False, **load_kwargs):
+    def __init__(
+        self, keys: KeysCollection, allow_missing_keys: bool = False, image_key: str | None = "image", **load_kwargs
+    ):
         super().__init__(keys, allow_missing_keys)
+        self.image_key = image_key
         self.loaders = {key: LoadImaged(key, allow_missing_keys=allow_missing_keys, **load_kwargs) for key in self.keys}
+
+    def _check_image(self, d: Mapping[Hashable, object], source: object) -> None:
+        image = d[self.image_key]
+        filename = case_filename(d, self.image_key)
+        filename = filename if not filename.startswith("<") else str(source)
+        spatial = _spatial_shape(image)
+        if len(spatial) < 3:
+            raise CaseDataError(
+                f"image {filename} is {len(spatial)}D (shape {tuple(spatial)}), but this bundle segments 3D volumes "
+                "(x, y, z): pass the 3D volume (one file per case, or a 4D file with channels last)"
+            )
+        check_image_values(image, filename)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
@@ -74,6 +119,8 @@ class CheckedLoadImaged(MapTransform):
                     f"cannot read {key} file {d[key]} ({type(err).__name__}: {err}); the file is truncated or not "
                     "NIfTI: re-download or re-convert it, or remove the case"
                 ) from err
+            if key == self.image_key:
+                self._check_image(d, data[key])
         return d
 
 

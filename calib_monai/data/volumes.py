@@ -23,6 +23,7 @@ from monai.data import CacheDataset, MetaTensor
 from monai.transforms import Compose
 from torch.utils.data import Dataset, Subset
 
+from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases
@@ -169,7 +170,7 @@ class VolumeSegmentationData:
     ) -> None:
         if not output_dir:
             raise ValueError("output_dir must name the run's output folder (the datalist.json of the split goes there)")
-        self.output_dir = Path(output_dir).expanduser()
+        self.output_dir = check_folder(Path(output_dir).expanduser(), "output_dir")  # not a file, nor under one
         self.roi_size = tuple(int(r) for r in roi_size)
         if len(self.roi_size) != 3 or any(r == 0 or r < -1 for r in self.roi_size):
             raise ValueError(f"roi_size must be three positive sizes (or -1 to keep an axis), got {tuple(roi_size)}")

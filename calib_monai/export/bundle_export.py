@@ -214,8 +214,11 @@ def export_bundle(
     extra = {"metadata.json": meta.read_text() if meta.exists() else "{}"}
 
     # the calibrate step's calibration, when it was fitted for these weights: the confidence is then calibrated
+    # (read as a member of the weights' checked set: a mixed models/ folder is an error naming its files)
     calibration = load_calibration(bundle.weights.parent / CALIBRATION_FILE, bundle.weights)
     info["calibration"] = repr(calibration) if calibration is not None else None
+    source = bundle.artifacts.source() if bundle.artifacts is not None else {}
+    info["source"] = {**source, "calibration_sha256": source.get("calibration_sha256") if calibration else None}
     wrapper = SegmentationWithConfidence(network, spatial_dim, calibration).eval()
     # a traced network is wrapped as is; the wrapper's own forward is always scripted (shape-generic)
     ts = torch.jit.script(SegmentationWithConfidence(scripted, spatial_dim, calibration).eval() if traced else wrapper)

@@ -15,7 +15,12 @@ NIfTI files in the input geometry, named by ``calib_monai.bundle.outputs``) or a
       same JSON beside them, and in the ``.seg.nrrd`` the case score and review flag as custom header fields
       (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``) and each structure's
       estimated DSC and expected volume as tags of its segment (``calib_monai.est_dice``, ``calib_monai.volume_ml``),
-      which Slicer shows in the segment's properties.
+      which Slicer shows in the segment's properties; and in both NRRD headers the source the inference recorded
+      (``calib_monai_weights_sha256``, ``calib_monai_calibration_sha256``, ``calib_monai_validated_range_sha256``).
+
+Every file reaches its name complete or not at all (a temporary name in the folder, fsync, ``os.replace``). An input
+that cannot be read (a ``.nii.gz`` cut off by a killed run) is an error naming it; a case whose segmentation,
+confidence and quality record different sources (two models' outputs in one folder) is refused.
 
 Geometry: NIfTI affines map voxel indices to RAS (x to the Right, y Anterior, z Superior); Slicer writes NRRD files in
 ``left-posterior-superior`` space, which is RAS with x and y negated. So the NRRD ``space directions`` (one vector
@@ -34,11 +39,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
+from calib_monai.bundle.outputs import write_durably
+
+from .slicer_inputs import ArrayOrPath, check_same_source, load_volume, reference_geometry, spatial_volume
 
 __all__ = [
     "LOW_CONFIDENCE_SEGMENT_ID",
@@ -86,8 +94,6 @@ SEGMENT_PALETTE: tuple[tuple[float, float, float], ...] = (
 _RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0])
 _NRRD_SPACE = "left-posterior-superior"
 
-ArrayOrPath = Union[str, os.PathLike, np.ndarray, Any]  # a path, an array, or a nibabel image
-
 
 @dataclass(frozen=True)
 class SlicerFiles:
@@ -134,53 +140,6 @@ def _label_names(label_names: Mapping | Sequence[str] | None) -> dict[int, str]:
     if isinstance(label_names, (str, bytes)):
         raise TypeError("label_names must be a mapping {label value: name} or a sequence of names, not a string")
     return {i: str(name) for i, name in enumerate(label_names)}
-
-
-def _load(volume: ArrayOrPath, what: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(array, affine or None) of a path (read with nibabel), a nibabel image or an array."""
-    if isinstance(volume, (str, os.PathLike)):
-        import nibabel as nib
-
-        volume = nib.load(os.fspath(volume))
-    if hasattr(volume, "affine") and hasattr(volume, "dataobj"):  # nibabel image
-        return np.asanyarray(volume.dataobj), np.asarray(volume.affine, dtype=np.float64)
-    if hasattr(volume, "detach"):  # a torch tensor (MetaTensor included): no torch import here
-        volume = volume.detach().cpu().numpy()
-    array = np.asarray(volume)
-    if array.dtype == object:
-        raise TypeError(f"{what}: expected a file path, a nibabel image or an array, got {type(volume).__name__}")
-    return array, None
-
-
-def _spatial(array: np.ndarray, what: str) -> np.ndarray:
-    """The 3D (i, j, k) array: singleton channel axes dropped (trailing first, then a leading one), 2D -> depth 1."""
-    while array.ndim > 3 and array.shape[-1] == 1:
-        array = array[..., 0]
-    if array.ndim == 4 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim == 2:
-        array = array[..., None]
-    if array.ndim != 3:
-        raise ValueError(f"{what}: expected a 2D or 3D volume (optionally with a singleton channel), got {array.shape}")
-    return array
-
-
-def _reference(reference_image: ArrayOrPath | None) -> tuple[np.ndarray | None, tuple[int, ...] | None]:
-    """(affine, spatial shape or None) of the reference: a path, a nibabel image, or a 4x4 affine."""
-    if reference_image is None:
-        return None, None
-    if isinstance(reference_image, (str, os.PathLike)) or hasattr(reference_image, "affine"):
-        if isinstance(reference_image, (str, os.PathLike)):
-            import nibabel as nib
-
-            reference_image = nib.load(os.fspath(reference_image))
-        shape = tuple(int(s) for s in reference_image.shape)[:3]  # NIfTI: spatial axes first (then time/channels)
-        shape = shape + (1,) * (3 - len(shape))  # a 2D image is one slice deep
-        return np.asarray(reference_image.affine, dtype=np.float64), shape
-    affine = np.asarray(reference_image, dtype=np.float64)
-    if affine.shape != (4, 4):
-        raise ValueError(f"reference_image: expected a path, a nibabel image or a 4x4 affine, got {affine.shape}")
-    return affine, None
 
 
 def _extent(shape: Sequence[int]) -> str:
@@ -233,10 +192,10 @@ def write_slicer_files(
         The paths written.
     """
     nrrd = _nrrd()
-    seg, seg_affine = _load(segmentation, "segmentation")
-    conf, conf_affine = _load(confidence, "confidence")
-    seg, conf = _spatial(seg, "segmentation"), _spatial(conf, "confidence")
-    affine, ref_shape = _reference(reference_image)
+    seg, seg_affine = load_volume(segmentation, "segmentation")
+    conf, conf_affine = load_volume(confidence, "confidence")
+    seg, conf = spatial_volume(seg, "segmentation"), spatial_volume(conf, "confidence")
+    affine, ref_shape = reference_geometry(reference_image)
     if affine is None:
         if seg_affine is None:
             raise ValueError("reference_image is None and segmentation has no affine: pass a reference image or affine")
@@ -289,6 +248,7 @@ def write_slicer_files(
     }
     if quality is not None:
         header.update(_quality_fields(quality))
+        header.update(_source_fields(quality.get("source")))
     per_class = (quality or {}).get("classes", {})
     segments = [
         (
@@ -332,7 +292,7 @@ def write_slicer_files(
     output_dir.mkdir(parents=True, exist_ok=True)
     seg_path = output_dir / f"{case}.seg.nrrd"
     conf_path = output_dir / f"{case}_confidence.nrrd"
-    nrrd.write(os.fspath(seg_path), layers, header, index_order="F")
+    write_durably(seg_path, lambda tmp: nrrd.write(tmp, layers, header, index_order="F"))
     conf_header = {
         "space": _NRRD_SPACE,
         "kinds": ["domain", "domain", "domain"],
@@ -340,11 +300,13 @@ def write_slicer_files(
         "space origin": origin,
         "encoding": "gzip",
     }
-    nrrd.write(os.fspath(conf_path), conf32, conf_header, index_order="F")
+    conf_header.update(_source_fields((quality or {}).get("source")))
+    write_durably(conf_path, lambda tmp: nrrd.write(tmp, conf32, conf_header, index_order="F"))
     written = None
     if quality is not None:
         written = quality_path(output_dir, case)
-        written.write_text(json.dumps({"case": case, **quality}, indent=2) + "\n")
+        text = json.dumps({"case": case, **quality}, indent=2) + "\n"
+        write_durably(written, lambda tmp: Path(tmp).write_text(text))
     return SlicerFiles(segmentation=seg_path, confidence=conf_path, quality=written)
 
 
@@ -357,6 +319,14 @@ def _quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
         "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
         "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-",
     }
+
+
+def _source_fields(source: Mapping[str, Any] | None) -> dict[str, str]:
+    """The outputs' source (weights, recalibration, validated range: full SHA-256s) as custom NRRD header fields."""
+    if not source:
+        return {}
+    keys = ("weights_sha256", "calibration_sha256", "validated_range_sha256")
+    return {f"calib_monai_{key}": str(source.get(key) or "none") for key in keys}
 
 
 def _quality_tags(entry: Mapping[str, Any]) -> str:
@@ -389,9 +359,16 @@ def slicer_files_from_inference(
             "(python -m monai.bundle run inferring --config_file <bundle>/configs/inference.json --dataset_dir "
             f"<image or folder>), or pass --inference_dir where it wrote {case}_seg.nii.gz"
         )
-    quality = json.loads(stored.read_text()) if stored.is_file() else None
+    try:
+        quality = json.loads(stored.read_text()) if stored.is_file() else None
+    except ValueError as err:
+        raise ValueError(
+            f"{stored} cannot be read as JSON ({err}): the file is cut off or damaged; run the bundle's inferring "
+            "step on the image again, or delete it"
+        ) from err
     if quality is not None:
         quality.pop("case", None)
+    check_same_source({"segmentation": Path(seg_path), "confidence": Path(conf_path)}, quality)
     return write_slicer_files(
         seg_path,
         conf_path,

@@ -12,7 +12,8 @@ __all__ = ["SegmentationCalibration"]
 
 
 class SegmentationCalibration(IgniteMetricHandler):
-    """Calibration error (ECE, CECE, TACE, ACE, NLL or Brier) of segmentation outputs over an evaluation epoch.
+    """Calibration error (ECE, CECE, TACE, ACE, mL1-ACE, NLL, Brier, ``cece_all`` or ``ml1ace_gt``) of segmentation
+    outputs over an evaluation epoch.
 
     Wraps :class:`calib_monai.metrics.SegmentationCalibrationMetric` like ``monai.handlers.MeanDice`` wraps
     ``DiceMetric``. Bundle config (evaluator output ``"pred"``: probabilities after softmax, ``"label"``: integer
@@ -33,7 +34,8 @@ class SegmentationCalibration(IgniteMetricHandler):
     ``ValueError``; a volume without foreground voxels is NaN, with a ``UserWarning``, and left out of the mean.
 
     Args:
-        metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class.
+        metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class (None: the
+            metric's definition, e.g. ``"ml1ace"``: 20 bins over every voxel, background excluded).
         output_transform: extracts ``(y_pred, y)`` from ``engine.state.output``.
         save_details: store the metric buffer ``[per-volume values (N, 1), per-volume statistics (N, S)]`` in
             ``engine.state.metric_details[name]``.
@@ -42,10 +44,10 @@ class SegmentationCalibration(IgniteMetricHandler):
     def __init__(
         self,
         metric_name: str = "ece",
-        num_bins: int = 15,
-        foreground: str = "gt",
+        num_bins: int | None = None,
+        foreground: str | None = None,
         reduction: str = "mean",
-        include_background: bool = True,
+        include_background: bool | None = None,
         threshold: float = 1e-3,
         output_transform: Callable = lambda x: x,
         save_details: bool = True,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +15,120 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
-from calib_monai.atomic import save_atomically
+from calib_monai.atomic import ensure_folder, save_atomically, write_error
 from calib_monai.bundle import load_network_weights, read_weights_file, unwrap_network, weights_state_dict
+from calib_monai.bundle.errors import on_error_exit
+from calib_monai.bundle.runtime import resume_changes_allowed, run_settings, settings_differences
 
 from .rng import capture_rng_state, restore_rng_state
 
-__all__ = ["TrainingCheckpoint"]
+__all__ = ["OutputFolderLock", "TrainingCheckpoint"]
+_HELD: dict[str, OutputFolderLock] = {}  # the locks this process holds, by folder
 
 
-def _upgrade(checkpoint: dict[str, Any], extra: dict[str, Any]) -> None:
-    """A checkpoint written when one handler kept the best value and the history (top-level ``best_metric``... and a
-    ``history`` list) in the layout of the ``selection`` and ``history`` handlers, so that it still resumes."""
-    if "selection" in extra and "selection" not in checkpoint and "best_metric" in checkpoint:
-        keys = ("best_metric", "best_metric_epoch", "best_within_bounds")
-        checkpoint["selection"] = {k: checkpoint[k] for k in keys if k in checkpoint}
-    if "history" in extra and isinstance(checkpoint.get("history"), list):
-        checkpoint["history"] = {"history": checkpoint["history"]}
+def _alive(pid: int) -> bool:
+    if pid <= 0:  # no pid recorded (0 would signal our own process group)
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class OutputFolderLock:
+    """``<folder>/training.lock``: one training per output folder. The file names its holder (pid, host, start
+    time); the lock itself is ``fcntl.flock`` on it, which the system drops when the holder dies however it ends
+    (SIGKILL too), so a stale file left by a killed run is taken over with a log line. Where ``flock`` is not
+    supported, a holder on this host whose pid is gone counts as stale."""
+
+    def __init__(self, folder: str | os.PathLike, logger: logging.Logger | None = None) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / "training.lock"
+        self.logger = logger or logging.getLogger("calib_monai")
+        self._fd: int | None = None
+
+    @staticmethod
+    def _holder(text: str) -> dict[str, Any]:
+        try:
+            holder = json.loads(text)
+        except ValueError:
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    def _describe(self, holder: dict[str, Any]) -> str:
+        return (
+            f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {holder.get('started', '?')}"
+            if holder
+            else "a process that left no details"
+        )
+
+    def _busy(self, holder: dict[str, Any]) -> RuntimeError:
+        return RuntimeError(
+            f"output folder {self.folder} is in use by another training ({self._describe(holder)}; lock "
+            f"{self.path}): two trainings in one folder overwrite each other's checkpoint; wait for it to end, or "
+            "give this run another --output_dir"
+        )
+
+    def acquire(self) -> None:
+        """Take the lock, or raise a ``RuntimeError`` naming the training that holds it."""
+        import fcntl
+
+        key = str(self.folder.resolve())
+        if key in _HELD:  # left held by an earlier run of this process that ended with an exception
+            _HELD[key].release()
+        ensure_folder(self.folder)
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as err:  # a read-only folder: the line says so
+                raise write_error(self.path, err) from err
+            holder = self._holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._busy(holder) from None
+            except OSError:  # no flock on this file system: the pid decides
+                same_host = holder.get("host") == socket.gethostname()
+                if holder and (not same_host or _alive(int(holder.get("pid", 0)))) and holder.get("pid") != os.getpid():
+                    os.close(fd)
+                    raise self._busy(holder) from None
+            try:  # the holder before us may have removed the file after we opened it: lock the one in place
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        if holder:
+            self.logger.warning(
+                f"taking over {self.path}: the training that held it ({self._describe(holder)}) no longer runs"
+            )
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        self._fd = fd
+        _HELD[key] = self
+        on_error_exit(f"lock {key}", self.release)  # a run ended by an error line leaves no lock file
+
+    def release(self, *_: Any) -> None:
+        """Give the lock back (removes the file); again: nothing."""
+        if self._fd is None:
+            return
+        import fcntl
+
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        _HELD.pop(str(self.folder.resolve()), None)
+        on_error_exit(f"lock {self.folder.resolve()}", None)
 
 
 class TrainingCheckpoint:
@@ -42,6 +143,14 @@ class TrainingCheckpoint:
     that was never stopped (same machine and settings; ``tests/test_resume_exact.py``). ``resume=False`` ignores (and
     later overwrites) it. A file that cannot be read (cut off, of another network) is an error naming it and the fix
     (delete it to start over); it is read with ``weights_only=True``.
+
+    The file also holds the run's settings (``settings``, default: those ``check_settings`` recorded: the learning
+    rate, batch size, loss, ROI, selection rule, every other command-line override but paths; ``epochs`` may
+    change). A resumed run whose settings differ is an error listing each ``key: checkpoint value -> command
+    value`` (the optimizer state would otherwise keep the checkpoint's learning rate without a word), unless
+    ``resume_changes="allow"`` (``--resume_changes allow``): the run then continues with the command's settings
+    (a new learning rate rescales the optimizer's and the scheduler's). While it trains, rank 0 holds
+    :class:`OutputFolderLock` on ``save_dir``: a second training into the same folder is an error naming the first.
 
     Attach it after the handlers whose state it saves (bundle configs list it after them). A DDP network is unwrapped:
     the file holds the plain network's keys, so a multi-GPU run resumes on one GPU and vice versa (``module.``-prefixed
@@ -60,6 +169,9 @@ class TrainingCheckpoint:
         extra: more objects with ``state_dict`` / ``load_state_dict``, e.g. ``{"loss": crac_loss, "selection": ...}``.
         latest_filename: the file's name.
         resume: load the file at start when it exists.
+        settings: the settings to store and compare on resume (default: ``calib_monai.bundle.runtime.run_settings``).
+        resume_changes: ``"allow"`` resumes with other settings; default ``"refuse"`` (or ``--resume_changes``).
+        lock: hold the output folder's lock while training.
     """
 
     def __init__(
@@ -72,18 +184,78 @@ class TrainingCheckpoint:
         latest_filename: str = "checkpoint_latest.pt",
         resume: bool = True,
         logger_name: str = "calib_monai",
+        settings: dict[str, Any] | None = None,
+        resume_changes: str | None = None,
+        lock: bool = True,
     ) -> None:
+        if resume_changes not in (None, "allow", "refuse"):
+            raise ValueError(f"resume_changes must be 'allow' or 'refuse', got {resume_changes!r}")
         self.latest_path = Path(save_dir) / latest_filename
         self.network, self.optimizer, self.lr_scheduler = network, optimizer, lr_scheduler
         self.extra = dict(extra or {})
         self.resume = resume
         self.logger = logging.getLogger(logger_name)
         self._trainer: Engine | None = None
+        self.settings, self.resume_changes = settings, resume_changes
+        self._pending_lr: tuple[Any, Any] = (None, None)  # (command, checkpoint) learning rates of an allowed change
+        self.lock = OutputFolderLock(save_dir, self.logger) if lock else None
 
     def attach(self, engine: Engine) -> None:
         self._trainer = engine
-        engine.add_event_handler(Events.STARTED, self.load_latest)
+        engine.add_event_handler(Events.STARTED, self.start)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+        if self.lock is not None:
+            engine.add_event_handler(Events.COMPLETED, self.lock.release)
+            engine.add_event_handler(Events.TERMINATE, self.lock.release)
+
+    def start(self, engine: Engine) -> None:
+        """Take the output folder's lock (DDP rank 0), then resume from the file when it exists."""
+        if self.lock is not None and idist.get_rank() == 0:
+            self.lock.acquire()
+        self.load_latest(engine)
+
+    def _settings(self) -> dict[str, Any]:
+        return dict(run_settings() if self.settings is None else self.settings)
+
+    def _check_settings(self, checkpoint: dict[str, Any], fix: str) -> None:
+        """The checkpoint's settings against this run's: an error listing the differences, or (allowed) a log line
+        and the command's learning rate."""
+        recorded = checkpoint.get("settings")
+        if not isinstance(recorded, dict):
+            return  # written before the settings were stored
+        differences = settings_differences(recorded, self._settings())
+        if not differences:
+            return
+        listed = ", ".join(f"{k}: {json.dumps(old)} -> {json.dumps(new)}" for k, old, new in differences)
+        allowed = self.resume_changes == "allow" or (self.resume_changes is None and resume_changes_allowed())
+        if not allowed:
+            raise ValueError(
+                f"{self.latest_path} was trained with other settings than this command's ({listed}; checkpoint -> "
+                "command): resuming would go on with the checkpoint's optimizer state (its learning rate) without a "
+                "word; run the checkpoint's settings again, or pass --resume_changes allow to continue with the "
+                f"new ones, or {fix}"
+            )
+        self.logger.warning(f"resuming {self.latest_path} with changed settings (--resume_changes allow): {listed}")
+        self._pending_lr = (
+            next((new for k, old, new in differences if k == "lr"), None),
+            next((old for k, old, new in differences if k == "lr"), None),
+        )
+
+    def _apply_lr(self) -> None:
+        """After the optimizer state is loaded: the command's learning rate, at the same point of the schedule."""
+        new, old = self._pending_lr
+        self._pending_lr = (None, None)
+        if not isinstance(new, (int, float)) or not isinstance(old, (int, float)) or not old:
+            return
+        ratio = float(new) / float(old)
+        for group in self.optimizer.param_groups:
+            group["lr"] *= ratio
+            if "initial_lr" in group:
+                group["initial_lr"] *= ratio
+        scheduler = self.lr_scheduler
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+            scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _objects(self) -> dict[str, Any]:
         network = unwrap_network(self.network)  # plain keys, whatever the number of GPUs
@@ -103,19 +275,19 @@ class TrainingCheckpoint:
             "the new run replaces them), or put back the file of the stopped run"
         )
         checkpoint = read_weights_file(self.latest_path, what="a training checkpoint", fix=fix)
-        if isinstance(checkpoint, dict):
-            _upgrade(checkpoint, self.extra)
         objects = self._objects()
         missing = (
             [name for name in objects if name not in checkpoint] if isinstance(checkpoint, dict) else list(objects)
         )
         if missing:
             raise ValueError(f"{self.latest_path} is not a checkpoint of this training (it lacks {missing}): {fix}")
+        self._check_settings(checkpoint, fix)
         # a file written by an older multi-GPU run holds "module."-prefixed network keys
         load_network_weights(
             objects.pop("network"), weights_state_dict(checkpoint["network"]), name=f"{self.latest_path} (its network)"
         )
         Checkpoint.load_objects(to_load=objects, checkpoint=checkpoint)
+        self._apply_lr()
         if "rng" in checkpoint:
             restore_rng_state(checkpoint["rng"], engine.state.dataloader)
         else:
@@ -139,4 +311,5 @@ class TrainingCheckpoint:
             return
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state["rng"] = capture_rng_state(engine.state.dataloader)
+        state["settings"] = self._settings()
         save_atomically(state, self.latest_path)

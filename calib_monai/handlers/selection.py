@@ -28,6 +28,12 @@ def _nearest(name: str, known: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _check_mode(mode: Any) -> str:
+    if mode not in ("max", "min"):
+        raise ValueError(f"selection mode must be 'max' or 'min' (higher or lower is better), got {mode!r}.")
+    return str(mode)
+
+
 def check_selection_metric(metric_name: str, metrics: Any) -> None:
     """A ValueError naming ``metric_name`` when the validation does not compute it (``metrics``: its metric names)."""
     if metric_name not in metrics:
@@ -71,8 +77,7 @@ def select_epoch(
     Returns:
         the selected epoch, -1 when no epoch has a finite ``metric_name``.
     """
-    if mode not in ("max", "min"):
-        raise ValueError(f"selection mode must be 'max' or 'min', got {mode!r}")
+    _check_mode(mode)
     bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
     best, best_within, best_epoch = (-math.inf if mode == "max" else math.inf), False, -1
     for entry in history:
@@ -116,8 +121,7 @@ class ModelSelection:
         best_filename: str = "model.pt",
         logger_name: str = "calib_monai",
     ) -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"selection mode must be 'max' or 'min', got {mode!r}.")
+        _check_mode(mode)
         self.best_path = Path(save_dir) / best_filename
         self.network, self.evaluator = network, evaluator
         self.metric_name, self.mode = metric_name, mode

@@ -5,7 +5,8 @@
   imports by position, the i-th name after "background" for value i, so every value must be named),
   ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
   ``quality`` (the case quality: estimated DSC per structure and of the case, volumes with their 95% interval, and
-  ``review``: whether the case falls outside the model's validated range, with the reasons).
+  ``review``: whether the case falls outside the model's validated range, with the reasons) and ``source`` (the
+  SHA-256 of the weights, the recalibration and the validated range the answer comes from).
 - ``<bundle>_review`` (type ``segmentation``, so the stock Slicer module lists and shows it): for review in Slicer,
   each structure split into two segments, its confident part (``"liver"``, confidence >= ``uncertainty_threshold``,
   0.8 by default, a setting in Slicer's options) and its uncertain part (``"liver (uncertain)"``), uint8 values
@@ -70,6 +71,8 @@ class _BundleTask(InferTask):
             "confidence_summary": result.summary,
             "confidence_thresholds": list(CONFIDENCE_THRESHOLDS),
             "quality": result.quality,
+            # what the answer comes from: the weights, recalibration and validated range (full SHA-256s)
+            "source": result.source,
             "latencies": {"total": round(time.time() - start, 3)},
         }
         if self.keep == "confidence":

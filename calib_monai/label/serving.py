@@ -28,6 +28,7 @@ import torch
 from monai.data import MetaTensor
 
 from calib_monai.bundle import TrainedBundle
+from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
 
 __all__ = [
@@ -65,6 +66,7 @@ class Served:
     summary: dict = field(default_factory=dict)
     confidence_range: tuple[float, float, float] = (0.0, 0.0, 0.0)  # min, mean, max
     quality: dict | None = None  # case quality and review flag (calib_monai.calibration.CaseQualityd)
+    source: dict | None = None  # weights, recalibration and validated range it came from (SHA-256s)
 
 
 def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
@@ -156,24 +158,42 @@ class ServedBundle:
         self._last: tuple[tuple, Served] | None = None  # (image content key, its prediction)
 
     def _load(self) -> TrainedBundle:
+        """The bundle as its files are now; its set is checked when the network is built (the first request)."""
         self._stamp = self.files_stamp()
         return TrainedBundle(
             self.bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=self._device
         )
 
     def files_stamp(self) -> tuple:
-        """(name, size, mtime) of the files that decide the output: the weights, the calibration and the validated
-        range. A training that publishes new ones changes it, and the next request serves them (``_refresh``)."""
+        """(name, size, mtime) of the files that decide the output: the weights, the calibration, the validated
+        range and the manifest that publishes them as one set. A training that publishes new ones changes it, and
+        the next request serves them (``_refresh``)."""
         models = self.bundle_dir / "models"
-        names = ("model.pt", "model.ts", "calibration.pt", "validated_range.json")
+        names = ("model.pt", "model.ts", "calibration.pt", "validated_range.json", MANIFEST_FILE)
         return tuple((n, st.st_size, st.st_mtime_ns) for n in names if (st := _stat(models / n)) is not None)
 
     def _refresh(self) -> None:
-        """Rebuild the bundle (network, calibration, validated range) when its files changed since it was built."""
+        """Rebuild the bundle (network, calibration, validated range) when its files changed since it was built. A
+        new set that does not check out (``ArtifactSetError``) is not served: the set built before goes on serving,
+        with a warning, and the next request looks again."""
         if self.files_stamp() != self._stamp:
-            self.bundle = self._load()
+            stamp, bundle = self._stamp, self._load()
+            try:
+                bundle.artifacts  # noqa: B018 - checked before it replaces the one being served
+            except ArtifactSetError as err:
+                self._stamp = stamp
+                if not all(k in vars(self.bundle) for k in ("network", "_postprocessing_parts")):
+                    raise
+                logger.warning(f"{self.name}: the new files are not served ({err}); serving the set loaded before")
+                return
+            self.bundle = bundle
             self._last = None
             logger.info(f"{self.name}: new weights or calibration in {self.bundle_dir / 'models'}: serving them")
+
+    @property
+    def source(self) -> dict | None:
+        """The weights, recalibration and validated range the served outputs come from (SHA-256s)."""
+        return self.bundle.source
 
     @property
     def weights(self) -> Path | None:
@@ -245,7 +265,8 @@ class ServedBundle:
             seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
             summary = confidence_summary(seg_array, conf_array, self.label_names)
             stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
-            served = Served(segmentation, confidence, summary, stats, quality)
+            source = (quality or {}).get("source") or self.bundle.source
+            served = Served(segmentation, confidence, summary, stats, quality, source)
             self._last = (key, served)
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served

@@ -19,18 +19,17 @@ stall keeps a launch-bound training step from overlapping the next batch's launc
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 
 import torch
 
+from calib_monai.checks import check_option
+
 __all__ = [
     "VALUE_CHECK_MODES",
-    "as_plain_tensor",
-    "check_choice",
-    "check_number",
     "check_reduction",
+    "plain_tensor",
     "prepare_inputs",
     "reduce_per_voxel",
     "set_value_checks",
@@ -42,31 +41,25 @@ VALUE_CHECK_MODES = ("first", "always", "never")
 _value_checks = os.environ.get("CALIB_MONAI_VALUE_CHECKS", "first")
 
 
-def as_plain_tensor(x: torch.Tensor) -> torch.Tensor:
+def plain_tensor(x: torch.Tensor) -> torch.Tensor:
     """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept.
 
     Losses only need the values; dropping the subclass avoids MetaTensor's per-operation metadata bookkeeping.
+    (The metrics' :func:`calib_monai.metrics._inputs.detached_plain_tensor` also leaves the autograd graph.)
     """
     return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
-
-
-def check_choice(name: str, value: str, options: Sequence[str]) -> str:
-    """Return ``value`` if it is one of ``options``, else raise a ValueError naming both."""
-    if value not in options:
-        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}.")
-    return value
 
 
 def set_value_checks(mode: str) -> str:
     """Set when the losses check input *values* (see the module docstring); returns the previous mode."""
     global _value_checks
-    previous, _value_checks = _value_checks, check_choice("value checks mode", mode, VALUE_CHECK_MODES)
+    previous, _value_checks = _value_checks, check_option("value checks mode", mode, VALUE_CHECK_MODES)
     return previous
 
 
 def value_checks_due(owner: object | None, device: torch.device) -> bool:
     """Whether the loss ``owner`` checks values of tensors on ``device`` in this call (and records that it did)."""
-    mode = check_choice("CALIB_MONAI_VALUE_CHECKS", _value_checks, VALUE_CHECK_MODES)
+    mode = check_option("CALIB_MONAI_VALUE_CHECKS", _value_checks, VALUE_CHECK_MODES)
     if device.type == "meta" or mode == "never":
         return False
     if mode == "always" or device.type == "cpu" or owner is None:
@@ -79,43 +72,9 @@ def value_checks_due(owner: object | None, device: torch.device) -> bool:
     return True
 
 
-def check_number(
-    name: str,
-    value,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    hint: str = "",
-) -> float:
-    """``value`` as a float if it is a finite real number within ``[low, high]`` (``low_open``/``high_open``: the
-    bound itself excluded), else a ValueError naming ``name``, the range, the value and ``hint`` (what it means).
-
-    Loss constructors check their arguments here, so ``--loss#alpha -1`` (or NaN, or a string) fails when the bundle
-    builds the loss instead of training with a negative or NaN penalty."""
-    ranges = []
-    if low is not None:
-        ranges.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        ranges.append(f"{'<' if high_open else '<='} {high:g}")
-    wanted = f"{name} must be a finite number{' ' + ' and '.join(ranges) if ranges else ''}"
-    hint = f" ({hint})" if hint else ""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        and not (isinstance(value, torch.Tensor) and value.numel() == 1)
-    ):
-        raise ValueError(f"{wanted}{hint}, got {value!r} ({type(value).__name__}).")
-    number = float(value)
-    below = low is not None and (number <= low if low_open else number < low)
-    above = high is not None and (number >= high if high_open else number > high)
-    if not math.isfinite(number) or below or above:
-        raise ValueError(f"{wanted}{hint}, got {value!r}.")
-    return number
-
-
 def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
-    return check_choice("reduction", str(reduction), options)
+    """``reduction`` if it is one of ``options``, else ``"reduction must be one of ..."`` (a ValueError)."""
+    return check_option("reduction", str(reduction), options)
 
 
 def _check_logits(
@@ -123,7 +82,7 @@ def _check_logits(
 ) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor of shape (B, C, H, W[, D]), got {type(logits).__name__}.")
-    logits = as_plain_tensor(logits)
+    logits = plain_tensor(logits)
     if logits.ndim not in (4, 5):
         raise ValueError(
             f"logits must have shape (B, C, H, W) or (B, C, H, W, D) (4 or 5 dims), got shape {tuple(logits.shape)}."
@@ -166,7 +125,7 @@ def _check_logits(
 def _check_labels(labels: torch.Tensor, logits: torch.Tensor, check_values: bool) -> torch.Tensor:
     if not isinstance(labels, torch.Tensor):
         labels = torch.as_tensor(labels)
-    labels = as_plain_tensor(labels).detach()
+    labels = plain_tensor(labels).detach()
     batch, n_classes, *spatial = logits.shape
     expected = f"(B, 1, *spatial) = {(batch, 1, *spatial)} or (B, *spatial) = {(batch, *spatial)}"
     if labels.ndim == logits.ndim and labels.shape[0] == batch and labels.shape[1] == 1:

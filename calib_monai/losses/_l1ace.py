@@ -12,30 +12,20 @@ can follow), in the logits' dtype (float32 for float16 / bfloat16 logits).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, prepare_inputs
+from calib_monai.checks import check_number, check_option, check_positive_int
+from calib_monai.losses._inputs import prepare_inputs
 from calib_monai.losses.ce_dice import CEDiceLoss
-from calib_monai.metrics._inputs import check_num_bins
 
-__all__ = ["EMPTY_CLASSES", "L1ACELoss", "check_weight"]
+__all__ = ["EMPTY_CLASSES", "L1ACELoss"]
 
 #: What the calibration term does with a class absent from an image's labels (``L1ACELoss``'s ``empty_classes``).
 EMPTY_CLASSES = ("zero", "exclude", "include")
 
 # The Dice term of the paper's DiceCE (authors' bundle_templates/configs/loss/*_dice_ce.yaml, dice_params).
 PAPER_DICE = {"smooth_nr": 0.0, "smooth_dr": 1e-5, "squared_pred": True}
-
-
-def check_weight(name: str, value: object) -> float:
-    """``value`` as a float if it is a finite real number >= 0, else a ValueError naming ``name``, value and range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-    return float(value)
 
 
 class L1ACELoss(_Loss):
@@ -56,14 +46,14 @@ class L1ACELoss(_Loss):
         empty_classes: str = "zero",
     ) -> None:
         super().__init__()
-        self.num_bins = check_num_bins(num_bins)
-        self.lambda_ace = check_weight("lambda_ace", lambda_ace)
-        self.lambda_dice = check_weight("lambda_dice", lambda_dice)
-        self.lambda_ce = check_weight("lambda_ce", lambda_ce)
+        self.num_bins = check_positive_int("num_bins", num_bins)
+        self.lambda_ace = check_number("lambda_ace", lambda_ace, 0)
+        self.lambda_dice = check_number("lambda_dice", lambda_dice, 0)
+        self.lambda_ce = check_number("lambda_ce", lambda_ce, 0)
         if not (self.lambda_ace or self.lambda_dice or self.lambda_ce):
             raise ValueError("lambda_ace, lambda_dice and lambda_ce are all 0: at least one must be > 0.")
         self.include_background = bool(include_background)
-        self.empty_classes = check_choice("empty_classes", empty_classes, EMPTY_CLASSES)
+        self.empty_classes = check_option("empty_classes", empty_classes, EMPTY_CLASSES)
         self.segmentation = None
         if self.lambda_dice or self.lambda_ce:
             self.segmentation = CEDiceLoss(self.include_background, self.lambda_dice, self.lambda_ce, **PAPER_DICE)

@@ -6,7 +6,8 @@ import torch
 from monai.losses import DiceCELoss
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_number, check_reduction, prepare_inputs
+from calib_monai.checks import check_number
+from calib_monai.losses._inputs import check_reduction, prepare_inputs
 
 __all__ = ["CEDiceLoss"]
 
@@ -19,10 +20,16 @@ class CEDiceLoss(_Loss):
             + \\lambda_{Dice} \\, \\mathrm{mean}_{b, c}\\left(1 - \\frac{2 \\sum_n p_{bnc} y_{bnc} + s_{nr}}
             {\\sum_n p_{bnc} + \\sum_n y_{bnc} + s_{dr}}\\right)
 
-    with ``p = softmax(logits)``, ``y`` the one-hot labels, both weights 1 by default (Milletari et al., "V-Net",
-    3DV 2016 for the Dice term; used as the CE+DSC baseline of Murugesan et al., NACL, MICCAI 2023 / MedIA 2024).
-    The authors' code (``Bala93/MarginLoss``, ``calibrate/losses/dice.py``) keeps the background class in the Dice
-    term, hence ``include_background=True`` by default.
+    with ``p = softmax(logits)``, ``y`` the one-hot labels, both weights 1 by default; class 0 is in the Dice term by
+    default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan et al., NACL,
+    MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
+
+    >>> import torch
+    >>> logits = torch.zeros(1, 2, 1, 2)  # uniform: p = 1/2 everywhere
+    >>> labels = torch.tensor([[[0, 1]]])
+    >>> # CE = log 2; Dice of each class (2 * 1/2 + s) / (1 + 1 + s) ~ 1/2, so 1 - Dice = 1/2
+    >>> round(CEDiceLoss()(logits, labels).item(), 4)
+    1.1931
 
     Args:
         include_background: whether class 0 enters the Dice term (the CE term always covers every class).

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_number, prepare_inputs
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import prepare_inputs
 from calib_monai.losses.priors import boundary_mask, class_proportion_prior
 
 __all__ = ["CRaCLoss", "phr", "phr_derivative", "REGIONS", "PRESETS", "STATISTICS_ROWS"]
@@ -69,8 +68,7 @@ class CRaCLoss(_Loss):
     * region: "inner" if the patch holds a single class, else "boundary", decided exactly from the labels
       (window max != window min; :func:`~calib_monai.losses.priors.boundary_mask`);
     * ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
-      ``m = inner_margin``. ``m = 1`` (default) is the paper's Eq. 3/7; the authors' released configuration uses
-      ``m = 5``, i.e. it pulls inner logits towards 5 instead of 1;
+      ``m = inner_margin`` (1, the paper's Eq. 3/7);
     * constraint ``g_ik = h_ik - eps <= 0`` with ``eps = tolerance >= 0``.
 
     Loss (Eq. 7, averaged rather than summed so that it does not scale with image size):
@@ -88,7 +86,7 @@ class CRaCLoss(_Loss):
     ``g <= 0`` of Eq. 4 form; a pixel with ``|tau - l| < eps - lambda / rho`` sits on PHR's inactive branch
     (penalty ``-lambda^2 / (2 rho)``, no gradient, ``P' = 0``) and pulls lambda down in Eq. 8, a violated one
     pushes it up. ``eps = 0`` is exactly the paper's Eq. 7 (``g = h >= 0``: the quadratic branch, computed
-    directly as ``lambda h + rho h^2 / 2``, as before the tolerance existed).
+    directly as ``lambda h + rho h^2 / 2``).
 
     ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`) held fixed during an epoch;
     :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch on the validation set
@@ -97,17 +95,23 @@ class CRaCLoss(_Loss):
     works wherever the network runs without being moved itself. :meth:`preset` builds the named settings
     :data:`PRESETS` ("paper", "authors", "tolerance").
 
-    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
-    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
-    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+    Its raw probabilities overstate volumes: read volumes and the case score after recalibration. The authors' code
+    and the differences from it: ``docs/notes/losses.md``.
+
+    >>> import torch
+    >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
+    >>> loss = CRaCLoss(classes=2, lambda_init=0.0, rho_init=0.1)
+    >>> # inner pixels, tau = (1, 0): h = (1, 0); PHR(h) = 0 * h + 0.1 h^2 / 2, mean over pixels and classes 0.025
+    >>> round(loss(logits, labels).item(), 4)  # log 2 + 0.025
+    0.7181
 
     Args:
         classes: number of classes ``K``.
         dim: spatial dims of the logits (2 or 3); the patch is ``kernel_size^dim``.
         kernel_size: odd patch size (3, as in the paper).
         inner_margin: ``m`` above.
-        lambda_init: initial multipliers (1e-6, the authors' README).
-        rho_init: initial and minimum penalty parameter ``rho0`` (0.1, the authors' README; 1 in their code).
+        lambda_init: initial multipliers (1e-6).
+        rho_init: initial and minimum penalty parameter ``rho0`` (0.1).
         rho_max: largest ``rho`` (10).
         gamma: factor of a ``rho`` increase (1.2).
         tau_alm: a ``(k, r)`` whose mean ``h`` did not fall below ``tau_alm`` times its previous value gets a
@@ -116,13 +120,12 @@ class CRaCLoss(_Loss):
         multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (default:
             the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms),
             ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels; boundary multipliers
-            then shrink with the boundary's share of the image) or ``"all_padded"`` (the authors' code: the mean
-            over all pixels, where each pixel of the other region enters with constraint 0 and so adds
-            ``P'(0) = lambda``; a multiplier then moves only by its region's share of the image).
+            then shrink with the boundary's share of the image) or ``"all_padded"`` (the mean over all pixels, where
+            each pixel of the other region enters with constraint 0 and so adds ``P'(0) = lambda``; a multiplier then
+            moves only by its region's share of the image).
         tolerance: ``eps >= 0`` above (0: the paper).
         lambda_min, lambda_max: the new multipliers are clamped to ``[lambda_min, lambda_max]`` (1e-6, 1e6).
-        clamp_per_pixel: also clamp each pixel's ``P'`` to ``[lambda_min, lambda_max]`` before averaging, as
-            the authors' code does (False).
+        clamp_per_pixel: also clamp each pixel's ``P'`` to ``[lambda_min, lambda_max]`` before averaging (False).
     """
 
     def __init__(
@@ -175,8 +178,7 @@ class CRaCLoss(_Loss):
                 "need lambda_init >= 0, gamma >= 1, rho_interval >= 1; "
                 f"got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
             )
-        if not (math.isfinite(tolerance) and tolerance >= 0):
-            raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}.")
+        check_number("tolerance", tolerance, 0)
         if not 0 <= lambda_min <= lambda_max:
             raise ValueError(f"need 0 <= lambda_min <= lambda_max, got {lambda_min!r}, {lambda_max!r}.")
         self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
@@ -184,7 +186,7 @@ class CRaCLoss(_Loss):
         self.rho_init, self.rho_max, self.gamma = float(rho_init), float(rho_max), float(gamma)
         self.tau_alm = float(tau_alm)
         self.rho_interval = rho_interval
-        self.multiplier_average = check_choice(
+        self.multiplier_average = check_option(
             "multiplier_average", multiplier_average, ("region", "all", "all_padded")
         )
         self.tolerance = float(tolerance)
@@ -199,20 +201,20 @@ class CRaCLoss(_Loss):
     def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> CRaCLoss:
         """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
 
-        * ``"paper"``: Eq. 3/7/8/10 as written (today's defaults): ``inner_margin=1``, ``multiplier_average="region"``,
-          ``tolerance=0``, ``rho_init=0.1``. Every multiplier can only rise (see the class docstring).
-        * ``"authors"``: what github.com/Bala93/CRac (``aug_lagrangian_spatial_cls_bndry.py``) effectively does,
-          as far as our options express it: ``inner_margin=5``, ``multiplier_average="all_padded"``,
-          ``rho_init=1`` (their ``rho_min``), ``clamp_per_pixel=True`` with ``[1e-6, 1e6]``. Not reproduced: their
-          region rule (a floating-point sum that is 0 in exact arithmetic, so many mixed patches count as inner
-          and get the margin; we use the exact labels), their penalty mean over ``2K`` columns (half of ours) and
-          their strict ``>`` in the rho rule.
+        * ``"paper"``: Eq. 3/7/8/10 as written (the constructor's defaults): ``inner_margin=1``,
+          ``multiplier_average="region"``, ``tolerance=0``, ``rho_init=0.1``. Every multiplier can only rise (see
+          the class docstring).
+        * ``"authors"``: the authors' released code as far as these options express it: ``inner_margin=5``,
+          ``multiplier_average="all_padded"``, ``rho_init=1``, ``clamp_per_pixel=True`` (what is not reproduced:
+          ``docs/notes/losses.md``).
         * ``"tolerance"`` (the bundles' default): the inequality ``|tau - l| <= 2`` with ``rho_init=1`` and the
-          paper's other settings, so that multipliers can fall. ``eps`` and ``rho0`` were chosen by the ablation
-          (``python scripts/experiments.py crac_ablation``): the measurements are in ``docs/results`` (the
-          ``crac_ablation`` folders and ``docs/results/README.md``).
+          paper's other settings, so that multipliers can fall (``eps`` and ``rho0`` from the ablation in
+          ``docs/results``).
+
+        >>> CRaCLoss.preset("tolerance", classes=3).tolerance
+        2.0
         """
-        settings = dict(PRESETS[check_choice("preset", name, tuple(PRESETS))])
+        settings = dict(PRESETS[check_option("preset", name, tuple(PRESETS))])
         settings.update(overrides)
         return cls(classes=classes, dim=dim, **settings)
 

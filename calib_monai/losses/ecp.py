@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_number, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["ECPLoss"]
 
@@ -18,17 +19,21 @@ class ECPLoss(_Loss):
         \\mathcal{L} = \\mathrm{mean}_n\\left(-\\log p_{n, y_n} - \\alpha H(p_n)\\right), \\qquad
         H(p_n) = -\\frac{1}{Z} \\sum_{c=1}^{C} p_{nc} \\log p_{nc}
 
-    Pereyra et al., "Regularizing Neural Networks by Penalizing Confident Output Distributions", ICLR-W 2017;
-    ``alpha = 0.1`` as in the NACL/CRaC experiments.
+    Pereyra et al., "Regularizing Neural Networks by Penalizing Confident Output Distributions", ICLR-W 2017 (the
+    Shannon entropy, ``Z = 1``: ``class_reduction="sum"``). ``class_reduction="mean"`` (default) takes ``Z = C``,
+    the code the NACL/CRaC numbers come from, with ``alpha = 0.1``; for a given ``alpha`` the ``"sum"`` penalty is
+    ``C`` times stronger (``docs/notes/losses.md``).
 
-    Pereyra et al. use the Shannon entropy, ``Z = 1`` (``class_reduction="sum"``). The code the NACL/CRaC numbers
-    come from (``by-liu/MbLS``, ``calibrate/losses/penalty_entropy.py``) takes ``.mean()`` over voxels *and
-    classes*, i.e. ``Z = C``, and ``alpha = 0.1`` was chosen with that; ``class_reduction="mean"`` (default) follows
-    the code. For a given ``alpha`` the "sum" penalty is ``C`` times stronger.
+    >>> import torch
+    >>> logits, labels = torch.zeros(1, 2, 1, 2), torch.tensor([[[0, 1]]])  # p = 1/2: CE = H = log 2
+    >>> round(ECPLoss(alpha=0.1)(logits, labels).item(), 4)  # log 2 - 0.1 log 2 / 2
+    0.6585
+    >>> round(ECPLoss(alpha=0.1, class_reduction="sum")(logits, labels).item(), 4)  # log 2 - 0.1 log 2
+    0.6238
 
     Args:
         alpha: weight of the entropy term.
-        class_reduction: ``"mean"`` (``Z = C``, the authors' code) or ``"sum"`` (``Z = 1``, the paper).
+        class_reduction: ``"mean"`` (``Z = C``) or ``"sum"`` (``Z = 1``, the paper).
         reduction: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` for the ``(B, 1, *spatial)`` map.
     """
 
@@ -37,7 +42,7 @@ class ECPLoss(_Loss):
         self.alpha = check_number(
             "alpha", alpha, 0, hint="the weight of the confidence (negative entropy) penalty; 0.1 in the bundles"
         )
-        self.class_reduction = check_choice("class_reduction", class_reduction, ("mean", "sum"))
+        self.class_reduction = check_option("class_reduction", class_reduction, ("mean", "sum"))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

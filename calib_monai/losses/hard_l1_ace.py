@@ -31,36 +31,28 @@ class HardL1ACELoss(L1ACELoss):
     and cross-entropy (:class:`~calib_monai.losses.CEDiceLoss`).
 
     Barfoot, Garcia-Peraza-Herrera, Akcay, Glocker, Vercauteren, "Average Calibration Losses for Reliable
-    Uncertainty in Medical Image Segmentation", arXiv:2506.03942 (IEEE TMI 2026; first as "Average Calibration
-    Error: A Differentiable Loss for Improved Reliability in Image Segmentation", MICCAI 2024). Code:
-    github.com/cai4cai/Average-Calibration-Losses (commit 5ad8418; ``src/losses/hardl1ace.py``), which MONAI's open
-    pull request #9092 (``monai.losses.HardL1ACELoss``, the calibration term alone, issue #8505) ports.
+    Uncertainty in Medical Image Segmentation", arXiv:2506.03942 (IEEE TMI 2026; MICCAI 2024).
 
-    Defaults, from the authors' code and configs: ``num_bins=20`` (``hardl1ace.py`` l. 116;
-    ``bundle_templates/configs/loss/hardl1ace_dice_ce.yaml`` l. 11), background included (l. 12), classes absent
-    from an image's labels contribute 0 (``ignore_empty_classes``, l. 15; ``hardl1ace.py`` l. 239-241), and Dice,
-    CE and mL1-ACE weighted equally (``ace_weight = dice_weight = ce_weight = 0.33``, yaml l. 6-8): the same ratio
-    with this library's unit Dice and CE weights is ``lambda_ace = 1``. The common factor 0.33 only scales the
-    gradient (Adam, which the bundles use, is invariant to it up to its epsilon); pass 0.33 for all three to get
-    the authors' numbers.
-
-    Same as the authors' code (tests/test_losses_l1_ace.py holds the values equal on seeded inputs, within float32
-    rounding): per-image, per-class bins over all voxels, softmax inside, mean over non-empty bins (``nanmean``,
-    l. 236), then over images and classes with absent classes counted as 0 (l. 239-241, 264-265). Where it differs:
-
-    * bin edges: exact ``k / M`` (a value on an edge goes to the lower bin, as the authors' ``bucketize(...,
-      right=False)``, l. 89, and as :func:`calib_monai.metrics.ml1ace`); the authors' edges are ``k (1 + eps32) / M``
-      in float32 (l. 71-76), so a probability within 1.2e-7 relative above ``k / M`` is in bin ``k`` here and in
-      bin ``k - 1`` there. This keeps the loss equal to the project's metric.
-    * empty classes: ``empty_classes="zero"`` is the authors' ``ignore_empty_classes=True`` (the term of an absent
-      class is 0 and still counts in the mean over ``B x C``), ``"include"`` their ``False``; ``"exclude"`` (the
-      mean over the present (image, class) pairs only) is an addition.
-    * inputs: logits and integer labels (this library's contract) instead of the authors' activation switches and
-      one-hot targets; no per-class ``weight`` and no ``reduction`` (the loss is the scalar above).
+    Defaults are the authors': 20 bins, background included, classes absent from an image's labels contribute 0,
+    Dice, CE and mL1-ACE weighted equally (``lambda_ace = 1`` with unit Dice and CE weights). Bin edges are exactly
+    ``k / M``, a value on an edge in the lower bin, as :func:`calib_monai.metrics.ml1ace`. Empty classes:
+    ``empty_classes="zero"`` (the term of an absent class is 0 and still counts in the mean over ``B x C``),
+    ``"include"`` (scored like any class), ``"exclude"`` (the mean over the present (image, class) pairs only).
+    The loss is the scalar above (no ``reduction``, no per-class ``weight``). The authors' code, the lines each
+    default comes from and the differences: ``docs/notes/losses.md``.
 
     With ``foreground="all"`` and ``num_bins`` as here, :func:`calib_monai.metrics.ml1ace` of the softmax of one
     image equals the calibration term (``empty_classes="include"``, or any setting when every class is present):
-    the loss optimises the metric. :meth:`calibration_term` returns the term alone (MONAI's ``HardL1ACELoss``).
+    the loss optimises the metric. :meth:`calibration_term` returns the term alone.
+
+    >>> import torch
+    >>> logits = torch.zeros(1, 2, 1, 2)  # p = 1/2 for both classes, in bin 9 of 20 ((0.45, 0.5])
+    >>> labels = torch.tensor([[[0, 1]]])  # each class observed in 1 of the 2 voxels: frequency 1/2
+    >>> round(HardL1ACELoss(lambda_dice=0.0, lambda_ce=0.0)(logits, labels).item(), 4)  # |1/2 - 1/2| = 0
+    0.0
+    >>> labels = torch.tensor([[[0, 0]]])  # class 0 everywhere: |1/2 - 1| = 1/2; class 1 absent ("zero"): 0
+    >>> round(HardL1ACELoss(lambda_dice=0.0, lambda_ce=0.0)(logits, labels).item(), 4)  # mean over classes
+    0.25
 
     Args:
         num_bins: number of equal-width bins ``M`` (integer >= 1; 20, the authors').

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_number, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.checks import check_number
+from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["LabelSmoothingLoss"]
 
@@ -19,12 +20,15 @@ class LabelSmoothingLoss(_Loss):
             = \\mathrm{mean}_n\\left(-(1 - \\alpha) \\log p_{n, y_n} - \\frac{\\alpha}{C} \\sum_c \\log p_{nc}\\right)
 
     Szegedy et al., "Rethinking the Inception Architecture for Computer Vision", CVPR 2016; calibration effect:
-    Mueller et al., NeurIPS 2019. ``alpha = 0.1`` as in the NACL/CRaC experiments. Same value as
-    ``torch.nn.CrossEntropyLoss(label_smoothing=alpha)``.
+    Mueller et al., NeurIPS 2019. Same value as ``torch.nn.CrossEntropyLoss(label_smoothing=alpha)``. Its raw
+    probabilities overstate volumes: read volumes and the case score after recalibration (``docs/notes/losses.md``).
 
-    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
-    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
-    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+    >>> import torch
+    >>> logits = torch.tensor([[[[2.0]], [[0.0]]]])  # (B, C, H, W) = (1, 2, 1, 1): p = (0.881, 0.119)
+    >>> labels = torch.tensor([[[0]]])
+    >>> # -(0.9 + 0.1/2) log p_0 - (0.1/2) log p_1 = 0.95 * 0.1269 + 0.05 * 2.1269
+    >>> round(LabelSmoothingLoss(alpha=0.1)(logits, labels).item(), 4)
+    0.2269
 
     Args:
         alpha: smoothing weight in ``[0, 1]``.

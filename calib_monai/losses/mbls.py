@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_number, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
 
 __all__ = ["MbLSLoss"]
 
@@ -20,12 +21,15 @@ class MbLSLoss(_Loss):
         \\qquad \\phi(x) = \\max(0, x) \\ (\\text{"l1"}) \\ \\text{or} \\ \\max(0, x)^2 \\ (\\text{"l2"})
 
     Liu et al., "The Devil is in the Margin: Margin-based Label Smoothing for Network Calibration", CVPR 2022
-    (Eq. 8-9; ``m = 10``, ``alpha = 0.1``, the values of the CRaC experiments).
+    (Eq. 8-9; ``m = 10``, ``alpha = 0.1``). ``penalty="l2"`` is the squared hinge, the quadratic penalty of the same
+    inequality ``max_j l_j - l_c <= m`` (one-sided, unlike the reference code's L2 variant: ``docs/notes/losses.md``).
 
-    ``penalty="l2"`` is the squared hinge, the quadratic penalty of the same inequality constraint
-    ``max_j l_j - l_c <= m``. The reference code's L2 variant (``Bala93/MarginLoss``, ``logit_margin_l2.py``)
-    computes ``relu((d - m)^2) = (d - m)^2`` instead, which is two-sided: it also penalises distances *below* the
-    margin (pulling every distance towards exactly ``m``), which is not the inequality constraint.
+    >>> import torch
+    >>> logits = torch.tensor([[[[12.0]], [[0.0]]]])  # distances max_j l_j - l_c: 0 and 12
+    >>> labels = torch.tensor([[[0]]])
+    >>> # CE = log(1 + e^-12) ~ 6e-6; penalty: mean over classes of max(0, d - 10) = (0 + 2) / 2 = 1
+    >>> round(MbLSLoss(margin=10.0, alpha=0.1)(logits, labels).item(), 4)
+    0.1
 
     Args:
         margin: the margin ``m`` on logit distances.
@@ -40,7 +44,7 @@ class MbLSLoss(_Loss):
             "margin", margin, 0, hint="the logit distance m tolerated before the penalty; the papers use 10"
         )
         self.alpha = check_number("alpha", alpha, 0, hint="the weight lambda of the margin penalty; the papers use 0.1")
-        self.penalty = check_choice("penalty", penalty, ("l1", "l2"))
+        self.penalty = check_option("penalty", penalty, ("l1", "l2"))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_choice, check_number, check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
 from calib_monai.losses.priors import BORDER_MODES, KERNEL_OPS, _check_kernel_size, class_proportion_prior
 
 __all__ = ["NACLLoss"]
@@ -28,25 +29,21 @@ class NACLLoss(_Loss):
     Murugesan et al., "Trust your neighbours: Penalty-based constraints for model calibration", MICCAI 2023;
     "Neighbor-Aware Calibration of Segmentation Networks with Penalty-Based Constraints", MedIA 2024.
 
-    The signature is a superset of ``monai.losses.NACLLoss``. With ``border="zeros"``, ``space="logits"``,
-    ``class_reduction="mean"`` and ``kernel_ops`` ``"mean"`` or ``"gaussian"`` it gives MONAI's value. Where MONAI
-    differs from the paper:
+    ``border="background"`` (default) counts voxels outside the image as class 0, so ``tau`` sums to 1 everywhere;
+    ``"zeros"`` zero-pads the one-hot map (``tau`` sums to less than 1 at the border), ``"replicate"`` repeats the
+    edge. ``"gaussian"`` is MONAI's ``GaussianFilter`` (truncated at 4 sigma) and ignores ``kernel_size``;
+    ``"svls"`` is the SVLS kernel over the ``k^dim`` patch. The discrete priors ``"max"``, ``"min"``, ``"median"``,
+    ``"mode"`` (MICCAI Table 3) are the one-hot encoding of the largest / smallest / lower-median / most frequent
+    class index in each ``k^dim`` window (:mod:`calib_monai.losses.priors`). The signature is a superset of
+    ``monai.losses.NACLLoss``: with ``border="zeros"``, ``space="logits"``, ``class_reduction="mean"`` and
+    ``kernel_ops`` ``"mean"`` or ``"gaussian"`` the value is MONAI's. Its raw probabilities overstate volumes: read
+    volumes and the case score after recalibration. Sources and differences: ``docs/notes/losses.md``.
 
-    * border: MONAI filters the one-hot map with zero padding, so at the image border ``tau`` sums to less than 1
-      (a corner voxel's 3x3 mean sums to 4/9). The default ``border="background"`` counts outside voxels as class 0,
-      as the authors' code does (``nn.Unfold`` zero-pads the *label* map), so ``tau`` sums to 1 everywhere.
-    * ``"gaussian"`` is MONAI's ``GaussianFilter`` (erf-approximated, truncated at 4 sigma: 9 taps per axis for
-      sigma 1) and ignores ``kernel_size``; the authors' "gaussian" prior is the SVLS kernel over the ``k^dim``
-      patch, available here as ``kernel_ops="svls"``.
-    * MONAI accepts only ``(B, H, W[, D])`` integer targets; here MONAI-engine ``(B, 1, ...)`` labels work too.
-
-    The discrete priors ``"max"``, ``"min"``, ``"median"``, ``"mode"`` (MICCAI Table 3) are the one-hot encoding
-    of the largest / smallest / lower-median / most frequent class index in each ``k^dim`` window, as in the
-    authors' code; see :mod:`calib_monai.losses.priors`.
-
-    Read raw, its probabilities put foreground mass on the background: summed probabilities overstate volumes and
-    the label-free case score (:func:`~calib_monai.metrics.case_quality`) is no DSC estimate. After local temperature
-    scaling (the bundles' ``calibrate`` default) both are readable (``docs/results``, the ``quality`` study).
+    >>> import torch
+    >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
+    >>> # class 0 everywhere: tau = (1, 0) at every voxel, |tau - l| = (1, 0), mean over classes 1/2
+    >>> round(NACLLoss(classes=2, dim=2, alpha=0.1)(logits, labels).item(), 4)  # log 2 + 0.1 / 2
+    0.7431
 
     Args:
         classes: number of classes ``C``.
@@ -81,20 +78,20 @@ class NACLLoss(_Loss):
             raise ValueError(f"classes must be an integer >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
-        self.kernel_ops = check_choice("kernel_ops", kernel_ops, KERNEL_OPS)
+        self.kernel_ops = check_option("kernel_ops", kernel_ops, KERNEL_OPS)
         _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
         check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
         self.nc = classes
         self.dim = dim
         self.ks = kernel_size
-        self.distance_type = check_choice("distance_type", distance_type, ("l1", "l2"))
+        self.distance_type = check_option("distance_type", distance_type, ("l1", "l2"))
         self.alpha = check_number(
             "alpha", alpha, 0, hint="the weight lambda of the neighbour penalty; the papers use 0.1"
         )
         self.sigma = float(sigma)
-        self.border = check_choice("border", border, BORDER_MODES)
-        self.space = check_choice("space", space, ("logits", "softmax"))
-        self.class_reduction = check_choice("class_reduction", class_reduction, ("mean", "sum"))
+        self.border = check_option("border", border, BORDER_MODES)
+        self.space = check_option("space", space, ("logits", "softmax"))
+        self.class_reduction = check_option("class_reduction", class_reduction, ("mean", "sum"))
 
     def get_constr_target(self, labels: torch.Tensor) -> torch.Tensor:
         """The prior ``tau``, ``(B, C, *spatial)``, from ``(B, *spatial)`` int64 labels (name kept from MONAI)."""

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from monai.networks.layers.convutils import gaussian_1d
 
-from calib_monai.losses._inputs import check_choice as _check_option
+from calib_monai.checks import check_option as _check_option
 
 __all__ = ["BORDER_MODES", "KERNEL_OPS", "boundary_mask", "class_proportion_prior", "svls_kernel"]
 
@@ -89,6 +89,10 @@ def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch
 
     Returns:
         float32 tensor of shape ``(k,) * dim`` summing to 1.
+
+    >>> k = svls_kernel(3, dim=2, sigma=1.0)
+    >>> round(k.sum().item(), 4), k[1, 1].item(), round(k[0, 1].item(), 4), round(k[0, 0].item(), 4)
+    (1.0, 0.5, 0.0778, 0.0472)
     """
     _check_kernel_size(kernel_size, minimum=3)
     _check_dim(dim)
@@ -232,6 +236,14 @@ def class_proportion_prior(
 
     Returns:
         ``(B, C, *spatial)`` tensor of ``dtype``, without gradient.
+
+    >>> import torch
+    >>> labels = torch.tensor([[[0, 0, 0], [0, 1, 0], [0, 0, 0]]])  # (B, H, W): one voxel of class 1
+    >>> tau = class_proportion_prior(labels, num_classes=2)  # every 3x3 window holds it: 1/9 everywhere
+    >>> [round(v, 4) for v in tau[0, 1, 0].tolist()]
+    [0.1111, 0.1111, 0.1111]
+    >>> class_proportion_prior(labels, 2, kernel_ops="min")[0, 1].sum().item()  # erosion removes it
+    0.0
     """
     dim = _check_labels(labels)
     kernel_ops = _check_option("kernel_ops", kernel_ops, KERNEL_OPS)
@@ -271,6 +283,11 @@ def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "bac
 
     Returns:
         ``(B, 1, *spatial)`` bool tensor.
+
+    >>> import torch
+    >>> labels = torch.tensor([[[0, 0, 0, 0, 1, 1]]])  # (B, H, W) = (1, 1, 6)
+    >>> boundary_mask(labels, 3, border="replicate")[0, 0, 0].tolist()  # windows holding both classes
+    [False, False, False, True, True, False]
     """
     _check_labels(labels)
     _check_kernel_size(kernel_size)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from calib_monai.losses._l1ace import L1ACELoss, check_weight
+from calib_monai.checks import check_number
+from calib_monai.losses._l1ace import L1ACELoss
 
 __all__ = ["SoftL1ACELoss"]
 
@@ -34,18 +35,15 @@ class SoftL1ACELoss(L1ACELoss):
     holds ``c_b``), and it tends to it as the probabilities approach the centres (tests/test_losses_l1_ace.py).
 
     Barfoot et al., "Average Calibration Losses for Reliable Uncertainty in Medical Image Segmentation",
-    arXiv:2506.03942 (sL1-ACE); code github.com/cai4cai/Average-Calibration-Losses (commit 5ad8418;
-    ``src/losses/softl1ace.py``: centres l. 67-76, interpolation weights l. 90-108, weighted sums l. 111-145, bins
-    below ``empty_weight`` dropped l. 148-149, mean over bins l. 288, absent classes l. 291-293); MONAI pull
-    request #9092 (``monai.losses.SoftL1ACELoss``, the term alone). Defaults, from the authors' code and
-    ``bundle_templates/configs/loss/softl1ace_dice_ce.yaml``: ``num_bins=20`` (l. 11), ``empty_weight=0.01``
-    (l. 15), background included, absent classes contribute 0, Dice, CE and mL1-ACE weighted equally (0.33 each,
-    l. 6-8; ``lambda_ace = 1`` with unit Dice and CE weights, as for the hard loss).
+    arXiv:2506.03942 (sL1-ACE). Defaults are the authors': 20 bins, ``empty_weight=0.01``, background included,
+    absent classes contribute 0, the three terms weighted equally. Centres are exactly ``(2b + 1) / (2M)``. The
+    authors' code, the lines each default comes from and the differences: ``docs/notes/losses.md``.
 
-    Same values as the authors' code on seeded inputs, gradients included (tests/test_losses_l1_ace.py), within
-    float32 rounding. Where it differs: their centres are ``(2b + 1)(1 + eps32) / (2M)`` in float32 (l. 69-76),
-    here exactly ``(2b + 1) / (2M)`` (weights differ by about ``1e-7``); ``empty_classes``, the input contract and
-    the missing ``weight`` / ``reduction`` arguments as in :class:`~calib_monai.losses.HardL1ACELoss`.
+    >>> import torch
+    >>> logits = torch.zeros(1, 2, 1, 2)  # p = 1/2, between the centres 0.475 and 0.525 of 20 bins: weights 1/2
+    >>> labels = torch.tensor([[[0, 1]]])  # each class observed in 1 of the 2 voxels
+    >>> round(SoftL1ACELoss(lambda_dice=0.0, lambda_ce=0.0)(logits, labels).item(), 4)  # |1/2 - 1/2| in both bins
+    0.0
 
     Args:
         num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes: as for
@@ -57,7 +55,7 @@ class SoftL1ACELoss(L1ACELoss):
 
     def __init__(self, *args, empty_weight: float = 0.01, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.empty_weight = check_weight("empty_weight", empty_weight)
+        self.empty_weight = check_number("empty_weight", empty_weight, 0)
 
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Each probability in the bins of its two nearest centres, with the interpolation weights (differentiable)."""

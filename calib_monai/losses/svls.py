@@ -22,14 +22,13 @@ class SVLSLoss(_Loss):
     with ``w`` the :func:`~calib_monai.losses.priors.svls_kernel` over the ``k^dim`` patch ``N_k(n)`` (centre 0.5,
     neighbours a Gaussian sharing 0.5) and replicate padding at the image border, so ``tilde y`` sums to 1 everywhere.
     Islam & Glocker, "Spatially Varying Label Smoothing: Capturing Uncertainty from Expert Annotations", IPMI 2021
-    (NACL journal Eq. 2-3).
+    (NACL journal Eq. 2-3). Any odd ``k >= 3``, 2D and 3D: the centre is ``k // 2``, the padding ``k // 2``
+    (the reference code is right for ``k = 3`` only: ``docs/notes/losses.md``).
 
-    Any odd ``k >= 3``, 2D and 3D. The reference code (``mobarakol/SVLS`` ``svls.py``, copied into
-    ``Bala93/MarginLoss``) is only right for ``k = 3``: it sets the centre weight at the hard-coded index
-    ``[1, 1(, 1)]``, which for ``k > 3`` is an off-centre tap (the true centre keeps its plain Gaussian weight, so
-    the centre no longer weighs 0.5 and the kernel is asymmetric), and it pads by a hard-coded 1 voxel, so for
-    ``k > 3`` the soft target is ``k - 3`` voxels smaller than the logits per axis. Here the centre is ``k // 2``
-    and the padding ``k // 2``.
+    >>> import torch
+    >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
+    >>> round(SVLSLoss()(logits, labels).item(), 4)  # one class everywhere: the target is one-hot, CE = log 2
+    0.6931
 
     Args:
         kernel_size: odd patch size ``k >= 3``.

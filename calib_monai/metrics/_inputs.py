@@ -1,8 +1,8 @@
 """Input checking shared by the calibration metrics: shapes, dtypes, value ranges, voxel selection and messages.
 
-Two paths with the same checks and messages: NumPy arrays (``prepare_inputs`` / ``select_voxels``, on the CPU) and
-torch tensors (``prepare_tensors`` / ``select_tensor_voxels``, on the tensors' device, nothing copied to the host but
-a handful of reduced numbers). Both bring the inputs to ``probs (B, C, N)`` and ``labels (B, N)``, ``N`` the voxels
+One path: NumPy arrays and lists become CPU tensors (``as_tensors``: ``torch.from_numpy``, no copy of a contiguous
+array), then ``prepare_tensors`` / ``select_tensor_voxels`` work on the tensors' device, nothing copied to the host
+but a handful of reduced numbers. They bring the inputs to ``probs (B, C, N)`` and ``labels (B, N)``, ``N`` the voxels
 of one volume, and check the probabilities and labels of the selected voxels only: that is what is scored, and it
 keeps the cost proportional to the foreground (a volume with nothing selected is checked whole).
 """
@@ -14,20 +14,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from monai.utils import deprecated
+
+from calib_monai import __version__
+from calib_monai.checks import check_option, check_positive_int
 
 __all__ = [
     "FOREGROUND_MODES",
-    "as_numpy",
-    "as_plain_tensor",
+    "METRIC_DEFINITIONS",
+    "as_tensors",
     "check_foreground",
     "check_num_bins",
-    "check_probabilities",
+    "detached_plain_tensor",
     "flat_nonzero",
-    "prepare_inputs",
+    "metric_definition",
     "prepare_tensors",
     "probability_problem",
     "select_tensor_voxels",
-    "select_voxels",
     "warn_empty_selection",
 ]
 
@@ -39,37 +42,55 @@ _SUM_TOLERANCE = 1e-2
 _SELECTION_TEXT = {"gt": "label != 0", "union": "label != 0 or argmax != 0", "all": "every voxel"}
 
 
-def as_numpy(x: Any, name: str) -> np.ndarray:
-    """A NumPy view (no copy on CPU) of a torch tensor (MetaTensor included), a NumPy array or a nested list."""
-    if isinstance(x, torch.Tensor):
-        x = as_plain_tensor(x)
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        return x.cpu().numpy()
-    if isinstance(x, np.ndarray):
-        return x
-    try:
-        return np.asarray(x)
-    except Exception as e:  # pragma: no cover - message only
-        raise ValueError(f"{name} must be a torch tensor or a numpy array, got {type(x).__name__}.") from e
-
-
-def as_plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """Detached plain tensor: a MetaTensor's ``__torch_function__`` would slow every following op."""
+def detached_plain_tensor(x: torch.Tensor) -> torch.Tensor:
+    """``x`` out of the autograd graph and as a plain ``torch.Tensor`` (a ``MetaTensor``'s ``__torch_function__``
+    would slow every following op); no copy. The losses' ``plain_tensor`` keeps the graph instead."""
     x = x.detach()
     return x.as_tensor() if hasattr(x, "as_tensor") else x
 
 
+@deprecated(
+    since="0.1.0",
+    removed="0.3.0",
+    msg_suffix="Use calib_monai.checks.check_positive_int('num_bins', n).",
+    version_val=__version__,
+)
 def check_num_bins(num_bins: Any) -> int:
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}.")
-    return int(num_bins)
+    """Deprecated: :func:`calib_monai.checks.check_positive_int` ``("num_bins", num_bins)``."""
+    return check_positive_int("num_bins", num_bins)
 
 
 def check_foreground(foreground: Any) -> str:
-    if foreground not in FOREGROUND_MODES:
-        raise ValueError(f"foreground must be one of {FOREGROUND_MODES}, got {foreground!r}.")
-    return str(foreground)
+    """``foreground`` if it is one of ``FOREGROUND_MODES``, else ``"foreground must be one of ..."``."""
+    return str(check_option("foreground", foreground, FOREGROUND_MODES))
+
+
+#: Metrics defined with their voxels, classes and bins: ``name: (formula, foreground, include_background, num_bins)``.
+METRIC_DEFINITIONS = {
+    "ml1ace": ("ml1ace", "all", False, 20),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
+    "ml1ace_gt": ("ml1ace", "gt", True, 15),  # ground-truth foreground, background included
+    "cece_all": ("cece", "all", False, 20),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
+}
+#: Names that say their voxels: another ``foreground`` contradicts them.
+_FIXED_VOXELS = ("ml1ace_gt", "cece_all")
+
+
+def metric_definition(
+    metric_name: str, num_bins: Any = None, foreground: Any = None, include_background: Any = None
+) -> tuple[str, int, str, bool]:
+    """``(formula, num_bins, foreground, include_background)`` of ``metric_name``: arguments left None take the
+    metric's definition (``METRIC_DEFINITIONS``; other metrics: ground-truth foreground, background included, 15
+    bins, as NACL / MbLS / CRaC); a ``foreground`` contradicting a name that says its voxels raises."""
+    formula, own_foreground, own_background, own_bins = METRIC_DEFINITIONS.get(
+        metric_name, (metric_name, "gt", True, 15)
+    )
+    if metric_name in _FIXED_VOXELS and foreground not in (None, own_foreground):
+        raise ValueError(
+            f"foreground of metric {metric_name!r} must be {own_foreground!r} (its definition), got {foreground!r}."
+        )
+    num_bins = check_positive_int("num_bins", own_bins if num_bins is None else num_bins)
+    foreground = check_foreground(own_foreground if foreground is None else foreground)
+    return formula, num_bins, foreground, own_background if include_background is None else bool(include_background)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -77,9 +98,16 @@ def check_foreground(foreground: Any) -> str:
 
 
 def probability_problem(
-    name: str, lo: float, hi: float, sum_lo: float, sum_hi: float, class_dim: int = 1
+    name: str,
+    lo: float,
+    hi: float,
+    sum_lo: float,
+    sum_hi: float,
+    class_dim: int = 1,
+    tolerance: float = _SUM_TOLERANCE,
 ) -> str | None:
-    """The error message for probabilities with extremes ``[lo, hi]`` and class sums in ``[sum_lo, sum_hi]``, or None.
+    """The error message for probabilities with extremes ``[lo, hi]`` and class sums in ``[sum_lo, sum_hi]``, or None
+    (sums within ``tolerance`` of 1 pass).
 
     The usual mistake is passing logits (or per-class sigmoids): the message says so and names the fix.
     """
@@ -96,10 +124,10 @@ def probability_problem(
             f"holds the value {bad:.6g} (values seen in [{lo:.6g}, {hi:.6g}]); {fix}."
         )
     bad = sum_hi if sum_hi - 1.0 >= 1.0 - sum_lo else sum_lo
-    if abs(bad - 1.0) > _SUM_TOLERANCE:
+    if abs(bad - 1.0) > tolerance:
         return (
-            f"{name} must sum to 1 over the class dimension {class_dim}, but the class probabilities of a voxel "
-            f"sum to {bad:.6g}; {fix} (a sigmoid output p of one class: stack [1 - p, p])."
+            f"{name} must sum to 1 (within {tolerance:.3g}) over the class dimension {class_dim}, but the class "
+            f"probabilities of a voxel sum to {bad:.6g}; {fix} (a sigmoid output p of one class: stack [1 - p, p])."
         )
     return None
 
@@ -143,81 +171,28 @@ def _layout(p_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> bool:
     return batched
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# NumPy path
-
-
-def _labels_to_int(labels: np.ndarray) -> np.ndarray:
-    if labels.dtype == np.bool_:
-        return labels.astype(np.int64)
-    if np.issubdtype(labels.dtype, np.integer):
-        return labels
-    if np.issubdtype(labels.dtype, np.floating):
-        # Loaded label maps are often float32: accept them when every value is a whole number.
-        as_int = labels.astype(np.int64)
-        if not np.array_equal(as_int, labels):
-            raise ValueError(f"labels must hold integer class indices, got non-integral {labels.dtype} values.")
-        return as_int
-    raise ValueError(f"labels must be an integer (or integral float) array, got dtype {labels.dtype}.")
-
-
-def prepare_inputs(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Check and reshape ``probs`` and ``labels`` (NumPy, on the CPU) to ``(B, C, N)`` and ``(B, N)``.
-
-    Accepted layouts: ``probs (B, C, *spatial)`` with ``labels (B, 1, *spatial)`` or ``(B, *spatial)``, and
-    ``probs (C, *spatial)`` with ``labels (*spatial)``. When ``labels`` has one dimension less than ``probs`` and both
-    readings fit (only possible when ``B == C``), the batched reading ``(B, *spatial)`` is used.
-
-    Raises:
-        ValueError: non-floating probabilities, fewer than two classes, non-integral labels or shapes that do not
-            match (value ranges are checked on the selected voxels by ``select_voxels``).
-    """
-    p = as_numpy(probs, "probs")
-    y = as_numpy(labels, "labels")
-    if not np.issubdtype(p.dtype, np.floating):
-        raise ValueError(f"probs must be floating-point probabilities, got dtype {p.dtype}.")
-    if _layout(p.shape, y.shape):
-        p = p.reshape(p.shape[0], p.shape[1], -1)
-        y = y.reshape(p.shape[0], -1)
-    else:
-        p = p.reshape(1, p.shape[0], -1)
-        y = y.reshape(1, -1)
-    return p, _labels_to_int(y)
-
-
-def check_probabilities(p: np.ndarray, name: str = "probs", class_dim: int = 1) -> None:
-    """``p (C, n)`` must be softmax outputs: values in [0, 1] summing to one over C (float32 tolerance 1e-2)."""
-    if not p.size:
-        return
-    sums = p.sum(axis=0, dtype=np.float32)
-    problem = probability_problem(name, float(p.min()), float(p.max()), float(sums.min()), float(sums.max()), class_dim)
-    if problem:
-        raise ValueError(problem)
-
-
 def _check_label_range(ylo: int, yhi: int, num_classes: int) -> None:
     if ylo < 0 or yhi >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes - 1}] for {num_classes} classes, got [{ylo}, {yhi}].")
 
 
-def select_voxels(
-    p: np.ndarray, y: np.ndarray, foreground: str, name: str = "probs", class_dim: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """Voxels of one volume used by the calibration metrics: ``p (C, N)``, ``y (N,)`` -> ``(C, n)``, ``(n,)``."""
-    if foreground == "all":
-        p_sel, y_sel = p, y
-    else:
-        mask = y != 0
-        if foreground == "union":
-            mask |= p.argmax(axis=0) != 0
-        index = np.flatnonzero(mask)
-        # mode="clip" skips the bounds checks of valid sorted indices (2x faster than "raise")
-        p_sel, y_sel = np.take(p, index, axis=1, mode="clip"), y[index]
-    check_probabilities(p_sel if y_sel.size else p, name, class_dim)
-    # Voxels left out have label 0 in every mode, so checking the selected labels checks them all.
-    if y_sel.size:
-        _check_label_range(int(y_sel.min()), int(y_sel.max()), p.shape[0])
-    return p_sel, y_sel
+def _numpy_tensor(x: Any, name: str) -> torch.Tensor:
+    """A CPU tensor sharing the memory of a NumPy array (a list: a new array); a copy only for a non-contiguous array
+    or a dtype torch computes poorly (wide unsigned integers, non-native byte order)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be a numeric array (probabilities or integer labels), got dtype {a.dtype}.")
+    if (a.dtype.kind == "u" and a.dtype.itemsize > 1) or not a.dtype.isnative:
+        a = a.astype(np.int64 if a.dtype.kind in "iu" else a.dtype.newbyteorder("="))
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def as_tensors(probs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+    """``(probs, labels)`` for ``prepare_tensors``: tensors as they are, NumPy arrays and lists as CPU tensors."""
+    if isinstance(probs, torch.Tensor):
+        return probs, labels
+    labels = labels if isinstance(labels, torch.Tensor) else _numpy_tensor(labels, "labels")
+    return _numpy_tensor(probs, "probs"), labels
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,10 +200,14 @@ def select_voxels(
 
 
 def prepare_tensors(probs: torch.Tensor, labels: Any, name: str = "probs") -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Torch counterpart of ``prepare_inputs``: views ``(B, C, N)`` and ``(B, N)`` on ``probs``' device, and the
-    class dimension of the caller's layout (for messages). Labels keep their dtype (converted once selected)."""
-    p = as_plain_tensor(probs)
-    y = as_plain_tensor(labels) if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
+    """Views ``probs (B, C, N)`` and ``labels (B, N)`` on ``probs``' device, and the class dimension of the caller's
+    layout (for messages). Labels keep their dtype (converted once selected).
+
+    Accepted layouts: ``probs (B, C, *spatial)`` with ``labels (B, 1, *spatial)`` or ``(B, *spatial)``, and ``probs
+    (C, *spatial)`` with ``labels (*spatial)``. When ``labels`` has one dimension less than ``probs`` and both
+    readings fit (only possible when ``B == C``), the batched reading ``(B, *spatial)`` is used."""
+    p = detached_plain_tensor(probs)
+    y = detached_plain_tensor(labels) if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
     y = y.to(p.device)  # no-op when already there
     if not p.is_floating_point():
         raise ValueError(f"{name} must be floating-point probabilities, got dtype {p.dtype}.")
@@ -242,7 +221,8 @@ def prepare_tensors(probs: torch.Tensor, labels: Any, name: str = "probs") -> tu
 
 def flat_nonzero(x: torch.Tensor) -> torch.Tensor:
     """int64 indices of the nonzero elements of a 1-D tensor, on its device. On the CPU: NumPy's ``flatnonzero`` of
-    a zero-copy view (3x faster than ``torch.nonzero`` there; nothing leaves the CPU memory it is in)."""
+    a zero-copy view (faster than ``torch.nonzero`` there: ``docs/notes/metrics.md``; nothing leaves the CPU memory
+    it is in)."""
     if x.device.type != "cpu":
         return x.nonzero().squeeze(1)
     view = x.as_subclass(torch.Tensor).numpy()  # the same memory
@@ -252,8 +232,9 @@ def flat_nonzero(x: torch.Tensor) -> torch.Tensor:
 def select_tensor_voxels(
     p: torch.Tensor, y: torch.Tensor, foreground: str, name: str = "probs", class_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch counterpart of ``select_voxels`` on ``p``'s device: ``(C, N)``, ``(N,)`` -> ``(C, n)`` float, ``(n,)``
-    int64. The checks reduce on the device and bring 6 numbers to the host (one synchronisation)."""
+    """Voxels of one volume the calibration metrics score, on ``p``'s device: ``(C, N)``, ``(N,)`` -> ``(C, n)``
+    float, ``(n,)`` integer labels in their own dtype (no int64 copy of the labels; bool as uint8, integral floats
+    as int64). The checks reduce on the device and bring 6 numbers to the host (one synchronisation)."""
     if foreground == "all":
         p_sel, y_sel = p, y
     else:
@@ -282,4 +263,8 @@ def select_tensor_voxels(
                 if not torch.equal(as_int.to(y_sel.dtype), y_sel):
                     raise ValueError(f"labels must hold integer class indices, got non-integral {y_sel.dtype} values.")
             _check_label_range(int(values[4]), int(values[5]), p.shape[0])
-    return p_sel, y_sel.long()
+    if y_sel.is_floating_point():
+        y_sel = y_sel.long()
+    elif y_sel.dtype == torch.bool:
+        y_sel = y_sel.view(torch.uint8)
+    return p_sel, y_sel

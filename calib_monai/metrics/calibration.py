@@ -8,22 +8,31 @@ All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spa
 - ``"union"``: voxels that are foreground in the prediction (argmax != 0) or in the ground truth;
 - ``"all"``: every voxel.
 
-Where: torch tensors are computed with torch on their own device (CPU or CUDA, ``calibration_torch.py``): the
-volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are computed with NumPy
-(``calibration_numpy.py``). Both paths give the same values (the tests hold them equal to 1e-12): counts are
+Where: one implementation (``calibration_torch.py``), on the inputs' device. Torch tensors are computed where they
+are (CPU or CUDA): the volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
+viewed as CPU tensors (``torch.from_numpy``, no copy of a contiguous array) and take the same path. Counts are
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
-accumulators stop counting at 2**24). One bin rule (``calibration_numpy.equal_width_bin_index``): bin k is
-``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype, so a float32 value equal to float32(k / M)
-goes to the lower bin, as in MONAI's ``calibration_binning`` and the authors' code (0 goes to bin 0).
+accumulators stop counting at 2**24); the tests hold them equal to a float64 brute force. One bin rule
+(``calibration_numpy.equal_width_bin_index``): bin k is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the
+probabilities' dtype, so a float32 value equal to float32(k / M) goes to the lower bin, as in MONAI's
+``calibration_binning`` (0 goes to bin 0).
 
-The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll``, ``brier`` and ``calibration_errors`` are
+The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``, ``brier`` and ``calibration_errors`` are
 pooled over all volumes given: the selected voxels of every volume are binned together, which is not the mean over
 volumes of the papers' tables (``segmentation_calibration(..., reduction="mean")``, ``SegmentationCalibrationMetric``).
 
+Metrics whose paper fixes the voxels, classes and bins are *named* (``METRIC_DEFINITIONS``) and default to that
+definition, per volume: ``ml1ace`` (Barfoot et al.: every voxel, background excluded, 20 bins, mean over volumes),
+``cece_all`` (classwise ECE over every voxel, background excluded, 20 bins: MONAI's ``CalibrationErrorMetric``) and
+``ml1ace_gt`` (mL1-ACE on the ground-truth foreground, background included, 15 bins, comparable with NACL / CRaC's
+foreground metrics). In ``calibration_errors`` (several metrics of one voxel
+selection) the names are the formulas: ``"ml1ace"`` there is mL1-ACE on the voxels its ``foreground`` selects.
+
 Reductions over volumes (``segmentation_calibration``): ``"none"`` (one value per volume), ``"mean"`` (unweighted
-mean over volumes: the papers' tables, see ``calib_segment_test.py`` of Bala93/CRac) and ``"pooled"`` (all selected
+mean over volumes: the papers' tables) and ``"pooled"`` (all selected
 voxels of all volumes binned together). A volume without selected voxels gets NaN (with a ``UserWarning``) and is
 left out of ``"mean"``. Probabilities that are not softmax outputs (logits) raise a ``ValueError`` saying so.
+Sources, the authors' code and the differences from it: ``docs/notes/metrics.md``.
 """
 
 from __future__ import annotations
@@ -34,38 +43,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.checks import check_number, check_option, check_positive_int
+
 from ._inputs import (
+    METRIC_DEFINITIONS,
+    as_tensors,
     check_foreground,
-    check_num_bins,
-    prepare_inputs,
+    metric_definition,
     prepare_tensors,
     select_tensor_voxels,
-    select_voxels,
     warn_empty_selection,
 )
-from .calibration_numpy import (
-    _CHUNK,
-    CLASSWISE_METRICS,
-    _adaptive_error,
-    _brier_stats,
-    _cece_stats,
-    _ece_stats,
-    _nll_stats,
-    equal_width_bin_index,
-    numpy_calibration_errors,
-    value_from_statistics,
-)
+from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_torch import CalibrationAccumulator
 
 __all__ = [
     "CALIBRATION_METRICS",
     "POOLABLE_METRICS",
+    "METRIC_DEFINITIONS",
     "calibration_errors",
     "ece",
     "cece",
     "tace",
     "ace",
-    "ml1ace",
+    "metric_definition",
     "nll",
     "brier",
     "segmentation_calibration",
@@ -80,11 +81,11 @@ POOLABLE_METRICS = ("ece", "cece", "ml1ace", "nll", "brier")
 REDUCTIONS = ("mean", "pooled", "none")
 
 
-def _check_options(metric_name: Any, threshold: Any) -> str:
-    if metric_name not in CALIBRATION_METRICS:
-        raise ValueError(f"metric_name must be one of {CALIBRATION_METRICS}, got {metric_name!r}.")
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
-        raise ValueError(f"threshold must be a float in [0, 1), got {threshold!r}.")
+def _check_options(metric_name: Any, threshold: Any, named: bool = False) -> str:
+    known = CALIBRATION_METRICS + tuple(n for n in METRIC_DEFINITIONS if n not in CALIBRATION_METRICS) * named
+    check_option("metric_name", metric_name, known)
+    if threshold is not None:
+        check_number("threshold", threshold, 0, 1, high_open=True, wanted="a float in [0, 1)")
     return str(metric_name)
 
 
@@ -104,26 +105,15 @@ def volume_statistics(
     """Flat float64 statistics of the selected voxels of one volume (``p (C, n)``, ``y (n,)``, already checked).
 
     ECE: ``(M * 3)``, CECE: ``(C * M * 3)``, NLL / Brier: ``[count, sum]``; they add up over volumes. TACE / ACE:
-    ``[value]`` (equal-mass bins depend on all the voxels binned together, so they are not additive). Torch tensors
-    are reduced on their device and only the statistics come back (as NumPy).
+    ``[value]`` (equal-mass bins depend on all the voxels binned together, so they are not additive). Reduced on
+    the tensors' device (NumPy arrays: as CPU tensors); only the statistics come back (as NumPy).
     """
-    if isinstance(p, torch.Tensor):
-        p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
-        acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
-        acc.add(p, torch.as_tensor(y, device=p.device).long())
-        return torch_volume_statistics(acc, metric_name, p.device).cpu().numpy()
-    if metric_name in POOLABLE_METRICS:
-        stats_fn = {"ece": _ece_stats, "nll": _nll_stats, "brier": _brier_stats}.get(metric_name, _cece_stats)
-        args = (num_bins,) if metric_name == "ece" or metric_name in CLASSWISE_METRICS else ()
-        # Additive statistics: chunks keep the temporaries small (and in the allocator's cache) on big volumes.
-        total = None
-        for start in range(0, max(p.shape[1], 1), _CHUNK):
-            part = stats_fn(p[:, start : start + _CHUNK], y[start : start + _CHUNK], *args).ravel()
-            total = part if total is None else total + part
-        return total
-    classes = range(0 if include_background else 1, p.shape[0])
-    thr = threshold if metric_name == "tace" else None
-    return np.array([_adaptive_error([(p, y)], num_bins, thr, classes)])
+    if not isinstance(p, torch.Tensor):
+        p, y = as_tensors(p, y)
+    p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+    acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
+    acc.add(p, torch.as_tensor(y, device=p.device))
+    return torch_volume_statistics(acc, metric_name, p.device).cpu().numpy()
 
 
 def torch_volume_statistics(acc: CalibrationAccumulator, metric_name: str, device: torch.device) -> torch.Tensor:
@@ -163,55 +153,57 @@ def segmentation_calibration(
     probs: Any,
     labels: Any,
     metric_name: str = "ece",
-    num_bins: int = 15,
-    foreground: str = "gt",
+    num_bins: int | None = None,
+    foreground: str | None = None,
     reduction: str = "mean",
-    include_background: bool = True,
+    include_background: bool | None = None,
     threshold: float = 1e-3,
 ) -> float | np.ndarray:
     """One calibration metric over a batch of volumes, reduced over volumes.
 
+    ``num_bins``, ``foreground`` and ``include_background`` left None take the metric's definition
+    (``metric_definition``): ``"ml1ace"`` / ``"cece_all"`` every voxel, background excluded, 20 bins; ``"ml1ace_gt"``
+    and the others the ground-truth foreground, background included, 15 bins.
+
     Args:
         probs: softmax probabilities ``(B, C, *spatial)`` or ``(C, *spatial)``: a torch tensor (computed on its
-            device) or a NumPy array (computed on the CPU).
+            device) or a NumPy array (a CPU tensor).
         labels: integer labels ``(B, 1, *spatial)``, ``(B, *spatial)`` or ``(*spatial)``.
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"`` or ``"brier"``.
+        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"``, ``"brier"``,
+            ``"cece_all"`` or ``"ml1ace_gt"``.
         num_bins: number of bins M (equal-width for ECE / CECE / mL1-ACE, equal-mass for TACE / ACE). The papers use
             15 (the mL1-ACE paper 20).
-        foreground: ``"gt"`` (default, the papers), ``"union"`` or ``"all"``: which voxels are scored.
+        foreground: ``"gt"`` (the foreground papers), ``"union"`` or ``"all"``: which voxels are scored.
         reduction: ``"mean"`` (unweighted mean of the per-volume values, NaN volumes left out: the papers),
             ``"pooled"`` (all selected voxels binned together) or ``"none"`` (NumPy array of per-volume values).
-        include_background: CECE / TACE / ACE / mL1-ACE average over classes 0..C-1 when True (default, as the
-            authors' code does on foreground voxels), over 1..C-1 when False.
+        include_background: CECE / TACE / ACE / mL1-ACE average over classes 0..C-1 when True (as the authors' code
+            does on foreground voxels), over 1..C-1 when False.
         threshold: TACE only: class probabilities ``<= threshold`` are left out (Nixon et al. use 1e-3).
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> batch_p, batch_y = np.stack([probs, probs]), np.stack([labels, labels])  # two equal volumes
+    >>> segmentation_calibration(batch_p, batch_y, "ece", num_bins=10, foreground="all", reduction="none").tolist()
+    [0.25, 0.25]
     """
-    metric_name = _check_options(metric_name, threshold)
-    num_bins = check_num_bins(num_bins)
-    foreground = check_foreground(foreground)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-    if isinstance(probs, torch.Tensor):
-        p, y, class_dim = prepare_tensors(probs, labels)
-        parts = [select_tensor_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
-    else:
-        p, y = prepare_inputs(probs, labels)
-        parts = [select_voxels(p[b], y[b], foreground, "probs", 1) for b in range(p.shape[0])]
+    metric_name = _check_options(metric_name, threshold, named=True)
+    metric_name, num_bins, foreground, include_background = metric_definition(
+        metric_name, num_bins, foreground, include_background
+    )
+    check_option("reduction", reduction, REDUCTIONS)
+    p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
+    parts = [select_tensor_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
     num_classes = p.shape[1]
     empty = [b for b, (_, yb) in enumerate(parts) if yb.shape[0] == 0]
 
     if reduction == "pooled":
         if len(empty) == len(parts):
             warn_empty_selection(foreground)
-        if isinstance(probs, torch.Tensor):
-            acc = CalibrationAccumulator((metric_name,), num_classes, num_bins, include_background, threshold)
-            for pb, yb in parts:
-                acc.add(pb, yb)
-            return accumulator_values(acc, (metric_name,), include_background)[metric_name]
-        if metric_name in ("tace", "ace"):
-            classes = range(0 if include_background else 1, num_classes)
-            return _adaptive_error(parts, num_bins, threshold if metric_name == "tace" else None, classes)
-        stats = [volume_statistics(pb, yb, metric_name, num_bins, include_background, threshold) for pb, yb in parts]
-        return value_from_statistics(np.sum(stats, axis=0), metric_name, num_bins, num_classes, include_background)
+        acc = CalibrationAccumulator((metric_name,), num_classes, num_bins, include_background, threshold)
+        for pb, yb in parts:
+            acc.add(pb, yb)
+        return accumulator_values(acc, (metric_name,), include_background)[metric_name]
 
     if empty:
         warn_empty_selection(foreground, empty if len(parts) > 1 else None)
@@ -239,28 +231,33 @@ def calibration_errors(
     Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll`` and ``brier`` one by one (same
     definitions, same arguments), but the inputs are checked and the voxels selected once, and ECE, CECE and mL1-ACE
     share one bucketing of the class probabilities; TACE / ACE bin each class's values of all volumes together. Torch
-    tensors are computed on their device, NumPy arrays on the CPU (see the module docstring).
+    tensors are computed on their device, NumPy arrays as CPU tensors (see the module docstring).
 
     Args:
         probs, labels, num_bins, foreground, include_background, threshold: as in ``segmentation_calibration``
             (``include_background`` for CECE / TACE / ACE / mL1-ACE, ``threshold`` for TACE).
         metrics: names among ``CALIBRATION_METRICS``, in the order of the returned dict.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> values = calibration_errors(probs, labels, ("ece", "nll", "brier"), num_bins=10, foreground="all")
+    >>> {k: round(v, 4) for k, v in values.items()}
+    {'ece': 0.25, 'nll': 0.5737, 'brier': 0.39}
     """
     if isinstance(metrics, str):
         metrics = (metrics,)
     names = [_check_options(m, threshold) for m in metrics]
     if not names:
         raise ValueError(f"metrics must name at least one of {CALIBRATION_METRICS}, got {metrics!r}.")
-    num_bins = check_num_bins(num_bins)
+    num_bins = check_positive_int("num_bins", num_bins)
     foreground = check_foreground(foreground)
-    if isinstance(probs, torch.Tensor):
-        acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
-        return accumulator_values(acc, names, include_background)
-    return numpy_calibration_errors(probs, labels, names, num_bins, foreground, include_background, threshold)
+    acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
+    return accumulator_values(acc, names, include_background)
 
 
 def pooled_accumulator(
-    probs: torch.Tensor,
+    probs: Any,
     labels: Any,
     names: Sequence[str],
     num_bins: int = 15,
@@ -268,9 +265,9 @@ def pooled_accumulator(
     include_background: bool = True,
     threshold: float = 1e-3,
 ) -> CalibrationAccumulator:
-    """The selected voxels of all volumes of ``probs`` (a tensor) checked and accumulated on its device (warns when
-    nothing is selected); ``accumulator_values`` / ``.statistics`` read it."""
-    p, y, class_dim = prepare_tensors(probs, labels)
+    """The selected voxels of all volumes of ``probs`` (a tensor, or a NumPy array as a CPU tensor) checked and
+    accumulated on its device (warns when nothing is selected); ``accumulator_values`` / ``.statistics`` read it."""
+    p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
     acc = CalibrationAccumulator(names, p.shape[1], num_bins, include_background, threshold)
     for b in range(p.shape[0]):
         acc.add(*select_tensor_voxels(p[b], y[b], foreground, "probs", class_dim))
@@ -284,6 +281,15 @@ def ece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> 
 
     ``ECE = sum_b |B_b| / N * |acc(B_b) - conf(B_b)|`` with top-label confidence ``max_k p_k`` in M equal-width bins
     ``(b / M, (b + 1) / M]`` and accuracy ``[argmax_k p_k == y]`` (NACL Eq. 10). Ties of argmax go to the lower class.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> # confidences 0.8 (right), 0.8 (wrong), 0.7, 0.9 (right): 2/4 * |0.5 - 0.8| + 1/4 * 0.3 + 1/4 * 0.1
+    >>> ece(probs, labels, num_bins=10, foreground="all")
+    0.25
+    >>> round(ece(probs, labels, num_bins=10), 4)  # foreground="gt": voxel 0 only, |1 - 0.8|
+    0.2
     """
     return calibration_errors(probs, labels, ("ece",), num_bins, foreground)["ece"]
 
@@ -292,9 +298,15 @@ def cece(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", in
     """Classwise ECE (Kull et al., NeurIPS 2019; NACL Eq. 11), pooled over all volumes given.
 
     ``CECE = 1/K sum_k sum_b |B_kb| / N * |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``, equal-width bins of ``p_k``.
-    ``include_background=True`` (default) keeps class 0, as the authors' ``ClasswiseECELoss`` does on foreground
-    voxels. Differences from that code: the classes are all C channels (not ``max(label) + 1``), and a voxel with
-    ``p_k == 0`` falls in the first bin instead of no bin (it only matters when its label is k).
+    ``include_background=True`` (default) keeps class 0. The classes are all C channels, and a voxel with
+    ``p_k == 0`` falls in the first bin.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> # class 1: 2/4 * |0.5 - 0.8| + 1/4 * |0 - 0.3| + 1/4 * |0 - 0.1| = 0.25; class 0 likewise
+    >>> cece(probs, labels, num_bins=10, foreground="all")
+    0.25
     """
     return calibration_errors(probs, labels, ("cece",), num_bins, foreground, include_background)["cece"]
 
@@ -313,9 +325,14 @@ def tace(
     ``p_k > threshold``, in R equal-mass bins (bin r holds the sorted positions
     ``[floor(r N_k / R), floor((r+1) N_k / R))``, so ``|B_kr| / N_k = 1 / R`` when R divides N_k: Nixon's
     ``1/(KR) sum_k sum_r |acc - conf|``). Voxels are ordered by (p_k, label), so ties cannot make the result depend
-    on voxel order. Classes without any voxel above the threshold are left out of the mean. SVLS's ``tace_eval``
-    divides by R once more; we do not. CRaC's code names a thresholded *equal-width* classwise ECE "tcece"; the
-    CRaC paper cites Nixon's TACE, which is what this is.
+    on voxel order. Classes without any voxel above the threshold are left out of the mean.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> # class 1 sorted: (0.1, 0.3 | 0.8, 0.8), 2 bins: 1/2 * |0 - 0.2| + 1/2 * |0.5 - 0.8| = 0.25; class 0 likewise
+    >>> round(tace(probs, labels, num_bins=2, foreground="all"), 4)
+    0.25
     """
     return calibration_errors(probs, labels, ("tace",), num_bins, foreground, include_background, threshold)["tace"]
 
@@ -325,38 +342,26 @@ def ace(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", inc
     threshold (every p_k is binned).
 
     Not netcal's ``ACE`` (the "average calibration error", an unweighted mean over equal-width bins).
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> round(ace(probs, labels, num_bins=2, foreground="all"), 4)  # no probability below 1e-3: TACE's value
+    0.25
     """
     return calibration_errors(probs, labels, ("ace",), num_bins, foreground, include_background)["ace"]
 
 
-def ml1ace(
-    probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", include_background: bool = True
-) -> float:
-    """Marginal L1 average calibration error, mL1-ACE (Barfoot et al., "Average Calibration Losses for Reliable
-    Uncertainty in Medical Image Segmentation", arXiv:2506.03942), pooled over all volumes given.
-
-    ``mL1-ACE = 1/K sum_k 1/|B_k+| sum_{b in B_k+} |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``: the bins of CECE
-    (equal-width bins ``(b / M, (b + 1) / M]`` of each class probability p_k, 0 in the first), but every non-empty
-    bin ``B_k+`` weighted equally instead of by its share of the voxels (the "average" calibration error of
-    Neumann et al. 2018; MONAI's ``CalibrationErrorMetric(calibration_reduction="average")``). It is the quantity
-    that :class:`~calib_monai.losses.HardL1ACELoss` optimises: with ``foreground="all"`` and one volume, this equals
-    the loss's calibration term on that image (``empty_classes="include"``; or any setting when every class is
-    present), which the authors compute per training image over all its voxels with 20 bins.
-
-    Every class 0..C-1 (1..C-1 with ``include_background=False``) is scored, also one absent from the labels (its
-    frequency is 0 in every bin), as CECE does. Differences from the authors' evaluation code
-    (``CalibrationErrorMetric(calibration_reduction="average")`` of cai4cai/Average-Calibration-Losses at 5ad8418,
-    ``src/metrics/calibration.py``): their edges are ``k (1 + eps32) / M`` in float32 (l. 65-70; a value within
-    1.2e-7 relative above ``k / M`` falls in the lower bin there), they score every voxel and average per volume and
-    class (l. 190-193, then the mean; ``segmentation_calibration(..., foreground="all", reduction="mean")`` here),
-    and their default is 20 bins; the voxels here are chosen by ``foreground`` and pooled over the volumes given.
-    """
-    return calibration_errors(probs, labels, ("ml1ace",), num_bins, foreground, include_background)["ml1ace"]
-
-
 def nll(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -> float:
     """Mean negative log-likelihood ``-1/N sum_i log p_{i, y_i}`` (p clamped at 1e-12), pooled over all volumes given.
-    ``num_bins`` is unused."""
+    ``num_bins`` is unused.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> round(nll(probs, labels, foreground="all"), 4)  # -(log 0.8 + log 0.2 + log 0.7 + log 0.9) / 4
+    0.5737
+    """
     return calibration_errors(probs, labels, ("nll",), num_bins, foreground)["nll"]
 
 
@@ -364,6 +369,10 @@ def brier(probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt") -
     """Multiclass Brier score (Brier, 1950) ``1/N sum_i sum_k (p_ik - [y_i == k])^2``, pooled over all volumes given.
     ``num_bins`` is unused.
 
-    The authors' ``seg_brier_score`` compares with 3x3 neighbourhood label proportions instead of one-hot labels.
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> labels = np.array([1, 0, 0, 0])
+    >>> round(brier(probs, labels, foreground="all"), 4)  # (0.08 + 1.28 + 0.18 + 0.02) / 4
+    0.39
     """
     return calibration_errors(probs, labels, ("brier",), num_bins, foreground)["brier"]

@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from monai.metrics import CumulativeIterationMetric
 
+from calib_monai.checks import check_option
+
 from ._inputs import (
-    as_plain_tensor,
-    check_foreground,
-    check_num_bins,
+    detached_plain_tensor,
+    metric_definition,
     prepare_tensors,
     select_tensor_voxels,
     warn_empty_selection,
@@ -35,7 +36,7 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration``), so ``aggregate`` can return any of
 
     - ``"mean"`` (default): unweighted mean of the per-volume values, volumes without selected voxels (NaN) left out,
-      as the papers report (NACL, MbLS, CRaC: ``calib_segment_test.py`` of Bala93/CRac);
+      as the papers report (NACL, MbLS, CRaC);
     - ``"pooled"``: the metric of all selected voxels of all volumes binned together (ECE, CECE, mL1-ACE, NLL, Brier
       only: equal-mass bins of TACE / ACE depend on all voxels at once and are not additive);
     - ``"none"``: the per-volume values, shape ``(num_volumes,)``.
@@ -55,11 +56,14 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     ``foreground="gt"``), no equal-mass bins (TACE/ACE) and no pooling over volumes.
 
     Args:
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"`` or ``"brier"``.
-        num_bins: number of bins (15 in the papers).
-        foreground: ``"gt"`` (label != 0, the papers), ``"union"`` (label or prediction foreground) or ``"all"``.
+        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"``, ``"brier"``,
+            ``"cece_all"`` or ``"ml1ace_gt"`` (``calib_monai.metrics.METRIC_DEFINITIONS``).
+        num_bins, foreground, include_background: None (default) takes the metric's definition
+            (``calib_monai.metrics.metric_definition``): ``"ml1ace"`` and ``"cece_all"`` 20 bins over every voxel
+            (``"all"``), background excluded (Barfoot et al.); the others 15 bins over the ground-truth foreground
+            (``"gt"``, label != 0), background included (NACL / MbLS / CRaC). ``foreground`` may also be ``"union"``
+            (label or prediction foreground).
         reduction: ``"mean"``, ``"pooled"`` or ``"none"``.
-        include_background: CECE / TACE / ACE / mL1-ACE: average over class 0 too (default, as the authors' code does).
         threshold: TACE: probabilities ``<= threshold`` are left out (1e-3, Nixon et al. 2019).
 
     Inputs of ``__call__(y_pred, y)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``; ``y`` integer labels
@@ -71,29 +75,38 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     volumes are never copied to the host, only each volume's per-bin statistics (``S`` numbers) and its value.
     Probabilities that are not softmax outputs raise ``ValueError`` (naming ``y_pred``); a volume without selected
     voxels gets NaN with a ``UserWarning`` and is left out of ``"mean"``.
+
+    >>> import torch
+    >>> probs = torch.tensor([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]).reshape(1, 2, 2, 2)  # (B, C, H, W)
+    >>> labels = torch.tensor([1, 0, 0, 0]).reshape(1, 1, 2, 2)
+    >>> metric = SegmentationCalibrationMetric("ece", num_bins=10, foreground="all")
+    >>> for _ in range(2):  # two volumes, one per call
+    ...     _ = metric(probs, labels)
+    >>> [round(v, 4) for v in metric.aggregate("none").tolist()]  # 2/4 * |0.5 - 0.8| + 1/4 * 0.3 + 1/4 * 0.1
+    [0.25, 0.25]
     """
 
     def __init__(
         self,
         metric_name: str = "ece",
-        num_bins: int = 15,
-        foreground: str = "gt",
+        num_bins: int | None = None,
+        foreground: str | None = None,
         reduction: str = "mean",
-        include_background: bool = True,
+        include_background: bool | None = None,
         threshold: float = 1e-3,
     ) -> None:
         super().__init__()
-        self.metric_name = _check_options(metric_name, threshold)
-        self.num_bins = check_num_bins(num_bins)
-        self.foreground = check_foreground(foreground)
+        self.named_metric = _check_options(metric_name, threshold, named=True)
+        # metric_name: the formula the statistics compute ("ml1ace" for "ml1ace_gt"); named_metric: the name given
+        self.metric_name, self.num_bins, self.foreground, self.include_background = metric_definition(
+            self.named_metric, num_bins, foreground, include_background
+        )
         self.reduction = self._check_reduction(reduction)
-        self.include_background = bool(include_background)
         self.threshold = threshold
         self._num_classes: int | None = None
 
     def _check_reduction(self, reduction: Any) -> str:
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+        check_option("reduction", reduction, REDUCTIONS)
         if reduction == "pooled" and self.metric_name not in POOLABLE_METRICS:
             raise ValueError(
                 f"reduction='pooled' is available for {POOLABLE_METRICS}, not for metric_name={self.metric_name!r} "
@@ -109,8 +122,8 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         if y_pred.ndim < 3:
             raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
         num_classes = int(y_pred.shape[1])
-        y_pred = as_plain_tensor(y_pred)
-        y = as_plain_tensor(y) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=y_pred.device)
+        y_pred = detached_plain_tensor(y_pred)
+        y = detached_plain_tensor(y) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=y_pred.device)
         if y.ndim == y_pred.ndim and y.shape[1] == num_classes and num_classes > 1:
             if not bool(((y == 0) | (y == 1)).all()):  # one reduction on the device
                 raise ValueError(f"y with {num_classes} channels must be one-hot (0/1 values), got other values.")

@@ -1,11 +1,11 @@
 """Calibration statistics in torch, computed on the inputs' device (CPU or CUDA): ECE, CECE, TACE, ACE, mL1-ACE, NLL,
-Brier.
+Brier. The one implementation: NumPy inputs come here as CPU tensors (``_inputs.as_tensors``).
 
-Same definitions, bins and values as the NumPy path (``calibration_numpy.py``; the tests hold them equal to 1e-12
-and to a float64 brute force): counts are accumulated in int64, sums in float64 (bucket sums of float32 values even
-exactly, as int64 sums of their low mantissa bits), and only per-bin statistics and a few checked numbers leave the
-device. Every helper tensor is created on the inputs' device; accumulation uses fixed-size scatters (no host
-synchronisation, and the meta device can follow its shapes).
+The bin rule is ``calibration_numpy.equal_width_bin_index``'s, the values come from ``value_from_statistics``, and
+the tests hold them equal to a float64 brute force (1e-12): counts are accumulated in int64, sums in float64 (bucket
+sums of float32 values even exactly, as int64 sums of their low mantissa bits), and only per-bin statistics and a few
+checked numbers leave the device. Every helper tensor is created on the inputs' device; accumulation uses fixed-size
+scatters (no host synchronisation, and the meta device can follow its shapes).
 
 How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
 
@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from . import calibration_kernel as _kernel
 from ._inputs import flat_nonzero
 from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, bin_edge_tables, equal_width_bin_index, threshold_for_dtype
 
@@ -172,11 +173,13 @@ class CalibrationAccumulator:
         self.value_dtype: torch.dtype | None = None
         self.device = torch.device("cpu")  # the voxels' device, once some are added
         self._refined: tuple | None = None
+        self.kernel: bool | None = None  # compiled CPU pass (calibration_kernel), decided at the first chunk
 
     # ------------------------------------------------------------------------------------------------ accumulation
 
     def add(self, p: torch.Tensor, y: torch.Tensor) -> None:
-        """Add the selected voxels ``p (C, n)`` (float32 / float64) with int64 labels ``y (n,)`` (already checked)."""
+        """Add the selected voxels ``p (C, n)`` (float32 / float64) with labels ``y (n,)`` of any integer dtype (already
+        checked; widened to int64 one chunk at a time, inside the flat index of ``p_y``)."""
         n = y.shape[0]
         step = max(1, min((_CUDA_CHUNK_VALUES if p.is_cuda else _CPU_CHUNK_VALUES) // self.num_classes, _PACK_FLUSH))
         for start in range(0, n, step):
@@ -193,10 +196,19 @@ class CalibrationAccumulator:
         self.count += n
         self.value_dtype, self.device = p.dtype, dev
         self._refined = None
+        # --- issue 32.1: ECE and the bucket histograms in one compiled pass (calibration_kernel), eager otherwise
+        if self.kernel is None:
+            self.kernel = _kernel.available(p, y)
+        if self.kernel:
+            y = y if y.dtype in _kernel.LABEL_DTYPES else y.long()
+            _kernel.add_chunk(self, p, y.contiguous())
+            if not {"nll", "brier"} & set(self.names):
+                return
+        # ---
         own = torch.add(torch.arange(n, device=dev), y, alpha=n)  # flat index of p_y in p (C, n)
         if {"ece", "nll", "brier"} & set(self.names):
             p_true = p.view(-1).index_select(0, own)
-        if "ece" in self.names:
+        if "ece" in self.names and not self.kernel:
             conf = p.amax(dim=0)
             # argmax == y: p_y is the max and every lower class is below it (argmax takes the lowest class on ties)
             below = torch.empty((self.num_classes, n), dtype=p.dtype, device=dev)  # row k: max of p_0..p_{k-1}
@@ -213,7 +225,7 @@ class CalibrationAccumulator:
             key = torch.add(correct, bins, alpha=2)  # bin * 2 + [correct]
             self.totals["ece_count"].scatter_add_(0, key, torch.ones_like(key))
             self.totals["ece_sum"].scatter_add_(0, bins, conf)
-        if self.use_grid:
+        if self.use_grid and not self.kernel:
             self._add_grid(p, y, own)
         if "nll" in self.names or "brier" in self.names:
             p_true = p_true.double()
@@ -286,6 +298,9 @@ class CalibrationAccumulator:
         lows = torch.as_tensor(grid["lows"].astype(np.float64), device=count.device)
         ulp = torch.as_tensor(grid["ulp"], device=count.device)
         sums = count * lows + low * ulp
+        if self.kernel:  # calibration_kernel sums bucket 0 itself
+            sums[:, 0] = self.totals["grid_zero"]
+            return sums
         sums[:, 0] = self.totals["class_sum"] - sums[:, 1:].sum(1)
         return sums
 
@@ -342,7 +357,10 @@ class CalibrationAccumulator:
             if self.classwise:
                 lut[:, torch.as_tensor(grid["straddle"], device=dev)] = True
             parts = []
-            for p, y in self.chunks:
+            if self.kernel:  # issue 32.1: gathered by calibration_kernel, at most the marked buckets' counts
+                capacity = int(self.totals["grid_count"][lut.view(-1)].sum())
+                parts = [_kernel.refine(p, y, lut, grid["size"], grid["offset"], capacity) for p, y in self.chunks]
+            for p, y in self.chunks if not self.kernel else ():
                 keys = self._keys(p.view(torch.int32 if p.dtype == torch.float32 else torch.int64)).view(-1)
                 index = _sparse_flatnonzero(lut.view(-1).index_select(0, keys))
                 flat_keys = keys[index].long()

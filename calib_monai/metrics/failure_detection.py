@@ -47,7 +47,12 @@ def _pairs(confidence: Any, risk: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def risk_coverage_curve(confidence: Any, risk: Any, generalized: bool = False) -> dict[str, np.ndarray]:
     """``{"coverage", "risk", "threshold"}``, coverage descending from 1 to 0 (see the module). ``generalized``:
-    the accepted risk divided by all N cases instead of by the accepted ones."""
+    the accepted risk divided by all N cases instead of by the accepted ones.
+
+    >>> curve = risk_coverage_curve([0.9, 0.8, 0.3], [0.0, 1.0, 1.0])  # confidence, risk (1: a failure)
+    >>> curve["coverage"].round(4).tolist(), curve["risk"].round(4).tolist()
+    ([1.0, 0.6667, 0.3333, 0.0], [0.6667, 0.5, 0.0, 0.0])
+    """
     c, r = _pairs(confidence, risk)
     n = c.size
     if n == 0:
@@ -73,18 +78,33 @@ def _area(curve: dict[str, np.ndarray]) -> float:
 
 
 def aurc(confidence: Any, risk: Any) -> float:
-    """Area under the risk-coverage curve (NaN without cases)."""
+    """Area under the risk-coverage curve (NaN without cases).
+
+    >>> # trapezoids of the curve above: 1/3 * (2/3 + 1/2) / 2 + 1/3 * (1/2 + 0) / 2 + 0
+    >>> round(aurc([0.9, 0.8, 0.3], [0.0, 1.0, 1.0]), 4)
+    0.2778
+    """
     return _area(risk_coverage_curve(confidence, risk))
 
 
 def augrc(confidence: Any, risk: Any) -> float:
-    """Area under the generalized risk-coverage curve (NaN without cases)."""
+    """Area under the generalized risk-coverage curve (NaN without cases).
+
+    >>> # risks of the accepted cases over all 3: (2/3, 1/3, 0, 0); trapezoids 1/3 * (1/2 + 1/6 + 0)
+    >>> round(augrc([0.9, 0.8, 0.3], [0.0, 1.0, 1.0]), 4)
+    0.2222
+    """
     return _area(risk_coverage_curve(confidence, risk, generalized=True))
 
 
 def quality_agreement(estimated: Any, true: Any) -> dict[str, float]:
     """``{"spearman", "pearson", "mae", "bias", "cases"}`` of an estimate against the true values (``bias``: mean of
-    estimated - true); correlations are NaN with fewer than 3 cases or a constant side."""
+    estimated - true); correlations are NaN with fewer than 3 cases or a constant side.
+
+    >>> agreement = quality_agreement([0.9, 0.8, 0.3], [0.85, 0.7, 0.4])
+    >>> agreement["spearman"], round(agreement["mae"], 4), round(agreement["bias"], 4)  # same order; 0.25 / 3
+    (1.0, 0.0833, 0.0167)
+    """
     from scipy.stats import pearsonr, spearmanr
 
     e, t = _pairs(estimated, true)
@@ -100,7 +120,12 @@ def quality_agreement(estimated: Any, true: Any) -> dict[str, float]:
 
 
 def failure_detection_summary(confidence: Any, risk: Any) -> dict[str, float]:
-    """AURC, AUGRC, the random and oracle AURC and the share of the gap between them that ``confidence`` closes."""
+    """AURC, AUGRC, the random and oracle AURC and the share of the gap between them that ``confidence`` closes.
+
+    >>> summary = failure_detection_summary([0.9, 0.8, 0.3], [0.0, 1.0, 1.0])  # the failures least confident
+    >>> round(summary["aurc"], 4), round(summary["aurc_random"], 4), summary["aurc_gap_closed"]
+    (0.2778, 0.6667, 1.0)
+    """
     c, r = _pairs(confidence, risk)
     out = {"cases": int(c.size), "aurc": aurc(c, r), "augrc": augrc(c, r)}
     out["aurc_random"] = float(r.mean()) if r.size else float("nan")

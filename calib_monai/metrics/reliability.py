@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from ._inputs import check_foreground, check_num_bins, prepare_inputs, select_voxels
+from calib_monai.checks import check_positive_int
+
+from ._inputs import check_foreground
 from .calibration import pooled_accumulator
-from .calibration_numpy import _cece_stats, _ece_stats
 
 __all__ = ["plot_reliability", "reliability_diagram_data", "save_reliability_diagram"]
 
@@ -28,24 +28,25 @@ def reliability_diagram_data(
     ``monai.metrics.calibration_binning`` computes the classwise rows for one-hot labels, but on every voxel, with
     ``[lo, hi)`` (or ``right=True``) float32 edges and float32 counts; this function selects voxels first and counts
     in int64 (the tests check both agree on small inputs). Torch tensors are binned on their device (only the bins
-    come to the host), NumPy arrays on the CPU.
+    come to the host), NumPy arrays as CPU tensors.
 
     Returns:
         dict with ``"edges"`` ``(M + 1,)``, ``"confidence"`` and ``"accuracy"`` (NaN for empty bins) and ``"count"``
         (int64), each ``(M,)`` or ``(C, M)`` for ``classwise=True``.
+
+    >>> import numpy as np
+    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
+    >>> data = reliability_diagram_data(probs, np.array([1, 0, 0, 0]), num_bins=5, foreground="all")
+    >>> data["count"].tolist(), data["accuracy"][3:].round(4).tolist()  # confidences 0.8, 0.8, 0.7 | 0.9
+    ([0, 0, 0, 3, 1], [0.6667, 1.0])
     """
-    num_bins = check_num_bins(num_bins)
+    num_bins = check_positive_int("num_bins", num_bins)
     foreground = check_foreground(foreground)
     name = "cece" if classwise else "ece"
-    if isinstance(probs, torch.Tensor):
-        acc = pooled_accumulator(probs, labels, (name,), num_bins, foreground)
-        stats = acc.statistics(name)
-        shape = (acc.num_classes, num_bins, 3) if classwise else (num_bins, 3)
-        stats = np.zeros(shape) if stats is None else stats.cpu().numpy()
-    else:
-        p, y = prepare_inputs(probs, labels)
-        stats_fn = _cece_stats if classwise else _ece_stats
-        stats = sum(stats_fn(*select_voxels(p[b], y[b], foreground), num_bins) for b in range(p.shape[0]))
+    acc = pooled_accumulator(probs, labels, (name,), num_bins, foreground)
+    stats = acc.statistics(name)
+    shape = (acc.num_classes, num_bins, 3) if classwise else (num_bins, 3)
+    stats = np.zeros(shape) if stats is None else stats.cpu().numpy()
     count = stats[..., 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(count > 0, stats[..., 1] / count, np.nan)

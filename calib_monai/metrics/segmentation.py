@@ -6,9 +6,8 @@ applies a documented convention for classes absent from the ground truth:
 
 - ``empty_class="nan"`` (default): MONAI's ``ignore_empty`` behaviour made uniform: a class absent from the ground
   truth gets NaN for every metric (left out of NaN-aware means);
-- ``empty_class="papers"``: the convention of the authors' evaluation (``shape_metrics`` in Bala93/CRac): a class
-  absent from the ground truth gets HD95 = ASD = 0 and DSC = 1 if it is also absent from the prediction (0 if
-  predicted).
+- ``empty_class="papers"``: the convention of the papers' evaluation (``docs/notes/metrics.md``): a class absent
+  from the ground truth gets HD95 = ASD = 0 and DSC = 1 if it is also absent from the prediction (0 if predicted).
 
 In both, a class present in the ground truth but absent from the prediction gets DSC = 0 and HD95 = ASD = inf.
 """
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
 from monai.networks.utils import one_hot
+
+from calib_monai.checks import check_option
 
 __all__ = ["EMPTY_CLASS_CONVENTIONS", "segmentation_metrics_per_volume"]
 
@@ -73,9 +74,15 @@ def segmentation_metrics_per_volume(
     Returns:
         ``{"dice", "hd95", "asd"}`` (``{"dice"}`` without surface distances): arrays ``(B, K)`` with K = C (or
         C - 1 without background), float64.
+
+    >>> import torch
+    >>> pred = torch.tensor([[[0, 1, 1, 0]]])  # label maps (B, 1, *spatial): class 1 at voxels 1, 2
+    >>> labels = torch.tensor([[[0, 1, 0, 0]]])  # class 1 at voxel 1
+    >>> out = segmentation_metrics_per_volume(pred, labels, num_classes=2, surface_distances=False)
+    >>> out["dice"].round(4).tolist()  # 2 * 1 / (2 + 1)
+    [[0.6667]]
     """
-    if empty_class not in EMPTY_CLASS_CONVENTIONS:
-        raise ValueError(f"empty_class must be one of {EMPTY_CLASS_CONVENTIONS}, got {empty_class!r}.")
+    check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
     channels = [int(torch.as_tensor(x).shape[1]) for x in (pred, labels) if torch.as_tensor(x).ndim >= 3]
     if num_classes is None:
         num_classes = max(channels) if channels and max(channels) > 1 else None

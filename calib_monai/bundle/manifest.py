@@ -1,0 +1,354 @@
+"""A trained bundle's ``models/`` folder as one versioned unit: ``manifest.json`` names each artifact (``model.pt``,
+``calibration.pt``, ``calibration.json``, ``validated_range.json``) with its SHA-256, the SHA-256 of the weights it
+belongs to, the settings that made it and the versions (calib_monai, monai, torch) that wrote it.
+
+Publication (:func:`publish_artifacts`, called by ``calibrate``; :func:`copy_artifact_set`, MONAI Label's fine-tune):
+every new file is first written complete under a temporary name in the folder and fsynced, then renamed to its
+final name, and ``manifest.json`` is replaced last: the manifest is the commit point. Why this and not a versioned
+subfolder with an atomic pointer: the bundles' configs, MONAI Label and users name the files by their fixed paths
+(``models/calibration.pt``...), which a versioned subfolder would move; and every reader already goes through here,
+so it can check each file against the manifest instead.
+
+Reading (:func:`read_artifact_set`): the manifest is read and every file of the set is hashed and compared with it. A
+live reader during a publication sees the old set or the new set (a mismatch is re-read for a moment, as long as a
+publication takes); a folder left mixed by a killed ``calibrate`` (new calibration, old range), a file deleted or
+copied in from another run is refused with one line naming the files and the fix (run calibrate again). A folder
+without a manifest (written before it existed) is read as before: each file's own record of its weights decides.
+
+``raw``: the user asked for the network's own probabilities (``--calibration_path none``): no recalibration, and the
+validated range, measured on recalibrated probabilities, is not applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CALIBRATION_SET",
+    "MANIFEST_FILE",
+    "RAW_CALIBRATION",
+    "ArtifactSet",
+    "ArtifactSetError",
+    "copy_artifact_set",
+    "file_sha256",
+    "is_raw_request",
+    "publish_artifacts",
+    "read_artifact_set",
+    "short_sha",
+    "versions",
+]
+
+logger = logging.getLogger("calib_monai")
+MANIFEST_FILE = "manifest.json"
+WEIGHTS_FILE = "model.pt"
+CALIBRATION_SET = ("calibration.pt", "calibration.json", "validated_range.json")  # what calibrate publishes
+RAW_CALIBRATION = "none"  # --calibration_path none: the network's own probabilities, asked for
+NOT_APPLICABLE = "no recalibration: range not applicable"
+FIX = 'run calibrate again (python -m monai.bundle run calibrate --config_file "[<bundle>/configs/train.json, '
+FIX += '<bundle>/configs/calibrate.json]"), or pass --calibration_path none for uncalibrated probabilities'
+READ_RETRIES, READ_WAIT_S = 5, 0.2  # a publication in progress is given about a second to finish
+
+
+class ArtifactSetError(ValueError):
+    """The files of a ``models/`` folder do not belong together (one line: the files and the fix)."""
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def short_sha(sha: str | None) -> str:
+    """The first 12 hex digits (``""`` for None): enough to tell runs apart in a table or a header."""
+    return sha[:12] if sha else ""
+
+
+def versions() -> dict[str, str]:
+    import monai
+    import torch
+
+    import calib_monai
+
+    return {"calib_monai": calib_monai.__version__, "monai": monai.__version__, "torch": torch.__version__}
+
+
+def is_raw_request(calibration: Any) -> bool:
+    """Whether a ``calibration_path`` value asks for no recalibration: None or ``"none"``."""
+    return calibration is None or (isinstance(calibration, str) and calibration.strip().lower() in ("", "none"))
+
+
+def _fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        _fsync_file(folder)
+    except OSError:  # not every file system lets a folder be opened for fsync
+        pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _temporary(folder: Path, name: str) -> Path:
+    """An empty file beside ``folder / name``, with the permissions a plain ``open`` would give (mkstemp's 0600
+    would make a published set unreadable to the other users of a shared bundle)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp" + "".join(Path(name).suffixes))
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return Path(tmp)
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["artifacts"]["model.pt"]["sha256"]  # noqa: B018 - the one entry every manifest has
+    except (ValueError, KeyError, TypeError) as err:
+        raise ArtifactSetError(f"{path} is not a manifest of calib_monai ({type(err).__name__}: {err}); {FIX}") from err
+    return manifest
+
+
+def publish_artifacts(
+    models_dir: str | os.PathLike,
+    weights: str | os.PathLike,
+    writers: Mapping[str, Callable[[str], Any]],
+    settings: Mapping[str, Any] | None = None,
+    depends: Mapping[str, str] | None = None,
+    records: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    """Publish the files ``writers`` makes (``{"calibration.pt": write(tmp_path), ...}``) as the set of ``weights``
+    (a ``writers`` entry of the weights' name publishes new weights with them).
+
+    Each file is written complete under a temporary name beside its final one and fsynced, then all are renamed,
+    then ``manifest.json`` is replaced: the commit point. Files of the previous set that this publication does not
+    rewrite leave the set and are removed (any other calibration file left there is refused by readers).
+    ``settings`` (what made them) and ``depends`` (``{"validated_range.json": "calibration.pt"}``: the SHA-256 of
+    the file it was measured with) go into each entry; ``records`` gives an entry's ``settings`` and ``versions`` as
+    another manifest recorded them (a copied set). Returns the manifest."""
+    folder, weights = Path(models_dir), Path(weights)
+    folder.mkdir(parents=True, exist_ok=True)
+    staged: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            staged[name] = _temporary(folder, name)
+            write(str(staged[name]))
+            os.chmod(staged[name], 0o666 & ~_umask())  # a writer may have replaced it with a file of its own
+            _fsync_file(staged[name])
+        shas = {name: file_sha256(tmp) for name, tmp in staged.items()}
+        weights_sha = shas.get(weights.name) or file_sha256(weights)
+        for name in sorted(staged, key=lambda n: n == weights.name):  # the weights renamed last
+            os.replace(staged[name], folder / name)
+    finally:
+        for tmp in staged.values():
+            if tmp.exists():
+                tmp.unlink()
+    _fsync_dir(folder)
+    try:
+        previous = _read_manifest(folder) or {}
+    except ArtifactSetError:
+        previous = {}
+    now = versions()
+    old_weights = previous.get("artifacts", {}).get(weights.name, {})
+    entries: dict[str, dict] = {}
+    if old_weights.get("sha256") == weights_sha and weights.name not in shas:
+        entries[weights.name] = old_weights
+    else:
+        shas.setdefault(weights.name, weights_sha)
+    for name, sha in shas.items():
+        made = {"settings": dict(settings or {}) if name != weights.name else None, "versions": now}
+        made.update({k: v for k, v in (records or {}).get(name, {}).items() if k in ("settings", "versions")})
+        entries[name] = {"sha256": sha, "weights_sha256": weights_sha, **made}
+        if depends and depends.get(name) in shas:
+            entries[name]["measured_with_sha256"] = {depends[name]: shas[depends[name]]}
+    manifest = {
+        "format": 1,
+        "published": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "weights": {"file": weights.name, "sha256": weights_sha},
+        "artifacts": entries,
+    }
+    path = folder / MANIFEST_FILE
+    tmp = _temporary(folder, MANIFEST_FILE)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(folder)
+    for name in CALIBRATION_SET:  # a file of the previous set that left it: no reader may pair it with the new one
+        if name not in entries and name in previous.get("artifacts", {}) and (folder / name).exists():
+            (folder / name).unlink()
+    return path
+
+
+def copy_artifact_set(source_dir: str | os.PathLike, target_dir: str | os.PathLike) -> Path:
+    """Publish the verified set of ``source_dir`` (its ``model.pt``, calibration and range) into ``target_dir`` as
+    one unit: every file staged under a temporary name, renamed, the manifest last (MONAI Label's fine-tune)."""
+    import shutil
+
+    source = read_artifact_set(source_dir)
+    entries = (source.manifest or {}).get("artifacts", {})
+    names = [WEIGHTS_FILE, *(n for n in CALIBRATION_SET if (Path(source_dir) / n).is_file())]
+    writers = {n: (lambda tmp, n=n: shutil.copyfile(Path(source_dir) / n, tmp)) for n in names}
+    depends = {"validated_range.json": "calibration.pt"}
+    return publish_artifacts(target_dir, Path(target_dir) / WEIGHTS_FILE, writers, None, depends, entries)
+
+
+@dataclass
+class ArtifactSet:
+    """The verified files of a ``models/`` folder: what to apply, and the source every output records."""
+
+    folder: Path
+    weights: Path | None
+    weights_sha256: str | None = None
+    calibration: Path | None = None  # the recalibration to apply (None: none)
+    validated_range: Path | None = None  # the range to flag cases against (None: none applies)
+    manifest: dict | None = None
+    raw: bool = False  # no recalibration, asked for
+    shas: dict[str, str] = field(default_factory=dict)
+    range_file: Path | None = None  # a validated range on disk, applied or not
+
+    def source(self) -> dict[str, Any]:
+        """What made an output: the weights, the recalibration and the range (full SHA-256s)."""
+        return {
+            "weights": self.weights.name if self.weights else None,
+            "weights_sha256": self.weights_sha256,
+            "calibration_sha256": self.shas.get("calibration.pt") if self.calibration else None,
+            "validated_range_sha256": self.shas.get("validated_range.json") if self.validated_range else None,
+            "recalibration": "none (asked for)" if self.raw else ("stored" if self.calibration else "none"),
+            "validated_range": "applied"
+            if self.validated_range
+            else (NOT_APPLICABLE if self.range_file and not self.calibration else "none"),
+            "manifest": bool(self.manifest),
+        }
+
+
+def read_artifact_set(
+    models_dir: str | os.PathLike, weights: str | os.PathLike | None = None, raw: bool = False
+) -> ArtifactSet:
+    """The set of ``models_dir`` checked against its ``manifest.json`` (see the module): an ``ArtifactSetError``
+    naming the files and the fix when they do not belong together. ``weights`` defaults to ``models/model.pt``."""
+    folder = Path(models_dir)
+    weights = Path(weights) if weights is not None else folder / WEIGHTS_FILE
+    for attempt in range(READ_RETRIES):
+        try:
+            return _read_once(folder, weights, raw)
+        except ArtifactSetError:
+            if attempt == READ_RETRIES - 1:
+                raise
+            time.sleep(READ_WAIT_S)  # a publication may be renaming its files right now
+    raise AssertionError("unreachable")
+
+
+def _read_once(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
+    artifacts = _read_set(folder, weights, raw)
+    artifacts.range_file = folder / "validated_range.json" if (folder / "validated_range.json").is_file() else None
+    return artifacts
+
+
+def _read_set(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
+    manifest = _read_manifest(folder)
+    weights_sha = file_sha256(weights) if weights.is_file() else None
+    present = {name: folder / name for name in CALIBRATION_SET if (folder / name).is_file()}
+    if manifest is None:
+        return _legacy(folder, weights, weights_sha, present, raw)
+    if raw:  # nothing of the set is applied
+        return ArtifactSet(folder, weights, weights_sha, manifest=manifest, raw=True)
+    where = folder / MANIFEST_FILE
+    if weights.name != manifest["weights"]["file"]:  # other weights of the folder (epoch_<e>.pt): not this set's
+        logger.warning(f"{weights} is not the weights {where} publishes a set for: no recalibration, no range applied")
+        return ArtifactSet(folder, weights, weights_sha, manifest=manifest)
+    listed = {n: e for n, e in manifest["artifacts"].items() if n in CALIBRATION_SET}
+    stray = sorted(set(present) - set(listed))
+    if stray:
+        raise ArtifactSetError(
+            f"{folder} holds {stray}, which {where} does not list (left by an interrupted calibrate, or copied in "
+            f"from another run): delete them, or {FIX}"
+        )
+    if not listed:
+        return ArtifactSet(folder, weights, weights_sha, manifest=manifest)
+    published_for = manifest["weights"]["sha256"]
+    if weights_sha is not None and weights_sha != published_for:
+        raise ArtifactSetError(
+            f"{weights} (sha256 {short_sha(weights_sha)}) is not the weights {where} was published for "
+            f"({short_sha(published_for)}): {sorted(listed)} belong to other weights (trained again since?); {FIX}"
+        )
+    # a range or the readable calibration.json removed leaves a set that still belongs together (no flags then,
+    # and inference says why); the calibration itself removed would serve raw probabilities against the range
+    if "calibration.pt" in listed and "calibration.pt" not in present:
+        raise ArtifactSetError(
+            f"{folder / 'calibration.pt'} is missing, but {where} lists it (the validated range was measured on "
+            f"recalibrated probabilities, and inference must not serve the raw ones against it); {FIX}"
+        )
+    listed = {n: e for n, e in listed.items() if n in present}
+    shas = {n: file_sha256(present[n]) for n in listed}
+    wrong = sorted(n for n in listed if shas[n] != listed[n]["sha256"])
+    if wrong:
+        detail = ", ".join(f"{n} sha256 {short_sha(shas[n])} != {short_sha(listed[n]['sha256'])}" for n in wrong)
+        raise ArtifactSetError(
+            f"{[str(folder / n) for n in wrong]} do not belong to the set {where} lists ({detail}): from another "
+            f"calibrate run, or one killed while publishing; {FIX}"
+        )
+    return ArtifactSet(
+        folder,
+        weights,
+        weights_sha,
+        calibration=present.get("calibration.pt"),
+        validated_range=present.get("validated_range.json"),
+        manifest=manifest,
+        shas=shas,
+    )
+
+
+def _legacy(folder: Path, weights: Path, weights_sha: str | None, present: dict, raw: bool) -> ArtifactSet:
+    """A folder without a manifest: each file's own record of its weights decides (the loaders check it); the
+    one mix it can tell is a range measured on recalibrated probabilities without its calibration.pt."""
+    shas = {n: file_sha256(p) for n, p in present.items()}
+    if raw:
+        return ArtifactSet(folder, weights, weights_sha, raw=True, shas=shas)
+    range_path = present.get("validated_range.json")
+    if range_path is not None and "calibration.pt" not in present:
+        try:
+            record = json.loads(range_path.read_text())
+        except ValueError:
+            record = {}
+        method = (record.get("info", {}).get("calibration") or {}).get("method")
+        same_weights = weights_sha is None or record.get("weights_sha256") == weights_sha
+        if method and same_weights:
+            raise ArtifactSetError(
+                f"{folder / 'calibration.pt'} is missing, but {range_path} was measured on probabilities recalibrated "
+                f"by it ({method}); {FIX}"
+            )
+    return ArtifactSet(
+        folder,
+        weights,
+        weights_sha,
+        calibration=present.get("calibration.pt"),
+        validated_range=range_path,
+        shas=shas,
+    )

@@ -1,0 +1,171 @@
+"""Argument checks shared by the whole package: an option among a few, a number within a range, a count.
+
+Each check returns the value (a ``float``, an ``int`` or the option) or raises a one-line ``ValueError`` naming the
+argument, what it must be and the value given. An option is matched exactly (MONAI's
+:func:`monai.utils.look_up_option` would strip a string and return a default); a misspelt one is answered with the
+nearest option by look_up_option's rule (Damerau-Levenshtein distance of at most 3), on the same line.
+
+Floor 0 of the house: standard library, NumPy, torch and MONAI only, so every room may use it.
+
+>>> check_option("reduction", "mean", ("mean", "sum"))
+'mean'
+>>> check_number("alpha", 0.1, 0, hint="a weight")
+0.1
+>>> check_positive_int("num_bins", 15)
+15
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+import torch
+from monai.utils import damerau_levenshtein_distance
+
+__all__ = [
+    "check_number",
+    "check_option",
+    "check_positive_int",
+    "is_real_number",
+    "is_whole_number",
+    "nearest_option",
+    "range_text",
+]
+
+#: A misspelt option within this many edits of a known one is answered with "did you mean" (MONAI's rule).
+_MAX_EDITS = 3
+
+
+def nearest_option(value: Any, options: Collection[Any]) -> Any:
+    """The option within 3 edits of ``value`` (Damerau-Levenshtein, as :func:`look_up_option`), or None.
+
+    >>> nearest_option("meen", ("mean", "sum"))
+    'mean'
+    >>> nearest_option("median", ("l1", "l2")) is None
+    True
+    """
+    distances = {o: damerau_levenshtein_distance(str(o), str(value)) for o in options}
+    close = {o: d for o, d in distances.items() if d <= _MAX_EDITS}
+    return min(close, key=close.get) if close else None
+
+
+def check_option(name: str, value: Any, options: Collection[Any]) -> Any:
+    """``value`` if it is one of ``options``, else ``"<name> must be one of <options>, got <value>."`` (a ValueError),
+    followed by ``Did you mean '<option>'?`` when one is within 3 edits.
+
+    >>> check_option("penalty", "l1", ("l1", "l2"))
+    'l1'
+    >>> check_option("border", "zero", ("background", "zeros"))
+    Traceback (most recent call last):
+    ValueError: border must be one of ('background', 'zeros'), got 'zero'. Did you mean 'zeros'?
+    """
+    try:
+        found = not isinstance(value, bool) and value in options
+    except TypeError:  # an unhashable value and a set of options
+        found = False
+    if found:
+        return value
+    guess = nearest_option(value, options) if isinstance(value, str) else None
+    hint = f" Did you mean {guess!r}?" if guess is not None else ""
+    raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}.{hint}")
+
+
+def is_real_number(value: Any) -> bool:
+    """A real number (Python, NumPy, or a one-element tensor), not a bool: what ``check_number`` accepts.
+
+    >>> is_real_number(np.float32(0.5)), is_real_number(torch.tensor([2.0])), is_real_number(True)
+    (True, True, False)
+    """
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def is_whole_number(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool (``2.0`` and ``"2"`` are not).
+
+    >>> is_whole_number(np.int64(2)), is_whole_number(2.0), is_whole_number(False)
+    (True, False, False)
+    """
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def range_text(
+    low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False
+) -> str:
+    """The bounds in words; no bounds: ``""``.
+
+    >>> range_text(0, 1, low_open=True)
+    '> 0 and <= 1'
+    """
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        parts.append(f"{'<' if high_open else '<='} {high:g}")
+    return " and ".join(parts)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    hint: str = "",
+    wanted: str | None = None,
+) -> Any:
+    """``value`` as a ``float`` (``integer``: an ``int``) if it is a finite real number within ``[low, high]``, else a
+    ValueError ``"<name> must be a finite number >= <low> (<hint>), got <value>."``.
+
+    Args:
+        name: the argument, as the user writes it.
+        value: a Python or NumPy number or a one-element tensor; bools and strings are refused.
+        low, high: the bounds, None for none; ``low_open``/``high_open``: the bound itself excluded.
+        integer: whole numbers only (``2.5`` and ``2.0`` refused), and the message says "an integer".
+        hint: what the value means, in brackets after the range (``"the weight of the Dice term"``).
+        wanted: the whole requirement in words instead of "a finite number" and the range
+            (``"a confidence in [0, 1]"``).
+
+    >>> check_number("tau", 1, 0, 1, low_open=True)
+    1.0
+    >>> check_number("gamma", -1, 0, hint="the focusing exponent")
+    Traceback (most recent call last):
+    ValueError: gamma must be a finite number >= 0 (the focusing exponent), got -1.
+    >>> check_number("epochs", 2.5, 1, integer=True)
+    Traceback (most recent call last):
+    ValueError: epochs must be an integer >= 1, got 2.5.
+    """
+    bounds = range_text(low, high, low_open, high_open)
+    if wanted is None:
+        wanted = ("an integer" if integer else "a finite number") + (f" {bounds}" if bounds else "")
+    message = f"{name} must be {wanted}{f' ({hint})' if hint else ''}, got {value!r}"
+    kind_ok = is_whole_number(value) if integer else is_real_number(value)
+    if not kind_ok:
+        raise ValueError(f"{message}.")
+    number = int(value) if integer else float(value)
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if not math.isfinite(number) or below or above:
+        raise ValueError(f"{message}.")
+    return number
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """``value`` as an ``int`` if it is a whole number >= 1 (a count: ``num_bins``, ``max_voxels``), else
+    ``"<name> must be an integer >= 1, got <value>."``. Refused: ``0``, ``-5``, ``2.5``, ``True``, ``"15"``.
+
+    >>> check_positive_int("num_bins", 15)
+    15
+    >>> check_positive_int("num_bins", True)
+    Traceback (most recent call last):
+    ValueError: num_bins must be an integer >= 1, got True.
+    """
+    return check_number(name, value, 1, integer=True)
