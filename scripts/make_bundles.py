@@ -1,4 +1,4 @@
-"""Write every method x data set bundle of ``bundles/`` from ``calib_monai.bundle_factory`` (the one source of truth).
+"""Write every method x data set bundle of ``bundles/`` from ``bundle_factory`` (the one source of truth).
 
 python scripts/make_bundles.py            # (re)write all bundles
 python scripts/make_bundles.py --check    # exit 1 if a committed bundle differs from what would be written
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import fire
 
-from calib_monai.bundle_factory import bundle_names, render_bundle, write_bundles
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bundle_factory/ is not installed
+from bundle_factory import bundle_names, render_bundle, write_bundles  # noqa: E402
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 
@@ -29,7 +30,7 @@ def out_of_sync(root: Path = BUNDLES) -> list[str]:
     generated = set(bundle_names())
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if folder.name not in generated:
-            problems.append(f"not generated (remove it or add it to calib_monai/bundle_factory/specs.py): {folder}")
+            problems.append(f"not generated (remove it or add it to bundle_factory/specs.py): {folder}")
     return problems
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calib_monai.bundle_factory.specs import METHODS
+from bundle_factory.specs import METHODS
 from calib_monai.handlers import select_epoch
 from studies import figures
 from studies.evaluation import TrainedRun, score_volumes

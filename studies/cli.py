@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from calib_monai.bundle_factory.specs import METHODS
+from bundle_factory.specs import METHODS
 from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,

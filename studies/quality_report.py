@@ -19,7 +19,7 @@ from studies.study import StudySetup, format_mean_std, load_targets, write_csv, 
 
 __all__ = ["configuration_rows", "write_quality_results"]
 
-DEFAULT_RULE = "score_or_input"  # the bundles' review rule (calib_monai.bundle_factory.calibration.REVIEW)
+DEFAULT_RULE = "score_or_input"  # the bundles' review rule (bundle_factory.calibration.REVIEW)
 
 
 def _targets() -> dict:

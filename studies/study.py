@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from calib_monai.bundle_factory.specs import DATASETS, METHODS
+from bundle_factory.specs import DATASETS, METHODS
 from studies.evaluation import TrainedRun
 from studies.runs import RunSpec, read_record, train
 
@@ -205,9 +205,13 @@ def heading(column: str) -> str:
         "cece": "CECE",
         "tace": "TACE",
         "ml1ace": "mL1-ACE",
+        "ml1ace_gt": "mL1-ACE (gt)",
+        "cece_all": "CECE (all)",
         "nll": "NLL",
         "brier": "Brier",
     }
+    if column in words:
+        return words[column]
     return " ".join(words.get(w, w) for w in column.split("_", 1))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
@@ -12,6 +13,7 @@ from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
 from calib_monai.calibration import load_calibration
+from calib_monai.calibration.stored import NOT_APPLICABLE
 from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
 from conftest import REPO_ROOT, run_bundle_workflow
 
@@ -49,8 +51,12 @@ def test_calibrate_writes_a_temperature_fitted_on_the_validation_volumes(calibra
     assert (
         record["method"] == "temperature" and record["fitted_on"] == "ground-truth foreground of the validation volumes"
     )
-    assert record["volumes"] == len(datalist["validation"]) and record["temperature"] > 0
-    assert record["nll_after"] <= record["nll_before"] + 1e-9  # the NLL is what the temperature minimises
+    assert record["temperature"] > 0
+    # one validation volume: it both fits and measures the range, and the record says so (in-sample numbers only)
+    assert len(datalist["validation"]) == record["volumes"] == 1 and record["split"]["in_sample"]
+    assert record["split"]["fit_volumes"] == record["split"]["range_volumes"]
+    assert "range_volumes_nll_after" not in record
+    assert record["in_sample_nll_after"] <= record["in_sample_nll_before"] + 1e-9  # what the temperature minimises
     assert float(load_calibration(models, models / "model.pt").temperature) == pytest.approx(record["temperature"])
 
 
@@ -59,15 +65,24 @@ def test_evaluate_reports_ece_before_and_after_with_the_same_segmentation(calibr
     with_calibration = _metrics(
         _workflow(["train.json", "evaluate.json"], "evaluating", **overrides, eval_dir=str(tmp_path / "a"))
     )
-    # the same evaluation with the calibration moved away: its ECE is the "uncalibrated" one above
-    models = root / "bundle" / "models"
-    (models / "calibration.pt").rename(tmp_path / "calibration.pt")
-    try:
-        without = _metrics(
-            _workflow(["train.json", "evaluate.json"], "evaluating", **overrides, eval_dir=str(tmp_path / "b"))
+    # the same evaluation asking for the network's own probabilities: its ECE is the "uncalibrated" one above
+    without = _metrics(
+        _workflow(
+            ["train.json", "evaluate.json"],
+            "evaluating",
+            **overrides,
+            eval_dir=str(tmp_path / "b"),
+            calibration_path="none",
         )
-    finally:
-        (tmp_path / "calibration.pt").rename(models / "calibration.pt")
+    )
+    # without the recalibration the range (measured on recalibrated probabilities) does not apply, as in inferring
+    with open(tmp_path / "b" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["review_flag"] == "" and r["review_reasons"] == NOT_APPLICABLE for r in rows)
+    with open(tmp_path / "a" / "metrics.csv") as f:
+        assert all(
+            r["review_flag"] in ("yes", "no", "") and r["review_reasons"] != NOT_APPLICABLE for r in csv.DictReader(f)
+        )
     assert with_calibration["test_mean_dice"] == pytest.approx(without["test_mean_dice"], abs=1e-9)
     assert with_calibration["test_ece_uncalibrated"] == pytest.approx(without["test_ece"], abs=1e-9)
     assert without["test_ece_uncalibrated"] == pytest.approx(without["test_ece"], abs=1e-9)
@@ -81,11 +96,8 @@ def test_inference_and_export_apply_the_temperature(calibrated, tmp_path):
     image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
     settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
     calibrated_seg, calibrated_conf, _ = TrainedBundle(bundle_dir, overrides=settings).predict(image)
-    (models / "calibration.pt").rename(tmp_path / "calibration.pt")
-    try:
-        raw_seg, raw_conf, _ = TrainedBundle(bundle_dir, overrides=settings).predict(image)
-    finally:
-        (tmp_path / "calibration.pt").rename(models / "calibration.pt")
+    raw = TrainedBundle(bundle_dir, overrides={**settings, "calibration_path": "none"})
+    raw_seg, raw_conf, _ = raw.predict(image)
     assert torch.equal(calibrated_seg, raw_seg)
     assert not torch.allclose(calibrated_conf, raw_conf, atol=1e-4)
     # the exported module equals the eager network with the temperature, and differs from it without

@@ -6,19 +6,26 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import pytest
-import torch
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
-from calib_monai.calibration import ValidatedRange, load_validated_range, review_case
-from calib_monai.metrics import case_quality
+from calib_monai.calibration import load_validated_range
 from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
-TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 10, "data#spacing": [12.0, 12.0, 30.0]}
+# 10 phantoms split 4 / 4 / 2: four validation volumes, cross-fitted (halves of two, each scored by the fit on the
+# other) and all four in the range; review_alpha 0.2 so that k = floor(0.2 * 5) = 1 (0.05 needs 19 volumes)
+TINY = {
+    "roi_size": [32, 32, 8],
+    "batch_size": 8,
+    "data#num_phantoms": 10,
+    "data#split": [4, 4, 2],
+    "data#spacing": [12.0, 12.0, 30.0],
+}
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
@@ -32,7 +39,7 @@ def calibrated(tmp_path_factory):
     shutil.copytree(CONFIGS, root / "bundle" / "configs")
     overrides = {**TINY, "output_dir": str(root / "bundle" / "models"), "data#cache_dir": str(root / "phantoms")}
     _workflow(["train.json"], "run", epochs=2, **overrides)
-    _workflow(["train.json", "calibrate.json"], "calibrate", **overrides)
+    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, **overrides)
     return root, overrides
 
 
@@ -41,8 +48,24 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     models = root / "bundle" / "models"
     record = json.loads((models / "validated_range.json").read_text())
     datalist = json.loads((models / "datalist.json").read_text())
-    assert len(record["scores"]) == len(datalist["validation"]) and record["alpha"] == 0.05
+    split = record["info"]["split"]
+    # cross-fitting: halves of two, each scored by the fit on the other; all four in the range, the served fit on all
+    validation = sorted(Path(item["image"]).name for item in datalist["validation"])
+    assert split["crossfit"] and sorted(split["range_volumes"]) == sorted(split["fit_volumes"]) == validation
+    (first, second) = split["folds"]
+    assert first["fit"] == second["scored"] and first["scored"] == second["fit"] and len(first["fit"]) == 2
+    assert sorted(first["fit"] + first["scored"]) == validation and "approximate" in split["exchangeability"]
+    assert len(record["scores"]) == len(record["inputs"]) == 4 and record["alpha"] == 0.2
     assert set(record["volumes"]) == {"liver", "kidney", "spleen", "pancreas"}
+    # one rule over the three signals, k = 1 of n + 1 = 5: bound 1 / 5 = alpha
+    assert record["signals"] == ["case_score", "input", "features"] and record["feature_check"]
+    assert len(record["features"]["reference"]) == 4 and record["features"]["components"] is None
+    assert record["rank"] == 1 and record["bound"] == pytest.approx(1 / 5) and record["bound_within_alpha"]
+    calibration = json.loads((models / "calibration.json").read_text())
+    assert calibration["split"] == split and calibration["volumes"] == 4 and len(calibration["folds"]) == 2
+    # local temperature scaling's early stopping and the held-out numbers, named so
+    assert {"heldout_slices_nll_before", "heldout_slices_nll_after", "range_volumes_ece_after"} <= set(calibration)
+    assert calibration["heldout_slices_nll_after"] <= calibration["heldout_slices_nll_before"]
     # the bundles' default recalibration, and where it was fitted
     assert record["info"]["calibration"]["method"] == "local_temperature" and "weights_sha256" in record
     assert record["info"]["fitted_on"] == "all voxels of the validation slices"
@@ -76,6 +99,10 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     case = sorted(cases)[0]
     written = json.loads((tmp_path / f"{case}_quality.json").read_text())
     assert written["case"] == case and written["review"]["flag"] in (True, False)
+    # the features of the network that ran: the feature signal judged, nothing left out
+    assert (
+        set(written["review"]["signals"]) == {"case_score", "input", "features"} and not written["review"]["left_out"]
+    )
     assert float(rows[case]["case_score"]) == pytest.approx(written["case_score"])
     # TrainedBundle.predict gives the same numbers in memory
     bundle = TrainedBundle(root / "bundle", overrides=settings)
@@ -99,6 +126,7 @@ def test_without_a_validated_range_the_flag_says_why(calibrated, tmp_path):
     finally:
         (tmp_path / "range.json").rename(models / "validated_range.json")
     assert quality["review"]["flag"] is None and "calibrate step" in quality["review"]["reasons"][0]
+    assert quality["review"]["reasons"][0].startswith("cannot judge: no validated range at ")
 
 
 def test_evaluating_reports_the_estimate_beside_the_truth(calibrated, tmp_path):
@@ -112,25 +140,39 @@ def test_evaluating_reports_the_estimate_beside_the_truth(calibrated, tmp_path):
     assert (tmp_path / "risk_coverage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_review_rule_by_hand():
-    # 19 validation scores 0.60..0.96: alpha 0.05 -> k = floor(0.05 * 20) = 1, the lowest (0.60)
-    validated = ValidatedRange([0.60 + 0.02 * i for i in range(19)], {"a": [1.0, 2.0]}, alpha=0.05)
-    assert validated.rank == 1 and validated.score_threshold == pytest.approx(0.60)
-    ok = {"case_score": 0.61, "classes": {"a": {"volume": 9.0}}}
-    low = {"case_score": 0.59, "classes": {"a": {"volume": 1.5}}}
-    assert validated.check(ok)["flag"] is False
-    verdict = validated.check(low)
-    assert verdict["flag"] is True and "below the validated range (0.600, the 1st lowest of 19" in verdict["reasons"][0]
-    # alpha 0.2 with 19 scores: k = 4, the 4th lowest (0.66)
-    assert ValidatedRange(validated.scores, alpha=0.2).score_threshold == pytest.approx(0.66)
-    # the volume rule: outside [1 / 2, 2 * 2] mL with factor 2
-    by_volume = ValidatedRange(validated.scores, {"a": [1.0, 2.0]}, volume_factor=2.0)
-    assert by_volume.check(ok)["flag"] is True and "a volume 9 mL is outside" in by_volume.check(ok)["reasons"][0]
-    assert by_volume.check({"case_score": 0.9, "classes": {"a": {"volume": 3.9}}})["flag"] is False
-    with pytest.raises(ValueError, match="alpha"):
-        ValidatedRange([0.5], alpha=1.5)
-    # a quality straight from the probabilities: all background, so no structure is predicted: score 0, flagged
-    prob = torch.zeros(2, 4, 4)
-    prob[0] = 0.99
-    prob[1] = 0.01
-    assert review_case(case_quality(prob, class_names=["bg", "a"]), validated)["review"]["flag"] is True
+def test_evaluating_and_inferring_give_the_same_scores_and_flags(calibrated, tmp_path):
+    """One path: the test volumes through ``inferring`` (images only) and through ``evaluating`` (with their labels)
+    get the same case score and the same review flag; evaluating writes the flag beside the true DSC."""
+    root, overrides = calibrated
+    datalist = json.loads((root / "bundle" / "models" / "datalist.json").read_text())
+    images = tmp_path / "images"
+    images.mkdir()
+    for item in datalist["test"]:
+        (images / Path(item["image"]).name).symlink_to(item["image"])
+    settings = {k: overrides[k] for k in ("roi_size", "batch_size", "data#spacing")}
+    workflow = ConfigWorkflow(
+        config_file=str(root / "bundle" / "configs" / "inference.json"),
+        workflow_type="infer",
+        logging_file=False,
+        dataset_dir=str(images),
+        output_dir=str(tmp_path / "inferred"),
+        bundle_root=str(root / "bundle"),
+        **settings,
+    )
+    workflow.initialize()
+    workflow.run()
+    _workflow(["train.json", "evaluate.json"], "evaluating", **overrides, eval_dir=str(tmp_path / "eval"))
+    with open(tmp_path / "inferred" / "quality.csv") as f:
+        served = {r["case"]: r for r in csv.DictReader(f)}
+    with open(tmp_path / "eval" / "metrics.csv") as f:
+        evaluated = {r["case"][: -len(".nii.gz")]: r for r in csv.DictReader(f)}
+    assert set(served) == set(evaluated) and len(served) == 2
+    for case, row in evaluated.items():
+        assert float(row["est_mean_dice"]) == pytest.approx(float(served[case]["case_score"]), abs=1e-5)
+        assert row["review_flag"] == served[case]["review"] and row["review_flag"] in ("yes", "no", "")
+        assert row["review_reasons"] == served[case]["reasons"]
+        assert 0 <= float(row["mean_dice"]) <= 1  # the truth beside the flag
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    review = summary["review"]
+    assert sum(review[k]["volumes"] for k in ("flagged", "passed", "not_judged")) == 2
+    assert review["bound"] == pytest.approx(1 / 5) and review["validation_volumes"] == 4

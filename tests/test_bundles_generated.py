@@ -9,7 +9,7 @@ import json
 import pytest
 from monai.bundle import ConfigWorkflow
 
-from calib_monai.bundle_factory import bundle_names, render_bundle
+from bundle_factory import bundle_names, render_bundle
 from conftest import REPO_ROOT
 
 BUNDLES = REPO_ROOT / "bundles"

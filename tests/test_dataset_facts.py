@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from calib_monai.bundle_factory import DATASETS, render_bundle
-from calib_monai.bundle_factory.specs import Dataset
+from bundle_factory import DATASETS, render_bundle
+from bundle_factory.specs import Dataset
 from calib_monai.data import DatasetFacts, MSDDataset
 
 NAMES = sorted(DATASETS)

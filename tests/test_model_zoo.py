@@ -31,7 +31,7 @@ from monai.bundle import ConfigParser, ckpt_export, create_workflow, verify_meta
 from packaging.requirements import Requirement
 
 import calib_monai
-from calib_monai.bundle_factory import bundle_names
+from bundle_factory import bundle_names
 from conftest import REPO_ROOT
 
 pytestmark = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from calib_monai.bundle_factory import DATASETS, render_bundle
+from bundle_factory import DATASETS, render_bundle
 from calib_monai.data import FLARE
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, image_only, only, phase_transforms
 from conftest import REPO_ROOT
@@ -37,7 +37,9 @@ def test_bundle_chains_are_the_phases_of_the_component_list(name):
     train, evaluate = json.loads(files["configs/train.json"]), json.loads(files["configs/evaluate.json"])
     inference = json.loads(files["configs/inference.json"])
     assert train["train"]["preprocessing"]["transforms"] == phase_transforms(steps, TRAINING)
-    assert train["validate"]["preprocessing"]["transforms"] == phase_transforms(steps, EVALUATION)
+    # the scored volumes go through the inference chain plus the label: no crop/pad to roi_size that inference lacks
+    scored = [t for t in phase_transforms(steps, EVALUATION) if t["_target_"] != "ResizeWithPadOrCropd"]
+    assert train["validate"]["preprocessing"]["transforms"] == scored
     assert inference["preprocessing"]["transforms"] == phase_transforms(steps, INFERENCE)
     # each dataset applies its phase's chain; evaluate.json scores the test volumes with the evaluation chain
     assert "@train#preprocessing" in train["train"]["dataset"]

@@ -24,6 +24,8 @@ from calib_monai.metrics import (
     SegmentationReportMetric,
     SegmentationReportTable,
     calibration_errors,
+    cece_all,
+    ml1ace,
     segmentation_metrics_per_volume,
 )
 from calib_monai.metrics.report_table import case_name, voxel_spacing
@@ -75,8 +77,10 @@ def _reference_row(vol: dict, regions: dict | None = None) -> dict[str, float]:
         warnings.simplefilter("ignore")
         gt = calibration_errors(prob, label, ("ece", "cece", "tace", "ml1ace", "nll", "brier"))
     union = calibration_errors(prob, label, ("ece", "cece", "tace", "ml1ace"), foreground="union")
-    row.update({c: gt[c] for c in ("ece", "cece", "tace", "ml1ace")})
-    row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace", "ml1ace")})
+    row.update({c: gt[c] for c in ("ece", "cece", "tace")})
+    row.update({f"{c}_union": union[c] for c in ("ece", "cece", "tace")})
+    row["ml1ace_gt"], row["ml1ace_gt_union"] = gt["ml1ace"], union["ml1ace"]  # the formula on those voxels
+    row["ml1ace"], row["cece_all"] = ml1ace(prob, label), cece_all(prob, label)  # the papers' definitions
     row["nll"], row["brier"] = gt["nll"], gt["brier"]
     row.update(_reference_quality(vol, spacing))
     return row
@@ -127,7 +131,9 @@ def test_metric_table_equals_the_report_rows():
     vols = _volumes()
     metric = SegmentationReportMetric(NAMES, regions=REGIONS)
     assert metric.columns[:4] == ("dice_outer", "dice_inner", "mean_dice", "hd95_outer")
-    assert {"dice_core", "asd_whole", "tace_union", "ml1ace", "ml1ace_union", "nll", "brier"} <= set(metric.columns)
+    assert {"dice_core", "asd_whole", "tace_union", "ml1ace", "ml1ace_gt_union", "cece_all", "nll", "brier"} <= set(
+        metric.columns
+    )
     spacings = [[float(v) for v in torch.linalg.norm(v["image"].affine[:3, :3].double(), dim=0)] for v in vols]
     with pytest.warns(UserWarning):
         metric([v["prob"] for v in vols], [v["label"] for v in vols], pred=[v["pred"] for v in vols], spacing=spacings)
@@ -140,7 +146,10 @@ def test_metric_table_equals_the_report_rows():
         ]
     for values, row, vol in zip(table.tolist(), rows, vols):
         reference = _reference_row(vol, REGIONS)
-        assert list(row)[1:] == list(metric.columns) and set(reference) == set(metric.columns)
+        # the metric's columns after the case, then only the report table's review columns (report_table.py)
+        columns = list(row)[1:]
+        assert columns[: len(metric.columns)] == list(metric.columns) and set(reference) == set(metric.columns)
+        assert all(c.startswith("review_") for c in columns[len(metric.columns) :])
         for column, value in zip(metric.columns, values):
             assert value == pytest.approx(reference[column], rel=1e-12, nan_ok=True), column
             assert value == pytest.approx(row[column], rel=0, abs=0, nan_ok=True), column  # the very same numbers
@@ -234,3 +243,23 @@ def test_handlers_change_nothing_until_attached_and_run(tmp_path):
     report.attach(engine)
     assert len(engine._event_handlers[Events.COMPLETED]) == before[Events.COMPLETED] + 2  # the saver, the rows
     assert not (tmp_path / "out").exists() and saver.metric_name == "segmentation_report"
+
+
+@pytest.mark.parametrize("empty_class", ["nan", "papers"])
+def test_an_absent_structure_has_the_same_estimate_and_truth_convention(empty_class):
+    # class 2 absent from the label, the prediction and the probabilities: its DSC and estimated DSC are both NaN
+    # ("nan": left out of mean_dice and of the case score) or both 1 ("papers")
+    vol = _volume(5, 1.0)
+    vol["label"][vol["label"] == 2] = 1
+    prob = vol["prob"].clone()
+    prob[1] += prob[2]
+    prob[2] = 0
+    pred = torch.nn.functional.one_hot(prob.argmax(0), 3).permute(3, 0, 1, 2).float()
+    metric = SegmentationReportMetric(NAMES, empty_class=empty_class, surface_distances=False)
+    metric([prob], [vol["label"]], pred=[pred], spacing=[[1.0, 1.0, 1.0]])
+    row = dict(zip(metric.columns, metric.aggregate()[0].tolist()))
+    assert math.isnan(row["dice_inner"]) == math.isnan(row["est_dice_inner"]) == (empty_class == "nan")
+    if empty_class == "papers":
+        assert row["dice_inner"] == row["est_dice_inner"] == 1.0
+    expected_score = np.nanmean([row["est_dice_outer"], row["est_dice_inner"]])
+    assert row["est_mean_dice"] == pytest.approx(expected_score, abs=1e-12)

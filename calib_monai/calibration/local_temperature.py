@@ -1,11 +1,15 @@
 """Local temperature scaling (Ding Z. et al., Local Temperature Scaling for Probability Calibration, ICCV 2021).
 
 ``softmax(z / T(x))`` with a per-pixel temperature ``T(x) = softplus(CNN([z, image])) + 0.05`` predicted from the
-logits and the image, fitted on held-out slices by NLL. This is a small version of the paper's network (two 3x3
-convolutions on 2D slices, like the segmentation network); ``T(x) > 0`` keeps the argmax.
+logits and the image, fitted on held-out slices by NLL, with early stopping on a held-out share of them. This is a
+small version of the paper's network (two 3x3 convolutions on 2D slices, like the segmentation network); ``T(x) > 0``
+keeps the argmax.
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -38,6 +42,7 @@ class LocalTemperatureScaling(nn.Module):
         )
         nn.init.zeros_(self.body[-1].weight)
         nn.init.constant_(self.body[-1].bias, _START)
+        self.history: dict[str, float] = {}  # the last fit's held-out NLL before / after and its best step
 
     def temperature_map(self, logits: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         """``(N, 1, H, W)`` temperatures, each ``> 0.05``."""
@@ -51,36 +56,83 @@ class LocalTemperatureScaling(nn.Module):
 
     def fit(
         self,
-        logits: torch.Tensor,
-        images: torch.Tensor,
-        labels: torch.Tensor,
+        logits: torch.Tensor | Sequence[torch.Tensor],
+        images: torch.Tensor | Sequence[torch.Tensor],
+        labels: torch.Tensor | Sequence[torch.Tensor],
         steps: int = 300,
         batch_size: int = 16,
         lr: float = 1e-2,
         seed: int = 0,
+        held_out: tuple | None = None,
+        eval_every: int = 10,
     ) -> LocalTemperatureScaling:
-        """Adam on the NLL of ``steps`` batches of random slices: ``logits (S, C, H, W)``, ``images (S, C_in, H, W)``,
-        ``labels (S, H, W)``; seeded (initialisation and batches)."""
-        if (
-            logits.ndim != 4
-            or images.shape[0] != logits.shape[0]
-            or labels.shape != (logits.shape[0], *logits.shape[2:])
-        ):
-            raise ValueError(
-                f"need logits (S, C, H, W), images (S, C_in, H, W), labels (S, H, W); got "
-                f"{tuple(logits.shape)}, {tuple(images.shape)}, {tuple(labels.shape)}"
-            )
+        """Adam on the NLL of ``steps`` batches of random slices: ``logits (S, C, H, W)``, ``images (S, C_in, H,
+        W)``, ``labels (S, H, W)``, or lists of such groups of slices whose in-plane sizes differ (a batch is drawn
+        from one group, chosen in proportion to its slices); seeded (initialisation and batches).
+
+        With ``held_out`` (the same three, slices not fitted on) the held-out NLL over all their voxels is measured
+        before the fit and every ``eval_every`` steps, and the parameters with the lowest one are kept (early
+        stopping, as the authors' code keeps the best validation epoch); ``history`` then holds
+        ``heldout_nll_before``, ``heldout_nll_after`` and ``best_step`` (0: the start was best)."""
+        groups = _groups(logits, images, labels)
+        held = _groups(*held_out) if held_out is not None else []
         torch.manual_seed(seed)
         for module in self.body:
             if isinstance(module, nn.Conv2d) and module is not self.body[-1]:
                 module.reset_parameters()
         optimizer = torch.optim.Adam(self.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
-        self.train()
-        for _ in range(int(steps)):
-            batch = torch.randint(0, logits.shape[0], (batch_size,), generator=generator)
-            loss = F.cross_entropy(self(logits[batch], images[batch]), labels[batch].long())
+        sizes = torch.tensor([float(z.shape[0]) for z, _, _ in groups])
+        best = (self.nll(held), 0, copy.deepcopy(self.state_dict())) if held else None
+        before = best[0] if best else float("nan")
+        for step in range(1, int(steps) + 1):
+            self.train()
+            z, x, y = groups[int(torch.multinomial(sizes, 1, generator=generator))]
+            batch = torch.randint(0, z.shape[0], (batch_size,), generator=generator)
+            loss = F.cross_entropy(self(z[batch], x[batch]), y[batch].long())
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if best is not None and (step % max(1, int(eval_every)) == 0 or step == int(steps)):
+                nll = self.nll(held)
+                if nll < best[0]:
+                    best = (nll, step, copy.deepcopy(self.state_dict()))
+        if best is not None:
+            self.load_state_dict(best[2])
+            self.history = {"heldout_nll_before": before, "heldout_nll_after": best[0], "best_step": best[1]}
         return self.eval()
+
+    @torch.no_grad()
+    def nll(self, groups: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], chunk: int = 64) -> float:
+        """The mean NLL over every voxel of ``groups`` of ``(logits, images, labels)`` slices, calibrated."""
+        self.eval()
+        total, count = 0.0, 0
+        for z, x, y in groups:
+            for i in range(0, z.shape[0], chunk):
+                out = self(z[i : i + chunk], x[i : i + chunk])
+                total += float(F.cross_entropy(out.double(), y[i : i + chunk].long(), reduction="sum"))
+                count += y[i : i + chunk].numel()
+        return total / max(count, 1)
+
+
+def _groups(logits, images, labels) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Groups of slices ``(logits (S, C, H, W), images (S, C_in, H, W), labels (S, H, W))``, checked."""
+    if isinstance(logits, torch.Tensor):
+        logits, images, labels = [logits], [images], [labels]
+    groups = list(zip(logits, images, labels))
+    if not groups or len(groups) != len(logits):
+        raise ValueError("local temperature scaling needs at least one group of slices (logits, images, labels)")
+    for z, x, y in groups:
+        if (
+            z.ndim != 4
+            or x.shape[0] != z.shape[0]
+            or x.shape[2:] != z.shape[2:]
+            or y.shape != (z.shape[0], *z.shape[2:])
+        ):
+            raise ValueError(
+                f"need logits (S, C, H, W), images (S, C_in, H, W), labels (S, H, W); got "
+                f"{tuple(z.shape)}, {tuple(x.shape)}, {tuple(y.shape)}"
+            )
+        if z.shape[0] == 0:
+            raise ValueError("local temperature scaling got an empty group of slices")
+    return groups

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from calib_monai.checks import check_option
+
 __all__ = ["TemperatureScaling", "calibration_voxels", "check_voxels", "fit_temperature", "sample_voxels"]
 
 VOXEL_CHOICES = ("foreground", "all")
@@ -44,8 +46,7 @@ def calibration_voxels(
     ``voxels="foreground"`` keeps the ground-truth foreground voxels (label > 0), where the papers' ECE is measured;
     ``"all"`` keeps every voxel (the NLL is then dominated by easy background voxels).
     """
-    if voxels not in VOXEL_CHOICES:
-        raise ValueError(f"calibration voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
+    check_option("calibration voxels", voxels, VOXEL_CHOICES)
     volumes = list(volumes)
     generator = torch.Generator().manual_seed(seed)
     share = max(1, int(max_voxels) // max(1, len(volumes)))

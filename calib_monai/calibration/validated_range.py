@@ -1,23 +1,40 @@
 """The validated range: what the served model's case quality looked like on its validation volumes, stored next to
 its weights, and the review flag of a new case against it.
 
-The bundle's ``calibrate`` step scores every validation volume with the calibrated probabilities it serves
-(:func:`calib_monai.metrics.case_quality`) and writes ``<models>/validated_range.json``: the case scores and the
-expected volume of every class, the rule, and the SHA-256 of the ``model.pt`` they were measured with (a range is
-never applied to other weights). At inference, :class:`CaseQualityd` scores each case the same way and flags it
-for review when
+The bundle's ``calibrate`` step scores every validation volume with a recalibration it did not fit (2-fold
+cross-fitting by default, :mod:`calib_monai.calibration.fitting`) and writes ``<models>/validated_range.json``: the
+case scores and expected volumes, the image statistics, the pooled bottleneck features (as a fitted
+:class:`~calib_monai.metrics.feature_distance.MahalanobisDistance`), the rule, its false-flag bound and the SHA-256 of
+the ``model.pt`` they were measured with (a range is never applied to other weights).
 
-* its case score (mean estimated DSC) is below the ``k``-th lowest validation score, ``k = max(1, floor(alpha (n +
-  1)))``: for a case exchangeable with the ``n`` validation volumes this happens with probability ``k / (n + 1) <=
-  alpha`` (a conformal bound; with ``n < 1 / alpha - 1`` volumes ``k`` is 1 and the bound is ``1 / (n + 1)``), or
-* (``volume_factor`` > 0) the expected volume of a class is outside the validation volumes' range widened by that
-  factor (``[min / f, max * f]``): a structure far larger or smaller than any validated one, or
-* (``input_check``) its image's intensities are unlike the validation images': the largest standardised distance
-  ``max_j |f_j - mean_j| / std_j`` of its per-channel mean and standard deviation
-  (:func:`calib_monai.metrics.case_quality.image_statistics`) from the validation images' exceeds the ``k``-th
-  largest leave-one-out distance of the validation images themselves (the same conformal rule).
+The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformity score. For the ``n + 1`` cases
+(the ``n`` validation volumes and the new case) each signal ``j`` gives each case a nonconformity ``a_j`` (larger:
+more extreme), each measured against the other ``n``:
 
-Which rule and which ``alpha`` the bundles use is a measured choice (``docs/results``, the quality study).
+* the case score (mean estimated DSC), negated (no case score: more extreme than any);
+* (``input_check``) the image intensities: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of
+  the image's per-channel mean and standard deviation from the other ``n`` images';
+* (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
+  bottleneck features from the other ``n`` cases', on the ``n + 1`` vectors' own leading principal components.
+
+Each is put on one scale as a robust z-score against the other ``n`` (``z_j = (a_j - median) / (1.4826 MAD)``) and
+the combined score is ``T = max_j z_j``; the case is flagged when ``#{i <= n + 1: T_i >= T_case} <= k``,
+``k = floor(alpha (n + 1))`` (among the ``k`` most extreme, ties counted against it). ``T`` is a symmetric function
+of the ``n + 1`` cases, so for a case exchangeable with the validation volumes its rank is uniform over the ``n + 1``
+up to ties and it is flagged with probability at most ``k / (n + 1) <= alpha`` (full conformal prediction, Vovk et
+al. 2005, "Algorithmic Learning in a Random World"), whatever the number of signals: no union bound. Why z-scores and
+not the best per-signal rank ``min_j R_j``: ranks saturate at 1, so with ``k = 1`` (n = 19-38 at alpha 0.05) each
+signal's most extreme case ties at ``T = 1`` and a case would be flagged only when it is the most extreme in every
+signal; the z-score keeps how far beyond the others a case lies, so a case far out in one signal outranks the
+validation volume that is merely the lowest of a tight bunch. With
+cross-fitting the validation scores come from the two half-fits and a served case from the fit on all validation
+volumes, so the exchangeability is approximate (``calibration.json`` says so). When ``n < 1 / alpha - 1`` then
+``k = 0``: the rule cannot flag at that alpha and every case gets the flag ``None`` with its rank and the number of
+volumes needed (raise ``review_alpha`` or validate on more). A signal that has nothing to judge (no image statistics,
+a TorchScript network without feature hook) is left out with the reason in ``review.left_out``; NaN features or
+statistics give the flag ``None`` with the reason. With ``volume_factor`` > 0 a class's expected volume outside the
+validation volumes' range widened by it (``[min / f, max * f]``) also flags, adding at most ``2 / (n + 1)`` per class
+to the bound. Which signals the bundles use is a measured choice (``docs/results``).
 """
 
 from __future__ import annotations
@@ -27,16 +44,16 @@ import logging
 import math
 import os
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import torch
 from monai.transforms import MapTransform
 
-from calib_monai.atomic import write_json_atomically
+from calib_monai.calibration.review_rule import ValidatedRange
 from calib_monai.calibration.stored import file_sha256
 from calib_monai.metrics.case_quality import case_quality, image_statistics
+from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 
 __all__ = [
@@ -44,184 +61,72 @@ __all__ = [
     "CaseQualityd",
     "ValidatedRange",
     "load_validated_range",
+    "read_validated_range",
     "review_case",
     "voxel_volume_ml",
 ]
 
 logger = logging.getLogger("calib_monai")
 VALIDATED_RANGE_FILE = "validated_range.json"
+_FIX = "delete it and run the bundle's calibrate step again"
 
 
-@dataclass
-class ValidatedRange:
-    """The validation cases' case scores and per-class expected volumes (mL), and the flag rule's settings."""
-
-    scores: list[float]
-    volumes: dict[str, list[float]] = field(default_factory=dict)
-    alpha: float = 0.05
-    volume_factor: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)  # weights, calibration, volumes: what it was measured on
-    inputs: list[list[float]] = field(default_factory=list)  # image_statistics of each validation image
-    input_check: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 < float(self.alpha) < 1:
-            raise ValueError(f"validated range alpha must be in (0, 1), got {self.alpha}")
-        if float(self.volume_factor) != 0 and float(self.volume_factor) < 1:
-            raise ValueError(f"validated range volume_factor must be 0 (off) or >= 1, got {self.volume_factor}")
-        self.scores = [float(s) for s in self.scores if s == s]
-
-    @classmethod
-    def from_qualities(
-        cls,
-        qualities: Sequence[Mapping[str, Any]],
-        alpha: float = 0.05,
-        volume_factor: float = 0.0,
-        inputs: Sequence[Sequence[float]] = (),
-        input_check: bool = False,
-        **info: Any,
-    ) -> ValidatedRange:
-        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
-        :func:`~calib_monai.metrics.case_quality.image_statistics` of their images)."""
-        if not qualities:
-            raise ValueError("a validated range needs at least one validation volume")
-        names = list(qualities[0]["classes"])
-        volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
-        return cls(
-            [float(q["case_score"]) for q in qualities],
-            volumes,
-            alpha,
-            volume_factor,
-            info,
-            [list(map(float, f)) for f in inputs],
-            bool(input_check),
-        )
-
-    @property
-    def rank(self) -> int:
-        """``k``: a case is flagged below the k-th lowest validation score."""
-        return max(1, math.floor(self.alpha * (len(self.scores) + 1)))
-
-    @property
-    def score_threshold(self) -> float:
-        return float(sorted(self.scores)[self.rank - 1]) if self.scores else float("nan")
-
-    def _input_distance(self, features: Sequence[float], exclude: int | None = None) -> float:
-        """Largest standardised distance of ``features`` from the validation images' (leaving one out)."""
-        reference = np.array([f for i, f in enumerate(self.inputs) if i != exclude], dtype=np.float64)
-        mean, std = reference.mean(0), reference.std(0)
-        std = np.where(std > 0, std, np.finfo(np.float64).eps)
-        return float(np.max(np.abs(np.asarray(features, dtype=np.float64) - mean) / std))
-
-    @property
-    def input_threshold(self) -> float:
-        """The k-th largest leave-one-out distance of the validation images (NaN with fewer than 3)."""
-        if len(self.inputs) < 3:
-            return float("nan")
-        distances = sorted((self._input_distance(f, i) for i, f in enumerate(self.inputs)), reverse=True)
-        return distances[self.rank - 1]
-
-    def check(self, quality: Mapping[str, Any], image_statistics: Sequence[float] | None = None) -> dict[str, Any]:
-        """The review verdict of one case (``image_statistics`` of its image for the input rule):
-        ``{"flag", "reasons", "score_threshold", "validation_volumes"}``."""
-        reasons = []
-        score = float(quality["case_score"])
-        threshold = self.score_threshold
-        if not score == score:
-            reasons.append("no case score (the model predicts none of the structures and gives them no probability)")
-        elif score < threshold:
-            reasons.append(
-                f"estimated mean DSC {score:.3f} is below the validated range ({threshold:.3f}, the "
-                f"{_ordinal(self.rank)} lowest of {len(self.scores)} validation volumes)"
-            )
-        if self.volume_factor:
-            for name, values in self.volumes.items():
-                volume = float(quality["classes"].get(name, {}).get("volume", float("nan")))
-                low, high = min(values) / self.volume_factor, max(values) * self.volume_factor
-                if volume == volume and not low <= volume <= high:
-                    reasons.append(f"{name} volume {volume:.3g} mL is outside the validated {low:.3g}-{high:.3g} mL")
-        if self.input_check and image_statistics is not None and len(self.inputs) >= 3:
-            distance, limit = self._input_distance(image_statistics), self.input_threshold
-            if distance > limit:
-                reasons.append(
-                    f"the image's intensities are unlike the validation images' (distance {distance:.1f} "
-                    f"standard deviations, validated up to {limit:.1f})"
-                )
-        return {
-            "flag": bool(reasons),
-            "reasons": reasons,
-            "score_threshold": threshold,
-            "validation_volumes": len(self.scores),
-        }
-
-    def save(self, path: str | os.PathLike, weights: str | os.PathLike) -> Path:
-        """Write the range (with the SHA-256 of ``weights``) to ``path`` atomically."""
-        path = Path(path)
-        record = {
-            **asdict(self),
-            "rule": self.describe(),
-            "weights": Path(weights).name,
-            "weights_sha256": file_sha256(weights),
-        }
-        return write_json_atomically(path, record)
-
-    def describe(self) -> str:
-        rule = (
-            f"flag a case whose estimated mean DSC is below the {_ordinal(self.rank)} lowest of the "
-            f"{len(self.scores)} validation volumes' ({self.score_threshold:.3f})"
-        )
-        if self.volume_factor:
-            rule += (
-                f", or whose expected volume of a class is outside the validated range widened {self.volume_factor}x"
-            )
-        if self.input_check:
-            rule += ", or whose image intensities lie further from the validation images' than all but k-1 of them"
-        return rule
-
-
-def _ordinal(n: int) -> str:
-    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
-
-
-def load_validated_range(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ValidatedRange | None:
-    """The range stored at ``path`` (or ``<path>/validated_range.json``), None when there is none or when it was
-    measured with other weights than ``weights`` (a warning says so)."""
+def read_validated_range(
+    path: str | os.PathLike, weights: str | os.PathLike | None = None
+) -> tuple[ValidatedRange | None, str]:
+    """``(range, "")``, or ``(None, why not)`` when ``path`` (or ``<path>/validated_range.json``) is missing or was
+    measured with other weights than ``weights`` (a warning says so); a file that is not a validated range raises a
+    one-line ValueError naming it."""
     path = Path(path)
     if path.is_dir():
         path = path / VALIDATED_RANGE_FILE
     if not path.is_file():
-        return None
+        return None, f"no validated range at {path}: run the bundle's calibrate step to get review flags"
     try:
         record = json.loads(path.read_text())
-        fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info")}
-        fields.update({k: record[k] for k in ("inputs", "input_check") if k in record})
-    except (ValueError, KeyError) as err:
-        raise ValueError(
-            f"{path} is not a validated range of calib_monai ({type(err).__name__}: {err}); delete it "
-            "and run the bundle's calibrate step again"
-        ) from err
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); {_FIX}") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a {type(record).__name__}, not a validated range; {_FIX}")
+    missing = [k for k in ("scores", "volumes", "alpha", "volume_factor", "info") if k not in record]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}: not a validated range of calib_monai; {_FIX}")
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
-        logger.warning(
-            f"{path} was measured with other weights than {weights} (the model was trained again since): "
-            "no review flags; run the bundle's calibrate step again"
+        why = (
+            f"{path} was measured with other weights than {weights} (the model was trained again since): no review "
+            "flags; run the bundle's calibrate step again"
         )
-        return None
-    return ValidatedRange(**fields)
+        logger.warning(why)
+        return None, why
+    fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info")}
+    fields.update({k: record[k] for k in ("inputs", "input_check", "features", "feature_check") if k in record})
+    try:
+        return ValidatedRange(**fields), ""
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: {err}; {_FIX}") from err
+
+
+def load_validated_range(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ValidatedRange | None:
+    """The range stored at ``path`` (or ``<path>/validated_range.json``), None when there is none or when it was
+    measured with other weights than ``weights`` (:func:`read_validated_range`)."""
+    return read_validated_range(path, weights)[0]
 
 
 def review_case(
-    quality: Mapping[str, Any], validated: ValidatedRange | None, image_statistics: Sequence[float] | None = None
+    quality: Mapping[str, Any],
+    validated: ValidatedRange | None,
+    image_statistics: Sequence[float] | None = None,
+    missing: str = "",
+    features: Any = None,
+    features_missing: str = "",
 ) -> dict[str, Any]:
-    """``quality`` with its ``review`` verdict (``flag`` None and the reason when no range is stored)."""
+    """``quality`` with its ``review`` verdict (``flag`` None and the reason, ``missing``, when no range applies);
+    ``features``: the case's pooled network features (None: left out, ``features_missing`` says why)."""
     if validated is None:
-        review = {
-            "flag": None,
-            "reasons": [
-                "no validated range stored next to the weights: run the bundle's calibrate step to get review flags"
-            ],
-        }
+        reason = missing or "no validated range stored next to the weights: run the bundle's calibrate step"
+        review = {"flag": None, "reasons": [f"cannot judge: {reason}"]}
     else:
-        review = validated.check(quality, image_statistics)
+        review = validated.check(quality, image_statistics, features, features_missing)
     return {**quality, "review": review}
 
 
@@ -232,9 +137,10 @@ def voxel_volume_ml(image: Any) -> float:
 
 
 class CaseQualityd(MapTransform):
-    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``) and its review flag, as
-    ``data[quality_key]`` (a plain dict of numbers, see :func:`calib_monai.metrics.case_quality` and
-    :func:`review_case`); a flagged case gets one warning line in the log.
+    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``, on the preprocessed grid
+    the network saw) and its review flag, as ``data[quality_key]`` (a plain dict of numbers, see
+    :func:`calib_monai.metrics.case_quality` and :func:`review_case`); a flagged case gets one warning line in the
+    log. ``inferring``, ``TrainedBundle.predict`` and ``evaluating`` run this same transform.
 
     Args:
         keys: the probabilities (after the calibration and the softmax).
@@ -243,6 +149,10 @@ class CaseQualityd(MapTransform):
         label_names: ``{"0": "background", ...}``: the class names of the output.
         image_key: the preprocessed image, whose affine gives the voxel volume (mL).
         confidence_threshold: the confidence below which a predicted voxel counts as low confidence.
+        network: the network the inferer runs (the config's ``@network``, ``TrainedBundle.network``'s instance): a
+            :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook on it pools each case's bottleneck
+            features for the range's feature signal (one case per forward batch: the bundles' batch size 1). None, a
+            TorchScript network or a network that did not run for the case: the feature signal is left out, with why.
     """
 
     def __init__(
@@ -255,14 +165,24 @@ class CaseQualityd(MapTransform):
         image_key: str = "image",
         confidence_threshold: float = 0.8,
         allow_missing_keys: bool = False,
+        network: torch.nn.Module | None = None,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
+        self.missing = ""
+        self.features, self.features_missing = None, "no network was given to CaseQualityd (network=@network)"
+        if network is not None:
+            try:
+                self.features = BottleneckFeatures(network).start()
+            except ValueError as err:
+                self.features_missing = str(err)
         if isinstance(validated_range, (str, os.PathLike)):
-            validated_range = load_validated_range(validated_range, weights)
+            validated_range, self.missing = read_validated_range(validated_range, weights)
         self.validated_range = validated_range
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
         self.quality_key, self.image_key = quality_key, image_key
         self.confidence_threshold = float(confidence_threshold)
+        if validated_range is not None and validated_range.warnings:
+            logger.warning("validated range: " + "; ".join(validated_range.warnings))
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
@@ -277,11 +197,24 @@ class CaseQualityd(MapTransform):
             )
             image = d.get(self.image_key)
             stats = image_statistics(image) if image is not None else None
-            quality = review_case(quality, self.validated_range, stats)
+            features, why = self._pop_features()
+            quality = review_case(quality, self.validated_range, stats, self.missing, features, why)
             if quality["review"]["flag"]:
                 logger.warning(f"case {_case(d, self.image_key)}: review: " + "; ".join(quality["review"]["reasons"]))
             d[self.quality_key] = quality
         return d
+
+    def _pop_features(self) -> tuple[Any, str]:
+        """The pooled features of the case the network just ran on (None and why when there are none)."""
+        if self.features is None:
+            return None, self.features_missing
+        try:
+            return self.features.pop().vector, ""
+        except RuntimeError:
+            return None, (
+                "the hooked network did not run for this case (a TorchScript model.ts, or a batch of several cases "
+                "whose features were taken by the first)"
+            )
 
 
 def _case(d: Mapping, image_key: str) -> str:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 from ignite.engine import Engine, Events
-from torch.nn import functional as F
 
-from calib_monai.calibration import LocalTemperatureScaling, TemperatureScaling, calibrate_volume, save_calibration
-from calib_monai.calibration.temperature import VOXEL_CHOICES, calibration_voxels, check_voxels
+from calib_monai.calibration.fitting import ValidationVolume, cross_fit, measure_validated_range, split_volumes
+from calib_monai.calibration.stored import calibrate_settings, publish_calibration
+from calib_monai.calibration.temperature import VOXEL_CHOICES
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
-from calib_monai.metrics import case_quality, ece
-from calib_monai.metrics.case_quality import image_statistics
+from calib_monai.metrics.network_features import BottleneckFeatures
+from calib_monai.metrics.report_table import case_name
 
 __all__ = ["CalibrationFitter"]
 
@@ -32,13 +32,23 @@ class CalibrationFitter:
     reads over the whole image (case quality, volumes) are calibrated by a fit on all voxels; which to use is
     measured in ``docs/results`` (the ``calibrated`` and ``quality`` studies);
     ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
-    2D slices (logits, image, label) along ``spatial_dim``. The log line and the files give NLL (all voxels) and ECE
-    (ground-truth foreground voxels, 15 bins) of the fitted data before and after.
+    2D slices (logits, image, label) along ``spatial_dim``, a fifth of them held out for early stopping.
 
-    With ``validated_range_path``, the validation volumes are then scored with the fitted calibration
-    (:func:`calib_monai.metrics.case_quality`) and their case scores and volumes stored there
-    (:class:`calib_monai.calibration.validated_range.ValidatedRange`, rule ``review_alpha`` /
-    ``review_volume_factor``): the range inference flags cases against.
+    Every validation volume in the validated range is scored by a recalibration it did not fit: by default 2-fold
+    cross-fitting (``crossfit``: halves A and B, seeded; the fit on A scores B and the fit on B scores A; the served
+    recalibration is fitted on all volumes, so the range is approximately, not exactly, exchangeable with a served
+    case: :mod:`calib_monai.calibration.fitting`), else a plain split (``split`` of them fit, the others measure).
+    The log line and ``calibration.json`` name every number for what it was measured on (``range_volumes_*``: the
+    range's volumes, each by the fit that did not see it; ``heldout_slices_*``: the early-stopping slices;
+    ``in_sample_*``: the fitted data): NLL over all voxels, ECE over the ground-truth foreground voxels (15 bins),
+    before and after, and which scheme was used (``split``).
+
+    With ``validated_range_path``, the range's volumes are scored (:func:`calib_monai.metrics.case_quality`) and
+    their case scores, volumes, image statistics and (``network`` given, ``review_feature_check``) pooled bottleneck
+    features, captured by a :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook while the
+    evaluator runs (one volume per batch), stored there (:class:`calib_monai.calibration.validated_range.
+    ValidatedRange`, rule ``review_alpha`` / ``review_volume_factor`` / ``review_input_check`` /
+    ``review_feature_check``, with its false-flag bound): the range inference flags against.
 
     Args:
         output_path: the calibration file.
@@ -46,12 +56,18 @@ class CalibrationFitter:
             applied to other weights).
         method: ``"temperature"`` or ``"local_temperature"``.
         num_classes, in_channels: of the network (local temperature scaling).
-        max_voxels, max_slices, lts_steps, seed: fit budget and seed.
+        max_voxels, max_slices, lts_steps, seed: fit budget and seed (also the split's).
+        split: without ``crossfit``, the share of validation volumes that fit the recalibration (the others measure
+            the range); 0: all volumes do both (in-sample, with a warning).
+        crossfit: 2-fold cross-fitting (default): all validation volumes in the range, each scored by the fit on the
+            other half.
+        network: the evaluator's network, whose bottleneck features the range's feature signal uses (None: none).
         voxels: ``"foreground"`` (ground-truth foreground, default) or ``"all"``: the voxels temperature scaling is
             fitted on.
         validated_range_path: where to store the validated range (None: not stored).
         label_names: ``{"0": "background", ...}`` (the range's class names).
-        review_alpha, review_volume_factor, review_input_check: the review rule stored with the range.
+        review_alpha, review_volume_factor, review_input_check, review_feature_check: the review rule stored with
+            the range.
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
@@ -77,6 +93,10 @@ class CalibrationFitter:
         review_alpha: float = 0.05,
         review_volume_factor: float = 0.0,
         review_input_check: bool = False,
+        split: float = 0.5,
+        crossfit: bool = True,
+        network: torch.nn.Module | None = None,
+        review_feature_check: bool = False,
     ) -> None:
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
@@ -96,110 +116,146 @@ class CalibrationFitter:
             "alpha": float(review_alpha),
             "volume_factor": float(review_volume_factor),
             "input_check": bool(review_input_check),
+            "feature_check": bool(review_feature_check),
         }
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
-        self._volumes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._voxel_ml: list[float] = []
+        split_volumes(2, split)  # the share is checked now, too
+        self.split, self.crossfit = float(split), bool(crossfit)
+        self._volumes: list[ValidationVolume] = []
+        self._features: list = []
+        self._hook, self._hook_problem = None, "no network given to the calibrate step's CalibrationFitter"
+        if network is not None and self.review["feature_check"]:
+            try:
+                self._hook = BottleneckFeatures(network)
+            except ValueError as err:
+                self._hook_problem = str(err)
 
     def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.STARTED, lambda _: (self._volumes.clear(), self._voxel_ml.clear()))
+        engine.add_event_handler(Events.STARTED, self._start)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._collect)
         engine.add_event_handler(Events.COMPLETED, self._fit)
+
+    def _start(self, engine: Engine) -> None:
+        self._volumes.clear()
+        self._features.clear()
+        if self._hook is not None:
+            self._hook.start()
 
     def _collect(self, engine: Engine) -> None:
         logits_key, label_key, image_key = self.keys
         items = engine.state.output if isinstance(engine.state.output, list) else [engine.state.output]
+        pooled = None
+        if self._hook is not None and self._hook.positions > 0:
+            pooled = self._hook.pop().vector if len(items) == 1 else None  # a batch of volumes pools them together
+            self._hook.reset()
         for item in items:
+            self._features.append(pooled)
             logits = torch.as_tensor(item[logits_key]).detach().float().cpu()
             label = torch.as_tensor(item[label_key]).detach().cpu()
             label = (label.argmax(0) if label.shape[0] > 1 else label[0]).long()
-            self._voxel_ml.append(voxel_volume_ml(item[image_key]))
             image = torch.as_tensor(item[image_key]).detach().float().cpu()
             self._volumes.append(
-                (logits.as_subclass(torch.Tensor), label.as_subclass(torch.Tensor), image.as_subclass(torch.Tensor))
+                ValidationVolume(
+                    logits.as_subclass(torch.Tensor),
+                    label.as_subclass(torch.Tensor),
+                    image.as_subclass(torch.Tensor),
+                    voxel_volume_ml(item[image_key]),
+                    case_name(item, len(self._volumes)),
+                )
             )
 
-    def _voxels(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return calibration_voxels(((z, y) for z, y, _ in self._volumes), self.voxels, self.max_voxels, self.seed)
-
-    def _slices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        axis = self.spatial_dim + 1
-        logits = torch.cat([z.movedim(axis, 0) for z, _, _ in self._volumes])
-        images = torch.cat([x.movedim(axis, 0) for _, _, x in self._volumes])
-        labels = torch.cat([y.movedim(self.spatial_dim, 0) for _, y, _ in self._volumes])
-        if logits.shape[0] > self.max_slices:
-            keep = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(self.seed))[
-                : self.max_slices
-            ]
-            logits, images, labels = logits[keep], images[keep], labels[keep]
-        return logits, images, labels
-
     def _fit(self, engine: Engine) -> None:
+        if self._hook is not None:
+            self._hook.stop()
         if not self._volumes:
             raise RuntimeError("the calibrate step saw no validation volume: check the data set's validation split")
-        if self.method == "temperature":
-            logits, labels = self._voxels()
-            check_voxels(logits, labels)
-            module = TemperatureScaling().fit(logits, labels)
-            calibrated = module(logits)
-        else:
-            logits, images, labels = self._slices()
-            check_voxels(logits.movedim(1, -1).reshape(-1, logits.shape[1]), labels.reshape(-1))
-            module = LocalTemperatureScaling(self.num_classes, self.in_channels)
-            module.fit(logits, images, labels, steps=self.lts_steps, seed=self.seed)
-            with torch.no_grad():
-                calibrated = torch.cat(
-                    [module(logits[i : i + 64], images[i : i + 64]) for i in range(0, len(logits), 64)]
-                )
-            logits, calibrated = (t.movedim(1, -1).reshape(-1, t.shape[1]) for t in (logits, calibrated))
-            labels = labels.reshape(-1)
-        if self.method == "local_temperature":  # its NLL runs over every voxel of the slices: `voxels` is temperature's
-            where = "all voxels of the validation slices"
-        elif self.voxels == "foreground":
-            where = "ground-truth foreground of the validation volumes"
-        else:
-            where = "all voxels of the validation volumes"
-        stats = {"fitted_on": where, "volumes": len(self._volumes), "voxels": int(labels.numel())}
-        with torch.no_grad():
-            for when, z in (("before", logits), ("after", calibrated)):
-                prob = torch.softmax(z.double(), dim=1)
-                stats[f"nll_{when}"] = float(F.nll_loss(prob.clamp_min(1e-12).log(), labels))
-                stats[f"ece_{when}"] = ece(prob.T[None], labels[None], 15, "gt")
+        split = split_volumes(len(self._volumes), self.split, self.seed, self.crossfit)
+        if split.in_sample:
+            logger.warning(
+                f"calibrate: {split.rule}; the validated range is measured on the volumes that fitted the "
+                "recalibration (in-sample: its flags are too lenient); use more validation volumes"
+            )
+        fit = {
+            "method": self.method,
+            "num_classes": self.num_classes,
+            "in_channels": self.in_channels,
+            "voxels": self.voxels,
+            "max_voxels": self.max_voxels,
+            "max_slices": self.max_slices,
+            "steps": self.lts_steps,
+            "seed": self.seed,
+        }
+        module, stats, scorers = cross_fit(self._volumes, split, self.spatial_dim, **fit)
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        save_calibration(module, self.output_path, self.weights, **stats)
-        what = f"temperature {float(module.temperature):.4f}" if self.method == "temperature" else "local temperature"
-        logger.info(
-            f"calibrate: {what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels): "
-            f"NLL {stats['nll_before']:.4f} -> {stats['nll_after']:.4f}, ECE (ground-truth foreground) "
-            f"{stats['ece_before']:.4f} -> {stats['ece_after']:.4f}; wrote {self.output_path}"
-        )
+        if self.validated_range_path is None:  # else published with its range, as one set (_store_validated_range)
+            publish_calibration(module, self.output_path, self.weights, settings=calibrate_settings(self), **stats)
+        logger.info(f"calibrate: {_describe_fit(module, stats)}; wrote {self.output_path}")
         if self.validated_range_path is not None:
-            self._store_validated_range(module, stats)
+            self._store_validated_range(module, scorers, split, stats)
         self._volumes.clear()
+        self._features.clear()
 
-    def _store_validated_range(self, module: torch.nn.Module, stats: dict) -> None:
-        """Score each validation volume with the fitted calibration and store the range next to the weights."""
-        qualities = []
-        with torch.no_grad():
-            for (logits, _, image), voxel_ml in zip(self._volumes, self._voxel_ml):
-                prob = torch.softmax(calibrate_volume(module, logits, image, self.spatial_dim), dim=0)
-                qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=self.class_names))
+    def _store_validated_range(self, module: torch.nn.Module, scorers: list, split, stats: dict) -> None:
+        """Score the range's validation volumes with the fits that did not see them and store the range next to the
+        weights, with the served calibration."""
         calibration = {
             "method": self.method,
             **({"temperature": float(module.temperature)} if self.method == "temperature" else {}),
         }
-        inputs = [image_statistics(image) for _, _, image in self._volumes]
-        validated = ValidatedRange.from_qualities(
-            qualities,
-            **self.review,
-            inputs=inputs,
-            volumes_scored=len(qualities),
+        features = self._features if self._hook is not None else None
+        validated = measure_validated_range(
+            scorers,
+            self._volumes,
+            split,
+            self.review,
+            self.class_names,
+            self.spatial_dim,
+            features,
             calibration=calibration,
             fitted_on=stats["fitted_on"],
         )
-        validated.save(self.validated_range_path, self.weights)
-        logger.info(
-            f"calibrate: validated range of {len(qualities)} validation volumes (case score "
-            f"{min(validated.scores):.3f}-{max(validated.scores):.3f}); inference will {validated.describe()}; "
-            f"wrote {self.validated_range_path}"
+        if self.review["feature_check"] and self._hook is None:
+            validated.info["features_left_out"] = self._hook_problem
+        publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
+            module,
+            self.output_path,
+            self.weights,
+            validated,
+            self.validated_range_path,
+            settings=calibrate_settings(self),
+            **stats,
         )
+        finite = [s for s in validated.scores if s == s] or [float("nan")]
+        scheme = "cross-fitted" if split.crossfit else "held out from the fit"
+        logger.info(
+            f"calibrate: validated range of {validated.n} validation volumes ({scheme}; case score "
+            f"{min(finite):.3f}-{max(finite):.3f}; signals {validated.signals}); inference will "
+            f"{validated.describe()}; wrote {self.validated_range_path}"
+        )
+        for warning in validated.warnings:
+            logger.warning(f"calibrate: validated range: {warning}")
+
+
+def _describe_fit(module: torch.nn.Module, stats: dict) -> str:
+    """The log line of a fit: what, on how many volumes, and the held-out numbers (the in-sample ones without)."""
+    what = f"temperature {float(module.temperature):.4f}" if hasattr(module, "temperature") else "local temperature"
+    line = (
+        f"{what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels; {stats['split']['rule']})"
+    )
+    for prefix, name in (
+        ("heldout_slices", "held-out slices"),
+        ("range_volumes", "range volumes (each by a fit that did not see it)"),
+    ):
+        if f"{prefix}_nll_before" in stats:
+            line += (
+                f"; {name}: NLL {stats[prefix + '_nll_before']:.4f} -> {stats[prefix + '_nll_after']:.4f}, ECE "
+                f"(ground-truth foreground) {stats[prefix + '_ece_before']:.4f} -> {stats[prefix + '_ece_after']:.4f}"
+            )
+    if "best_step" in stats:
+        line += f" (early stopping: step {stats['best_step']} of {stats['steps']})"
+    if stats["split"]["in_sample"]:
+        line += (
+            f"; in-sample only: NLL {stats['in_sample_nll_before']:.4f} -> {stats['in_sample_nll_after']:.4f}, ECE "
+            f"{stats['in_sample_ece_before']:.4f} -> {stats['in_sample_ece_after']:.4f}"
+        )
+    return line

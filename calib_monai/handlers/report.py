@@ -9,6 +9,7 @@ attaches both (bundles' ``evaluate.json``). Code without an engine uses the tabl
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,10 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
 
     Reads, per volume of ``output_transform(engine.state.output)`` (default: the evaluator's decollated list of
     dicts): ``prob_key`` softmax probabilities ``(C, *spatial)``, ``pred_key`` the one-hot or label-map prediction,
-    ``label_key`` the ground truth, the voxel spacing from the affine of ``"image"`` and the case name from its meta
-    data (``filename_or_obj``). At the end of the epoch, with the volumes of all ranks gathered:
+    ``label_key`` the ground truth, the voxel spacing from the affine of ``"image"``, the case name from its meta
+    data (``filename_or_obj``) and, when there, the review verdict ``quality_key``'s ``"review"``
+    (``calib_monai.calibration.CaseQualityd``, the transform ``inferring`` runs). At the end of the epoch, with
+    the volumes of all ranks gathered:
 
     * ``engine.state.metrics[name]``: ``{column: mean over volumes}`` (non-finite entries left out) and the
       ``pooled_ece`` / ``pooled_cece`` / ``pooled_nll`` / ``pooled_brier`` of all ground-truth foreground voxels;
@@ -57,18 +60,21 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         pred_key: str = "pred",
         label_key: str = "label",
         output_transform: Callable = lambda x: x,
+        quality_key: str = "quality",
         **metric_args: Any,
     ) -> None:
         metric = SegmentationReportMetric(**metric_args) if metric is None else metric
         super().__init__(metric_fn=metric, output_transform=output_transform, save_details=True)
         self._metrics_result_mode = "named"  # the means stay under the handler's name (no clash with other metrics)
         self.keys = (prob_key, pred_key, label_key)
+        self.quality_key = quality_key
         self._cases: list[str] = []
+        self._reviews: list[str] = []  # JSON of each volume's review verdict ("null" without one)
 
     @reinit__is_reduced
     def reset(self) -> None:
         super().reset()
-        self._cases = []
+        self._cases, self._reviews = [], []
 
     @reinit__is_reduced
     def update(self, output: Any) -> None:  # type: ignore[override]
@@ -77,6 +83,7 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         prob_key, pred_key, label_key = self.keys
         for item in items:
             self._cases.append(case_name(item, len(self._cases)))
+            self._reviews.append(json.dumps((item.get(self.quality_key) or {}).get("review")))
         self.metric_fn(
             [item[prob_key] for item in items],
             [item[label_key] for item in items],
@@ -89,7 +96,8 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         metric: SegmentationReportMetric = self.metric_fn  # type: ignore[assignment]
         world = idist.get_world_size()
         cases = string_list_all_gather(self._cases) if world > 1 else list(self._cases)
-        report = SegmentationReportTable(metric=metric, cases=cases)
+        reviews = string_list_all_gather(self._reviews) if world > 1 else list(self._reviews)
+        report = SegmentationReportTable(metric=metric, cases=cases, reviews=[json.loads(r) for r in reviews])
         return {
             "report": report,
             "columns": metric.columns,
@@ -117,7 +125,8 @@ class SegmentationReport:
     :class:`calib_monai.metrics.SegmentationReportMetric`) and a
     :class:`calib_monai.handlers.report_saver.SegmentationReportSaver` (the files of
     :class:`calib_monai.metrics.SegmentationReportTable`: ``metrics.csv``, ``summary.json``, ``reliability.png``,
-    ``risk_coverage.png``). After the run, ``table`` / ``rows`` hold the run's volumes.
+    ``risk_coverage.png``; with the review verdicts of ``CaseQualityd`` under ``quality_key``, ``review_flag`` and
+    ``review_reasons`` beside the true DSC). After the run, ``table`` / ``rows`` hold the run's volumes.
 
     Args:
         output_dir: folder of the files.
@@ -147,12 +156,15 @@ class SegmentationReport:
         name: str = "segmentation_report",
         band_radius: int = 3,
         confidence_threshold: float = 0.8,
+        quality_key: str = "quality",
     ) -> None:
         self.output_dir = Path(output_dir)
         self.metric = SegmentationReportMetric(
             label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
         )
-        self.handler = SegmentationReportMetricHandler(self.metric, prob_key, pred_key, label_key)
+        self.handler = SegmentationReportMetricHandler(
+            self.metric, prob_key, pred_key, label_key, quality_key=quality_key
+        )
         self.saver = SegmentationReportSaver(output_dir, name, logger_name=logger_name)
         self.name = name
         self.table = SegmentationReportTable(metric=self.metric)

@@ -1,20 +1,23 @@
 """Calibration and segmentation metrics.
 
-Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll``, ``brier``
-and ``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers' tables, the
-bundles' ``val_*`` / ``test_*`` metrics (``SegmentationCalibrationMetric``, default ``reduction="mean"``) and the
-report's ``summary.json`` columns are the *mean over volumes* of per-volume values (``SegmentationReportMetric``;
-its ``pooled_*`` values are the pooled ones).
+Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``,
+``brier`` and ``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers'
+tables, the bundles' ``val_*`` / ``test_*`` metrics (``SegmentationCalibrationMetric``, default ``reduction="mean"``)
+and the report's ``summary.json`` columns are the *mean over volumes* of per-volume values
+(``SegmentationReportMetric``; its ``pooled_*`` values are the pooled ones). ``ml1ace`` and ``cece_all`` follow their
+papers by default: per volume over every voxel, background excluded, 20 bins, then the mean over volumes.
 """
 
+from ._inputs import check_num_bins  # deprecated: calib_monai.checks.check_positive_int
 from .calibration import (
     CALIBRATION_METRICS,
+    METRIC_DEFINITIONS,
     ace,
     brier,
     calibration_errors,
     cece,
     ece,
-    ml1ace,
+    metric_definition,
     nll,
     segmentation_calibration,
     tace,
@@ -22,7 +25,15 @@ from .calibration import (
     volume_statistics,
 )
 from .calibration_metric import SegmentationCalibrationMetric
-from .case_quality import CASE_SCORE, case_quality, estimated_dice, low_confidence_fraction, predicted_volumes
+from .calibration_named import cece_all, ml1ace, ml1ace_gt
+from .case_quality import (
+    CASE_SCORE,
+    case_quality,
+    estimated_dice,
+    fit_volume_interval_scale,
+    low_confidence_fraction,
+    predicted_volumes,
+)
 from .failure_detection import (
     augrc,
     aurc,

@@ -4,7 +4,8 @@ The bundles' ``evaluating`` run fills it through the Ignite handler (``calib_mon
 the studies and ``calib-monai calibrate-probabilities`` fill it directly with :meth:`SegmentationReportTable.add`;
 all of them write the same files with :meth:`SegmentationReportTable.write`:
 
-* ``metrics.csv``: one row per volume (the columns of :class:`~calib_monai.metrics.SegmentationReportMetric`);
+* ``metrics.csv``: one row per volume (the columns of :class:`~calib_monai.metrics.SegmentationReportMetric`, then
+  ``review_flag`` / ``review_reasons`` when the volumes came with the review verdict ``inferring`` gives them);
 * ``summary.json``: ``settings``, ``metrics`` (mean, standard deviation and count over volumes of every column;
   non-finite entries left out), ``pooled`` (ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
   volumes together) and ``case_quality`` (:meth:`SegmentationReportTable.case_quality`: how well the label-free
@@ -23,7 +24,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,13 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
     return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
 
 
+def _review_columns(review: Mapping[str, Any] | None) -> dict[str, str]:
+    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``) and ``review_reasons``."""
+    flag = (review or {}).get("flag")
+    reasons = (review or {}).get("reasons", ["no review verdict"] if review is None else [])
+    return {"review_flag": "" if flag is None else ("yes" if flag else "no"), "review_reasons": "; ".join(reasons)}
+
+
 def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
     save_atomically(None, path, write=lambda _, tmp: save(*args, tmp, **kwargs))
 
@@ -93,6 +101,7 @@ class SegmentationReportTable:
         confidence_threshold: float = 0.8,
         metric: SegmentationReportMetric | None = None,
         cases: Sequence[str] = (),
+        reviews: Sequence[Mapping[str, Any] | None] = (),
     ) -> None:
         if metric is None:
             if label_names is None:
@@ -102,6 +111,7 @@ class SegmentationReportTable:
             )
         self.metric = metric
         self.cases: list[str] = list(cases)
+        self.reviews: list[Mapping[str, Any] | None] = list(reviews)  # the review verdict of each volume, if any
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -133,10 +143,12 @@ class SegmentationReportTable:
         spacing: Any = None,
         case: str | None = None,
         same_segmentation_as: dict[str, float] | None = None,
+        review: Mapping[str, Any] | None = None,
     ) -> dict:
         """Score one volume (``prob (C, *spatial)``, ``label (1, *spatial)``, optional prediction and spacing in mm)
         and return its row (``case`` first; default name ``volume_<index>``). ``same_segmentation_as``: a row of
-        the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused."""
+        the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused;
+        ``review``: the case's review verdict (``CaseQualityd``), written as ``review_flag`` / ``review_reasons``."""
         table = self.metric(
             [prob],
             [label],
@@ -145,13 +157,37 @@ class SegmentationReportTable:
             segmentation=[same_segmentation_as],
         )[0]
         self.cases.append(case if case is not None else f"volume_{len(self.cases):04d}")
-        return {"case": self.cases[-1], **dict(zip(self.columns, table[0].tolist()))}
+        self.reviews.append(review)
+        return {
+            "case": self.cases[-1],
+            **dict(zip(self.columns, table[0].tolist())),
+            **(_review_columns(review) if review else {}),
+        }
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         """One dict per volume: ``case`` then every column, as Python floats."""
         table = self.metric.aggregate().tolist()
-        return [{"case": case, **dict(zip(self.columns, values))} for case, values in zip(self.cases, table)]
+        reviewed = any(r is not None for r in self.reviews)
+        reviews = self.reviews if reviewed else [None] * len(self.cases)
+        return [
+            {"case": case, **dict(zip(self.columns, values)), **(_review_columns(review) if reviewed else {})}
+            for case, values, review in zip(self.cases, table, reviews)
+        ]
+
+    def review_summary(self) -> dict[str, Any]:
+        """How the review flags went with the truth: volumes flagged / passed / not judged and their mean DSC, and the
+        rule's bound on the share of ordinary cases flagged (``{}`` without review verdicts)."""
+        if not any(r is not None for r in self.reviews):
+            return {}
+        dice, out = self.values("mean_dice"), {}
+        for name, value in (("flagged", True), ("passed", False), ("not_judged", None)):
+            chosen = [i for i, r in enumerate(self.reviews) if (r or {}).get("flag") is value]
+            finite = [float(dice[i]) for i in chosen if np.isfinite(dice[i])]
+            out[name] = {"volumes": len(chosen), "mean_dice": float(np.mean(finite)) if finite else float("nan")}
+        first = next(r for r in self.reviews if r is not None)
+        out.update({k: first[k] for k in ("bound", "alpha", "validation_volumes") if k in first})
+        return out
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -237,6 +273,9 @@ class SegmentationReportTable:
             "pooled": POOLED_OVER,
         }
         content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
+        review = self.review_summary()
+        if review:
+            content["review"] = review
         write_text_atomically(output_dir / "summary.json", json.dumps(content, indent=2) + "\n")
         # the bins and the ECE drawn are pooled (the log leads with the mean over volumes): the figure says so
         _save_figure_atomically(
@@ -264,3 +303,10 @@ class SegmentationReportTable:
                 f"(random {fd['aurc_random']:.4f}, oracle {fd['aurc_oracle']:.4f}: "
                 f"{fd['aurc_gap_closed']:.0%} of the gap closed)"
             )
+        if review:
+            counts = ", ".join(
+                f"{review[k]['volumes']} {k.replace('_', ' ')} (true mean DSC {review[k]['mean_dice']:.3f})"
+                for k in ("flagged", "passed", "not_judged")
+            )
+            bound = f"; the rule flags at most {review['bound']:.1%} of ordinary cases" if "bound" in review else ""
+            logger.info(f"review flags: {counts}{bound}")

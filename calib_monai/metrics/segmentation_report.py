@@ -25,16 +25,23 @@ import numpy as np
 import torch
 from monai.metrics import CumulativeIterationMetric
 
-from ._inputs import as_plain_tensor
+from calib_monai.checks import check_option, check_positive_int
+
+from ._inputs import detached_plain_tensor
 from .calibration import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
 from .calibration_numpy import value_from_statistics
 from .calibration_torch import first_argmax
 from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band
 from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
 
-__all__ = ["CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
+__all__ = ["ALL_VOXEL_COLUMNS", "CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
 
-CALIBRATION_COLUMNS = ("ece", "cece", "tace", "ml1ace")
+#: The papers' foreground metrics (ground-truth foreground voxels, ``num_bins``); ``ml1ace_gt`` is the mL1-ACE formula
+#: on those voxels, background included (not the paper's mL1-ACE: that is the ``ml1ace`` column).
+CALIBRATION_COLUMNS = ("ece", "cece", "tace", "ml1ace_gt")
+_FORMULAS = ("ece", "cece", "tace", "ml1ace")  # what each column of CALIBRATION_COLUMNS computes
+#: Metrics as the papers that score every voxel define them: per volume, background excluded, 20 bins.
+ALL_VOXEL_COLUMNS = ("ml1ace", "cece_all")
 #: Per-class quality columns ``<prefix>_<class>`` (estimated DSC, volumes, low-confidence share).
 QUALITY_PREFIXES = (
     "est_dice",
@@ -105,10 +112,9 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         confidence_threshold: float = 0.8,
     ) -> None:
         super().__init__()
-        if empty_class not in EMPTY_CLASS_CONVENTIONS:
-            raise ValueError(f"empty_class must be one of {EMPTY_CLASS_CONVENTIONS}, got {empty_class!r}.")
+        check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
         self.class_names = [label_names[k] for k in sorted(label_names, key=int)]
-        self.num_bins = int(num_bins)
+        self.num_bins = check_positive_int("num_bins", num_bins)
         self.empty_class = empty_class
         self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
         self.surface_distances = bool(surface_distances)
@@ -125,6 +131,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             out += [f"{metric}_{name}" for name in self.class_names[1:]] + [f"mean_{metric}"]
         out += [f"{metric}_{region}" for region in self.regions for metric in shape]
         out += [*CALIBRATION_COLUMNS, *(f"{c}_union" for c in CALIBRATION_COLUMNS), "nll", "brier"]
+        out += list(ALL_VOXEL_COLUMNS)
         out += [f"est_dice_{name}" for name in self.class_names[1:]] + [CASE_SCORE, "ece_all", "ece_band"]
         out += [f"{prefix}_{name}" for prefix in QUALITY_PREFIXES[1:] for name in self.class_names[1:]]
         return tuple(dict.fromkeys(out))  # a region named like a class shares its column (as a dict row did)
@@ -142,7 +149,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         known = list(segmentation) if segmentation is not None else [None] * len(y_pred)
         rows, stats = [], []
         for p, y_, pr, sp, kn in zip(y_pred, y, preds, spacings, known):
-            p = as_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
+            p = detached_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
             scored = None if pr is None else torch.as_tensor(pr)[None]
             r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp], kn)
             rows.append(r)
@@ -166,10 +173,10 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * batch
         rows, stats = [], []
         for b in range(batch):
-            prob = as_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
-            label = as_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
+            prob = detached_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
+            label = detached_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
             label = (first_argmax(label, dim=0)[1][None] if label.shape[0] > 1 else label)[None]
-            scored = prob if pred is None else as_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
+            scored = prob if pred is None else detached_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
             row, stat = self._volume(prob, label, scored, spacings[b], known[b])
             rows.append(row)
             stats.append(stat)
@@ -191,13 +198,15 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         else:
             row.update(self._segmentation_metrics(pred, label, spacing, prob.shape[1]))
         # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
-        names = CALIBRATION_COLUMNS + ("nll", "brier")
+        names = _FORMULAS + ("nll", "brier")
         acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
         gt = accumulator_values(acc, names, include_background=True)
-        union = calibration_errors(prob, label, CALIBRATION_COLUMNS, self.num_bins, "union")
-        row.update({column: gt[column] for column in CALIBRATION_COLUMNS})
-        row.update({f"{column}_union": union[column] for column in CALIBRATION_COLUMNS})
+        union = calibration_errors(prob, label, _FORMULAS, self.num_bins, "union")
+        row.update({column: gt[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
+        row.update({f"{column}_union": union[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
         row["nll"], row["brier"] = gt["nll"], gt["brier"]
+        every = calibration_errors(prob, label, ("ml1ace", "cece"), 20, "all", include_background=False)
+        row["ml1ace"], row["cece_all"] = every["ml1ace"], every["cece"]
         row.update(self._quality(prob, label, pred, spacing))
         # additive statistics (zeros without foreground) stay on the device: bins and sums only
         stats = torch.cat([torch_volume_statistics(acc, name, acc.device) for name in POOLED_METRICS])
@@ -211,7 +220,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         p, y = prob[0], label[0, 0]
         pred_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0, 0].long()
         voxel_ml = float(np.prod(spacing)) / 1000.0 if spacing is not None else 1.0  # mm^3 -> mL
-        est = estimated_dice(p, pred_map)
+        est = estimated_dice(p, pred_map, empty_class=self.empty_class)  # the true DSC's convention
         volumes = predicted_volumes(p, pred_map, voxel_ml)
         true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
         low = low_confidence_fraction(p, pred_map, self.confidence_threshold)

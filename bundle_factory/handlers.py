@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.specs import Method
+from bundle_factory.specs import Method
 
 __all__ = ["train_handlers"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.calibration import calibrate_logits, case_quality_keys
-from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
-from calib_monai.bundle_factory.common import FLOAT_PRED, SLICE_INFERER
-from calib_monai.bundle_factory.configs import common_keys
-from calib_monai.bundle_factory.data import data_component, preprocessing
-from calib_monai.bundle_factory.specs import Dataset, Method
+from bundle_factory.calibration import calibrate_logits, case_quality_keys
+from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
+from bundle_factory.common import FLOAT_PRED, SLICE_INFERER
+from bundle_factory.configs import common_keys
+from bundle_factory.data import data_component, preprocessing
+from bundle_factory.specs import Dataset, Method
 from calib_monai.data.preprocessing import INFERENCE
 
 __all__ = ["inference_config"]

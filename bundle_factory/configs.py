@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits
-from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
-from calib_monai.bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
-from calib_monai.bundle_factory.data import data_component, preprocessing
-from calib_monai.bundle_factory.handlers import train_handlers
-from calib_monai.bundle_factory.specs import Dataset, Method
-from calib_monai.data.preprocessing import EVALUATION, TRAINING
+from bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, evaluation_case_quality
+from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
+from bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
+from bundle_factory.data import data_component, preprocessing, served_evaluation
+from bundle_factory.handlers import train_handlers
+from bundle_factory.specs import Dataset, Method
+from calib_monai.data.preprocessing import TRAINING
 
 __all__ = ["common_keys", "evaluate_config", "multi_gpu_config", "train_config"]
 
@@ -66,9 +66,9 @@ def common_keys(name: str, dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def _postprocessing(*before_softmax: dict[str, Any]) -> dict[str, Any]:
-    """float32 logits, ``before_softmax`` (a copy of the logits, a calibration), softmax (also kept as ``prob``), and
-    the one-hot argmax and label for DSC."""
+def _postprocessing(*before_softmax: dict[str, Any], on_prob: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """float32 logits, ``before_softmax`` (a copy of the logits, a calibration), softmax (also kept as ``prob``),
+    ``on_prob`` (the case quality), and the one-hot argmax and label for DSC."""
     return {
         "_target_": "Compose",
         "transforms": [
@@ -76,6 +76,7 @@ def _postprocessing(*before_softmax: dict[str, Any]) -> dict[str, Any]:
             *before_softmax,
             {"_target_": "Activationsd", "keys": "pred", "softmax": True},
             {"_target_": "CopyItemsd", "keys": "pred", "names": "prob"},
+            *on_prob,
             {
                 "_target_": "AsDiscreted",
                 "keys": ["pred", "label"],
@@ -91,8 +92,9 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     the raw logits, for CRaC's multiplier update). The logits are cast to float32 first (fp16 under ``amp``)."""
     logits = [{"_target_": "CopyItemsd", "keys": "pred", "names": "logits"}] if keep_logits else []
     return {
-        # the validation (evaluate.json: test) volumes; the label never chooses their crop
-        "preprocessing": preprocessing(dataset, EVALUATION),
+        # the validation (evaluate.json: test) volumes: the inference chain plus the label (no crop/pad inference
+        # does not do), so the validated range and evaluating see what inferring serves
+        "preprocessing": served_evaluation(dataset),
         "dataset": "$@data.val_dataset(@validate#preprocessing)",
         "dataloader": {
             "_target_": "monai.data.DataLoader",
@@ -241,7 +243,16 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         "validate#dataset": "$@data.test_dataset(@validate#preprocessing)",
         # the calibrate step's calibration (when there is one) before the softmax; the softmax of the raw logits kept
         # as prob_uncalibrated for test_ece_uncalibrated
-        "validate#postprocessing": _postprocessing(calibrate_logits("$@output_dir + '/model.pt'", "prob_uncalibrated")),
+        # and the case quality with its review flag, by the transform inferring runs (CaseQualityd)
+        **evaluation_case_quality(),
+        "validate#postprocessing": _postprocessing(
+            calibrate_logits("$@output_dir + '/model.pt'", "prob_uncalibrated"),
+            # the case quality, then (as inferring) no review against the range without the recalibration it assumes
+            on_prob=(
+                "@case_quality",
+                {"_target_": "calib_monai.data.inference.RecordSourced", "keys": "prob", "quality_key": "quality"},
+            ),
+        ),
         "validate#handlers": [
             {
                 # CheckpointLoader's strict load, also for the module.-prefixed model.pt of older multi-GPU runs

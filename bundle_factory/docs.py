@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import calib_monai
-from calib_monai.bundle_factory.data import scores_whole_volumes
-from calib_monai.bundle_factory.specs import Dataset, Method
+from bundle_factory.data import scores_whole_volumes
+from bundle_factory.specs import Dataset, Method
 
 __all__ = ["LICENSE", "LOGGING_CONF", "bundle_readme", "large_files", "metadata"]
 
@@ -129,9 +129,12 @@ def bundle_readme(name: str, method: Method, dataset: Dataset, studies: list[str
     """``docs/README.md``; ``studies``: the ``docs/results`` folders that measured this bundle (``specs.RESULTS``)."""
     configs = f"bundles/{name}/configs"
     roi = " x ".join(str(s) for s in dataset.roi_size)
+    steps = dataset.component_class.preprocessing_steps()
+    around = any(step["_target_"].endswith("CropAroundForegroundd") and "_disabled_" not in step for step in steps)
+    how = "cropped around the label" if around else "centre cropped or padded"
     volumes = (
-        f"Training volumes are cropped around the label to {roi} voxels (H x W x D); validation and test\n"
-        "volumes are scored whole, as inference serves them"
+        f"Training volumes are {how} to {roi} voxels (H x W x D); validation and test volumes are\n"
+        "scored whole, as inference serves them (the validated range is measured on what is served)"
         if scores_whole_volumes(dataset)
         else f"Preprocessed volumes are {roi} voxels (H x W x D)"
     )
@@ -210,11 +213,20 @@ volumes (per-volume CSV of DSC, HD95, ASD, ECE, CECE, TACE, NLL, Brier, a summar
         --dataset_dir /path/to/data
 
 Calibrate the best model after training: fit local temperature scaling (a small network that gives every voxel its
-own temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it writes
-`models/calibration.pt` (and the readable `calibration.json`: NLL and ECE of the validation voxels before and after).
-`evaluating`, `inferring`, `export` and MONAI Label then apply it before the softmax (the segmentation is unchanged),
-as long as it was fitted for the `model.pt` they load; `evaluating` reports `test_ece` (calibrated) beside
-`test_ece_uncalibrated`:
+own temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it
+writes `models/calibration.pt` (and the readable `calibration.json`: NLL and ECE before and after on validation
+volumes scored by a fit that did not see them, `range_volumes_*`). Every validation volume is scored by the fit on
+the other half (2-fold cross-fitting, seeded; the served calibration is fitted on all of them, so the range is
+approximately exchangeable with served cases; `--calibration_crossfit false` for a plain split, `--calibration_split`
+its share) and is the validated range (`models/validated_range.json`, with its case scores, image statistics and
+network features): `inferring` ranks a case among the validation volumes by case score, intensities and network
+features and flags it for review when its best rank is among the `floor(review_alpha (n + 1))` most extreme, and
+`evaluating` writes the same flag (`review_flag`, `review_reasons`) beside the true DSC in
+`eval/metrics.csv`. The range states its false-flag bound `k / (n + 1)` for its number of volumes (`bound`); with
+fewer than `1 / review_alpha - 1` volumes it cannot flag and says so (flag null, with the case's rank).
+`evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax
+(the segmentation is unchanged), as long as it was fitted for the `model.pt` they load; `evaluating` reports
+`test_ece` (calibrated) beside `test_ece_uncalibrated`:
 
     python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" \\
         --dataset_dir /path/to/data

@@ -15,8 +15,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from calib_monai.bundle_factory import licenses
-from calib_monai.bundle_factory.licenses import DataTerms
+from bundle_factory import licenses
+from bundle_factory.licenses import DataTerms
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.losses.crac import PRESETS
 

@@ -7,27 +7,31 @@ fits a local temperature network (``calibration_method`` ``"local_temperature"``
 (``calib_monai.calibration.CalibrateLogitsd``); ``evaluate`` also scores the uncalibrated softmax
 (``test_ece_uncalibrated``), so its output shows ECE before and after.
 
-``calibrate`` also stores the validated range (``<models>/validated_range.json``: the validation volumes' case
-scores under the fitted calibration), and ``inference`` scores every case against it (``CaseQualityd``: estimated
-DSC, volumes and the review flag in ``<case>_quality.json`` and ``quality.csv``).
+Every validation volume's case score is measured with a recalibration it did not fit (``calibration_crossfit``,
+default true: 2-fold cross-fitting, seeded halves each scored by the fit on the other, the served recalibration fitted
+on all; false: a plain split, ``calibration_split`` of them fit, the others measure) and stored with its image
+statistics and pooled bottleneck features as the validated range (``<models>/validated_range.json``, with the rule's
+false-flag bound), and ``inference`` scores every case against it (``CaseQualityd``: estimated DSC, volumes and the
+review flag in ``<case>_quality.json`` and ``quality.csv``); ``evaluate`` runs the same transform on the test
+volumes and writes the flag beside the true DSC (``review_flag``, ``review_reasons`` in ``eval/metrics.csv``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from calib_monai.bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
-from calib_monai.bundle_factory.common import FLOAT_PRED
-from calib_monai.bundle_factory.specs import Dataset, Method
+from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
+from bundle_factory.common import FLOAT_PRED
+from bundle_factory.specs import Dataset, Method
 
-__all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys"]
+__all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys", "evaluation_case_quality"]
 
 CALIBRATION_PATH = "$@output_dir + '/calibration.pt'"
 VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
-#: The review rule (calib_monai.calibration.validated_range; chosen by the quality study, docs/results): flag below
-#: the k-th lowest validation case score or intensities unlike the validation images,
-#: k = max(1, floor(alpha (n + 1))); volume_factor 0 leaves the volume rule off.
-REVIEW = {"review_alpha": 0.05, "review_volume_factor": 0.0, "review_input_check": True}
+#: The review rule (calib_monai.calibration.validated_range): rank the case among the n + 1 by case score, image
+#: intensities and network features, take its best rank and flag it among the k = floor(alpha (n + 1)) most extreme
+#: (one full-conformal rule, bound k / (n + 1) <= alpha); volume_factor 0 leaves the volume rule off.
+REVIEW = {"review_alpha": 0.05, "review_volume_factor": 0.0, "review_input_check": True, "review_feature_check": True}
 
 
 def case_quality_keys() -> dict[str, Any]:
@@ -41,8 +45,18 @@ def case_quality_keys() -> dict[str, Any]:
             "validated_range": "@validated_range_path",
             "weights": "@model_path",
             "label_names": "@label_names",
+            "network": "@network",  # its bottleneck features: the range's feature signal
         },
     }
+
+
+def evaluation_case_quality() -> dict[str, Any]:
+    """``evaluate.json``'s case quality: ``inference.json``'s transform on the calibrated softmax (``prob``) of the
+    test volumes, so ``eval/metrics.csv`` holds the review flag ``inferring`` gives beside the true DSC."""
+    keys = case_quality_keys()
+    keys["validated_range_path"] = VALIDATED_RANGE_PATH
+    keys["case_quality"] = {**keys["case_quality"], "keys": "prob", "weights": "$@output_dir + '/model.pt'"}
+    return keys
 
 
 def calibrate_logits(weights: str, uncalibrated_key: str | None = None) -> dict[str, Any]:
@@ -66,6 +80,11 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # the foreground ECE low and the probabilities readable over all voxels (case score, volumes) for every loss
         "calibration_method": "local_temperature",
         "calibration_voxels": "foreground",  # temperature scaling's NLL on ground-truth foreground voxels, or "all"
+        # 2-fold cross-fitting: every validation volume in the validated range, scored by the fit on the other half
+        # (n >= 19 gives k >= 1 at alpha 0.05: Hippocampus's 25-26, ACDC's 20); false: the plain split below
+        "calibration_crossfit": True,
+        # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
+        "calibration_split": 0.5,
         "validated_range_path": VALIDATED_RANGE_PATH,
         **REVIEW,
         # the raw logits only: no softmax, no one-hot, no metrics
@@ -93,6 +112,10 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "review_alpha": "@review_alpha",
                 "review_volume_factor": "@review_volume_factor",
                 "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check)",
+                "split": "@calibration_split",
+                "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit)",
+                "network": "@network",
+                "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check)",
             },
         ],
         "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],

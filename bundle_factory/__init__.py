@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calib_monai.bundle_factory import calibration, configs, docs, inference
-from calib_monai.bundle_factory.specs import DATASETS, METHODS, RESULTS, Dataset, Method
+from bundle_factory import calibration, configs, docs, inference
+from bundle_factory.specs import DATASETS, METHODS, RESULTS, Dataset, Method
 
 __all__ = ["DATASETS", "METHODS", "bundle_names", "render_bundle", "write_bundles"]
 

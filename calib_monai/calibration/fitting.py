@@ -1,0 +1,318 @@
+"""Fitting a recalibration and measuring the validated range as plain functions (the bundles' ``calibrate`` step,
+:class:`calib_monai.handlers.CalibrationFitter`, calls them on the validation volumes).
+
+The range's volumes are scored by a recalibration they did not fit. Two ways (:func:`split_volumes`):
+
+* 2-fold cross-fitting (``crossfit``, the default): the validation volumes are split (seeded) into halves A and B;
+  the recalibration fitted on A scores B and the one fitted on B scores A, so all ``n`` volumes are in the range;
+  the served recalibration is fitted on all of them. The range's scores and a served case's then come from
+  slightly different fits (on ``n / 2`` volumes, against ``n``): they are approximately, not exactly, exchangeable.
+  This is the standard cross-conformal trade-off (Vovk, Ann. Math. Artif. Intell. 2015, "Cross-conformal
+  predictors"; Barber et al., Ann. Statist. 2021, "Predictive inference with the jackknife+"): the whole validation
+  set sets the review threshold, which with 20-26 validation volumes is what lets ``k = floor(alpha (n + 1)) >= 1``
+  at alpha 0.05, at the cost of the exact finite-sample guarantee (its size is the difference a case sees between a
+  fit on half and on all the volumes; for a recalibration of a few parameters it is small).
+* a plain split (``crossfit=False``): ``fit_share`` of the volumes fit the served recalibration, the others measure
+  the range with it: exactly exchangeable with a served case, on half the volumes.
+
+Local temperature scaling also holds out a share of its fitting slices and keeps the parameters with the lowest
+held-out NLL (early stopping). Every number written is named for what it was measured on: ``range_volumes_*`` on
+the range's volumes (each by the fit that did not see it), ``heldout_slices_*`` on the early-stopping slices of the
+served fit, ``in_sample_*`` on what the served recalibration was fitted on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib_monai.calibration.local_temperature import LocalTemperatureScaling
+from calib_monai.calibration.stored import calibrate_volume
+from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
+from calib_monai.calibration.validated_range import ValidatedRange
+from calib_monai.metrics.calibration import ece
+from calib_monai.metrics.case_quality import case_quality, image_statistics
+from calib_monai.metrics.feature_distance import MahalanobisDistance
+
+__all__ = [
+    "Split",
+    "ValidationVolume",
+    "cross_fit",
+    "fit_recalibration",
+    "measure_validated_range",
+    "range_features",
+    "split_volumes",
+]
+
+logger = logging.getLogger("calib_monai")
+HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping
+
+
+@dataclass
+class ValidationVolume:
+    """One validation volume: raw logits ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)``."""
+
+    logits: torch.Tensor
+    label: torch.Tensor
+    image: torch.Tensor
+    voxel_ml: float = 1.0
+    case: str = ""
+
+
+@dataclass
+class Split:
+    """Which validation volumes fit the served recalibration (``fit``), which are in the range (``range``), and the
+    ``folds``: ``(fit, scored)`` pairs, each scored volume scored by a recalibration fitted on its fold's ``fit``."""
+
+    fit: list[int]
+    range: list[int]
+    rule: str
+    in_sample: bool = False
+    folds: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    crossfit: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.folds:
+            self.folds = [(list(self.fit), list(self.range))]
+
+    def record(self, volumes: Sequence[ValidationVolume]) -> dict[str, Any]:
+        names = [v.case for v in volumes]
+        return {
+            "rule": self.rule,
+            "in_sample": self.in_sample,
+            "crossfit": self.crossfit,
+            "fit_volumes": [names[i] for i in self.fit],
+            "range_volumes": [names[i] for i in self.range],
+            "folds": [{"fit": [names[i] for i in f], "scored": [names[i] for i in r]} for f, r in self.folds],
+            **({"exchangeability": CROSSFIT_NOTE} if self.crossfit else {}),
+        }
+
+
+CROSSFIT_NOTE = (
+    "approximate: each range volume is scored by a recalibration fitted on the other half of the validation volumes, "
+    "a served case by the one fitted on all of them (cross-conformal, Vovk 2015; jackknife+, Barber et al. 2021): "
+    "the whole validation set sets the threshold, at the cost of exact exchangeability"
+)
+
+
+def split_volumes(n: int, fit_share: float = 0.5, seed: int = 0, crossfit: bool = False) -> Split:
+    """A seeded split of ``n`` validation volumes. ``crossfit``: halves A (``ceil(n / 2)``) and B, folds (A fits,
+    B scored) and (B fits, A scored), all ``n`` in the range and the served recalibration fitted on all. Else
+    ``round(fit_share * n)`` (at least 1, at most ``n - 1``) fit, the others measure the range. One volume does both
+    (``in_sample``: a warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
+    if n < 1:
+        raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
+    if not 0 <= float(fit_share) < 1:
+        raise ValueError(
+            f"calibration_split must be in [0, 1) (the share of validation volumes that fit), got {fit_share}"
+        )
+    if n == 1 or float(fit_share) == 0:
+        why = "1 validation volume" if n == 1 else "calibration_split 0"
+        return Split(list(range(n)), list(range(n)), f"none ({why}): the same volumes fit and measure", True)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).tolist()
+    if crossfit:
+        a, b = sorted(order[: (n + 1) // 2]), sorted(order[(n + 1) // 2 :])
+        rule = (
+            f"2-fold cross-fitting of the validation volumes (seed {seed}): halves of {len(a)} and {len(b)}, each "
+            f"scored by the recalibration fitted on the other; all {n} measure the range; the served recalibration "
+            f"is fitted on all {n}"
+        )
+        return Split(list(range(n)), list(range(n)), rule, folds=[(a, b), (b, a)], crossfit=True)
+    k = min(n - 1, max(1, round(float(fit_share) * n)))
+    rule = f"seeded split of the validation volumes (seed {seed}): {k} fit the recalibration, {n - k} measure the range"
+    return Split(sorted(order[:k]), sorted(order[k:]), rule)
+
+
+def _slice_groups(
+    volumes: Sequence[ValidationVolume], spatial_dim: int, max_slices: int, seed: int
+) -> list[list[torch.Tensor]]:
+    """The volumes' 2D slices along ``spatial_dim``, grouped by in-plane size: ``[[logits, images, labels], ...]``,
+    at most ``max_slices`` in all (seeded)."""
+    axis = spatial_dim + 1
+    slices = []
+    for v in volumes:
+        z, x, y = v.logits.movedim(axis, 0), v.image.movedim(axis, 0), v.label.movedim(spatial_dim, 0)
+        slices += [(z[i], x[i], y[i]) for i in range(z.shape[0])]
+    if len(slices) > max_slices:
+        keep = torch.randperm(len(slices), generator=torch.Generator().manual_seed(seed))[:max_slices]
+        slices = [slices[i] for i in sorted(keep.tolist())]
+    by_shape: dict[tuple, list] = {}
+    for s in slices:
+        by_shape.setdefault(tuple(s[0].shape[1:]), []).append(s)
+    return [[torch.stack(parts) for parts in zip(*group)] for group in by_shape.values()]
+
+
+def _hold_out(groups: list[list[torch.Tensor]], share: float, seed: int) -> tuple[list, list]:
+    """(fit, held-out) groups: a seeded ``share`` of the slices (at least 1 when there are 2) held out."""
+    total = sum(g[0].shape[0] for g in groups)
+    count = min(total - 1, max(1, round(share * total))) if total >= 2 else 0
+    held = set(torch.randperm(total, generator=torch.Generator().manual_seed(seed + 1))[:count].tolist())
+    fit, out, start = [], [], 0
+    for g in groups:
+        n = g[0].shape[0]
+        mask = torch.tensor([start + i in held for i in range(n)])
+        start += n
+        for target, keep in ((fit, ~mask), (out, mask)):
+            if bool(keep.any()):
+                target.append([t[keep] for t in g])
+    return fit, out
+
+
+def _flat(groups: Sequence[Sequence[torch.Tensor]], module: nn.Module | None = None) -> tuple[torch.Tensor, ...]:
+    """Logits (calibrated by ``module``) and labels of every voxel of slice groups, as ``(N, C)`` and ``(N,)``."""
+    logits, labels = [], []
+    with torch.no_grad():
+        for z, x, y in groups:
+            if module is not None:
+                z = torch.cat([module(z[i : i + 64], x[i : i + 64]) for i in range(0, z.shape[0], 64)])
+            logits.append(z.movedim(1, -1).reshape(-1, z.shape[1]))
+            labels.append(y.reshape(-1).long())
+    return torch.cat(logits), torch.cat(labels)
+
+
+def _nll_ece(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """NLL over all the voxels and ECE over their ground-truth foreground (15 bins)."""
+    prob = torch.softmax(logits.double(), dim=1)
+    return float(F.nll_loss(prob.clamp_min(1e-12).log(), labels)), ece(prob.T[None], labels[None], 15, "gt")
+
+
+def _before_after(stats: dict, prefix: str, before: torch.Tensor, after: torch.Tensor, labels: torch.Tensor) -> None:
+    for when, z in (("before", before), ("after", after)):
+        stats[f"{prefix}_nll_{when}"], stats[f"{prefix}_ece_{when}"] = _nll_ece(z, labels)
+
+
+def fit_recalibration(
+    volumes: Sequence[ValidationVolume],
+    indices: Sequence[int],
+    method: str = "local_temperature",
+    num_classes: int | None = None,
+    in_channels: int = 1,
+    voxels: str = "foreground",
+    max_voxels: int = 2_000_000,
+    max_slices: int = 4_000,
+    steps: int = 300,
+    seed: int = 0,
+    spatial_dim: int = 2,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Fit ``method`` (``"temperature"`` or ``"local_temperature"``) on the ``indices`` volumes; returns the module
+    and its statistics: where it was fitted, the in-sample NLL / ECE before and after, and local temperature
+    scaling's held-out slices before and after (with early stopping)."""
+    fit = [volumes[i] for i in indices]
+    stats: dict[str, Any] = {"volumes": len(fit)}
+    if method == "temperature":
+        logits, labels = calibration_voxels(((v.logits, v.label) for v in fit), voxels, max_voxels, seed)
+        check_voxels(logits, labels)
+        module: nn.Module = TemperatureScaling().fit(logits, labels)
+        with torch.no_grad():
+            calibrated = module(logits)
+        where = "ground-truth foreground" if voxels == "foreground" else "all voxels"
+        stats["fitted_on"] = f"{where} of the validation volumes"
+    elif method == "local_temperature":
+        if num_classes is None:
+            raise ValueError("local temperature scaling needs num_classes")
+        groups = _slice_groups(fit, spatial_dim, max_slices, seed)
+        check_voxels(*_flat(groups))
+        train, held = _hold_out(groups, HELD_OUT_SHARE, seed)
+        module = LocalTemperatureScaling(num_classes, in_channels)
+        module.fit(*zip(*train), steps=steps, seed=seed, held_out=tuple(zip(*held)) if held else None)
+        if held:
+            stats.update(heldout_slices=sum(g[0].shape[0] for g in held), best_step=module.history["best_step"])
+            _before_after(stats, "heldout_slices", _flat(held)[0], _flat(held, module)[0], _flat(held)[1])
+        else:
+            logger.warning(
+                "calibrate: a single validation slice: local temperature scaling fitted without early stopping"
+            )
+        stats.update(steps=int(steps), fitted_on="all voxels of the validation slices")
+        (logits, labels), calibrated = _flat(train), _flat(train, module)[0]
+    else:
+        raise ValueError(f"calibrate method must be 'temperature' or 'local_temperature', got {method!r}")
+    stats["voxels"] = int(labels.numel())
+    _before_after(stats, "in_sample", logits, calibrated, labels)
+    return module, stats
+
+
+def cross_fit(
+    volumes: Sequence[ValidationVolume], split: Split, spatial_dim: int = 2, **fit: Any
+) -> tuple[nn.Module, dict[str, Any], list[tuple[nn.Module, list[int]]]]:
+    """The served recalibration (fitted on ``split.fit``), its statistics, and the scorers of the range: ``(module,
+    scored volumes)`` per fold (cross-fitting: the two half-fits; a plain split: the served module on the range).
+    ``fit``: :func:`fit_recalibration`'s settings. The statistics add the range volumes' NLL / ECE before and after,
+    each volume calibrated by the fit that did not see it (none when in-sample)."""
+    module, stats = fit_recalibration(volumes, split.fit, spatial_dim=spatial_dim, **fit)
+    stats = {"split": split.record(volumes), **stats}
+    if split.crossfit:
+        scorers, folds = [], []
+        for fit_indices, scored in split.folds:
+            fold_module, fold_stats = fit_recalibration(volumes, fit_indices, spatial_dim=spatial_dim, **fit)
+            scorers.append((fold_module, list(scored)))
+            folds.append({k: v for k, v in fold_stats.items() if k in ("volumes", "best_step", "heldout_nll_after")})
+        stats["folds"] = folds
+    else:
+        scorers = [(module, list(split.range))]
+    if not split.in_sample:
+        before, after, labels = [], [], []
+        with torch.no_grad():
+            for scorer, scored in scorers:
+                for i in scored:
+                    v = volumes[i]
+                    before.append(v.logits.reshape(v.logits.shape[0], -1).T)
+                    calibrated = calibrate_volume(scorer, v.logits, v.image, spatial_dim)
+                    after.append(calibrated.reshape(v.logits.shape[0], -1).T)
+                    labels.append(v.label.reshape(-1).long())
+        _before_after(stats, "range_volumes", torch.cat(before), torch.cat(after), torch.cat(labels))
+    return module, stats, scorers
+
+
+def range_features(features: Sequence[np.ndarray | None], alpha: float = 0.05) -> tuple[dict[str, Any] | None, str]:
+    """The :class:`~calib_monai.metrics.feature_distance.MahalanobisDistance` of the range volumes' pooled features,
+    stored whole (no projection: the rule projects the validation and new case's vectors together), as
+    ``(to_dict(), "")``, or ``(None, why not)``: a volume without features, NaN features, fewer than 3 volumes."""
+    if not features or any(f is None for f in features):
+        missing = sum(f is None for f in features)
+        return None, f"{missing} of {len(features)} validation volumes have no network features"
+    try:
+        x = np.stack([np.asarray(f, dtype=np.float64).reshape(-1) for f in features])
+        return MahalanobisDistance(alpha, max_dim=x.shape[1]).fit(x).to_dict(), ""
+    except ValueError as err:
+        return None, f"the validation features cannot be fitted ({err})"
+
+
+def measure_validated_range(
+    scorers: Sequence[tuple[nn.Module, Sequence[int]]],
+    volumes: Sequence[ValidationVolume],
+    split: Split,
+    review: Mapping[str, Any],
+    class_names: Sequence[str] | None = None,
+    spatial_dim: int = 2,
+    features: Sequence[np.ndarray | None] | None = None,
+    **info: Any,
+) -> ValidatedRange:
+    """The validated range of the scored volumes (in volume order), each scored with its fold's recalibration (as
+    inference scores a case: :func:`cross_fit`'s scorers); ``review``: ``alpha``, ``volume_factor``,
+    ``input_check``, ``feature_check``; ``features``: each volume's pooled network features (None: none)."""
+    scorer_of = {i: module for module, scored in scorers for i in scored}
+    chosen = sorted(scorer_of)
+    qualities = []
+    with torch.no_grad():
+        for i in chosen:
+            v = volumes[i]
+            prob = torch.softmax(calibrate_volume(scorer_of[i], v.logits, v.image, spatial_dim), dim=0)
+            qualities.append(case_quality(prob, voxel_volume=v.voxel_ml, class_names=class_names))
+    inputs = [image_statistics(volumes[i].image) for i in chosen]
+    info = {"split": split.record(volumes), "volumes_scored": len(chosen), **info}
+    stored = None
+    if review.get("feature_check"):
+        given = [None] * len(chosen) if features is None else [features[i] for i in chosen]
+        stored, why = range_features(given, review.get("alpha", 0.05))
+        if why:
+            info["features_left_out"] = why
+    if split.in_sample:
+        info["warning"] = "the range was measured on the volumes that fitted the recalibration (in-sample)"
+    return ValidatedRange.from_qualities(qualities, **review, inputs=inputs, features=stored, **info)

@@ -1,0 +1,346 @@
+"""The review rule of a validated range (:class:`ValidatedRange`): one full-conformal rule over one combined
+nonconformity score of the case and the validation volumes, its alpha and false-flag bound, and what it cannot
+judge. :mod:`calib_monai.calibration.validated_range` stores it and flags cases against it; its docstring states the
+rule and the guarantee."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calib_monai.atomic import write_json_atomically
+from calib_monai.calibration.stored import file_sha256
+from calib_monai.metrics.feature_distance import feature_distance_from_dict
+
+__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
+
+MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
+FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
+
+
+def _number(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def competition_ranks(nonconformity: np.ndarray) -> np.ndarray:
+    """``1 + #{m: a_m > a_i}`` for each ``a_i``: rank 1 is the most extreme (largest), ties share the smaller rank."""
+    a = np.asarray(nonconformity, dtype=np.float64)
+    return 1 + (a[None, :] > a[:, None]).sum(1)
+
+
+def standardised(nonconformity: np.ndarray) -> np.ndarray:
+    """How far each ``a_i`` lies beyond the others: ``(a_i - median_{m != i} a_m) / (1.4826 MAD_{m != i})`` (the
+    others' standard deviation when their MAD is 0, else a tiny scale), over the others' finite values; ``+inf``
+    stays ``+inf``. Each value is measured against the other ``n``: a symmetric function of the ``n + 1``."""
+    a = np.asarray(nonconformity, dtype=np.float64)
+    out = np.empty(len(a))
+    for i in range(len(a)):
+        others = np.delete(a, i)
+        others = others[np.isfinite(others)]
+        median = float(np.median(others)) if others.size else 0.0
+        scale = 1.4826 * float(np.median(np.abs(others - median))) if others.size else 0.0
+        if scale <= 0 and others.size > 1:
+            scale = float(others.std())
+        out[i] = (a[i] - median) / (scale if scale > 0 else 1e-12)
+    return out
+
+
+@dataclass
+class ValidatedRange:
+    """The validation cases' case scores (NaN: no structure predicted), per-class expected volumes (mL), image
+    statistics and network features, and the flag rule's settings."""
+
+    scores: list[float]
+    volumes: dict[str, list[float]] = field(default_factory=dict)
+    alpha: float = 0.05
+    volume_factor: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)  # weights, calibration, split: what it was measured on
+    inputs: list[list[float]] = field(default_factory=list)  # image_statistics of each validation image
+    input_check: bool = False
+    features: dict[str, Any] | None = None  # MahalanobisDistance.to_dict() of the validation features
+    feature_check: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < float(self.alpha) < 1:
+            raise ValueError(
+                f"validated range alpha must be in (0, 1), got {self.alpha}: set review_alpha to e.g. 0.05"
+            )
+        if float(self.volume_factor) != 0 and float(self.volume_factor) < 1:
+            raise ValueError(
+                f"validated range volume_factor must be 0 (off) or >= 1, got {self.volume_factor}: set "
+                "review_volume_factor to 0 or e.g. 1.5"
+            )
+        self.alpha, self.volume_factor = float(self.alpha), float(self.volume_factor)
+        self.input_check, self.feature_check = bool(self.input_check), bool(self.feature_check)
+        self.scores = [_number(s) for s in self.scores]
+        self.inputs = [[_number(v) for v in f] for f in self.inputs]
+        if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
+            raise ValueError(
+                f"validated range: {len(self.inputs)} image statistics (inputs) for {len(self.scores)} scores: "
+                "each validation volume needs both"
+            )
+        self._distance = feature_distance_from_dict(self.features) if self.features else None
+        if self._distance is not None and len(self._distance.reference) != len(self.scores):
+            raise ValueError(
+                f"validated range: features of {len(self._distance.reference)} volumes for {len(self.scores)} "
+                "scores: each validation volume needs both"
+            )
+
+    @classmethod
+    def from_qualities(
+        cls,
+        qualities: Sequence[Mapping[str, Any]],
+        alpha: float = 0.05,
+        volume_factor: float = 0.0,
+        inputs: Sequence[Sequence[float]] = (),
+        input_check: bool = False,
+        features: dict[str, Any] | None = None,
+        feature_check: bool = False,
+        **info: Any,
+    ) -> ValidatedRange:
+        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
+        :func:`~calib_monai.metrics.case_quality.image_statistics` of their images, their fitted feature distance)."""
+        if not qualities:
+            raise ValueError("a validated range needs at least one validation volume")
+        names = list(qualities[0]["classes"])
+        volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
+        scores = [float(q["case_score"]) for q in qualities]
+        inputs = [list(map(float, f)) for f in inputs]
+        return cls(scores, volumes, alpha, volume_factor, info, inputs, input_check, features, feature_check)
+
+    # ---- the rule and its guarantee ---------------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return len(self.scores)
+
+    @property
+    def signals(self) -> list[str]:
+        """The signals the combined rule ranks (a case may leave one out, with the reason)."""
+        return ["case_score", *(["input"] if self.input_check else []), *(["features"] if self.feature_check else [])]
+
+    @property
+    def rank(self) -> int:
+        """``k = floor(alpha (n + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
+        the ``n + 1``; 0 when ``n < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
+        return math.floor(self.alpha * (self.n + 1) + 1e-9)
+
+    @property
+    def bound(self) -> float:
+        """The probability that an ordinary (exchangeable) case is flagged is at most this: ``k / (n + 1)`` (plus
+        ``2 / (n + 1)`` per class with the volume rule on)."""
+        bound = self.rank / (self.n + 1)
+        if self.volume_factor:
+            bound += 2 * len(self.volumes) / (self.n + 1)
+        return min(1.0, bound)
+
+    @property
+    def volumes_needed(self) -> int:
+        """The fewest validation volumes with ``k >= 1`` at this alpha: ``ceil(1 / alpha - 1)``."""
+        return math.ceil(1 / self.alpha - 1 - 1e-9)
+
+    def _too_few(self) -> str:
+        return (
+            f"cannot judge at alpha = {self.alpha:g} with n = {self.n} validation volumes: needs at least "
+            f"{self.volumes_needed} (or review_alpha >= {1 / (self.n + 1):.3g})"
+        )
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        if self.rank == 0:
+            out.append(self._too_few() + "; every case gets the flag null with its rank")
+        elif self.bound > self.alpha:
+            out.append(f"the volume rule raises the false-flag bound to {self.bound:.1%}, above alpha {self.alpha:g}")
+        if self.input_check and len(self.inputs) < MIN_INPUT_IMAGES:
+            out.append(f"the input signal is left out: {len(self.inputs)} validation image(s), it needs 2")
+        if self.feature_check and self._distance is None:
+            why = self.info.get("features_left_out", "no validation features stored")
+            out.append(f"the feature signal is left out: {why}")
+        missing = sum(1 for s in self.scores if s != s)
+        if 0 < missing < self.n:
+            out.append(f"{missing} of {self.n} validation volumes have no case score (no structure predicted)")
+        return out
+
+    @property
+    def score_problem(self) -> str:
+        """Why the case score cannot tell cases apart ("" when it can)."""
+        finite = [s for s in self.scores if s == s]
+        if not finite:
+            return (
+                f"cannot judge the case score: none of the {self.n} validation volumes has one (the model predicts "
+                f"no structure on any of them); check the model and run calibrate again"
+            )
+        if self.n > 1 and len(finite) == self.n and max(finite) == min(finite):
+            return (
+                f"cannot judge the case score: all {self.n} validation volumes scored exactly {finite[0]:.3f} (a "
+                "collapsed model?); check the model and run calibrate again"
+            )
+        return ""
+
+    def _input_distances(self, features: Sequence[float]) -> np.ndarray:
+        """The distance of each of the ``n`` validation images and of ``features`` (last) from the other ``n``."""
+        points = np.array([*self.inputs, list(features)], dtype=np.float64)
+        out = np.empty(len(points))
+        for i in range(len(points)):
+            others = np.delete(points, i, axis=0)
+            mean, std = others.mean(0), others.std(0)
+            out[i] = np.max(np.abs(points[i] - mean) / np.where(std > 0, std, np.finfo(np.float64).eps))
+        return out
+
+    def _signal_values(
+        self, quality: Mapping[str, Any], image_statistics: Sequence[float] | None, features: Any, missing: str
+    ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+        """The ``n + 1`` nonconformities (larger: more extreme; the case last) of each signal that judges; the
+        reasons of the signals left out; the reasons the case cannot be judged."""
+        score = float(quality["case_score"])
+        values = {"case_score": -np.array([*self.scores, score], dtype=np.float64)}
+        values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
+        left_out, unknown = [], []
+        if self.input_check:
+            if len(self.inputs) < MIN_INPUT_IMAGES or not np.isfinite(np.asarray(self.inputs, float)).all():
+                left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
+            elif image_statistics is None:
+                left_out.append("image intensities left out: no image statistics were given with the case")
+            elif len(image_statistics) != len(self.inputs[0]) or not np.isfinite(image_statistics).all():
+                unknown.append(f"cannot judge: the image statistics {list(image_statistics)} are not comparable")
+            else:
+                values["input"] = self._input_distances(image_statistics)
+        if self.feature_check:
+            if self._distance is None:
+                left_out.append(f"network features left out: {self.info.get('features_left_out', 'none stored')}")
+            elif features is None:
+                left_out.append(f"network features left out: {missing or 'none were captured for the case'}")
+            else:
+                vector = np.asarray(features, dtype=np.float64).reshape(-1)
+                if vector.size != len(self._distance.mean) or not np.isfinite(vector).all():
+                    bad = int((~np.isfinite(vector)).sum())
+                    unknown.append(
+                        f"cannot judge: the network features ({vector.size} values, {bad} NaN or infinite) are "
+                        f"not comparable with the validation cases' ({len(self._distance.mean)})"
+                    )
+                else:
+                    values["features"] = self._distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
+        return values, left_out, unknown
+
+    def check(
+        self,
+        quality: Mapping[str, Any],
+        image_statistics: Sequence[float] | None = None,
+        features: Any = None,
+        features_missing: str = "",
+    ) -> dict[str, Any]:
+        """The review verdict of one case (``image_statistics`` of its image, ``features`` its pooled network
+        features): ``{"flag": True, False or None (cannot judge), "reasons", "rank" (the case's combined rank among
+        the n + 1, ties counted against it), "k", "signals" (each signal's value, rank among the n + 1 and
+        ``beyond``: its standardised distance beyond the others), "left_out", "validation_volumes", "bound",
+        "alpha"}``."""
+        values, left_out, unknown = self._signal_values(quality, image_statistics, features, features_missing)
+        ranks = {name: competition_ranks(a) for name, a in values.items()}
+        z = {name: standardised(a) for name, a in values.items()}
+        combined = np.max(np.stack(list(z.values())), axis=0)
+        case_rank, k = int((combined >= combined[-1]).sum()), self.rank
+        signals = {
+            name: {
+                "value": _finite_or_none(float(values[name][-1])),
+                "rank": int(ranks[name][-1]),
+                "beyond": _finite_or_none(round(float(z[name][-1]), 2)),
+            }
+            for name in values
+        }
+        signals["case_score"]["value"] = _finite_or_none(float(quality["case_score"]))
+        reasons = []
+        if k >= 1 and case_rank <= k:
+            reasons += [self._reason(name, signals[name]) for name in z if z[name][-1] == combined[-1]]
+        elif k >= 1 and self.score_problem:
+            unknown.append(self.score_problem)
+        if self.volume_factor:
+            for name, volumes in self.volumes.items():
+                volume = float(quality["classes"].get(name, {}).get("volume", float("nan")))
+                low, high = min(volumes) / self.volume_factor, max(volumes) * self.volume_factor
+                if volume == volume and not low <= volume <= high:
+                    reasons.append(f"{name} volume {volume:.3g} mL is outside the validated {low:.3g}-{high:.3g} mL")
+        if k == 0 and not reasons:
+            unknown.append(f"{self._too_few()}; the case is ranked {case_rank} of {self.n + 1}")
+        flag = True if reasons else (None if unknown else False)
+        if flag is True:
+            reasons += unknown
+        elif flag is None:
+            reasons = unknown
+        if flag is not False:
+            reasons += [w for w in self.warnings if w not in reasons and not w.startswith("cannot judge at")]
+        return {
+            "flag": flag,
+            "reasons": reasons,
+            "rank": case_rank,
+            "k": k,
+            "signals": signals,
+            "left_out": left_out,
+            "validation_volumes": self.n,
+            "bound": self.bound,
+            "alpha": self.alpha,
+        }
+
+    def _reason(self, name: str, signal: Mapping[str, Any]) -> str:
+        rank, value, of = signal["rank"], signal["value"], self.n + 1
+        beyond = f", {signal['beyond']:.1f} MADs beyond the others" if signal["beyond"] is not None else ""
+        if name == "case_score":
+            if value is None:
+                return "no case score (the model predicts none of the structures and gives them no probability)"
+            finite = [s for s in self.scores if s == s]
+            lowest = f"; the lowest validation score is {min(finite):.3f}" if finite else ""
+            return f"estimated mean DSC {value:.3f} is among the lowest (rank {rank} of {of}{beyond}{lowest})"
+        if name == "input":
+            return (
+                f"image intensities unlike the validation images' (distance {value:.1f} standard deviations, rank "
+                f"{rank} of {of}{beyond})"
+            )
+        return f"features unlike the validation cases' (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond})"
+
+    # ---- storage -----------------------------------------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """The JSON record (NaN as null)."""
+        clean = [None if s != s else s for s in self.scores]
+        return {
+            **{k: getattr(self, k) for k in ("volumes", "alpha", "volume_factor", "info")},
+            "scores": clean,
+            "inputs": [[None if v != v else v for v in f] for f in self.inputs],
+            "input_check": self.input_check,
+            "features": self.features,
+            "feature_check": self.feature_check,
+            "rule": self.describe(),
+            "signals": self.signals,
+            "rank": self.rank,
+            "bound": self.bound,
+            "bound_within_alpha": self.bound <= self.alpha,
+            "warnings": self.warnings,
+        }
+
+    def save(self, path: str | os.PathLike, weights: str | os.PathLike) -> Path:
+        """Write the range (with the SHA-256 of ``weights``) to ``path`` atomically."""
+        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": file_sha256(weights)}
+        return write_json_atomically(Path(path), record)
+
+    def describe(self) -> str:
+        names = {"case_score": "lowest case score", "input": "largest intensity distance", "features": "largest "}
+        names["features"] += "network-feature (Mahalanobis) distance"
+        signals = ", ".join(names[s] for s in self.signals)
+        rule = (
+            f"measure the case and each of the {self.n} validation volumes against the others by each signal "
+            f"({signals}) as robust z-scores (MADs beyond the others' median), take each one's largest, and flag the "
+            f"case when it is among the {self.rank} largest of the {self.n + 1} (ties counted against the case)"
+        )
+        if self.volume_factor:
+            rule += f", or its expected volume of a class is outside the validated range widened {self.volume_factor}x"
+        if self.rank == 0:
+            return f"{rule}: {self._too_few()}"
+        return f"{rule}: an ordinary case is flagged with probability at most {self.bound:.1%} at n = {self.n}"

@@ -1,0 +1,73 @@
+"""2-fold cross-fitting of the recalibration: each range volume scored by the fit that did not see it, the served
+fit on all; the plain split as the option; the range's network features stored whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from calib_monai.calibration.fitting import (
+    ValidationVolume,
+    cross_fit,
+    measure_validated_range,
+    range_features,
+    split_volumes,
+)
+from calib_monai.calibration.stored import calibrate_volume
+from calib_monai.metrics import case_quality
+
+
+def _volumes(n: int) -> list[ValidationVolume]:
+    """Overconfident logits (labels drawn from softmax(logits / 3)) of ``n`` small 2-class volumes."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        logits = 6 * torch.randn(2, 6, 6, 3, generator=g)
+        prob = torch.softmax(logits / 3, 0).movedim(0, -1).reshape(-1, 2)
+        label = torch.multinomial(prob, 1, generator=g).reshape(6, 6, 3)
+        out.append(ValidationVolume(logits, label, torch.rand(1, 6, 6, 3, generator=g), 1.0, f"case{i}"))
+    return out
+
+
+def test_each_range_volume_is_scored_by_the_fit_that_did_not_see_it():
+    volumes = _volumes(6)
+    split = split_volumes(6, seed=0, crossfit=True)
+    module, stats, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    (a, b), (b2, a2) = split.folds
+    # the served temperature is fitted on all six, each half's on its three; each scorer scores the other half
+    assert stats["volumes"] == 6 and [s["volumes"] for s in stats["folds"]] == [3, 3]
+    assert [scored for _, scored in scorers] == [b, a] and sorted(a + b) == list(range(6))
+    temperatures = [float(m.temperature) for m, _ in scorers]
+    assert temperatures[0] != temperatures[1] and float(module.temperature) > 1  # overconfident: T > 1
+    assert stats["range_volumes_nll_after"] < stats["range_volumes_nll_before"]
+    assert stats["split"]["crossfit"] and "approximate" in stats["split"]["exchangeability"]
+    review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": True, "feature_check": False}
+    validated = measure_validated_range(scorers, volumes, split, review, ["bg", "a"], spatial_dim=2)
+    assert validated.n == 6 and validated.rank == 1  # floor(0.2 * 7) = 1
+    # volume 0's score is the case score of its probabilities under the fit on the other half
+    scorer = next(m for m, scored in scorers if 0 in scored)
+    with torch.no_grad():
+        prob = torch.softmax(calibrate_volume(scorer, volumes[0].logits, volumes[0].image, 2), 0)
+    assert validated.scores[0] == pytest.approx(case_quality(prob, class_names=["bg", "a"])["case_score"])
+
+
+def test_the_plain_split_scores_the_range_with_the_served_fit():
+    volumes = _volumes(6)
+    split = split_volumes(6, 0.5, seed=0)
+    module, stats, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    assert scorers == [(module, split.range)] and stats["volumes"] == 3 and "folds" not in stats
+    review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": False}
+    assert measure_validated_range(scorers, volumes, split, review).n == 3
+
+
+def test_the_range_features_are_stored_whole_or_left_out_with_why():
+    rng = np.random.default_rng(0)
+    stored, why = range_features(list(rng.normal(size=(5, 40))))
+    assert why == "" and stored["components"] is None and np.asarray(stored["reference"]).shape == (5, 40)
+    assert range_features([rng.normal(size=4), None, rng.normal(size=4)]) == (
+        None,
+        "1 of 3 validation volumes have no network features",
+    )
+    stored, why = range_features([np.full(3, np.nan)] * 4)
+    assert stored is None and "NaN or infinite" in why

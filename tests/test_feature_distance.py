@@ -1,0 +1,221 @@
+"""Feature distances: Ledoit-Wolf shrinkage against the formula written out per case, the conformal rank on
+hand-worked sets, leave-one-out distances refitted by hand, JSON round trips, and the bottleneck hook on real MONAI
+networks (shapes, and the pooled mean equal to the mean over every slice and position)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from monai.inferers import SliceInferer
+
+from calib_monai.metrics.feature_distance import (
+    BottleneckFeatures,
+    KNNDistance,
+    MahalanobisDistance,
+    bottleneck_module_name,
+    conformal_rank,
+    feature_distance_from_dict,
+    ledoit_wolf_covariance,
+)
+from calib_monai.networks import backbone
+
+
+def reference_ledoit_wolf(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """Ledoit & Wolf (2004), Lemma 3.2-3.3 written per case: b2 from each x_k x_k^T, not the compact identity."""
+    n, p = x.shape
+    xc = x - x.mean(0)
+    s = sum(np.outer(r, r) for r in xc) / n
+    m = np.trace(s) / p
+    d2 = np.linalg.norm(s - m * np.eye(p), "fro") ** 2
+    b2_bar = sum(np.linalg.norm(np.outer(r, r) - s, "fro") ** 2 for r in xc) / n**2
+    shrink = min(b2_bar, d2) / d2
+    return shrink * m * np.eye(p) + (1 - shrink) * s, shrink
+
+
+def test_ledoit_wolf_hand_worked_and_reference():
+    # 4 cases in 2D, centred already: (1,0), (-1,0), (0,2), (0,-2): S = diag(0.5, 2), m = 1.25, d2 = 2 * 0.75^2 = 1.125
+    # sum_k ||x_k x_k^T - S||^2: (1,0): (0.5^2 + 2^2) = 4.25 twice; (0,2): (0.5^2 + 2^2) = 4.25 twice -> 17 / 16
+    # b2 = 1.0625 < d2 -> s = 1.0625 / 1.125 = 0.9444...; C = diag(0.5 (1 - s) + 1.25 s, 2 (1 - s) + 1.25 s)
+    x = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]])
+    cov, shrink = ledoit_wolf_covariance(x)
+    s = 1.0625 / 1.125
+    assert shrink == pytest.approx(s, rel=1e-12)
+    np.testing.assert_allclose(cov, np.diag([0.5 * (1 - s) + 1.25 * s, 2 * (1 - s) + 1.25 * s]), rtol=1e-12)
+    rng = np.random.default_rng(0)
+    for n, p in ((6, 4), (30, 5), (5, 12)):
+        x = rng.normal(size=(n, p)) * rng.uniform(0.1, 3, size=p) + rng.normal(size=p)
+        cov, shrink = ledoit_wolf_covariance(x)
+        ref_cov, ref_shrink = reference_ledoit_wolf(x)
+        assert shrink == pytest.approx(ref_shrink, rel=1e-10)
+        np.testing.assert_allclose(cov, ref_cov, rtol=1e-10, atol=1e-12)
+
+
+def test_mahalanobis_equals_hand_computed_distance_without_projection():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(20, 3)) * [1.0, 4.0, 0.5]
+    model = MahalanobisDistance(max_dim=3).fit(x)
+    assert model.components is None
+    cov, _ = reference_ledoit_wolf(x)
+    for v in (np.array([0.3, -2.0, 1.0]), x[0], np.zeros(3)):
+        diff = v - x.mean(0)
+        assert model.distance(v) == pytest.approx(math.sqrt(diff @ np.linalg.solve(cov, diff)), rel=1e-9)
+
+
+def test_conformal_rank_and_threshold_hand_worked():
+    # n = 9: k = ceil(0.9 * 10) = 9, ceil(0.8 * 10) = 8, ceil(0.7 * 10) = 7 (0.7 * 10 is 7.000000000000001 in floats),
+    # ceil(0.95 * 10) = 10 > 9: no finite threshold
+    assert [conformal_rank(9, a) for a in (0.1, 0.2, 0.3, 0.05)] == [9, 8, 7, 10]
+    assert conformal_rank(19, 0.05) == 19 and conformal_rank(39, 0.05) == 38
+    model = MahalanobisDistance(alpha=0.2)
+    model.reference = np.zeros((9, 1))
+    model.loo_distances = [5.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0]
+    assert model.threshold == 8.0  # the 8th smallest
+    model.alpha = 0.05
+    assert model.threshold == math.inf
+
+
+def test_leave_one_out_distances_are_refits_without_the_case():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(8, 40))  # 40 features > max_dim: projected
+    for cls in (MahalanobisDistance, KNNDistance):
+        model = cls(max_dim=4).fit(x)
+        assert model.components.shape == (4, 40) and model.reference.shape == (8, 4)
+        for i in (0, 5):
+            alone = cls(max_dim=4)
+            alone._fit_model(np.delete(x, i, axis=0))
+            assert model.loo_distances[i] == pytest.approx(alone.distance(x[i]), rel=1e-12)
+
+
+def test_knn_distance_hand_worked():
+    # L2-normalised 2D vectors at angles 0, 90, 180 degrees; the query at 45 degrees: nearest two at distance
+    # |e^{i 45} - e^{i 0}| = 2 sin(22.5 deg), the third at 2 sin(67.5 deg)
+    x = np.array([[2.0, 0.0], [0.0, 3.0], [-1.0, 0.0]])
+    q = np.array([1.0, 1.0])
+    assert KNNDistance(max_dim=2, k=1).fit(x).distance(q) == pytest.approx(2 * math.sin(math.radians(22.5)))
+    assert KNNDistance(max_dim=2, k=2).fit(x).distance(q) == pytest.approx(2 * math.sin(math.radians(22.5)))
+    with pytest.raises(ValueError, match="k: 3 neighbours asked, 2 validation cases"):
+        KNNDistance(max_dim=2, k=3).fit(x)
+
+
+def test_json_round_trip_and_verdicts():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(25, 256))
+    queries = np.stack([x[0] + 0.1, x.mean(0), x[3] * 5])
+    for model in (MahalanobisDistance(alpha=0.1).fit(x), KNNDistance(alpha=0.1, k=2).fit(x)):
+        record = json.loads(json.dumps(model.to_dict()))
+        assert len(record["components"]) == 16 and len(record["reference"]) == 25
+        back = feature_distance_from_dict(record)
+        np.testing.assert_allclose(back.distance(queries), model.distance(queries), rtol=1e-12)
+        assert back.threshold == model.threshold == sorted(model.loo_distances)[conformal_rank(25, 0.1) - 1]
+        far = model.judge(x[3] * 5)
+        assert far["flag"] is True and "validation cases" in far["reason"]
+        assert model.judge(x.mean(0))["flag"] is False
+        nan = model.judge(np.full(256, np.nan))
+        assert nan["flag"] is None and "256 of 256 features are NaN" in nan["reason"]
+        assert np.isnan(model.distance(np.stack([x[0], np.full(256, np.inf)]))[1])
+
+
+def test_bad_inputs_name_the_argument():
+    x = np.random.default_rng(4).normal(size=(5, 3))
+    with pytest.raises(ValueError, match="features: cases \\[1\\] have NaN"):
+        MahalanobisDistance().fit(np.where(np.arange(5)[:, None] == 1, np.nan, x))
+    with pytest.raises(ValueError, match="at least 3 cases"):
+        MahalanobisDistance().fit(x[:2])
+    with pytest.raises(ValueError, match="all 5 feature vectors are equal"):
+        MahalanobisDistance().fit(np.ones((5, 3)))
+    with pytest.raises(ValueError, match="alpha must be in"):
+        MahalanobisDistance(alpha=1.5)
+    with pytest.raises(ValueError, match="expected 3 features"):
+        MahalanobisDistance().fit(x).distance(np.zeros(4))
+    with pytest.raises(ValueError, match="method 'gauss' is not one of"):
+        feature_distance_from_dict({"method": "gauss"})
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "channels", "cells"),
+    [
+        ("unet", "model.1.submodule.1.submodule.1.submodule.1.submodule", 256, 4 * 4),  # 64 / 2^4
+        ("attention_unet", "model.1.submodule.1.submodule.1.submodule.1.submodule", 256, 4 * 4),
+        ("dynunet", "bottleneck", 320, 2 * 2),  # 64 / 2^5
+        ("unet_plus_plus", "net.conv_4_0", 256, 4 * 4),
+    ],
+)
+def test_bottleneck_hook_on_monai_networks(name, module, channels, cells):
+    torch.manual_seed(0)
+    net = backbone(name, spatial_dims=2, in_channels=1, out_channels=3).eval()
+    assert bottleneck_module_name(net) == module
+    assert bottleneck_module_name(torch.nn.DataParallel(net)) == "module." + module
+    # the hpc bundle's inferer: 2D slices along the last axis, a batch of 4 slices per forward pass
+    inferer = SliceInferer(roi_size=(64, 64), sw_batch_size=4, spatial_dim=2, progress=False)
+    image = torch.rand(1, 1, 64, 64, 7)
+    seen = []
+    handle = net.get_submodule(module).register_forward_hook(lambda m, a, out: seen.append(out.detach().double()))
+    with BottleneckFeatures(net) as features, torch.no_grad():
+        inferer(image, net)
+    handle.remove()
+    pooled = features.pop()
+    assert [s.shape[0] for s in seen] == [4, 3]  # two unequal batches of slices
+    assert pooled.vector.shape == (channels,) and pooled.slices == 7 and pooled.positions == 7 * cells
+    expected = torch.cat(seen).mean(dim=(0, 2, 3)).numpy()  # every slice and position weighted equally
+    np.testing.assert_allclose(pooled.vector, expected, rtol=1e-10)
+    assert pooled.finite
+    with pytest.raises(RuntimeError, match="no forward pass"):
+        features.pop()
+    with torch.no_grad():
+        net(torch.rand(2, 1, 64, 64))  # after the with block: no hook any more
+    with pytest.raises(RuntimeError, match="no forward pass"):
+        features.pop()
+    features.start()  # started once, popped per case (as a config's CaseQualityd would)
+    with torch.no_grad():
+        net(torch.rand(2, 1, 64, 64))
+    assert features.pop().slices == 2
+    with torch.no_grad():
+        net(torch.rand(3, 1, 64, 64))
+    assert features.pop().slices == 3
+    features.stop()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script, as bundles export model.ts
+def test_unsupported_backbones_and_torchscript():
+    with pytest.raises(ValueError, match="not supported for backbone SwinUNETR"):
+        BottleneckFeatures(backbone("swin_unetr", 2, 1, 3))
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3)))
+    with pytest.raises(ValueError, match="TorchScript"):
+        bottleneck_module_name(scripted)
+    with pytest.raises(ValueError, match="module_name: 'nope' is not a submodule"):
+        BottleneckFeatures(backbone("unet", 2, 1, 3), module_name="nope")
+
+
+def test_full_conformal_distances_and_p_value_hand_worked():
+    # 1D (no projection, Ledoit-Wolf shrinkage 0 in one dimension): d = |x - mean| / sqrt(var), var with divisor n.
+    # validation 0, 2, 4; new case 10: each point against the other three
+    model = MahalanobisDistance(max_dim=1).fit([[0.0], [2.0], [4.0]])
+
+    def dist(x, others):
+        others = np.asarray(others, dtype=np.float64)
+        return abs(x - others.mean()) / others.std()
+
+    expected = [dist(0, [2, 4, 10]), dist(2, [0, 4, 10]), dist(4, [0, 2, 10]), dist(10, [0, 2, 4])]
+    np.testing.assert_allclose(model.conformal_distances([10.0]), expected, rtol=1e-12)
+    assert expected[-1] == pytest.approx(8 / math.sqrt(8 / 3))  # the largest of the four
+    assert model.conformal_p_value([10.0]) == 0.25  # only itself is >= its distance: 1 / (n + 1)
+    assert model.conformal_p_value([2.0]) == 1.0  # at the mean: every distance is >= 0
+    with pytest.raises(ValueError, match="features: expected 1 finite features"):
+        model.conformal_distances([np.nan])
+
+
+def test_full_conformal_p_values_are_uniform_for_exchangeable_cases():
+    # the p-value of a case drawn like the validation cases: P(p <= j / (n + 1)) = j / (n + 1) over the draws
+    # (the projection is part of the fit, so compare on low-dimensional features, no projection)
+    rng = np.random.default_rng(5)
+    n, draws = 9, 400
+    p_values = []
+    for _ in range(draws):
+        x = rng.normal(size=(n + 1, 3))
+        p_values.append(MahalanobisDistance(max_dim=3).fit(x[:n]).conformal_p_value(x[n]))
+    share = np.mean(np.asarray(p_values) <= 0.2)  # 2 / 10
+    assert abs(share - 0.2) < 4 * math.sqrt(0.2 * 0.8 / draws)
