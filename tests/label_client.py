@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import SimpleITK as sitk
 from monailabel.client import MONAILabelClient
+from monailabel.client.client import MONAILabelClientException
 
 SLICER = {"result_extension": ".nrrd", "result_dtype": "uint8"}
 
@@ -48,8 +49,18 @@ def compare(client: MONAILabelClient, image: str, bundle: str, threshold: float 
 
 
 def main() -> None:
+    """Print the answer as JSON; a request the server refuses prints ``{"refused": "<the client's message>"}``
+    (``Status: <code>; Response: <the server's JSON>``) instead of a traceback."""
     url, command, arguments = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     client = MONAILabelClient(url, client_id=arguments.pop("client_id", "user-xyz"))
+    try:
+        out = _command(client, command, arguments)
+    except MONAILabelClientException as err:
+        out = {"refused": err.msg}
+    print(json.dumps(out, default=str))
+
+
+def _command(client: MONAILabelClient, command: str, arguments: dict):
     if command == "infer":
         out = infer(client, **arguments)
     elif command == "compare":
@@ -68,7 +79,7 @@ def main() -> None:
         out = client.info()
     else:
         raise SystemExit(f"unknown command {command}")
-    print(json.dumps(out, default=str))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A real MONAI Label server for the tests (``tests/test_monai_label*.py``): ``monailabel start_server`` from
-``.venv-label`` on 127.0.0.1 over a served model folder built in a temporary folder, one per test session, and the
-HTTP helpers the tests talk to it with.
+``.venv-label``, the command of ``docs/site.md`` verbatim (``start_command``), on 127.0.0.1 over a served model
+folder built in a temporary folder, one per test session, and the HTTP helpers the tests talk to it with.
 
 Served bundles: ``nacl_flare`` trained for one epoch on tiny phantoms (``models/model.pt``), the same weights as
 TorchScript only (``nacl_flare_ts``), with a calibration of temperature 100 and a validated range
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,28 @@ def served_folder(tmp_path_factory):
     return {"root": root, "app": app, "images": images, "reference": root / "reference"}
 
 
+SITE_DOC = REPO_ROOT / "docs" / "site.md"
+
+
+def start_command(app: Path, studies: Path, port: int) -> list[str]:
+    """The ``monailabel start_server`` line of ``docs/site.md``, verbatim but for three values: its ``--app`` folder
+    (``calib_monai/label``) becomes ``app``, ``--studies /path/to/images`` becomes ``studies`` and ``--port 8000``
+    becomes ``port``; a line that lacks any of them fails here, naming it."""
+    lines = SITE_DOC.read_text().replace("\\\n", " ").splitlines()
+    found = [line.strip() for line in lines if line.strip().startswith("monailabel start_server")]
+    assert len(found) == 1, f"{SITE_DOC} must have exactly one `monailabel start_server` line, has {len(found)}"
+    cmd = shlex.split(found[0])
+    values = {"--app": "calib_monai/label", "--studies": "/path/to/images", "--port": "8000"}
+    for option, documented in values.items():
+        assert option in cmd and cmd[cmd.index(option) + 1] == documented, (
+            f"{SITE_DOC}: the start_server line must have `{option} {documented}` (tests/label_server.py "
+            f"substitutes it), got {found[0]!r}"
+        )
+    for option, value in {"--app": app, "--studies": studies, "--port": port}.items():
+        cmd[cmd.index(option) + 1] = str(value)
+    return cmd
+
+
 @pytest.fixture(scope="session")
 def server(served_folder):
     """``monailabel start_server`` on a free port of 127.0.0.1; stopped (process group) after the module."""
@@ -199,21 +222,7 @@ def server(served_folder):
         "PYTHONWARNINGS": "ignore",
     }
     env.pop("VIRTUAL_ENV", None)
-    cmd = [
-        "monailabel",
-        "start_server",
-        "--app",
-        str(served_folder["app"]),
-        "--studies",
-        str(root / "studies"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--conf",
-        "zoo_source",
-        "local",
-    ]
+    cmd = start_command(served_folder["app"], root / "studies", port)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -266,7 +266,7 @@ def test_preprocessing_is_invertible_back_to_the_file_grid(tmp_path):
     label = np.zeros(SHAPE, dtype=np.uint8)
     label[3:9, 2:6, 1:4] = 13  # left kidney, inside an 8 x 8 x 4 window
     for i in range(3):
-        _save(np.full(SHAPE, 40, np.int16), root / "imagesTr" / f"c{i}.nii.gz", flipped)
+        _save(np.arange(np.prod(SHAPE), dtype=np.int16).reshape(SHAPE), root / "imagesTr" / f"c{i}.nii.gz", flipped)
         _save(label, root / "labelsTr" / f"c{i}.nii.gz", flipped)
     data = _component(root, tmp_path / "run", roi_size=(8, 8, 4))
     volume = data.train_dataset().volumes[0]  # through the crop around the organs
@@ -303,7 +303,9 @@ def test_a_label_stored_in_another_orientation_trains_on_the_same_voxels(tmp_pat
 
 def test_an_image_with_another_number_of_channels_is_named_before_the_network(tmp_path):
     """A 2-channel image into the 1-channel FLARE bundle crashed in the network's first convolution, naming no file."""
-    image = _save(np.zeros((*SHAPE, 2), np.int16), tmp_path / "two_channels_0000.nii.gz")
+    image = _save(
+        np.arange(np.prod(SHAPE) * 2, dtype=np.int16).reshape(*SHAPE, 2), tmp_path / "two_channels_0000.nii.gz"
+    )
     data = FLARE(None, output_dir=tmp_path / "out", roi_size=SHAPE, spacing=None)
     with pytest.raises(RuntimeError) as err:  # MONAI's Compose wraps it: "applying transform ..."
         data.inference_preprocessing()({"image": str(image)})

@@ -31,3 +31,21 @@ def test_main_command_config_files_exist():
     main = _commands()[0]
     for path in re.findall(r"bundles/[\w/]+\.json", main):
         assert (REPO_ROOT / path).is_file(), path
+
+
+def test_demo_paragraph_states_the_measured_range_of_seeds():
+    """README's demo digits are the range over the seeds in docs/results/flare_demo/seeds.md (issue 31.4), and the
+    line that tells a newcomer when something is wrong stays."""
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    seeds = (REPO_ROOT / "docs" / "results" / "flare_demo" / "seeds.md").read_text()
+    assert "(docs/results/flare_demo/seeds.md)" in readme
+    assert "means something is wrong" in readme
+    row = next(line for line in seeds.splitlines() if line.startswith("| range |"))
+    final_dice, final_ece, best_dice, best_epoch = (cell.strip() for cell in row.split("|")[2:6])
+    said = re.search(
+        r"ended at val_mean_dice ([\d.-]+) and val_ece ([\d.-]+), and kept epoch ([\d-]+) \(val_mean_dice ([\d.-]+)\)",
+        readme,
+    )
+    assert said, "README's demo paragraph no longer states the seeds' range"
+    assert said.groups() == (final_dice, final_ece, best_epoch, best_dice)
+    assert len([line for line in seeds.splitlines() if re.match(r"\| \d+ \|", line)]) >= 3  # three seeds at least

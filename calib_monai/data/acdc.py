@@ -11,7 +11,7 @@ from pathlib import Path
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root
-from calib_monai.data.layouts import layout_error, split_groups
+from calib_monai.data.layouts import layout_error, split_groups, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["ACDC", "ACDC_LABEL_NAMES", "ACDC_LAYOUTS"]
@@ -87,7 +87,7 @@ class ACDC(VolumeSegmentationData):
         self.resize = tuple(int(s) for s in resize)
         if len(self.resize) != 2 or min(self.resize) <= 0:
             raise ValueError(f"resize must be the in-plane size (H, W), two positive ints, got {tuple(resize)}")
-        self.root = existing_root(dataset_dir, ACDC_LAYOUTS)
+        self.root = existing_root(unless_given(dataset_dir, self.datalist_path), ACDC_LAYOUTS)
         self.patients_dir, self.split_lists, self._cases = None, None, []
         if self.root is None:  # preprocessing only
             return

@@ -13,7 +13,7 @@ import torch
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import layout_error, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = [
@@ -143,7 +143,7 @@ class BraTS(VolumeSegmentationData):
             raise ValueError(f"resize must be (H, W, D), three positive ints, got {tuple(resize)}")
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
-        root = existing_root(dataset_dir, BRATS_LAYOUTS)
+        root = existing_root(unless_given(dataset_dir, self.datalist_path), BRATS_LAYOUTS)
         self._cases = []
         if root is None:  # preprocessing only
             return

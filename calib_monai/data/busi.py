@@ -15,7 +15,7 @@ from monai.transforms import LoadImage, MapTransform
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import layout_error, unless_given
 from calib_monai.data.transforms import CaseDataError
 from calib_monai.data.volumes import VolumeSegmentationData
 
@@ -139,7 +139,7 @@ class BUSI(VolumeSegmentationData):
                 f"classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), got {classes!r}"
             )
         self.classes = classes
-        root = existing_root(dataset_dir, BUSI_LAYOUTS)
+        root = existing_root(unless_given(dataset_dir, self.datalist_path), BUSI_LAYOUTS)
         self._cases = []
         if root is None:  # preprocessing only
             return

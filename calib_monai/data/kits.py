@@ -11,7 +11,7 @@ import nibabel as nib
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root, intensity_scaling
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import layout_error, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["KITS_LAYOUTS", "KiTS"]
@@ -87,7 +87,7 @@ class KiTS(VolumeSegmentationData):
         )
         self.window = tuple(float(w) for w in window)
         intensity_scaling(self.window)  # fails early on a bad window
-        root = existing_root(dataset_dir, KITS_LAYOUTS)
+        root = existing_root(unless_given(dataset_dir, self.datalist_path), KITS_LAYOUTS)
         self._cases = []
         if root is None:  # preprocessing only
             return

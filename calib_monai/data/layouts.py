@@ -23,6 +23,9 @@ __all__ = [
     "load_or_create_datalist",
     "layout_error",
     "split_groups",
+    "given_datalist",
+    "is_given_datalist",
+    "unless_given",
 ]
 
 logger = logging.getLogger("calib_monai.data")
@@ -324,3 +327,24 @@ def given_datalist(path: str | os.PathLike) -> dict[str, list[dict]] | None:
                 raise ValueError(f"{path} lists {missing[0]} ({key}), which does not exist: fix the datalist")
     logger.info("datalist: the given %s (%s)", path, {k: len(v) for k, v in lists.items()})
     return lists
+
+
+def is_given_datalist(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a datalist written beforehand with ``"given": true`` (``given_datalist``)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        return bool(json.loads(path.read_text()).get("given"))
+    except (OSError, ValueError, AttributeError):
+        return False  # not ours to judge here: the component's own datalist reading reports it
+
+
+def unless_given(dataset_dir: str | os.PathLike | None, datalist_path: str | os.PathLike):
+    """``dataset_dir``, or None when it is empty and ``datalist_path`` is a given datalist (MONAI Label's train task
+    lists the submitted labels there: ``calib_monai.label.fine_tune``): the component then reads no data set folder,
+    as one built with ``dataset_dir=None``, and ``datalist()`` returns the given lists."""
+    if not dataset_dir and is_given_datalist(datalist_path):
+        logger.info("dataset_dir is empty and %s is a given datalist: training on the cases it lists", datalist_path)
+        return None
+    return dataset_dir

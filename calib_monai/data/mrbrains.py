@@ -12,7 +12,7 @@ import numpy as np
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import layout_error, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]
@@ -86,7 +86,7 @@ class MRBrainS(VolumeSegmentationData):
         fold: int = 0,
         intensity: str | Sequence[float] = "minmax",
     ):
-        root = existing_root(dataset_dir, MRBRAINS_LAYOUTS)
+        root = existing_root(unless_given(dataset_dir, Path(output_dir or ".") / self.datalist_name), MRBRAINS_LAYOUTS)
         subjects: list[Path] = []
         if root is not None:  # the split needs the number of subjects: only when there is data
             self.root = root / "training" if (root / "training").is_dir() else root

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.helpers import intensity_scaling
-from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels
+from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["MSDDataset"]
@@ -69,6 +69,8 @@ class MSDDataset(VolumeSegmentationData):
         num_workers: int = 0,
     ):
         super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground, cache_rate, num_workers)
+        if self.expected_labels:  # a known task: its classes need no dataset.json, so a given datalist is enough
+            dataset_dir = unless_given(dataset_dir, self.datalist_path)
         if dataset_dir is None and not self.expected_labels:
             raise ValueError(
                 f"{type(self).__name__} reads its classes from the task's dataset.json, so it needs "

@@ -11,7 +11,7 @@ from pathlib import Path
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import existing_root, intensity_scaling
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import layout_error, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData
 
 __all__ = ["PROMISE12", "PROMISE12_LAYOUTS"]
@@ -97,7 +97,7 @@ class PROMISE12(VolumeSegmentationData):
         self.in_plane_spacing = in_plane_spacing
         self.intensity = intensity
         intensity_scaling(intensity)  # fails early on a bad value
-        self.root = existing_root(dataset_dir, PROMISE12_LAYOUTS)
+        self.root = existing_root(unless_given(dataset_dir, self.datalist_path), PROMISE12_LAYOUTS)
         self._cases = []
         if self.root is None:  # preprocessing only
             return

@@ -11,7 +11,12 @@ the new files copied into ``<bundle>/models`` (each atomically; ``model.pt`` las
 Submitted labels are numbered as the annotation tool numbered them: 3D Slicer's MONAI Label module gives the i-th
 segment of the saved ``label_info`` the value i + 1. They are mapped back to the bundle's values by segment name
 (``"liver"``, and the review task's ``"liver (uncertain)"`` as liver); a segment the bundle does not know is an
-error that names it. Labels saved without ``label_info`` must already hold the bundle's values.
+error that names it. Labels saved without ``label_info`` must already hold the bundle's values. They are written in
+the values the bundle's data files use (``stored_values``: BraTS holds class 3 as 4), as PNG for a PNG image (BUSI),
+and listed in a ``"given": true`` datalist, which every data component trains on without a data set folder
+(``calib_monai.data.layouts.unless_given``). The calibration keeps the method the served ``calibration.json`` records,
+else the bundle's default (``served_calibration``), and the log and the final stats say which, and how many labels
+were trained on and held out.
 
 Nothing here imports MONAI Label (``calib_monai.label.train`` is the MONAI Label task around it).
 """
@@ -22,24 +27,33 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nibabel as nib
-import numpy as np
-
 from calib_monai.atomic import copy_atomically
+from calib_monai.bundle.manifest import copy_artifact_set
+from calib_monai.bundle.weights import read_weights_file
+from calib_monai.label.labels import check_label, remap_label, stored_values, value_map
 
-__all__ = ["FineTune", "SubmittedLabel", "remap_label"]
+__all__ = [
+    "FineTune",
+    "SubmittedLabel",
+    "check_label",
+    "default_calibration",
+    "remap_label",
+    "served_calibration",
+    "stored_values",
+]
 
 logger = logging.getLogger("calib_monai.label")
-UNCERTAIN_SUFFIX = " (uncertain)"
+RESTORE = "restore them (copy models/model.previous.pt to models/model.pt) or train the bundle again, then Train"
 PUBLISHED = ("calibration.pt", "calibration.json", "validated_range.json", "model.pt")  # model.pt last
 
 
@@ -53,45 +67,16 @@ class SubmittedLabel:
     label_info: Sequence[Mapping[str, Any]] | None = None
 
 
-def value_map(
-    label_info: Sequence[Mapping[str, Any]] | None, label_names: Mapping[int, str], case: str
-) -> dict[int, int]:
-    """Submitted value -> bundle value, from the segment names (see the module); identity without ``label_info``."""
-    if not label_info:
-        return {v: v for v in label_names}
-    by_name = {name.lower(): value for value, name in label_names.items()}
-    mapping = {0: 0}
-    for position, entry in enumerate(label_info):
-        name = str(entry.get("name", "")).strip()
-        key = name[: -len(UNCERTAIN_SUFFIX)] if name.endswith(UNCERTAIN_SUFFIX) else name
-        if key.lower() not in by_name:
-            known = [n for v, n in sorted(label_names.items()) if v > 0]
-            raise ValueError(
-                f"the label of {case} has a segment {name!r}, which this bundle does not segment (it "
-                f"knows {known}): rename or delete that segment in Slicer and submit again"
-            )
-        mapping[position + 1] = by_name[key.lower()]
-    return mapping
-
-
-def remap_label(source: str | os.PathLike, target: str | os.PathLike, mapping: Mapping[int, int], case: str) -> None:
-    """Write ``source``'s label map with its values mapped (uint8, same grid); unknown values are an error."""
-    image = nib.load(str(source))
-    values = np.asarray(image.dataobj)
-    if not np.array_equal(values, np.round(values)):
-        raise ValueError(f"the label of {case} ({source}) holds non-integer values: submit a label map")
-    values = values.astype(np.int64)
-    unknown = sorted(set(np.unique(values).tolist()) - set(mapping))
-    if unknown:
-        raise ValueError(
-            f"the label of {case} ({source}) has values {unknown[:5]} that no segment of its label_info "
-            f"names (known: {sorted(mapping)}): submit it again from Slicer"
-        )
-    lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
-    for value, bundle_value in mapping.items():
-        lookup[value] = bundle_value
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
-    nib.save(nib.Nifti1Image(lookup[values], image.affine), str(target))
+def default_calibration(bundle_dir: str | os.PathLike) -> str:
+    """The calibration method the bundle's ``configs/calibrate.json`` fits by default (``calibration_method``)."""
+    path = Path(bundle_dir) / "configs" / "calibrate.json"
+    try:
+        method = json.loads(path.read_text()).get("calibration_method")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} cannot be read ({err}): restore the bundle's configs") from err
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"{path} has no calibration_method: restore the bundle's configs")
+    return method
 
 
 @dataclass
@@ -104,6 +89,8 @@ class FineTune:
         validation_fraction: share of the labelled images held out for validation, the model selection and the
             calibration (at least one).
         seed: seed of the hold-out draw and of the training.
+        overrides: more ``--key value`` settings of both runs (e.g. ``{"roi_size": [64, 64, 8]}``), as on the
+            bundle's command line.
     """
 
     bundle_dir: Path
@@ -111,6 +98,7 @@ class FineTune:
     lr: float = 1e-4
     validation_fraction: float = 0.2
     seed: int = 0
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.bundle_dir = Path(self.bundle_dir)
@@ -137,13 +125,17 @@ class FineTune:
                 f"and calibrate on); the datastore has {len(cases)}: submit more labels"
             )
         shutil.rmtree(self.workdir, ignore_errors=True)
+        stored = stored_values(self.bundle_dir)
         items = []
         for case in sorted(cases, key=lambda c: c.id):
-            target = self.workdir / "labels" / f"{case.id}.nii.gz"
-            remap_label(case.label, target, value_map(case.label_info, label_names, case.id), case.id)
+            suffix = ".png" if str(case.image).lower().endswith(".png") else ".nii.gz"
+            target = self.workdir / "labels" / f"{case.id}{suffix}"
+            mapping = value_map(case.label_info, label_names, case.id)
+            remap_label(case.label, target, mapping, case.id, image=case.image, stored=stored)
             items.append({"image": str(Path(case.image).resolve()), "label": str(target.resolve())})
         random.Random(self.seed).shuffle(items)
         held_out = max(1, round(float(self.validation_fraction) * len(items)))
+        self.counts = {"trained_on": len(items) - held_out, "validated_on": held_out}
         datalist = {
             "given": True,
             "source": "submitted labels",
@@ -173,27 +165,35 @@ class FineTune:
             "--seed",
             str(self.seed),
         ]
-        for key, value in overrides.items():
-            command += [f"--{key}", str(value)]
+        for key, value in {**dict(self.overrides), **overrides}.items():
+            command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
         with open(self.workdir / f"{step}.log", "a") as log:
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
             code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
         if code != 0:
-            tail = (self.workdir / f"{step}.log").read_text().splitlines()[-12:]
+            log = self.workdir / f"{step}.log"
+            reason = _failure_line(log.read_text())
             raise RuntimeError(
-                f"the {step} step of {self.bundle_dir.name} failed (exit {code}); nothing was published, "
-                f"the previous weights keep serving. Last lines of {self.workdir / f'{step}.log'}:\n" + "\n".join(tail)
+                f"the {step} step of {self.bundle_dir.name} failed (exit {code}): {reason.removeprefix('ERROR: ')}; "
+                f"nothing was published, the previous weights keep serving (log: {log})"
             )
 
     def train_and_calibrate(self, calibration_method: str | None = None) -> None:
-        """Fine-tune from the served weights, then calibrate (``calibration_method``: None keeps the bundle's own)."""
+        """Fine-tune from the served weights, then calibrate with ``calibration_method`` (None: the method the served
+        ``calibration.json`` records, else the bundle's default; :func:`served_calibration`)."""
+        if calibration_method is None:
+            calibration_method, self.calibration_source = served_calibration(self.bundle_dir)
+        else:
+            self.calibration_source = "asked for"
+        self.calibration_method = calibration_method
+        served = self.bundle_dir / "models" / "model.pt"
+        read_weights_file(served, what=f"the served weights of {self.bundle_dir.name}", fix=RESTORE)
         init = self.workdir / "init_model.pt"
-        shutil.copyfile(self.bundle_dir / "models" / "model.pt", init)  # the served weights, as they are now
+        shutil.copyfile(served, init)  # the served weights, as they are now
         self._started = time.time()
         self._run("training", ["train.json"], epochs=int(self.epochs), lr=float(self.lr), init_weights=str(init))
-        method = {} if calibration_method is None else {"calibration_method": calibration_method}
-        self._run("calibrate", ["train.json", "calibrate.json"], **method)
+        self._run("calibrate", ["train.json", "calibrate.json"], calibration_method=calibration_method)
 
     def publish(self) -> dict[str, Any]:
         """Copy the new calibration, validated range and weights into ``<bundle>/models`` (``model.pt`` last)."""
@@ -203,10 +203,14 @@ class FineTune:
         target = self.bundle_dir / "models"
         if (target / "model.pt").is_file():
             copy_atomically(target / "model.pt", target / "model.previous.pt")
-        for name in PUBLISHED:
-            copy_atomically(self.models / name, target / name)
-        logger.info(f"{self.bundle_dir.name}: published the fine-tuned weights, calibration and validated range")
-        return self.stats(finished=True)
+        copy_artifact_set(self.models, target)  # one set: staged, renamed, models/manifest.json last
+        out = self.stats(finished=True)
+        logger.info(
+            f"{self.bundle_dir.name}: fine-tuned on {out.get('trained_on')} submitted label(s), validated, calibrated "
+            f"({out.get('calibration_method')}: {out.get('calibration_source')}) and re-measured the validated range "
+            f"on {out.get('validated_on')} held out; published the weights, calibration and validated range"
+        )
+        return out
 
     def stats(self, finished: bool = False) -> dict[str, Any]:
         """Progress as MONAI Label's trainers report it (Slicer shows ``epoch / total_epochs`` and ``best_metric``)."""
@@ -216,6 +220,9 @@ class FineTune:
         out = {"epoch": len(history), "total_epochs": int(self.epochs), "best_metric": best if best == best else 0.0}
         if finished:
             out["total_time"] = round(time.time() - getattr(self, "_started", time.time()), 1)
+            out.update(getattr(self, "counts", {}))
+            out["calibration_method"] = getattr(self, "calibration_method", None)
+            out["calibration_source"] = getattr(self, "calibration_source", None)
         return out
 
     def run(
@@ -224,7 +231,44 @@ class FineTune:
         label_names: Mapping[int, str],
         calibration_method: str | None = None,
     ) -> dict[str, Any]:
-        """Prepare, train, calibrate and publish; returns the final stats."""
+        """Prepare, train, calibrate and publish; returns the final stats (with ``trained_on`` / ``validated_on``, the
+        numbers of submitted labels trained and held out, and the calibration method and where it came from)."""
         self.prepare(cases, label_names)
+        logger.info(
+            f"{self.bundle_dir.name}: fine-tuning on {self.counts['trained_on']} submitted label(s), holding "
+            f"{self.counts['validated_on']} out to validate, calibrate and re-measure the validated range on"
+        )
         self.train_and_calibrate(calibration_method)
         return self.publish()
+
+
+def _failure_line(log: str) -> str:
+    """The one line that says why a bundle run failed: its last ``ERROR:`` line (``calib_monai.bundle.report_errors``),
+    else the last exception line of a traceback (with the line after it when it ends in ``:``), else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("ERROR:"):
+            return line
+    for i in range(len(lines) - 1, -1, -1):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:", lines[i]):
+            return lines[i] + (f" {lines[i + 1]}" if lines[i].endswith(":") and i + 1 < len(lines) else "")
+    return lines[-1] if lines else "no output"
+
+
+def served_calibration(bundle_dir: str | os.PathLike) -> tuple[str, str]:
+    """(method, where it comes from) of the next calibration: the method the served ``models/calibration.json``
+    records, so a fine-tuning keeps it; without that file (or a method in it), the bundle's default from
+    ``configs/calibrate.json``, and the second value says so."""
+    record = Path(bundle_dir) / "models" / "calibration.json"
+    try:
+        method = json.loads(record.read_text()).get("method")
+    except FileNotFoundError:
+        reason = f"{record} is missing"
+    except (OSError, ValueError, AttributeError) as err:
+        reason = f"{record} cannot be read ({type(err).__name__})"
+    else:
+        if isinstance(method, str) and method:
+            return method, f"the method the served {record.name} records"
+        reason = f"{record} names no method"
+    default = default_calibration(bundle_dir)
+    return default, f"{reason}: the bundle's default calibration_method of configs/calibrate.json"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from fastapi import HTTPException
 from monailabel.interfaces.app import MONAILabelApp
@@ -31,8 +32,9 @@ from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelEr
 
 import calib_monai
 from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident
+from calib_monai.label.fine_tune import check_label
 from calib_monai.label.infer import CONFIDENCE_SUFFIX, REVIEW_SUFFIX, BundleConfidence, BundleReview, BundleSegmentation
-from calib_monai.label.routes import check_infer_route, remove_uploads, uploaded_fields
+from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import InputError, ServedBundle, find_bundles
 from calib_monai.label.train import BundleTrainer
 
@@ -74,6 +76,7 @@ class CalibMONAILabelApp(MONAILabelApp):
         self.served = {name: ServedBundle(found[name]) for name in names}
         self.recent_s = float(conf.get("recent_s", 3600))
         check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
+        check_label_route(self.check_label)  # a label training would refuse is refused when it is submitted
         super().__init__(
             app_dir=app_dir,
             studies=studies,
@@ -111,13 +114,42 @@ class CalibMONAILabelApp(MONAILabelApp):
         auto, self._auto_update_scoring = self._auto_update_scoring, False
         try:
             result = super().train(request)
+        except Exception as err:  # noqa: BLE001 - every failure gets its one line
+            _one_line_failure(err)
+            raise
         finally:
             self._auto_update_scoring = auto
         method = self._scoring_methods.get(f"{request.get('model')}_case_quality")
         if method is not None:
             scores = method({"method": f"{request.get('model')}_case_quality"}, self.datastore())
             result = {**(result or {}), "scored_images": len(scores)}
+        if isinstance(result, dict) and "trained_on" in result:  # last in the status' details, which Slicer shows
+            logger.info(
+                f"{request.get('model')}: done: trained on {result['trained_on']} submitted label(s), validated and "
+                f"calibrated on {result['validated_on']} ({result.get('calibration_method')}), scored "
+                f"{result.get('scored_images', 0)} unlabelled image(s)"
+            )
         return result
+
+    def check_label(self, image_id: str, label: str, params: dict) -> None:
+        """A submitted final label, before MONAI Label stores it: it must lie on its image's grid and a served bundle
+        must know all its segment names (one that no bundle could train on is refused now, not at the next Train);
+        else a 422 naming what is wrong, and nothing is saved."""
+        try:
+            image = self.datastore().get_image_uri(image_id)
+        except Exception:  # noqa: BLE001 - an unknown image: MONAI Label's own route answers that
+            return
+        if not image or not self.served:
+            return
+        refusals: dict[str, list[str]] = {}  # message -> the bundles that give it
+        for name, served in self.served.items():
+            try:
+                check_label(label, image, params.get("label_info"), served.label_names, image_id)
+                return
+            except ValueError as err:
+                refusals.setdefault(str(err), []).append(name)
+        detail = "; ".join(f"{', '.join(names)}: {message}" for message, names in refusals.items())
+        raise HTTPException(status_code=422, detail=f"{detail}; nothing was saved")
 
     def next_sample(self, request):
         """MONAI Label's Next Sample without its scoring of every image on each click: the scores are kept up to date
@@ -151,3 +183,17 @@ class CalibMONAILabelApp(MONAILabelApp):
             raise HTTPException(status_code=err.status, detail=str(err)) from err
         except ImageNotFoundException as err:  # an image id that the datastore does not have
             raise HTTPException(status_code=404, detail=err.msg) from err
+
+
+def _one_line_failure(err: BaseException) -> None:
+    """In MONAI Label's training subprocess (no server in this process), end a failed training with one line,
+    ``ERROR: <what, where, the fix>``, last in the task's ``details``, not a traceback; in the server, raise on."""
+    if sys.modules.get("monailabel.app") is not None:
+        return
+    if isinstance(err, HTTPException):
+        err = RuntimeError(err.detail)
+    message = " ".join(str(getattr(err, "msg", None) or err).split())
+    logger.info(f"training failed: {type(err).__name__}")
+    print(f"ERROR: {message}", flush=True)
+    sys.stdout.flush()
+    os._exit(1)

@@ -7,6 +7,10 @@ the running server's routes: it answers a request without input (or with a ``par
 400 and a message, and tells the app which request fields are uploads (``uploaded_fields``), so
 ``CalibMONAILabelApp.infer`` removes them when it fails.
 
+``check_label_route`` does the same for ``PUT /datastore/label``: a submitted final label is checked by the app
+before MONAI Label stores it (unknown segment names, a label on another grid than its image: a 422 naming them), so
+the annotator hears at once rather than at the next training, and a refused label replaces nothing.
+
 Imports FastAPI and MONAI Label: the label environment only.
 """
 
@@ -16,13 +20,15 @@ import contextvars
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from fastapi import HTTPException
 
-__all__ = ["check_infer_route", "remove_uploads", "uploaded_fields"]
+__all__ = ["check_infer_route", "check_label_route", "remove_uploads", "uploaded_fields"]
 
 # the fields of the request being served that MONAI Label filled with an uploaded file ("image", "label")
 uploaded_fields: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("uploaded_fields", default=frozenset())
@@ -84,6 +90,47 @@ def check_infer_route() -> bool:
     # MONAI Label's own route stays (and stays in the API docs); this one is matched first
     router.add_api_route(
         f"{settings.MONAI_LABEL_API_STR}/infer/{{model}}", checked_infer, methods=["POST"], include_in_schema=False
+    )
+    router.routes.insert(0, router.routes.pop())
+    return True
+
+
+def check_label_route(check: Callable[[str, str, dict], None]) -> bool:
+    """Put a checked ``PUT /datastore/label`` before MONAI Label's own in the running server: a ``final`` label is
+    written to a temporary file and passed to ``check(image_id, label_path, params)``, which raises an
+    ``HTTPException`` for a label the app refuses; then MONAI Label's route stores it. False without a server."""
+    server = sys.modules.get("monailabel.app")
+    if server is None:
+        return False
+    from monailabel.config import settings
+    from monailabel.endpoints.datastore import api_save_label
+
+    router = server.app.router
+    if any(getattr(getattr(route, "endpoint", None), "_calib_monai_label", False) for route in router.routes):
+        return True
+
+    @functools.wraps(api_save_label)
+    async def checked_save_label(**kwargs):
+        if (kwargs.get("tag") or "final") == "final":
+            try:
+                params = json.loads(kwargs.get("params") or "{}")
+            except json.JSONDecodeError as err:
+                raise HTTPException(status_code=400, detail=f"the form field 'params' is not JSON ({err})") from err
+            upload = kwargs["label"]
+            suffix = "".join(Path(upload.filename or "label.nii.gz").suffixes) or ".nii.gz"
+            handle, path = tempfile.mkstemp(suffix=suffix)
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    shutil.copyfileobj(upload.file, out)
+                upload.file.seek(0)  # MONAI Label's route reads it again
+                check(kwargs["image"], path, params if isinstance(params, dict) else {})
+            finally:
+                os.remove(path)
+        return await api_save_label(**kwargs)
+
+    checked_save_label._calib_monai_label = True  # type: ignore[attr-defined]
+    router.add_api_route(
+        f"{settings.MONAI_LABEL_API_STR}/datastore/label", checked_save_label, methods=["PUT"], include_in_schema=False
     )
     router.routes.insert(0, router.routes.pop())
     return True

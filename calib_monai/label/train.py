@@ -15,7 +15,7 @@ from typing import Any
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.train import TrainTask
 
-from calib_monai.label.fine_tune import FineTune, SubmittedLabel
+from calib_monai.label.fine_tune import FineTune, SubmittedLabel, served_calibration
 from calib_monai.label.serving import ServedBundle
 
 __all__ = ["BundleTrainer"]
@@ -56,17 +56,6 @@ class BundleTrainer(TrainTask):
             )
             for image_id in datastore.get_labeled_images()
         ]
-        method = _served_calibration(self.served)
-        logger.info(f"{self.served.name}: fine-tuning on {len(cases)} labelled image(s), calibration {method}")
-        return self._fine_tune(request).run(cases, self.served.label_names, method)
-
-
-def _served_calibration(served: ServedBundle) -> str:
-    """The calibration method the bundle serves now (its calibration.json), temperature scaling by default."""
-    import json
-
-    record = served.bundle_dir / "models" / "calibration.json"
-    try:
-        return json.loads(record.read_text()).get("method", "temperature")
-    except (OSError, ValueError):
-        return "temperature"
+        method, source = served_calibration(self.served.bundle_dir)
+        logger.info(f"{self.served.name}: {len(cases)} labelled image(s); calibration {method} ({source})")
+        return self._fine_tune(request).run(cases, self.served.label_names)  # the same method, and says why
