@@ -272,6 +272,32 @@ def test_training(ctx, tmp_path, row):
         assert all(w in output for w in row.words), output[-3000:]
 
 
+def test_calibrate_on_a_full_disk_names_the_file(ctx, tmp_path):
+    """The calibrate step publishes through the manifest: a write past the file-size limit (as on a full disk) is one
+    line naming the file, not torch's bare ``basic_ios`` error, and the published set is left as it was."""
+    models = tmp_path / "models"
+    shutil.copytree(ctx["models"], models)
+    before = sorted(p.name for p in models.iterdir())
+    overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(models), "review_alpha": 0.4}
+    configs = [str(ctx["configs"] / "train.json"), str(ctx["configs"] / "calibrate.json")]
+    command = [sys.executable, "-m", "monai.bundle", "run", "calibrate", "--config_file", json.dumps(configs)]
+    for key, value in overrides.items():
+        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=600,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2_000, 2_000)),
+    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("ERROR: cannot write "), result.stderr[-3000:]
+    assert "larger than this process may write" in last and "basic_ios" not in last, last
+    assert sorted(p.name for p in models.iterdir()) == before  # nothing half-published, no temporary file left
+
+
 # ------------------------------------------------------------------------------------------- writers
 
 

@@ -33,6 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from calib_monai.atomic import naming_write_failures
+
 __all__ = [
     "CALIBRATION_SET",
     "MANIFEST_FILE",
@@ -155,7 +157,8 @@ def publish_artifacts(
     try:
         for name, write in writers.items():
             staged[name] = _temporary(folder, name)
-            write(str(staged[name]))
+            with naming_write_failures(folder / name, staged[name]):  # disk full, read-only: one line naming it
+                write(str(staged[name]))
             os.chmod(staged[name], 0o666 & ~_umask())  # a writer may have replaced it with a file of its own
             _fsync_file(staged[name])
         shas = {name: file_sha256(tmp) for name, tmp in staged.items()}
