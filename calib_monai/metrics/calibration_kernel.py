@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from .calibration_grid import PACK_FLUSH, bucket_grid, edge_tensors
 from .calibration_kernel_source import SOURCE
 
 __all__ = [
@@ -196,7 +197,6 @@ def add_chunk(acc, p: torch.Tensor, y: torch.Tensor) -> None:
     """``CalibrationAccumulator._add_chunk``'s ECE and ``_add_grid``'s statistics of one chunk: the same running
     totals of ``acc``, except bucket 0's sum, accumulated directly (``grid_zero``) instead of as the class total minus
     the other buckets (exact to float64 rounding of values below 2**-octaves, not of the class total)."""
-    from .calibration_torch import _PACK_FLUSH, _edge_tensors, _grid  # the accumulator's grid (it imports us)
 
     dev, m, c, totals = p.device, acc.num_bins, acc.num_classes, acc.totals
     ece = grid = None
@@ -204,15 +204,15 @@ def add_chunk(acc, p: torch.Tensor, y: torch.Tensor) -> None:
         if "ece_count" not in totals:
             totals["ece_count"] = torch.zeros(2 * m, dtype=torch.int64, device=dev)
             totals["ece_sum"] = torch.zeros(m, dtype=torch.float64, device=dev)
-        ece = (totals["ece_count"], totals["ece_sum"], *_edge_tensors(m, "float32", dev))
+        ece = (totals["ece_count"], totals["ece_sum"], *edge_tensors(m, "float32", dev))
     if acc.use_grid:
-        acc.grid = _grid("float32", m, acc.octaves)
+        acc.grid = bucket_grid("float32", m, acc.octaves)
         size = acc.grid["size"]
         if "grid_hit" not in totals:
             for name in ("grid_hit", "grid_count", "grid_packed", "grid_low"):
                 totals[name] = torch.zeros(c * size, dtype=torch.int64, device=dev)
             totals["grid_zero"] = torch.zeros(c, dtype=torch.float64, device=dev)
-        if acc._packed_voxels + y.shape[0] > _PACK_FLUSH:
+        if acc._packed_voxels + y.shape[0] > PACK_FLUSH:
             acc._flush_packed()
         acc._packed_voxels += y.shape[0]
         grid = (totals["grid_packed"], totals["grid_hit"], totals["grid_zero"], size, acc.grid["offset"])

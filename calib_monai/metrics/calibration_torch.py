@@ -28,7 +28,6 @@ On the CPU the work is memory-bound: no full float64 / int64 copy of a chunk whe
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,18 +35,16 @@ import torch
 
 from . import calibration_kernel as _kernel
 from ._inputs import flat_nonzero
-from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, bin_edge_tables, equal_width_bin_index, threshold_for_dtype
+from .calibration_grid import GRID_SHIFT as _GRID_SHIFT
+from .calibration_grid import PACK_FLUSH as _PACK_FLUSH
+from .calibration_grid import PACK_SHIFT as _PACK_SHIFT
+from .calibration_grid import bucket_grid as _grid
+from .calibration_grid import edge_tensors as _edge_tensors
+from .calibration_grid import grid_octaves as _octaves
+from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, threshold_for_dtype
 
 __all__ = ["CalibrationAccumulator", "equal_width_bins", "first_argmax"]
 
-# 2**(23 - 13) = 1024 buckets per octave of float32 values (float64: the same buckets, shifted 29 bits more).
-_GRID_SHIFT = 13
-# ACE bins every value: octaves down to 2**-24 get their own buckets, values below share bucket 0.
-_GRID_OCTAVES = 24
-# The packed int64 histogram of float32 values holds the count in bits 40.. and the sum of 13-bit low parts below:
-# exact while a bucket has < 2**23 values, so it is flushed into separate totals every 2**22 voxels.
-_PACK_SHIFT = 40
-_PACK_FLUSH = 1 << 22
 # Values (C x voxels) per chunk on the CPU: float64 temporaries stay <= 16 MiB, which the allocator reuses from
 # volume to volume instead of mapping fresh pages (first touches of fresh pages cost more than the work itself).
 _CPU_CHUNK_VALUES = 1 << 21
@@ -69,53 +66,6 @@ def equal_width_bins(v64: torch.Tensor, num_bins: int, dtype: torch.dtype = torc
     index -= (v64 <= lower[index]).long()
     index += (v64 > upper[index]).long()
     return index
-
-
-def _edge_tensors(num_bins: int, dtype: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``bin_edge_tables`` as float64 tensors on ``device`` (a few numbers, made where the values are)."""
-    return tuple(torch.tensor(t.tolist(), dtype=torch.float64, device=device) for t in bin_edge_tables(num_bins, dtype))
-
-
-def _octaves(num_bins: int, thresholds: dict) -> int:
-    """Octaves below 1 that get buckets: values under 2**-octaves share bucket 0, which must lie in the first
-    equal-width bin (CECE) and at or below the threshold (TACE), so that it is never refined; ACE needs them all."""
-    octaves = max(1, (num_bins - 1).bit_length())  # 2**-octaves <= 1 / M
-    for threshold in thresholds.values():
-        if threshold is None or threshold <= 2.0**-_GRID_OCTAVES:
-            return _GRID_OCTAVES
-        octaves = max(octaves, int(np.ceil(-np.log2(threshold))))  # 2**-octaves <= threshold
-    return min(octaves, _GRID_OCTAVES)
-
-
-@functools.lru_cache(maxsize=64)
-def _grid(dtype: str, num_bins: int, octaves: int) -> dict:
-    """Host-side geometry of the bucket grid of ``dtype`` values in [0, 1]: key offset, bucket count, the value range
-    and equal-width bin of each bucket, and which buckets straddle a bin edge."""
-    fdtype = np.dtype(dtype)
-    itype = np.int32 if fdtype == np.float32 else np.int64
-    shift = _GRID_SHIFT + (np.finfo(fdtype).nmant - 23)
-    low = int(np.asarray(2.0**-octaves, dtype=fdtype).view(itype)) >> shift
-    top = int(np.asarray(1.0, dtype=fdtype).view(itype)) >> shift
-    keys = np.arange(low, top + 1, dtype=np.int64)  # bucket b >= 1 holds the bit patterns of key low - 1 + b
-    first = (keys << shift).astype(itype).view(fdtype)
-    last = (((keys + 1) << shift) - 1).astype(itype).view(fdtype)
-    lows = np.concatenate([np.zeros(1, fdtype), first])
-    highs = np.concatenate([np.nextafter(first[:1], np.zeros(1, fdtype)), last])
-    highs[-1] = 1.0  # the bucket of 1.0 holds nothing above it
-    bins = equal_width_bin_index(lows, num_bins)
-    straddle = bins != equal_width_bin_index(highs, num_bins)
-    # float32: a bucket's values are lows[b] + j * ulp[b], j < 2**13 its low bits (bucket 0 excepted: mixed ulps)
-    ulp = np.spacing(lows).astype(np.float64)
-    return {
-        "shift": shift,
-        "offset": low - 1,
-        "size": top - low + 2,
-        "lows": lows,
-        "highs": highs,
-        "ulp": ulp,
-        "bins": np.where(straddle, num_bins, bins),
-        "straddle": np.flatnonzero(straddle),
-    }
 
 
 def _count(index: torch.Tensor, size: int) -> torch.Tensor:
