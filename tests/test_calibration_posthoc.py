@@ -150,17 +150,22 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     fitted = load_calibration(tmp_path / "calibration.pt", weights)
     assert float(fitted.temperature) == pytest.approx(2.0, rel=0.05)
     record = torch.load(tmp_path / "calibration.pt", weights_only=True)
-    # a seeded half of the 3 volumes (round(1.5) = 2) fits; the third is held out and measures
+    # 2-fold cross-fitting (the default): the served temperature is fitted on all 3 volumes, and each volume of the
+    # range is scored by the fit of the other fold (a seeded half, round(1.5) = 2, and the rest)
     split = split_volumes(3, 0.5, seed=0)
     assert len(split.fit) == 2 and len(split.range) == 1 and not set(split.fit) & set(split.range)
-    assert record["split"]["fit_volumes"] == [f"volume_{i:04d}" for i in split.fit] and not record["split"]["in_sample"]
-    assert record["volumes"] == 2 and record["voxels"] == 2 * 24 * 24 * 6
+    assert record["split"]["crossfit"] and not record["split"]["in_sample"]
+    assert record["split"]["fit_volumes"] == [f"volume_{i:04d}" for i in range(3)]
+    folds = record["split"]["folds"]
+    assert len(folds) == 2 and all(not set(f["fit"]) & set(f["scored"]) for f in folds)
+    assert sorted(v for f in folds for v in f["scored"]) == [f"volume_{i:04d}" for i in range(3)]
+    assert record["volumes"] == 3 and record["voxels"] == 3 * 24 * 24 * 6
     # the default fits on the ground-truth foreground voxels only, where the papers' ECE is measured
     engine = Engine(lambda e, batch: [batch])
     CalibrationFitter(tmp_path / "fg.pt", weights).attach(engine)
     engine.run(volumes, max_epochs=1)
-    foreground = sum(int((volumes[i]["label"] > 0).sum()) for i in split.fit)
-    assert torch.load(tmp_path / "fg.pt", weights_only=True)["voxels"] == foreground < 2 * 24 * 24 * 6
+    foreground = sum(int((v["label"] > 0).sum()) for v in volumes)
+    assert torch.load(tmp_path / "fg.pt", weights_only=True)["voxels"] == foreground < 3 * 24 * 24 * 6
     # the numbers of the volume it did not fit: T = 2 is the truth, so the held-out NLL and ECE fall too
     assert record["range_volumes_nll_after"] < record["range_volumes_nll_before"]
     assert record["range_volumes_ece_after"] < record["range_volumes_ece_before"]

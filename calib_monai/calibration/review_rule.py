@@ -292,7 +292,13 @@ class ValidatedRange:
 
     def _reason(self, name: str, signal: Mapping[str, Any]) -> str:
         rank, value, of = signal["rank"], signal["value"], self.n + 1
-        beyond = f", {signal['beyond']:.1f} MADs beyond the others" if signal["beyond"] is not None else ""
+        z = signal["beyond"]
+        if z is None:
+            beyond = ""
+        elif abs(z) > 1000:  # the others barely vary (a scale near 0): a count of MADs would mean nothing
+            beyond = ", far beyond the others, which barely vary"
+        else:
+            beyond = f", {z:.1f} MADs beyond the others"
         if name == "case_score":
             if value is None:
                 return "no case score (the model predicts none of the structures and gives them no probability)"
