@@ -23,6 +23,7 @@ from typing import Any
 from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from bundle_factory.common import FLOAT_PRED
 from bundle_factory.specs import Dataset, Method
+from calib_monai.calibration.fitting import RECALIBRATION_DEFAULTS, REVIEW_DEFAULTS
 
 __all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys", "evaluation_case_quality"]
 
@@ -31,7 +32,7 @@ VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
 #: The review rule (calib_monai.calibration.validated_range): rank the case among the n + 1 by case score, image
 #: intensities and network features, take its best rank and flag it among the k = floor(alpha (n + 1)) most extreme
 #: (one full-conformal rule, bound k / (n + 1) <= alpha); volume_factor 0 leaves the volume rule off.
-REVIEW = {"review_alpha": 0.05, "review_volume_factor": 0.0, "review_input_check": True, "review_feature_check": True}
+REVIEW = {f"review_{key}": value for key, value in REVIEW_DEFAULTS.items()}  # the library's one source
 
 
 def case_quality_keys() -> dict[str, Any]:
@@ -78,11 +79,12 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "calibration_path": CALIBRATION_PATH,
         # local temperature: the quality and calibrated studies (docs/results) find it the one recalibration that keeps
         # the foreground ECE low and the probabilities readable over all voxels (case score, volumes) for every loss
-        "calibration_method": "local_temperature",
-        "calibration_voxels": "foreground",  # temperature scaling's NLL on ground-truth foreground voxels, or "all"
+        "calibration_method": RECALIBRATION_DEFAULTS["method"],
+        # temperature scaling's NLL on ground-truth foreground voxels, or "all"
+        "calibration_voxels": RECALIBRATION_DEFAULTS["voxels"],
         # 2-fold cross-fitting: every validation volume in the validated range, scored by the fit on the other half
         # (n >= 19 gives k >= 1 at alpha 0.05: Hippocampus's 25-26, ACDC's 20); false: the plain split below
-        "calibration_crossfit": True,
+        "calibration_crossfit": RECALIBRATION_DEFAULTS["crossfit"],
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": 0.5,
         "validated_range_path": VALIDATED_RANGE_PATH,

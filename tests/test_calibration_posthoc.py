@@ -145,7 +145,7 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     weights = tmp_path / "model.pt"
     torch.save({}, weights)
     engine = Engine(lambda e, batch: [batch])
-    CalibrationFitter(tmp_path / "calibration.pt", weights, voxels="all").attach(engine)
+    CalibrationFitter(tmp_path / "calibration.pt", weights, method="temperature", voxels="all").attach(engine)
     engine.run(volumes, max_epochs=1)
     fitted = load_calibration(tmp_path / "calibration.pt", weights)
     assert float(fitted.temperature) == pytest.approx(2.0, rel=0.05)
@@ -160,9 +160,9 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     assert len(folds) == 2 and all(not set(f["fit"]) & set(f["scored"]) for f in folds)
     assert sorted(v for f in folds for v in f["scored"]) == [f"volume_{i:04d}" for i in range(3)]
     assert record["volumes"] == 3 and record["voxels"] == 3 * 24 * 24 * 6
-    # the default fits on the ground-truth foreground voxels only, where the papers' ECE is measured
+    # temperature scaling fits on the ground-truth foreground voxels only by default, where the papers' ECE is measured
     engine = Engine(lambda e, batch: [batch])
-    CalibrationFitter(tmp_path / "fg.pt", weights).attach(engine)
+    CalibrationFitter(tmp_path / "fg.pt", weights, method="temperature").attach(engine)
     engine.run(volumes, max_epochs=1)
     foreground = sum(int((v["label"] > 0).sum()) for v in volumes)
     assert torch.load(tmp_path / "fg.pt", weights_only=True)["voxels"] == foreground < 3 * 24 * 24 * 6

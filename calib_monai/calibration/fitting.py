@@ -42,6 +42,8 @@ from calib_monai.metrics.case_quality import case_quality, image_statistics
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 
 __all__ = [
+    "RECALIBRATION_DEFAULTS",
+    "REVIEW_DEFAULTS",
     "Split",
     "ValidationVolume",
     "cross_fit",
@@ -52,6 +54,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger("calib_monai")
+#: The one source of the recalibration and review defaults: ``CalibrationFitter``'s arguments, the bundles'
+#: ``calibrate.json`` (``bundle_factory``) and MONAI Label's fine-tuning (through the bundle's config) read them here.
+#: Local temperature scaling: the one recalibration that keeps the probabilities readable as case quality for every
+#: loss (the ``quality`` study, docs/results); cross-fitting: every validation volume in the range.
+RECALIBRATION_DEFAULTS: dict[str, Any] = {"method": "local_temperature", "voxels": "foreground", "crossfit": True}
+REVIEW_DEFAULTS: dict[str, Any] = {"alpha": 0.05, "volume_factor": 0.0, "input_check": True, "feature_check": True}
 HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping
 
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 
-from calib_monai.calibration.fitting import ValidationVolume, cross_fit, measure_validated_range, split_volumes
+from calib_monai.calibration.fitting import (
+    RECALIBRATION_DEFAULTS,
+    REVIEW_DEFAULTS,
+    ValidationVolume,
+    cross_fit,
+    measure_validated_range,
+    split_volumes,
+)
 from calib_monai.calibration.stored import calibrate_settings, publish_calibration
 from calib_monai.calibration.temperature import VOXEL_CHOICES
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
@@ -76,7 +83,7 @@ class CalibrationFitter:
         self,
         output_path: str | os.PathLike,
         weights: str | os.PathLike,
-        method: str = "temperature",
+        method: str = RECALIBRATION_DEFAULTS["method"],
         num_classes: int | None = None,
         in_channels: int = 1,
         max_voxels: int = 2_000_000,
@@ -87,16 +94,16 @@ class CalibrationFitter:
         label_key: str = "label",
         image_key: str = "image",
         spatial_dim: int = 2,
-        voxels: str = "foreground",
+        voxels: str = RECALIBRATION_DEFAULTS["voxels"],
         validated_range_path: str | os.PathLike | None = None,
         label_names: dict | None = None,
-        review_alpha: float = 0.05,
-        review_volume_factor: float = 0.0,
-        review_input_check: bool = False,
+        review_alpha: float = REVIEW_DEFAULTS["alpha"],
+        review_volume_factor: float = REVIEW_DEFAULTS["volume_factor"],
+        review_input_check: bool = REVIEW_DEFAULTS["input_check"],
         split: float = 0.5,
-        crossfit: bool = True,
+        crossfit: bool = RECALIBRATION_DEFAULTS["crossfit"],
         network: torch.nn.Module | None = None,
-        review_feature_check: bool = False,
+        review_feature_check: bool = REVIEW_DEFAULTS["feature_check"],
     ) -> None:
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
@@ -104,7 +111,10 @@ class CalibrationFitter:
         if method not in METHODS:
             raise ValueError(f"calibrate method must be one of {METHODS}, got {method!r} (set --calibration_method)")
         if method == "local_temperature" and num_classes is None:
-            raise ValueError("local temperature scaling needs num_classes")
+            raise ValueError(
+                "calibrate method local_temperature (the default) needs num_classes: pass num_classes=N (the "
+                "network's classes), or method='temperature' for one temperature"
+            )
         self.output_path, self.weights, self.method = Path(output_path), Path(weights), method
         self.num_classes, self.in_channels = num_classes, in_channels
         self.max_voxels, self.max_slices, self.lts_steps, self.seed = max_voxels, max_slices, lts_steps, seed
