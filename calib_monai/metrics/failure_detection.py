@@ -144,7 +144,10 @@ def save_risk_coverage_plot(
     risk_name: str = "1 - DSC",
 ) -> Path:
     """Risk-coverage curve of ``confidence`` beside the oracle and random orders, as a PNG (matplotlib)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("save_risk_coverage_plot needs matplotlib: pip install 'calib-monai[plots]'.") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -69,7 +69,11 @@ def _review_columns(review: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
-    save_atomically(None, path, write=lambda _, tmp: save(*args, tmp, **kwargs))
+    """The figure, or a warning when matplotlib (the ``plots`` extra) is missing: the tables are the result."""
+    try:
+        save_atomically(None, path, write=lambda _, tmp: save(*args, tmp, **kwargs))
+    except ImportError as err:
+        logging.getLogger("calib_monai").warning(f"{path} not written: {err} The tables beside it are complete.")
 
 
 class SegmentationReportTable:
