@@ -35,4 +35,4 @@ pip=("$env_dir/bin/pip" install -qq --disable-pip-version-check)
 "${pip[@]}" -e .
 "$env_dir/bin/python" -c "import monailabel.app, calib_monai.label.infer" >/dev/null
 echo "$recipe" >"$stamp"
-echo "set up $env_dir in $((SECONDS - start)) s (README: Serving with MONAI Label)"
+echo "set up $env_dir in $((SECONDS - start)) s (serving it: docs/site.md)"
