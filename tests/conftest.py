@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,16 @@ def run_bundle_workflow(configs_dir: Path, configs: list[str], run_id: str, **ov
     workflow.initialize()
     workflow.run()
     return workflow
+
+
+def bundle_command(run_id: str, config_files: list[str], overrides: dict) -> list[str]:
+    """``python -m monai.bundle run <run_id> --config_file ... --key value``, as a user types it: strings as they
+    are, other values as JSON (python-fire parses them back)."""
+    command = [sys.executable, "-m", "monai.bundle", "run", run_id, "--config_file"]
+    command.append(config_files[0] if len(config_files) == 1 else json.dumps(config_files))
+    for key, value in overrides.items():
+        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return command
 
 
 def free_port() -> int:

@@ -15,7 +15,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import torch
 from calib_monai.atomic import WriteError, save_atomically, write_text_atomically
 from calib_monai.bundle.errors import error_line
 from calib_monai.handlers.checkpoint import OutputFolderLock
+from conftest import bundle_command
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "bundles" / "nacl_flare" / "configs"
@@ -52,17 +52,7 @@ def _env() -> dict[str, str]:
 def _train(ctx: dict, output: Path, limit: int | None = None, **more) -> subprocess.CompletedProcess:
     """``python -m monai.bundle run training`` of the fixture's bundle into ``output`` (``limit``: ulimit -f)."""
     overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(output), "epochs": 1, **more}
-    command = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run",
-        "training",
-        "--config_file",
-        str(ctx["configs"] / "train.json"),
-    ]
-    for key, value in overrides.items():
-        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    command = bundle_command("training", [str(ctx["configs"] / "train.json")], overrides)
 
     def limited() -> None:
         if limit is not None:
@@ -280,9 +270,7 @@ def test_calibrate_on_a_full_disk_names_the_file(ctx, tmp_path):
     before = sorted(p.name for p in models.iterdir())
     overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(models), "review_alpha": 0.4}
     configs = [str(ctx["configs"] / "train.json"), str(ctx["configs"] / "calibrate.json")]
-    command = [sys.executable, "-m", "monai.bundle", "run", "calibrate", "--config_file", json.dumps(configs)]
-    for key, value in overrides.items():
-        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    command = bundle_command("calibrate", configs, overrides)
     result = subprocess.run(
         command,
         capture_output=True,
