@@ -118,6 +118,10 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit)",
                 "network": "@network",
                 "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check)",
+                # the input and feature signals' fixed reference: the training images through the served chain
+                "reference_images": "$@data.datalist()['training']",
+                "reference_transform": "@validate#preprocessing",
+                "reference_inferer": "@validate#inferer",
             },
         ],
         "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bundle_factory.specs import METHODS
+from calib_monai.data.site_shift import SITE_SHIFT_KINDS
 from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,
@@ -114,18 +115,18 @@ def calibrated(
 
 def quality(
     dataset: str,
-    methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
+    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
     seeds: Sequence[int] = (0, 1),
     other_dataset: str = "",
     other_dir: str = "",
     other_overrides: dict | str | None = None,
-    lts_steps: int = 300,
-    alpha: float = 0.05,
+    shifts: Sequence[str] = SITE_SHIFT_KINDS,
+    strengths: Sequence[str] = ("mild", "strong"),
     **setup: Any,
 ) -> str:
-    """Case quality and review flags: every method x seed x recalibration on the test volumes, their corruptions and
-    ``other_dataset``'s images (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one data
-    split for every seed (the seeds' ensemble needs it)."""
+    """The served verdict: every method x seed trained, recalibrated by the bundle's ``calibrate`` and served
+    through ``inference.json`` on the test images, each site shift at each strength and ``other_dataset``'s images
+    (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one test set for every seed."""
     if isinstance(other_overrides, str):
         import json
 
@@ -139,8 +140,8 @@ def quality(
         other_dataset,
         other_dir,
         other_overrides or {},
-        lts_steps,
-        alpha,
+        shifts,
+        strengths,
     )
 
 

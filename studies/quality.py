@@ -1,262 +1,219 @@
-"""The case-quality study: can a user trust the label-free estimate, and does the review flag catch what the model
-was not validated on?
+"""The case-quality study through the serving path: can a user trust the case score and the review flag the bundle
+serves, in distribution, under a site shift and on another data set's images?
 
-For every method and seed (one training each, reused from the run folders) and every recalibration fitted on the
-validation volumes (none; temperature on ground-truth foreground voxels, the bundles' default; temperature on all
-voxels; local temperature scaling), the test volumes are scored as they are, under the corruptions of
-:mod:`studies.corruptions` at graded strengths, and the images of another data set are run through
-the same model. Each volume gets its true mean DSC (where it has a label) and its label-free case quality
-(:func:`calib_monai.metrics.case_quality`): the estimated mean DSC and the mean confidence of the predicted
-foreground. The validated range of each configuration is measured on its validation volumes as the ``calibrate``
-step measures it, and every volume is flagged by each review rule.
-
-Per configuration: calibration (ECE on ground-truth foreground, over all voxels, in a band around the structures),
-how well each case score ranks and predicts the true DSC on the in-distribution test volumes and on those plus the
-corrupted ones (Spearman, MAE, AURC, the share of the random-to-oracle AURC gap closed), and the flag's false
-positives (in-distribution) and true positives (per shift). The ensemble of the seeds (mean probabilities; its case
-score also the mean DSC between the members' predictions) is the anchor's recommendation, measured with its cost.
+For every method and seed the run is trained (or reused, :func:`studies.runs.train`) and recalibrated by the
+bundle's own ``calibrate`` command (:func:`studies.runs.calibrate`: its recalibration, cross-fitted validated range
+and conformal rule, as a user gets them). Every image is then segmented by :class:`~calib_monai.bundle.TrainedBundle`
+on the bundle's ``inference.json``, the chain ``monai.bundle run inferring`` and MONAI Label run (preprocessing,
+inferer, recalibration, ``CaseQualityd``): the test images as they are, each simulated site shift of
+:mod:`calib_monai.data.site_shift` at each strength (applied to the raw image file, written once as NIfTI beside the
+runs), and another data set's test images. Each volume gets its true mean DSC from the served segmentation against
+its label (structures absent from both left out, as the estimate leaves them out) beside the served case score, the
+flag (True, False or None: cannot judge), its reasons and each signal's standardised distance; in distribution also
+whether each structure's true volume lies in the served volume interval. :mod:`studies.quality_report` turns the
+records into the tables.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import nibabel as nib
 import numpy as np
 import torch
 
-from calib_monai.bundle import TrainedBundle, locate_bundle
-from calib_monai.calibration import ValidatedRange
-from calib_monai.calibration.validated_range import voxel_volume_ml
-from calib_monai.metrics import SegmentationReportTable, case_quality, segmentation_metrics_per_volume
-from calib_monai.metrics.case_quality import image_statistics
-from calib_monai.metrics.report_table import voxel_spacing
-from studies.corruptions import CORRUPTIONS, corruption
-from studies.evaluation import EvaluatedVolume
-from studies.posthoc import VolumeLocalTemperature, VolumeTemperature
-from studies.quality_report import write_quality_results
+from calib_monai.bundle import TrainedBundle, locate_bundle, read_bundle_config
+from calib_monai.data.site_shift import SITE_SHIFT_KINDS, SITE_SHIFT_STRENGTHS, apply_site_shift
+from calib_monai.metrics import segmentation_metrics_per_volume
+from studies.quality_report import ID, write_quality_results
+from studies.runs import calibrate
 from studies.study import StudySetup
 
-__all__ = ["CALIBRATIONS", "REVIEW_RULES", "quality_study"]
-
-CALIBRATIONS = ("none", "temperature", "temperature_all", "local_temperature")
-#: review rules: name -> volume factor of ValidatedRange (0: the case score alone)
-REVIEW_RULES = {"score": {}, "score_or_volume": {"volume_factor": 1.5}, "score_or_input": {"input_check": True}}
-SCORES = ("est_mean_dice", "mean_confidence")
+__all__ = ["ID", "quality_study", "shifted_items", "served_record"]
 
 
-def _other_images(dataset: str, dataset_dir: str, overrides: Mapping[str, Any], runs_dir) -> list[str]:
-    """The test images of another data set, listed by its own bundle's data component."""
-    bundle = TrainedBundle(
+def _test_items(
+    setup: StudySetup, dataset: str, dataset_dir: str, overrides: Mapping[str, Any]
+) -> tuple[list[dict], dict[int, int]]:
+    """The test items (``image``, ``label`` paths) of ``dataset``, listed by its own bundle's data component, and
+    the map from the label files' values to its classes (its ``MapLabelValued`` step; empty: the same values)."""
+    demo = ("demo.json",) if setup.demo and dataset == setup.dataset else ()  # the images the runs were trained on
+    parser = read_bundle_config(
         locate_bundle(f"ce_dice_{dataset}"),
-        ("train.json",),
-        {"dataset_dir": dataset_dir, "output_dir": str(runs_dir), **overrides},
-        device="cpu",
+        ("train.json", *demo),
+        {"dataset_dir": dataset_dir, "output_dir": str(Path(setup.runs_dir) / ".lists" / dataset), **overrides},
     )
-    items = bundle.get("data").datalist()["test"]
-    return [item["image"] for item in items]
+    mapping = {}
+    for step in parser.get("validate#preprocessing#transforms", []):
+        if isinstance(step, dict) and step.get("_target_") == "MapLabelValued":
+            mapping = {int(o): int(t) for o, t in zip(step["orig_labels"], step["target_labels"])}
+    return [dict(item) for item in parser.get_parsed_content("data").datalist()["test"]], mapping
 
 
-def _calibrators(validation: Sequence[EvaluatedVolume], seed: int, lts_steps: int) -> dict[str, Callable | None]:
-    out: dict[str, Callable | None] = {
-        "none": None,
-        "temperature": VolumeTemperature(seed=seed).fit(validation),
-        "temperature_all": VolumeTemperature(seed=seed, voxels="all").fit(validation),
+def _label(path: str, mapping: Mapping[int, int]) -> np.ndarray:
+    """The label file's classes (its values mapped as the bundle maps them)."""
+    raw = np.asarray(nib.load(path).dataobj).round().astype(np.int64)
+    if not mapping:
+        return raw
+    out = raw.copy()
+    for value, target in mapping.items():
+        out[raw == value] = target
+    return out
+
+
+def shifted_items(items: Sequence[Mapping], kind: str, strength: str, folder: str | os.PathLike) -> list[dict]:
+    """``items`` with each image replaced by its copy under the site shift ``kind`` at ``strength`` (seeded by the
+    item's index), written once to ``folder`` as NIfTI with the original's affine (labels unchanged)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for index, item in enumerate(items):
+        source = item["image"]
+        if not isinstance(source, (str, os.PathLike)):
+            raise ValueError(f"site shifts need one image file per case, got {source!r} (a multi-file image)")
+        target = folder / Path(source).name
+        if not target.is_file():
+            image = nib.load(os.fspath(source))
+            x = torch.as_tensor(np.asarray(image.dataobj, dtype=np.float32))
+            shifted = apply_site_shift(x[None] if x.ndim == 3 else x.movedim(-1, 0), kind, strength, seed=index)
+            array = shifted[0] if x.ndim == 3 else shifted.movedim(0, -1)
+            partial = target.with_name(f".{target.name}.partial.nii.gz")
+            nib.save(nib.Nifti1Image(array.numpy(), image.affine, image.header), os.fspath(partial))
+            os.replace(partial, target)  # a stopped study never leaves half a file under the final name
+        out.append({**item, "image": os.fspath(target)})
+    return out
+
+
+def _true_dice(segmentation: torch.Tensor, label: np.ndarray, num_classes: int) -> float:
+    """Mean DSC of the served segmentation against the label (classes absent from both left out: NaN)."""
+    label = torch.as_tensor(label)
+    prediction = torch.as_tensor(segmentation).reshape(label.shape).long()
+    dice = segmentation_metrics_per_volume(
+        prediction[None, None], label[None, None], num_classes, surface_distances=False
+    )["dice"][0]
+    return float(np.nanmean(dice)) if np.isfinite(dice).any() else float("nan")
+
+
+def _volume_coverage(quality: Mapping, label: np.ndarray, voxel_ml: float) -> float:
+    """The share of structures whose true volume lies in the served volume interval."""
+    inside = []
+    for c, entry in enumerate(quality["classes"].values(), start=1):
+        true = float((label == c).sum()) * voxel_ml
+        inside.append(entry["volume_low"] <= true <= entry["volume_high"])
+    return float(np.mean(inside)) if inside else float("nan")
+
+
+def served_record(
+    bundle: TrainedBundle,
+    item: Mapping,
+    key: Mapping[str, Any],
+    coverage: bool = False,
+    mapping: Mapping[int, int] | None = None,
+) -> dict:
+    """One volume through the serving path: the served case score, flag, reasons and signals beside the truth
+    (``mapping``: the label files' values to the classes)."""
+    tick = time.perf_counter()
+    prediction = bundle.predict(item["image"])
+    seconds = time.perf_counter() - tick
+    quality = prediction.quality or {}
+    review = quality.get("review", {})
+    flag = review.get("flag")
+    record = {
+        **key,
+        "case": Path(str(item["image"])).name.split(".")[0],
+        "est_mean_dice": quality.get("case_score", float("nan")),
+        "mean_confidence": quality.get("mean_confidence", float("nan")),
+        "flag": float("nan") if flag is None else float(bool(flag)),
+        "reasons": "; ".join(review.get("reasons", [])),
+        **{f"z_{name}": signal.get("beyond") for name, signal in review.get("signals", {}).items()},
+        "seconds": round(seconds, 3),
     }
-    if lts_steps > 0:
-        out["local_temperature"] = VolumeLocalTemperature(steps=lts_steps, seed=seed).fit(validation)
-    return out
+    if item.get("label"):
+        label = _label(item["label"], mapping or {})
+        record["mean_dice"] = _true_dice(prediction.segmentation, label, bundle.num_classes)
+        if coverage and quality:
+            affine = np.asarray(nib.load(os.fspath(item["image"])).affine)
+            record["volume_covered"] = _volume_coverage(quality, label, abs(np.linalg.det(affine[:3, :3])) / 1000)
+    return record
 
 
-def _probabilities(volume: EvaluatedVolume, calibrate: Callable | None) -> torch.Tensor:
-    return torch.softmax(volume.logits, dim=0) if calibrate is None else calibrate(volume)
-
-
-def _quality(volume: EvaluatedVolume, prob: torch.Tensor, names: Sequence[str]) -> dict[str, Any]:
-    return case_quality(prob, voxel_volume=voxel_volume_ml(volume.image), class_names=names)
-
-
-def _flags(quality: Mapping, image: torch.Tensor, ranges: Mapping[str, ValidatedRange]) -> dict[str, bool]:
-    stats = image_statistics(image)
-    return {f"flag_{rule}": bool(validated.check(quality, stats)["flag"]) for rule, validated in ranges.items()}
-
-
-def _records(
-    volumes: Sequence[EvaluatedVolume],
-    calibrate: Callable | None,
-    names: Sequence[str],
-    label_names: dict[str, str],
-    ranges: Mapping[str, ValidatedRange],
-    key: dict,
-    calibration_metrics: bool,
-) -> list[dict]:
-    """One record per volume: the truth (with a label) beside the label-free quality and the flags; the report's
-    calibration and volume columns with ``calibration_metrics`` (the in-distribution volumes), else the DSC only."""
-    table = SegmentationReportTable(label_names, surface_distances=False)
-    out = []
-    for volume in volumes:
-        prob = _probabilities(volume, calibrate)
-        quality = _quality(volume, prob, names)
-        record = {
-            **key,
-            "case": volume.case,
-            "est_mean_dice": quality["case_score"],
-            "mean_confidence": quality["mean_confidence"],
-            **_flags(quality, volume.image, ranges),
-        }
-        if volume.label is not None and calibration_metrics:
-            row = table.add(prob, volume.label, spacing=voxel_spacing({"image": volume.image}), case=volume.case)
-            record.update({c: row[c] for c in ("mean_dice", "ece", "ece_all", "ece_band")})
-            record.update(_volume_errors(row, names[1:]))
-        elif volume.label is not None:
-            dice = segmentation_metrics_per_volume(
-                prob.argmax(0)[None, None], volume.label[None], len(names), surface_distances=False
-            )["dice"][0]
-            record["mean_dice"] = float(np.nanmean(dice)) if np.isfinite(dice).any() else float("nan")
-        out.append(record)
-    return out
-
-
-def _volume_errors(row: Mapping[str, float], classes: Sequence[str]) -> dict[str, float]:
-    """Mean over the classes present of |expected volume - true| / true, for the summed probabilities and the
-    prediction."""
-    out = {}
-    for kind in ("prob", "pred"):
-        errors = [
-            abs(row[f"volume_{kind}_{c}"] - row[f"volume_{c}"]) / row[f"volume_{c}"]
-            for c in classes
-            if row[f"volume_{c}"] > 0
-        ]
-        out[f"volume_error_{kind}"] = float(np.mean(errors)) if errors else float("nan")
-    return out
-
-
-def _ensemble_records(
-    members: Sequence[list[torch.Tensor]], volumes: Sequence[EvaluatedVolume], names, label_names, key: dict
-) -> list[dict]:
-    """The seeds' mean probabilities per test volume: its truth and estimate, and the mean pairwise DSC between the
-    members' predictions (Zenk et al.'s strongest case score)."""
-    from calib_monai.metrics.case_quality import estimated_dice  # the members' agreement: est_dice of a one-hot
-
-    table = SegmentationReportTable(label_names, surface_distances=False)
-    out = []
-    for i, volume in enumerate(volumes):
-        probs = [m[i] for m in members]
-        mean = torch.stack(probs).mean(0)
-        quality = _quality(volume, mean, names)
-        row = table.add(mean, volume.label, spacing=voxel_spacing({"image": volume.image}), case=volume.case)
-        pairwise = []
-        for a in range(len(probs)):
-            for b in range(a + 1, len(probs)):
-                onehot = torch.nn.functional.one_hot(probs[b].argmax(0), mean.shape[0]).movedim(-1, 0).double()
-                pairwise.append(float(torch.nanmean(estimated_dice(onehot, probs[a].argmax(0)))))
-        out.append(
-            {
-                **key,
-                "case": volume.case,
-                "est_mean_dice": quality["case_score"],
-                "mean_confidence": quality["mean_confidence"],
-                "pairwise_dice": float(np.mean(pairwise)),
-                **{c: row[c] for c in ("mean_dice", "ece", "ece_all", "ece_band")},
-            }
-        )
-    return out
+def _serving_bundle(setup: StudySetup, method: str, models: Path) -> TrainedBundle:
+    """The run's weights and recalibration on the bundle's ``inference.json``, with the run's preprocessing
+    settings (the overrides that ``inference.json`` has; the training-only ones are left out)."""
+    bundle_dir = locate_bundle(f"{method}_{setup.dataset}")
+    known = read_bundle_config(bundle_dir, ("inference.json",), {}).get()
+    overrides = {k: v for k, v in setup.run_overrides().items() if k.split("#")[0] in known}
+    overrides["output_dir"] = str(models.parent / "inference")
+    return TrainedBundle(bundle_dir, ("inference.json",), overrides, device="cpu", weights=models / "model.pt")
 
 
 def quality_study(
     setup: StudySetup,
-    methods: Sequence[str] = ("ce_dice", "ls", "svls", "nacl", "crac"),
+    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
     seeds: Sequence[int] = (0, 1),
     other_dataset: str = "",
     other_dir: str = "",
     other_overrides: Mapping[str, Any] | None = None,
-    lts_steps: int = 300,
-    alpha: float = 0.05,
-    corruptions: Mapping[str, Sequence[float]] = CORRUPTIONS,
+    shifts: Sequence[str] = SITE_SHIFT_KINDS,
+    strengths: Sequence[str] = ("mild", "strong"),
     command: str = "",
 ) -> str:
-    """Train (or reuse) ``methods`` x ``seeds``, score the test volumes, their corruptions and ``other_dataset``'s
-    test images under every recalibration; write ``<results_dir>/quality`` (tables, figures, per-volume values and
-    the README with the command). ``alpha``: the review rule's level (flag below the k-th lowest validation score);
-    ``corruptions``: kind -> strengths (default :data:`~studies.corruptions.CORRUPTIONS`)."""
+    """Train (or reuse) and ``calibrate`` ``methods`` x ``seeds``, serve the test images, each of ``shifts`` at each
+    of ``strengths`` and ``other_dataset``'s test images; write ``<results_dir>/quality`` (tables, per-volume
+    records and the README with the command)."""
     methods = setup.check_methods(methods)
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    unknown = [s for s in strengths if s not in SITE_SHIFT_STRENGTHS] + [k for k in shifts if k not in SITE_SHIFT_KINDS]
+    if unknown:
+        raise ValueError(
+            f"unknown shifts or strengths {unknown}: choose from {SITE_SHIFT_KINDS} x {SITE_SHIFT_STRENGTHS}"
+        )
     out = setup.study_dir("quality")
-    other = _other_images(other_dataset, other_dir, other_overrides or {}, out / ".other") if other_dataset else []
-    records, ensemble, specs, timings = [], [], [], []
+    overrides = {k: v for k, v in setup.run_overrides().items() if k.startswith("data#")}
+    test, mapping = _test_items(setup, setup.dataset, setup.dataset_dir, overrides)
+    conditions: list[tuple[str, str, list[dict]]] = [(ID, "", test)]
+    inputs = Path(setup.runs_dir) / "inputs"
+    conditions += [(k, s, shifted_items(test, k, s, inputs / f"{k}_{s}")) for k in shifts for s in strengths]
+    if other_dataset:
+        other = _test_items(setup, other_dataset, other_dir, other_overrides or {})[0]
+        conditions.append((f"{other_dataset} images", "", [{"image": i["image"]} for i in other]))
+    records, specs, ranges = [], [], []
     for method in methods:
-        kept: dict[str, list[list[torch.Tensor]]] = {}
-        test_volumes: list[EvaluatedVolume] = []
         for seed in seeds:
             seeded = setup.seeded(seed)
-            specs.append(seeded.spec(method))
-            run = seeded.trained(method)
-            names = [run.label_names[k] for k in sorted(run.label_names, key=int)]
-            start = time.perf_counter()
-            validation = list(run.volumes("validation"))
-            calibrators = _calibrators(validation, seed, lts_steps)
-            inputs = [image_statistics(v.image) for v in validation]
-            ranges = {
-                c: {
-                    rule: ValidatedRange.from_qualities(
-                        [_quality(v, _probabilities(v, f), names) for v in validation],
-                        alpha=alpha,
-                        inputs=inputs,
-                        **options,
-                    )
-                    for rule, options in REVIEW_RULES.items()
-                }
-                for c, f in calibrators.items()
-            }
-            del validation
-            conditions: list[tuple[str, float, Callable]] = [
-                ("in-distribution", 0.0, lambda run=run: run.volumes("test"))
-            ]
-            conditions += [
-                (kind, s, lambda k=kind, s=s, run=run: run.volumes("test", corrupt=corruption(k, s)))
-                for kind, strengths in corruptions.items()
-                for s in strengths
-            ]
-            if other:
-                conditions.append((f"{other_dataset} images", 0.0, lambda run=run: run.foreign_volumes(other)))
-            for condition, strength, volumes_of in conditions:
-                tick = time.perf_counter()
-                volumes = list(volumes_of())
-                inference = time.perf_counter() - tick
-                for calibration, calibrate in calibrators.items():
-                    key = {
-                        "seed": seed,
-                        "method": method,
-                        "calibration": calibration,
-                        "condition": condition,
-                        "strength": strength,
-                    }
-                    records += _records(
-                        volumes,
-                        calibrate,
-                        names,
-                        run.label_names,
-                        ranges[calibration],
-                        key,
-                        condition == "in-distribution",
-                    )
-                    if condition == "in-distribution":
-                        kept.setdefault(calibration, []).append([_probabilities(v, calibrate) for v in volumes])
-                if condition == "in-distribution":
-                    test_volumes = volumes
-                    timings.append({"method": method, "seed": seed, "inference_s": inference, "volumes": len(volumes)})
-            timings[-1]["total_s"] = time.perf_counter() - start
-        if len(seeds) > 1:
-            for calibration, members in kept.items():
-                key = {
-                    "seed": "ensemble",
-                    "method": method,
-                    "calibration": calibration,
-                    "condition": "in-distribution",
-                    "strength": 0.0,
-                }
-                ensemble += _ensemble_records(members, test_volumes, names, run.label_names, key)
-    return write_quality_results(
-        setup, out, records, ensemble, timings, specs, seeds, methods, alpha, other_dataset, command, list(REVIEW_RULES)
-    )
+            spec = seeded.spec(method)
+            specs.append(spec)
+            seeded.trained(method)
+            models = calibrate(spec)
+            served_test = [item["image"] for item in json.loads((models / "datalist.json").read_text())["test"]]
+            if sorted(served_test) != sorted(item["image"] for item in test):
+                raise ValueError(
+                    f"{models / 'datalist.json'} tests other volumes than the study lists: pass --split_seed so every "
+                    "seed trains on one split, or a fresh --runs_dir"
+                )
+            bundle = _serving_bundle(seeded, method, models)
+            ranges.append({"method": method, "seed": seed, **_range_facts(models / "validated_range.json")})
+            for condition, strength, items in conditions:
+                key = {"seed": seed, "method": method, "condition": condition, "strength": strength}
+                records += [served_record(bundle, item, key, condition == ID, mapping) for item in items]
+    return write_quality_results(setup, out, records, ranges, specs, seeds, methods, other_dataset, command)
+
+
+def _range_facts(path: Path) -> dict[str, Any]:
+    """What the served rule states: n, k, its bound, alpha, the signals, the volume-interval factor, warnings."""
+    record = json.loads(path.read_text())
+    return {
+        "n": len(record["scores"]),
+        "k": record["rank"],
+        "bound": record["bound"],
+        "alpha": record["alpha"],
+        "signals": "+".join(record.get("signals", [])),
+        "volume_interval_scale": record.get("volume_interval_scale"),
+        "split": record.get("info", {}).get("split", {}).get("rule", ""),
+        "warnings": "; ".join(record.get("warnings", [])),
+    }

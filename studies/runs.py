@@ -32,7 +32,7 @@ from calib_monai.bundle import (
     weights_state_dict,
 )
 
-__all__ = ["RunSpec", "bundle_config_files", "environment_versions", "read_record", "train"]
+__all__ = ["RunSpec", "bundle_config_files", "calibrate", "environment_versions", "read_record", "train"]
 
 logger = logging.getLogger(__name__)
 RECORD = "run.json"
@@ -75,15 +75,16 @@ class RunSpec:
     def snapshot_path(self, epoch: int) -> Path:
         return self.models_dir / f"epoch_{epoch:03d}.pt"
 
-    def command(self, epochs: int | None = None) -> list[str]:
-        """The training command (``epochs``: stop at that epoch instead, for a snapshot)."""
-        files = bundle_config_files(self.bundle, self.extra_configs)
+    def command(self, epochs: int | None = None, run_id: str = "training", configs: tuple[str, ...] = ()) -> list[str]:
+        """The training command (``epochs``: stop at that epoch instead, for a snapshot), or the bundle's ``run_id``
+        (e.g. ``"calibrate"``) on the run's settings with the further ``configs`` (``("calibrate.json",)``)."""
+        files = bundle_config_files(self.bundle, (*self.extra_configs, *configs))
         cmd = [
             sys.executable,
             "-m",
             "monai.bundle",
             "run",
-            "training",
+            run_id,
             "--config_file",
             json.dumps(files),
             "--output_dir",
@@ -208,3 +209,27 @@ def train(spec: RunSpec) -> dict[str, Any]:
             "command again: it resumes from models/checkpoint_latest.pt"
         )
     return record
+
+
+def calibrate(spec: RunSpec) -> Path:
+    """Run the bundle's own ``calibrate`` on the finished run ``spec`` (its settings, ``configs/calibrate.json``)
+    unless its recalibration is newer than its weights; its log goes to ``<run>/calibrate.log``. Returns the
+    ``models`` folder (``calibration.pt``, ``validated_range.json``, ``manifest.json``); a RuntimeError names the log
+    when the command fails."""
+    models = spec.models_dir
+    published = models / "validated_range.json"
+    if published.is_file() and published.stat().st_mtime >= (models / "model.pt").stat().st_mtime:
+        logger.info("reusing the recalibration of %s", spec.run_dir)
+        return models
+    command = spec.command(run_id="calibrate", configs=("calibrate.json",))
+    log_path = Path(spec.run_dir) / "calibrate.log"
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0 or not published.is_file():
+        tail = log_path.read_text().splitlines()[-10:]
+        raise RuntimeError(
+            f"calibrate {spec.bundle} in {spec.run_dir} failed (exit {code}); {log_path}:\n" + "\n".join(tail)
+        )
+    return models

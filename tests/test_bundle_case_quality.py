@@ -61,6 +61,14 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     assert record["signals"] == ["case_score", "input", "features"] and record["feature_check"]
     assert len(record["features"]["reference"]) == 4 and record["features"]["components"] is None
     assert record["rank"] == 1 and record["bound"] == pytest.approx(1 / 5) and record["bound_within_alpha"]
+    # the input and feature signals measure against the training images (fixed references), the volume interval is
+    # widened by a factor fitted on the range volumes, or left at independent voxels with why (too few pairs)
+    training = len(datalist["training"])
+    assert record["input_reference"]["images"] == record["feature_reference"]["images"] == training
+    assert len(record["input_reference"]["mean"]) == len(record["inputs"][0]) == len(record["input_names"])
+    assert len(record["feature_reference"]["validation"]) == 4
+    assert record["info"]["volume_interval"]["pairs"] == 4 * 4 and record["volume_interval_scale"] is None
+    assert "too few for 95%" in record["info"]["volume_interval"]["note"]
     calibration = json.loads((models / "calibration.json").read_text())
     assert calibration["split"] == split and calibration["volumes"] == 4 and len(calibration["folds"]) == 2
     # local temperature scaling's early stopping and the held-out numbers, named so

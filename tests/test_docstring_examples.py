@@ -42,7 +42,7 @@ WITHOUT_EXAMPLE = {
     "torch_volume_statistics",
     "accumulator_values",
     "pooled_accumulator",
-    "image_statistics",
+    "image_statistic_names",
     "structure_band",
     "save_risk_coverage_plot",
     "save_reliability_diagram",

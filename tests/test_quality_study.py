@@ -1,79 +1,98 @@
-"""The case-quality study: its per-configuration figures from hand-made records, and one real run on phantoms
-(two seeds on one data split, corruptions, the seeds' ensemble)."""
+"""The case-quality study through the serving path: its figures from hand-made records, its shifted images, and one
+real run on phantoms (train, the bundle's own calibrate, TrainedBundle on inference.json) whose served answers equal
+what ``monai.bundle run inferring`` writes for the same image."""
 
 from __future__ import annotations
 
 import csv
 import gzip
+import json
+import math
+import subprocess
 
+import nibabel as nib
 import numpy as np
 import pytest
 
-from conftest import SMALL_DEMO
+from conftest import REPO_ROOT, SMALL_DEMO, bundle_command
 from studies import StudySetup
-from studies.corruptions import CORRUPTIONS, corruption
-from studies.quality import REVIEW_RULES, quality_study
-from studies.quality_report import configuration_rows
+from studies.quality import quality_study, shifted_items
+from studies.quality_report import ID, condition_rows, verdict_lines
 
 
-def _record(case, condition, dice, est, flag, strength=0.0):
+def _record(case, condition, dice, est, flag, strength=""):
     return {
         "seed": 0,
         "method": "m",
-        "calibration": "none",
         "condition": condition,
         "strength": strength,
         "case": case,
         "mean_dice": dice,
         "est_mean_dice": est,
-        "mean_confidence": est,
-        "ece": 0.1,
-        "ece_all": 0.01,
-        "ece_band": 0.05,
-        "volume_error_prob": 0.2,
-        "volume_error_pred": 0.1,
-        "flag_score": flag,
+        "flag": flag,
+        "seconds": 0.5,
+        "volume_covered": 1.0 if case != "d" else 0.5,
+        "mean_confidence": 1 - est,  # the reverse order of the estimate
+        "reasons": "image unlike the training images (...)" if flag == 1.0 else "",
     }
 
 
-def test_configuration_figures_by_hand():
+def test_condition_figures_by_hand():
+    nan = float("nan")
     records = [
-        _record("a", "in-distribution", 0.9, 0.85, False),
-        _record("b", "in-distribution", 0.8, 0.82, False),
-        _record("c", "in-distribution", 0.7, 0.75, True),
-        _record("d", "in-distribution", 0.6, 0.50, False),
-        _record("a", "noise", 0.3, 0.2, True, 0.2),
-        _record("b", "noise", 0.5, 0.6, False, 0.2),
+        _record("a", ID, 0.9, 0.85, 0.0),
+        _record("b", ID, 0.8, 0.82, 0.0),
+        _record("c", ID, 0.7, 0.75, 1.0),
+        _record("d", ID, 0.6, 0.50, nan),  # cannot judge: neither flagged nor silent
+        _record("a", "gamma", 0.5, 0.8, 0.0, "strong"),
+        _record("b", "gamma", 0.4, 0.6, 1.0, "strong"),
+        _record("c", "gamma", 0.3, 0.35, 0.0, "strong"),
     ]
-    (row,) = configuration_rows(records, ["score"])
-    assert row["mean_dice"] == pytest.approx(0.75)
-    # estimates 0.85, 0.82, 0.75, 0.50 against 0.9, 0.8, 0.7, 0.6: the same order, MAE (.05 + .02 + .05 + .1) / 4
-    assert row["spearman_est"] == pytest.approx(1.0) and row["mae_est"] == pytest.approx(0.055)
-    assert row["gap_est"] == pytest.approx(1.0)  # a perfect order closes the whole gap
-    assert row["fpr_score"] == pytest.approx(0.25) and row["tpr_score_noise_0.2"] == pytest.approx(0.5)
-    assert row["dice_noise_0.2"] == pytest.approx(0.4)
-    # the mixed set: six volumes, estimate 0.6 ranks above true 0.5 below 0.6: not perfect any more
-    assert 0 < row["gap_mixed_est"] < 1
+    rows = {(r["condition"], r["strength"]): r for r in condition_rows(records)}
+    ident, gamma = rows[(ID, "")], rows[("gamma", "strong")]
+    assert (ident["volumes"], ident["flagged"], ident["cannot_judge"], ident["flag_rate"]) == (4, 1, 1, 0.25)
+    # estimates 0.85, 0.82, 0.75, 0.50 against 0.9, 0.8, 0.7, 0.6: the same order; errors -.05, .02, .05, -.1
+    assert ident["spearman"] == pytest.approx(1.0) and ident["mae"] == pytest.approx(0.055)
+    assert ident["signed_error"] == pytest.approx(-0.02) and ident["aurc_gap"] == pytest.approx(1.0)
+    # not flagged: a and b, errors -0.05 and +0.02
+    assert ident["signed_error_unflagged"] == pytest.approx(-0.015)
+    assert ident["volume_coverage"] == pytest.approx(0.875) and ident["seconds"] == pytest.approx(0.5)
+    # the flag came from the input signal; the mean confidence here ranks the cases exactly the wrong way round: it
+    # opens the gap by as much as the oracle closes it
+    assert (ident["by_input"], ident["by_case_score"], ident["by_features"]) == (1, 0, 0)
+    assert ident["spearman_confidence"] == pytest.approx(-1.0) and ident["aurc_gap_confidence"] == pytest.approx(-1.0)
+    # under the shift: +0.3, +0.2, +0.05; the silent ones a and c: (+0.3 + 0.05) / 2
+    assert gamma["flag_rate"] == pytest.approx(1 / 3) and gamma["signed_error"] == pytest.approx(0.55 / 3)
+    assert gamma["signed_error_unflagged"] == pytest.approx(0.175) and "volume_coverage" not in gamma
+    assert gamma["true_dice"] == pytest.approx(0.4) and gamma["est_dice"] == pytest.approx(1.75 / 3)
 
 
-def test_corruptions_are_seeded_and_the_flip_moves_the_label():
-    import torch
+def test_shifted_images_are_written_once_beside_the_originals(tmp_path):
+    rng = np.random.default_rng(0)
+    affine = np.diag([1.5, 1.5, 4.0, 1.0])
+    items = []
+    for i in range(2):
+        path = tmp_path / f"case{i}.nii.gz"
+        nib.save(nib.Nifti1Image(rng.random((8, 8, 10)).astype(np.float32), affine), path)
+        items.append({"image": str(path), "label": f"label{i}.nii.gz"})
+    shifted = shifted_items(items, "resolution", "strong", tmp_path / "shifted")
+    assert [s["label"] for s in shifted] == ["label0.nii.gz", "label1.nii.gz"]
+    image = nib.load(shifted[0]["image"])
+    original = np.asarray(nib.load(items[0]["image"]).dataobj)
+    data = np.asarray(image.dataobj)
+    assert data.shape == original.shape and np.allclose(image.affine, affine)
+    # a 5x thicker slice: two slices along the last axis, linearly interpolated back: smoother along it
+    assert np.abs(np.diff(data, axis=2)).mean() < 0.5 * np.abs(np.diff(original, axis=2)).mean()
+    # written once: a second call reuses the file (no rewrite), and no partial file is left
+    stamp = (tmp_path / "shifted" / "case0.nii.gz").stat().st_mtime_ns
+    shifted_items(items, "resolution", "strong", tmp_path / "shifted")
+    assert (tmp_path / "shifted" / "case0.nii.gz").stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in (tmp_path / "shifted").iterdir()) == ["case0.nii.gz", "case1.nii.gz"]
+    with pytest.raises(ValueError, match="one image file per case"):
+        shifted_items([{"image": ["a.nii.gz", "b.nii.gz"]}], "gamma", "mild", tmp_path / "x")
 
-    image = torch.rand(1, 8, 6, 4, generator=torch.Generator().manual_seed(0))
-    label = (image > 0.5).long()
-    noisy = [corruption("noise", 0.1)(image, label, 3)[0] for _ in range(2)]
-    assert torch.equal(noisy[0], noisy[1]) and not torch.equal(noisy[0], image)
-    flipped_image, flipped_label = corruption("flip", 1.0)(image, label, 0)
-    assert torch.equal(flipped_image.flip(2), image)
-    assert torch.equal(flipped_label.flip(2), label)
-    assert torch.equal(corruption("shift", 0.25)(image, label, 0)[0], image + 0.25)
-    assert torch.allclose(corruption("gamma", 2.0)(image, label, 0)[0], image**2)
-    assert list(CORRUPTIONS) == ["noise", "blur", "gamma", "shift", "flip"]
-    with pytest.raises(ValueError, match="corruption kind"):
-        corruption("rotate", 1.0)
 
-
-def test_quality_study_end_to_end_on_phantoms(tmp_path):
+def test_quality_study_end_to_end_through_the_served_chain(tmp_path):
     setup = StudySetup(
         "flare",
         demo=True,
@@ -83,42 +102,45 @@ def test_quality_study_end_to_end_on_phantoms(tmp_path):
         runs_dir=str(tmp_path / "runs"),
         split_seed=0,
     )
-    shifts = {"noise": (0.1, 0.3), "flip": (1.0,)}
-    quality_study(setup, ["nacl"], seeds=[0, 1], lts_steps=5, corruptions=shifts)
+    quality_study(setup, ["ce_dice"], seeds=[0], shifts=["gamma"], strengths=["strong"])
     out = tmp_path / "results" / "quality"
     with gzip.open(out / "per_volume.csv.gz", "rt", newline="") as f:
         volumes = list(csv.DictReader(f))
-    with open(out / "per_seed.csv", newline="") as f:
-        configs = list(csv.DictReader(f))
-    # seeds x methods x recalibrations
-    assert len(configs) == 2 * 1 * 4
-    conditions = 1 + 2 + 1
-    single = [v for v in volumes if v["seed"] != "ensemble"]
-    assert len(single) == 2 * 1 * 4 * conditions * 3  # 3 test phantoms in the demo split
-    # both seeds were tested on the same volumes (one split), so the ensemble has them too
-    cases = {v["seed"]: sorted({r["case"] for r in single if r["seed"] == v["seed"]}) for v in single}
-    assert cases["0"] == cases["1"]
-    ensemble = [v for v in volumes if v["seed"] == "ensemble"]
-    assert len(ensemble) == 1 * 4 * 3 and all(0 <= float(v["pairwise_dice"]) <= 1 for v in ensemble)
-    # a recalibration keeps the segmentation: the true DSC is the same under every one of them
-    for case in cases["0"]:
-        dice = {
-            v["calibration"]: v["mean_dice"]
-            for v in single
-            if (v["seed"], v["method"], v["case"], v["condition"]) == ("0", "nacl", case, "in-distribution")
-        }
-        assert len(dice) == 4 and len(set(dice.values())) == 1
-    # each configuration's fpr is the share of its flagged in-distribution volumes
-    for row in configs:
-        mine = [
-            v
-            for v in single
-            if (v["seed"], v["method"], v["calibration"], v["condition"])
-            == (row["seed"], row["method"], row["calibration"], "in-distribution")
-        ]
-        for rule in REVIEW_RULES:
-            assert float(row[f"fpr_{rule}"]) == pytest.approx(np.mean([v[f"flag_{rule}"] == "True" for v in mine]))
+    test = [v for v in volumes if v["condition"] == ID]
+    assert len(volumes) == 2 * len(test) and len(test) >= 2  # the test phantoms, as they are and shifted
+    rule = list(csv.DictReader(open(out / "rule.csv")))
+    assert len(rule) == 1 and rule[0]["method"] == "ce_dice" and float(rule[0]["bound"]) >= 0
+    # the run's own calibrate published the served set; inferring on one test image writes the same answer
+    run = tmp_path / "runs" / "seed0" / "ce_dice_flare"
+    models = run / "models"
+    assert (models / "validated_range.json").is_file() and (models / "manifest.json").is_file()
+    datalist = json.loads((models / "datalist.json").read_text())
+    image = datalist["test"][0]["image"]
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "case.nii.gz").symlink_to(image)
+    config = [str(REPO_ROOT / "bundles" / "ce_dice_flare" / "configs" / "inference.json")]
+    overrides = {"dataset_dir": str(folder), "model_path": str(models / "model.pt"), "output_dir": str(tmp_path / "o")}
+    subprocess.run(bundle_command("inferring", config, {**overrides, "device": "cpu"}), check=True, cwd=REPO_ROOT)
+    served = json.loads((tmp_path / "o" / "case_quality.json").read_text())
+    (mine,) = [v for v in test if v["case"] == image.split("/")[-1].split(".")[0]]
+    assert float(mine["est_mean_dice"]) == pytest.approx(served["case_score"], abs=1e-9)
+    flag = served["review"]["flag"]
+    assert (math.isnan(float(mine["flag"])) and flag is None) or float(mine["flag"]) == float(bool(flag))
+    assert mine["reasons"] == "; ".join(served["review"]["reasons"])
     readme = (out / "README.md").read_text()
-    assert "Best configuration by in-distribution AURC gap closed" in readme and "data split of seed 0" in readme
-    for name in ("estimate_vs_true.png", "flag_rates.png", "risk_coverage_best.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Against issue 29's targets" in readme and "data split of seed 0" in readme
+
+
+def test_the_verdict_against_the_targets_by_hand():
+    nan = float("nan")
+    records = [_record(c, ID, 0.8, 0.8, f) for c, f in zip("abcd", (0.0, 0.0, 1.0, nan))]
+    records += [_record(c, "gamma", 0.5, 0.8, 0.0, "strong") for c in "abc"]  # +0.3, nothing flagged
+    lines = verdict_lines(condition_rows(records), [{"method": "m", "seed": 0, "bound": 0.25}], "acdc")
+    # 1 of 4 at a stated bound of 25%: P(X >= 1) = 1 - 0.75^4 = 0.68; 25% is within the bound but above 5%
+    assert lines[0] == (
+        "- **m**: ordinary cases flagged 1 of 4 (25.0%; seeds 1/4) against the stated bound 25.0% "
+        "(P(at least 1 | bound) = 0.68): **missed**"
+    )
+    assert "gamma (strong): flagged at least 0%, mean estimate off by at most 0.300: **missed**" in lines[1]
+    assert lines[2] == "  - largest mean optimism without a flag under a shift: +0.300: **missed**"

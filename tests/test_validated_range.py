@@ -10,10 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.calibration import LocalTemperatureScaling, ValidatedRange, load_validated_range, review_case
-from calib_monai.calibration.fitting import ValidationVolume, split_volumes
+from calib_monai.calibration import (
+    CaseQualityd,
+    LocalTemperatureScaling,
+    ValidatedRange,
+    load_validated_range,
+    review_case,
+)
+from calib_monai.calibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
+from calib_monai.calibration.references import fixed_references
 from calib_monai.calibration.validated_range import read_validated_range
 from calib_monai.metrics import case_quality
+from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 
 
@@ -64,8 +72,8 @@ def test_the_combined_score_by_hand():
     verdict = two.check(_case(0.75), [10.0])
     assert verdict["flag"] is True and verdict["rank"] == 1 and len(verdict["reasons"]) == 1
     assert (
-        f"image intensities unlike the validation images' (distance {8.5 / math.sqrt(1.25):.1f}"
-        in verdict["reasons"][0]
+        f"image unlike the validation images (image statistic 0: distance {8.5 / math.sqrt(1.25):.1f}"
+        in (verdict["reasons"][0])
     )
     assert "rank 1 of 5, 14.2 MADs beyond the others" in verdict["reasons"][0]
     assert verdict["signals"]["case_score"]["rank"] == 4  # 0.5, 0.6 and 0.7 are lower
@@ -166,8 +174,10 @@ def test_what_cannot_be_judged_is_never_a_silent_no():
     two = ValidatedRange(one.scores, inputs=[[0.2 + 0.01 * i, 0.1] for i in range(19)], input_check=True)
     assert "image intensities left out: no image statistics" in two.check(_case(0.9))["left_out"][0]
     assert two.check(_case(0.9))["flag"] is False
-    # a NaN image: its statistics are not comparable
+    # a NaN image: its statistics are not comparable; statistics of another length (another version): run calibrate
     assert two.check(_case(0.9), [float("nan"), 0.1])["flag"] is None
+    other = two.check(_case(0.9), [0.2, 0.1, 0.3, 0.3])
+    assert other["flag"] is None and "the case has 4 image statistics and the validated range 2" in other["reasons"][0]
     assert one.check(_case(0.9), [0.2, 0.1])["flag"] is False  # all-equal intensities: the others still judge
     # no range at all: null and why
     missing = review_case(_case(0.9), None, missing="no validated range at x.json")
@@ -253,3 +263,96 @@ def test_local_temperature_keeps_the_parameters_of_the_lowest_held_out_nll():
     assert wrecked.history["heldout_nll_after"] <= wrecked.history["heldout_nll_before"]
     with pytest.raises(ValueError, match="need logits"):
         lts.fit(za, xa[:, :, :4], ya)
+
+
+def test_a_thicker_slice_is_seen_by_the_sharpness_along_that_axis():
+    # 20 images: an in-plane pattern along 16 slices, with slice noise. The case is the last with every 4 slices
+    # averaged (a 4x thicker slice): its mean and spread barely move (0.538, 0.287 against the others' 0.54 +- 0.03,
+    # 0.286 +- 0.008), its sharpness along axis 2 falls to 0.012 (the others' 0.117 +- 0.004): the reason names it
+    g = torch.Generator().manual_seed(0)
+    images = [
+        torch.rand(1, 12, 12, 1, generator=g).repeat(1, 1, 1, 16) + 0.1 * torch.rand(1, 12, 12, 16, generator=g)
+        for _ in range(20)
+    ]
+    thick = images[-1].reshape(1, 12, 12, 4, 4).mean(-1).repeat_interleave(4, dim=-1)
+    stats = [image_statistics(i) for i in images[:-1]]
+    names = image_statistic_names(1, 3)
+    validated = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=stats, input_check=True, input_names=names)
+    assert validated.check(_case(0.81), image_statistics(images[-1]))["flag"] is False
+    verdict = validated.check(_case(0.81), image_statistics(thick))
+    assert verdict["flag"] is True and verdict["reasons"][0].startswith(
+        "image unlike the validation images (sharpness along axis 2: distance"
+    )
+    # read back from its record: the same names
+    again = ValidatedRange(**{k: validated.record()[k] for k in ("scores", "inputs", "input_check", "input_names")})
+    assert again.check(_case(0.81), image_statistics(thick))["reasons"] == verdict["reasons"]
+
+
+def test_the_volume_interval_is_widened_by_the_factor_fitted_on_validation(tmp_path):
+    # three volumes, one structure each: expected 10, 20, 30 mL with half-widths 2, 2, 3 (independent voxels) and
+    # true volumes 11, 24, 30: |true - expected| / half = 0.5, 2, 0; at 50% coverage the ceil(4 * 0.5) = 2nd: 0.5
+    qualities = [{"classes": {"a": {"volume": e, "volume_high": h}}} for e, h in ((10, 12), (20, 22), (30, 33))]
+    volumes = [
+        ValidationVolume(torch.zeros(2, 1), torch.tensor([1] * t + [0]), torch.zeros(1, 1)) for t in (11, 24, 30)
+    ]
+    scale, record = volume_interval_fit(qualities, volumes, coverage=0.5)
+    assert scale == 0.5 and record == {"coverage": 0.5, "pairs": 3, "scale": 0.5}
+    # at 95% three pairs are too few: not widened, said so
+    assert volume_interval_fit(qualities, volumes)[0] is None
+    assert (
+        volume_interval_fit(qualities, volumes)[1]["note"] == "3 (volume, class) pairs are too few for 95%: not widened"
+    )
+    # served: CaseQualityd widens each case's interval by the stored factor (half-width 2.4 x 3 around 20)
+    prob = torch.zeros(2, 100)
+    prob[1, :40] = 0.5
+    prob[0] = 1 - prob[1]
+    validated = ValidatedRange([0.5 + 0.01 * i for i in range(19)], volume_interval_scale=3.0)
+    stored = ValidatedRange(**{k: v for k, v in validated.record().items() if k in ("scores", "volume_interval_scale")})
+    for rule in (validated, stored):
+        quality = CaseQualityd("prob", rule, label_names={"0": "bg", "1": "a"})({"prob": prob})["quality"]
+        organ = quality["classes"]["a"]
+        # 40 voxels at p = 0.5: expected 20, standard deviation sqrt(40 * 0.25) = 3.16, half-width 1.96 * 3.16 * 3
+        assert quality["volume_interval_scale"] == 3.0 and organ["volume"] == pytest.approx(20.0)
+        assert organ["volume_high"] - 20 == pytest.approx(3 * 1.959964 * math.sqrt(10), rel=1e-4)
+    with pytest.raises(ValueError, match="volume_interval_scale must be a finite number > 0 or null"):
+        ValidatedRange([0.5], volume_interval_scale=float("inf"))
+
+
+def test_fixed_references_from_training_images():
+    # input statistics of 3 training images: mean (2, 20), population std (sqrt(2/3), sqrt(200/3))
+    references = fixed_references([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]], None, None)
+    assert (
+        references["input_reference"]["mean"] == pytest.approx([2.0, 20.0]) and references["feature_reference"] is None
+    )
+    assert references["input_reference"]["std"] == pytest.approx([math.sqrt(2 / 3), math.sqrt(200 / 3)])
+    # the input distance is then measured from that fixed reference: an image at (2, 20 + 3 std) is 3 std away
+    std = math.sqrt(200 / 3)
+    validated = ValidatedRange(
+        [0.5 + 0.01 * i for i in range(19)],
+        inputs=[[2.0, 20.0 + 0.1 * i] for i in range(19)],
+        input_check=True,
+        input_reference=references["input_reference"],
+    )
+    verdict = validated.check(_case(0.6), [2.0, 20.0 + 3 * std])
+    assert verdict["flag"] is True and verdict["signals"]["input"]["value"] == pytest.approx(3.0)
+    assert verdict["reasons"][0].startswith("image unlike the training images (image statistic 1: distance 3.0")
+    # features: Mahalanobis fitted on 40 training vectors; the validation cases' distances stored; a far case
+    g = np.random.default_rng(0)
+    training, validation = g.normal(size=(40, 5)), g.normal(size=(19, 5))
+    references = fixed_references(None, list(training), list(validation))
+    reference = references["feature_reference"]
+    assert reference["images"] == 40 and len(reference["validation"]) == 19
+    fitted = MahalanobisDistance(max_dim=16).fit(training)
+    assert reference["validation"] == pytest.approx([fitted.distance(v) for v in validation])
+    with_features = ValidatedRange(
+        validated.scores,
+        features=MahalanobisDistance(max_dim=5).fit(validation).to_dict(),
+        feature_check=True,
+        feature_reference=reference,
+    )
+    far = with_features.check(_case(0.6), None, np.full(5, 10.0))
+    assert far["flag"] is True and far["reasons"][0].startswith("features unlike the training images' (Mahalanobis")
+    assert far["signals"]["features"]["value"] == pytest.approx(fitted.distance(np.full(5, 10.0)))
+    assert with_features.check(_case(0.6), None, validation[0])["flag"] is False
+    with pytest.raises(ValueError, match="feature_reference: 3 validation distances for 19 scores"):
+        ValidatedRange(validated.scores, feature_reference={**reference, "validation": [1.0, 2.0, 3.0]})

@@ -24,6 +24,7 @@ served fit, ``in_sample_*`` on what the served recalibration was fitted on.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +35,17 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib_monai.calibration.local_temperature import LocalTemperatureScaling
+from calib_monai.calibration.references import fixed_references
 from calib_monai.calibration.stored import calibrate_volume
 from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.calibration.validated_range import ValidatedRange
 from calib_monai.metrics.calibration import ece
-from calib_monai.metrics.case_quality import case_quality, image_statistics
+from calib_monai.metrics.case_quality import (
+    case_quality,
+    fit_volume_interval_scale,
+    image_statistic_names,
+    image_statistics,
+)
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 
 __all__ = [
@@ -292,6 +299,26 @@ def range_features(features: Sequence[np.ndarray | None], alpha: float = 0.05) -
         return None, f"the validation features cannot be fitted ({err})"
 
 
+def volume_interval_fit(
+    qualities: Sequence[Mapping[str, Any]], volumes: Sequence[ValidationVolume], coverage: float = 0.95
+) -> tuple[float | None, dict[str, Any]]:
+    """The factor that makes the volume interval of :func:`case_quality` hold each structure's true volume with
+    probability ``coverage`` (:func:`fit_volume_interval_scale` over the scored volumes' (volume, class) pairs), and
+    its record; None when the pairs are too few for ``coverage`` (the interval stays that of independent voxels)."""
+    expected, high, true = [], [], []
+    for quality, volume in zip(qualities, volumes):
+        for c, name in enumerate(quality["classes"], start=1):  # the foreground classes, in class order
+            entry = quality["classes"][name]
+            expected.append(entry["volume"])
+            high.append(entry["volume_high"])
+            true.append(float((volume.label == c).sum()) * volume.voxel_ml)
+    scale = fit_volume_interval_scale(expected, high, true, coverage) if expected else math.inf
+    record = {"coverage": coverage, "pairs": len(expected), "scale": scale if math.isfinite(scale) else None}
+    if not math.isfinite(scale):
+        record["note"] = f"{len(expected)} (volume, class) pairs are too few for {coverage:.0%}: not widened"
+    return (scale if math.isfinite(scale) else None), record
+
+
 def measure_validated_range(
     scorers: Sequence[tuple[nn.Module, Sequence[int]]],
     volumes: Sequence[ValidationVolume],
@@ -300,11 +327,16 @@ def measure_validated_range(
     class_names: Sequence[str] | None = None,
     spatial_dim: int = 2,
     features: Sequence[np.ndarray | None] | None = None,
+    reference_inputs: Sequence[Sequence[float]] | None = None,
+    reference_features: Sequence[np.ndarray] | None = None,
     **info: Any,
 ) -> ValidatedRange:
     """The validated range of the scored volumes (in volume order), each scored with its fold's recalibration (as
     inference scores a case: :func:`cross_fit`'s scorers); ``review``: ``alpha``, ``volume_factor``,
-    ``input_check``, ``feature_check``; ``features``: each volume's pooled network features (None: none)."""
+    ``input_check``, ``feature_check``; ``features``: each volume's pooled network features (None: none);
+    ``reference_inputs``: the image statistics of training images, the input signal's fixed reference (None: the
+    validation images measure each other); ``reference_features``: the training images' pooled features, the
+    feature signal's fixed reference (None: the validation cases measure each other)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     chosen = sorted(scorer_of)
     qualities = []
@@ -314,6 +346,8 @@ def measure_validated_range(
             prob = torch.softmax(calibrate_volume(scorer_of[i], v.logits, v.image, spatial_dim), dim=0)
             qualities.append(case_quality(prob, voxel_volume=v.voxel_ml, class_names=class_names))
     inputs = [image_statistics(volumes[i].image) for i in chosen]
+    image = volumes[chosen[0]].image if chosen else None
+    names = image_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
     info = {"split": split.record(volumes), "volumes_scored": len(chosen), **info}
     stored = None
     if review.get("feature_check"):
@@ -323,4 +357,19 @@ def measure_validated_range(
             info["features_left_out"] = why
     if split.in_sample:
         info["warning"] = "the range was measured on the volumes that fitted the recalibration (in-sample)"
-    return ValidatedRange.from_qualities(qualities, **review, inputs=inputs, features=stored, **info)
+    scale, info["volume_interval"] = volume_interval_fit(qualities, [volumes[i] for i in chosen])
+    references = fixed_references(
+        reference_inputs, reference_features, [features[i] for i in chosen] if stored else None
+    )
+    if references.get("why"):
+        info["feature_reference_left_out"] = references.pop("why")
+    return ValidatedRange.from_qualities(
+        qualities,
+        **review,
+        inputs=inputs,
+        features=stored,
+        input_names=names,
+        volume_interval_scale=scale,
+        **references,
+        **info,
+    )

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.atomic import write_json_atomically
+from calib_monai.calibration.conformal_scores import competition_ranks, standardised
 from calib_monai.calibration.stored import file_sha256
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 
@@ -32,29 +33,6 @@ def _finite_or_none(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def competition_ranks(nonconformity: np.ndarray) -> np.ndarray:
-    """``1 + #{m: a_m > a_i}`` for each ``a_i``: rank 1 is the most extreme (largest), ties share the smaller rank."""
-    a = np.asarray(nonconformity, dtype=np.float64)
-    return 1 + (a[None, :] > a[:, None]).sum(1)
-
-
-def standardised(nonconformity: np.ndarray) -> np.ndarray:
-    """How far each ``a_i`` lies beyond the others: ``(a_i - median_{m != i} a_m) / (1.4826 MAD_{m != i})`` (the
-    others' standard deviation when their MAD is 0, else a tiny scale), over the others' finite values; ``+inf``
-    stays ``+inf``. Each value is measured against the other ``n``: a symmetric function of the ``n + 1``."""
-    a = np.asarray(nonconformity, dtype=np.float64)
-    out = np.empty(len(a))
-    for i in range(len(a)):
-        others = np.delete(a, i)
-        others = others[np.isfinite(others)]
-        median = float(np.median(others)) if others.size else 0.0
-        scale = 1.4826 * float(np.median(np.abs(others - median))) if others.size else 0.0
-        if scale <= 0 and others.size > 1:
-            scale = float(others.std())
-        out[i] = (a[i] - median) / (scale if scale > 0 else 1e-12)
-    return out
-
-
 @dataclass
 class ValidatedRange:
     """The validation cases' case scores (NaN: no structure predicted), per-class expected volumes (mL), image
@@ -69,6 +47,11 @@ class ValidatedRange:
     input_check: bool = False
     features: dict[str, Any] | None = None  # MahalanobisDistance.to_dict() of the validation features
     feature_check: bool = False
+    input_names: list[str] = field(default_factory=list)  # image_statistic_names of the inputs ([]: unnamed)
+    volume_interval_scale: float | None = None  # fit_volume_interval_scale on the scored volumes (None: not fitted)
+    input_reference: dict[str, Any] | None = None  # {"mean", "std", "images"} of the training images' statistics
+    # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
+    feature_reference: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -82,6 +65,30 @@ class ValidatedRange:
             )
         self.alpha, self.volume_factor = float(self.alpha), float(self.volume_factor)
         self.input_check, self.feature_check = bool(self.input_check), bool(self.feature_check)
+        reference = self.input_reference
+        if reference is not None and not (
+            len(reference.get("mean", [])) == len(reference.get("std", [])) == len((self.inputs or [[]])[0])
+        ):
+            raise ValueError(
+                f"validated range input_reference has {len(reference.get('mean', []))} means and "
+                f"{len(reference.get('std', []))} standard deviations for {len((self.inputs or [[]])[0])} image "
+                "statistics: run calibrate again"
+            )
+        self._reference_distance = None
+        if self.feature_reference is not None:
+            validation = self.feature_reference.get("validation", [])
+            if len(validation) != len(self.scores) or "distance" not in self.feature_reference:
+                raise ValueError(
+                    f"validated range feature_reference: {len(validation)} validation distances for "
+                    f"{len(self.scores)} scores: run calibrate again"
+                )
+            self._reference_distance = feature_distance_from_dict(self.feature_reference["distance"])
+        scale = self.volume_interval_scale
+        if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0):
+            raise ValueError(
+                f"validated range volume_interval_scale must be a finite number > 0 or null, got {scale}: run "
+                "calibrate again"
+            )
         self.scores = [_number(s) for s in self.scores]
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
         if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
@@ -106,6 +113,10 @@ class ValidatedRange:
         input_check: bool = False,
         features: dict[str, Any] | None = None,
         feature_check: bool = False,
+        input_names: Sequence[str] = (),
+        volume_interval_scale: float | None = None,
+        input_reference: dict[str, Any] | None = None,
+        feature_reference: dict[str, Any] | None = None,
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
@@ -116,7 +127,21 @@ class ValidatedRange:
         volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
         scores = [float(q["case_score"]) for q in qualities]
         inputs = [list(map(float, f)) for f in inputs]
-        return cls(scores, volumes, alpha, volume_factor, info, inputs, input_check, features, feature_check)
+        return cls(
+            scores,
+            volumes,
+            alpha,
+            volume_factor,
+            info,
+            inputs,
+            input_check,
+            features,
+            feature_check,
+            list(input_names),
+            volume_interval_scale,
+            input_reference,
+            feature_reference,
+        )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
     @property
@@ -187,34 +212,47 @@ class ValidatedRange:
             )
         return ""
 
-    def _input_distances(self, features: Sequence[float]) -> np.ndarray:
-        """The distance of each of the ``n`` validation images and of ``features`` (last) from the other ``n``."""
+    def _input_distances(self, features: Sequence[float]) -> tuple[np.ndarray, str]:
+        """The distance of each of the ``n`` validation images and of ``features`` (last), the largest over the
+        statistics in standard deviations: from the training images' (``input_reference``, one fixed function, so
+        the ``n + 1`` stay exchangeable), else from the other ``n``; and the case's farthest statistic."""
         points = np.array([*self.inputs, list(features)], dtype=np.float64)
-        out = np.empty(len(points))
+        reference = self.input_reference
+        out, farthest = np.empty(len(points)), 0
         for i in range(len(points)):
-            others = np.delete(points, i, axis=0)
-            mean, std = others.mean(0), others.std(0)
-            out[i] = np.max(np.abs(points[i] - mean) / np.where(std > 0, std, np.finfo(np.float64).eps))
-        return out
+            if reference:
+                mean, std = np.asarray(reference["mean"], np.float64), np.asarray(reference["std"], np.float64)
+            else:
+                others = np.delete(points, i, axis=0)
+                mean, std = others.mean(0), others.std(0)
+            z = np.abs(points[i] - mean) / np.where(std > 0, std, np.finfo(np.float64).eps)
+            out[i], farthest = np.max(z), int(np.argmax(z))
+        names = self.input_names if len(self.input_names) == points.shape[1] else []
+        return out, (names[farthest] if names else f"image statistic {farthest}")
 
     def _signal_values(
         self, quality: Mapping[str, Any], image_statistics: Sequence[float] | None, features: Any, missing: str
-    ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+    ) -> tuple[dict[str, np.ndarray], list[str], list[str], str]:
         """The ``n + 1`` nonconformities (larger: more extreme; the case last) of each signal that judges; the
-        reasons of the signals left out; the reasons the case cannot be judged."""
+        reasons of the signals left out; the reasons the case cannot be judged; the case's farthest image statistic."""
         score = float(quality["case_score"])
         values = {"case_score": -np.array([*self.scores, score], dtype=np.float64)}
         values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
-        left_out, unknown = [], []
+        left_out, unknown, farthest = [], [], ""
         if self.input_check:
             if len(self.inputs) < MIN_INPUT_IMAGES or not np.isfinite(np.asarray(self.inputs, float)).all():
                 left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
             elif image_statistics is None:
                 left_out.append("image intensities left out: no image statistics were given with the case")
-            elif len(image_statistics) != len(self.inputs[0]) or not np.isfinite(image_statistics).all():
-                unknown.append(f"cannot judge: the image statistics {list(image_statistics)} are not comparable")
+            elif len(image_statistics) != len(self.inputs[0]):
+                unknown.append(
+                    f"cannot judge: the case has {len(image_statistics)} image statistics and the validated range "
+                    f"{len(self.inputs[0])} (measured by another calib_monai version?): run calibrate again"
+                )
+            elif not np.isfinite(image_statistics).all():
+                unknown.append(f"cannot judge: the image statistics {list(image_statistics)} are not all finite")
             else:
-                values["input"] = self._input_distances(image_statistics)
+                values["input"], farthest = self._input_distances(image_statistics)
         if self.feature_check:
             if self._distance is None:
                 left_out.append(f"network features left out: {self.info.get('features_left_out', 'none stored')}")
@@ -228,9 +266,12 @@ class ValidatedRange:
                         f"cannot judge: the network features ({vector.size} values, {bad} NaN or infinite) are "
                         f"not comparable with the validation cases' ({len(self._distance.mean)})"
                     )
+                elif self._reference_distance is not None:  # one fixed function of the training features
+                    validation = np.asarray(self.feature_reference["validation"], dtype=np.float64)
+                    values["features"] = np.append(validation, self._reference_distance.distance(vector))
                 else:
                     values["features"] = self._distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
-        return values, left_out, unknown
+        return values, left_out, unknown, farthest
 
     def check(
         self,
@@ -244,7 +285,7 @@ class ValidatedRange:
         the n + 1, ties counted against it), "k", "signals" (each signal's value, rank among the n + 1 and
         ``beyond``: its standardised distance beyond the others), "left_out", "validation_volumes", "bound",
         "alpha"}``."""
-        values, left_out, unknown = self._signal_values(quality, image_statistics, features, features_missing)
+        values, left_out, unknown, farthest = self._signal_values(quality, image_statistics, features, features_missing)
         ranks = {name: competition_ranks(a) for name, a in values.items()}
         z = {name: standardised(a) for name, a in values.items()}
         combined = np.max(np.stack(list(z.values())), axis=0)
@@ -260,7 +301,7 @@ class ValidatedRange:
         signals["case_score"]["value"] = _finite_or_none(float(quality["case_score"]))
         reasons = []
         if k >= 1 and case_rank <= k:
-            reasons += [self._reason(name, signals[name]) for name in z if z[name][-1] == combined[-1]]
+            reasons += [self._reason(name, signals[name], farthest) for name in z if z[name][-1] == combined[-1]]
         elif k >= 1 and self.score_problem:
             unknown.append(self.score_problem)
         if self.volume_factor:
@@ -290,7 +331,7 @@ class ValidatedRange:
             "alpha": self.alpha,
         }
 
-    def _reason(self, name: str, signal: Mapping[str, Any]) -> str:
+    def _reason(self, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
         rank, value, of = signal["rank"], signal["value"], self.n + 1
         z = signal["beyond"]
         if z is None:
@@ -306,11 +347,13 @@ class ValidatedRange:
             lowest = f"; the lowest validation score is {min(finite):.3f}" if finite else ""
             return f"estimated mean DSC {value:.3f} is among the lowest (rank {rank} of {of}{beyond}{lowest})"
         if name == "input":
+            images = "the training images" if self.input_reference else "the validation images"
             return (
-                f"image intensities unlike the validation images' (distance {value:.1f} standard deviations, rank "
-                f"{rank} of {of}{beyond})"
+                f"image unlike {images} ({farthest}: distance {value:.1f} standard deviations, rank {rank} of "
+                f"{of}{beyond})"
             )
-        return f"features unlike the validation cases' (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond})"
+        whose = "the training images'" if self.feature_reference else "the validation cases'"
+        return f"features unlike {whose} (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond})"
 
     # ---- storage -----------------------------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -323,6 +366,10 @@ class ValidatedRange:
             "input_check": self.input_check,
             "features": self.features,
             "feature_check": self.feature_check,
+            "input_names": self.input_names,
+            "volume_interval_scale": self.volume_interval_scale,
+            "input_reference": self.input_reference,
+            "feature_reference": self.feature_reference,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,
@@ -337,7 +384,7 @@ class ValidatedRange:
         return write_json_atomically(Path(path), record)
 
     def describe(self) -> str:
-        names = {"case_score": "lowest case score", "input": "largest intensity distance", "features": "largest "}
+        names = {"case_score": "lowest case score", "input": "largest image-statistic distance", "features": "largest "}
         names["features"] += "network-feature (Mahalanobis) distance"
         signals = ", ".join(names[s] for s in self.signals)
         rule = (

@@ -12,10 +12,14 @@ The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformi
 more extreme), each measured against the other ``n``:
 
 * the case score (mean estimated DSC), negated (no case score: more extreme than any);
-* (``input_check``) the image intensities: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of
-  the image's per-channel mean and standard deviation from the other ``n`` images';
+* (``input_check``) the image: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of the image's
+  statistics (per channel its mean, standard deviation and sharpness along each axis:
+  :func:`~calib_monai.metrics.case_quality.image_statistics`) from the training images' (a fixed reference, up to
+  200 of them through the served preprocessing; without them, from the other ``n`` images');
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
-  bottleneck features from the other ``n`` cases', on the ``n + 1`` vectors' own leading principal components.
+  bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
+  components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
+  leading principal components.
 
 Each is put on one scale as a robust z-score against the other ``n`` (``z_j = (a_j - median) / (1.4826 MAD)``) and
 the combined score is ``T = max_j z_j``; the case is flagged when ``#{i <= n + 1: T_i >= T_case} <= k``,
@@ -99,7 +103,9 @@ def read_validated_range(
         logger.warning(why)
         return None, why
     fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info")}
-    fields.update({k: record[k] for k in ("inputs", "input_check", "features", "feature_check") if k in record})
+    optional = ("inputs", "input_check", "features", "feature_check", "input_names", "volume_interval_scale")
+    optional += ("input_reference", "feature_reference")
+    fields.update({k: record[k] for k in optional if k in record})
     try:
         return ValidatedRange(**fields), ""
     except (TypeError, ValueError, KeyError) as err:
@@ -181,6 +187,8 @@ class CaseQualityd(MapTransform):
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
         self.quality_key, self.image_key = quality_key, image_key
         self.confidence_threshold = float(confidence_threshold)
+        fitted = validated_range.volume_interval_scale if validated_range is not None else None
+        self._volume_interval_scale = fitted or 1.0  # None: the interval of independent voxels, named as such
         if validated_range is not None and validated_range.warnings:
             logger.warning("validated range: " + "; ".join(validated_range.warnings))
 
@@ -194,6 +202,7 @@ class CaseQualityd(MapTransform):
                 voxel_volume=voxel_volume_ml(d.get(self.image_key)),
                 threshold=self.confidence_threshold,
                 class_names=names,
+                volume_interval_scale=self._volume_interval_scale,
             )
             image = d.get(self.image_key)
             stats = image_statistics(image) if image is not None else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from calib_monai.calibration.fitting import (
     measure_validated_range,
     split_volumes,
 )
+from calib_monai.calibration.references import training_references
 from calib_monai.calibration.stored import calibrate_settings, publish_calibration
 from calib_monai.calibration.temperature import VOXEL_CHOICES
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
@@ -75,6 +77,11 @@ class CalibrationFitter:
         label_names: ``{"0": "background", ...}`` (the range's class names).
         review_alpha, review_volume_factor, review_input_check, review_feature_check: the review rule stored with
             the range.
+        reference_images, reference_transform, reference_inferer, max_reference: the training items
+            (``@data.datalist()['training']``), the served preprocessing (``@validate#preprocessing``) and inferer
+            (``@validate#inferer``): the image statistics and pooled features of up to ``max_reference`` of them,
+            evenly spaced, are the input and feature signals' fixed references (None: the validation volumes
+            measure each other).
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
@@ -104,6 +111,10 @@ class CalibrationFitter:
         crossfit: bool = RECALIBRATION_DEFAULTS["crossfit"],
         network: torch.nn.Module | None = None,
         review_feature_check: bool = REVIEW_DEFAULTS["feature_check"],
+        reference_images: Sequence[Mapping] | None = None,
+        reference_transform: Callable | None = None,
+        reference_inferer: Callable | None = None,
+        max_reference: int = 200,
     ) -> None:
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
@@ -131,6 +142,8 @@ class CalibrationFitter:
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         split_volumes(2, split)  # the share is checked now, too
         self.split, self.crossfit = float(split), bool(crossfit)
+        self.reference = (list(reference_images or []), reference_transform, reference_inferer, int(max_reference))
+        self._network = network
         self._volumes: list[ValidationVolume] = []
         self._features: list = []
         self._hook, self._hook_problem = None, "no network given to the calibrate step's CalibrationFitter"
@@ -221,6 +234,7 @@ class CalibrationFitter:
             self.class_names,
             self.spatial_dim,
             features,
+            *self._references(),
             calibration=calibration,
             fitted_on=stats["fitted_on"],
         )
@@ -244,6 +258,28 @@ class CalibrationFitter:
         )
         for warning in validated.warnings:
             logger.warning(f"calibrate: validated range: {warning}")
+        interval = validated.info.get("volume_interval", {})
+        if validated.volume_interval_scale is not None:
+            logger.info(
+                f"calibrate: volume interval widened {validated.volume_interval_scale:.3g}x to hold the true volume "
+                f"with probability {interval.get('coverage', 0.95):.0%} (conformal over {interval.get('pairs')} "
+                "validation (volume, class) pairs)"
+            )
+        else:
+            logger.warning(f"calibrate: volume interval: {interval.get('note', 'not fitted')} (independent voxels)")
+
+    def _references(self) -> tuple[list[list[float]] | None, list | None]:
+        """The fixed references of the input and feature signals (None each when not asked for or not given)."""
+        items, transform, inferer, most = self.reference
+        want_features = self._hook is not None and inferer is not None
+        if not items or transform is None or not (self.review["input_check"] or want_features):
+            return None, None
+        network = self._network if want_features else None
+        stats, features = training_references(items, transform, inferer, network, most, self.keys[2])
+        logger.info(
+            f"calibrate: the input and feature signals' reference: {len(stats)} of {len(items)} training images"
+        )
+        return (stats if self.review["input_check"] else None), features
 
 
 def _describe_fit(module: torch.nn.Module, stats: dict) -> str:

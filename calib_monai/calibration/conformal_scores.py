@@ -1,0 +1,32 @@
+"""The two steps that put the review rule's signals on one scale (:mod:`calib_monai.calibration.review_rule`): each
+case's rank among the ``n + 1`` and its robust distance beyond the others, both symmetric functions of the ``n + 1``
+so that exchangeable cases keep the full-conformal guarantee."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["competition_ranks", "standardised"]
+
+
+def competition_ranks(nonconformity: np.ndarray) -> np.ndarray:
+    """``1 + #{m: a_m > a_i}`` for each ``a_i``: rank 1 is the most extreme (largest), ties share the smaller rank."""
+    a = np.asarray(nonconformity, dtype=np.float64)
+    return 1 + (a[None, :] > a[:, None]).sum(1)
+
+
+def standardised(nonconformity: np.ndarray) -> np.ndarray:
+    """How far each ``a_i`` lies beyond the others: ``(a_i - median_{m != i} a_m) / (1.4826 MAD_{m != i})`` (the
+    others' standard deviation when their MAD is 0, else a tiny scale), over the others' finite values; ``+inf``
+    stays ``+inf``. Each value is measured against the other ``n``: a symmetric function of the ``n + 1``."""
+    a = np.asarray(nonconformity, dtype=np.float64)
+    out = np.empty(len(a))
+    for i in range(len(a)):
+        others = np.delete(a, i)
+        others = others[np.isfinite(others)]
+        median = float(np.median(others)) if others.size else 0.0
+        scale = 1.4826 * float(np.median(np.abs(others - median))) if others.size else 0.0
+        if scale <= 0 and others.size > 1:
+            scale = float(others.std())
+        out[i] = (a[i] - median) / (scale if scale > 0 else 1e-12)
+    return out

@@ -1,0 +1,74 @@
+"""The fixed references of the review rule's input and feature signals: the statistics and pooled bottleneck features
+of training images through the served chain, fitted once before any validation or served case is seen, so that the
+validation volumes and a served case are measured by one function and stay exchangeable
+(:mod:`calib_monai.calibration.validated_range`). Up to ``max_images`` training images, evenly spaced."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from calib_monai.metrics.case_quality import image_statistics
+from calib_monai.metrics.feature_distance import MahalanobisDistance
+from calib_monai.metrics.network_features import BottleneckFeatures
+
+__all__ = ["fixed_references", "training_references"]
+
+
+def training_references(
+    items: Sequence[Mapping],
+    transform: Callable,
+    inferer: Callable | None = None,
+    network: torch.nn.Module | None = None,
+    max_images: int = 200,
+    image_key: str = "image",
+) -> tuple[list[list[float]], list[np.ndarray] | None]:
+    """The image statistics of up to ``max_images`` of ``items`` (evenly spaced) after ``transform`` (the served
+    preprocessing), and their pooled bottleneck features when ``inferer`` runs ``network`` on them (None without)."""
+    chosen = np.unique(np.linspace(0, len(items) - 1, min(int(max_images), len(items))).round().astype(int))
+    hook = BottleneckFeatures(network) if inferer is not None and network is not None else None
+    device = next(network.parameters()).device if hook is not None else None
+    stats, features = [], []
+    if hook is not None:
+        hook.start()
+    try:
+        for i in chosen:
+            image = transform(dict(items[i]))[image_key]
+            stats.append(image_statistics(image))
+            if hook is not None:
+                with torch.no_grad():
+                    inferer(torch.as_tensor(image)[None].to(device), network)
+                features.append(hook.pop().vector)
+    finally:
+        if hook is not None:
+            hook.stop()
+    return stats, (features if hook is not None else None)
+
+
+def fixed_references(
+    inputs: Sequence[Sequence[float]] | None,
+    features: Sequence[np.ndarray] | None,
+    validation_features: Sequence[np.ndarray] | None,
+    max_dim: int = 16,
+) -> dict[str, Any]:
+    """The input and feature signals' fixed references from training images: ``{"input_reference": {"mean", "std",
+    "images"}, "feature_reference": {"distance": the Mahalanobis distance fitted on their pooled features (on
+    ``max_dim`` principal components), "validation": the validation cases' distances under it, "images"}}`` (each
+    None without training images; ``"why"`` when the features could not be fitted)."""
+    out: dict[str, Any] = {"input_reference": None, "feature_reference": None}
+    if inputs is not None and len(inputs) >= 2:
+        stats = np.asarray(inputs, dtype=np.float64)
+        out["input_reference"] = {"mean": stats.mean(0).tolist(), "std": stats.std(0).tolist(), "images": len(stats)}
+    if features is None or validation_features is None or len(features) < 3:
+        return out
+    try:
+        x = np.stack([np.asarray(f, dtype=np.float64).reshape(-1) for f in features])
+        distance = MahalanobisDistance(max_dim=max_dim).fit(x)
+        measured = [float(distance.distance(np.asarray(v, dtype=np.float64).reshape(-1))) for v in validation_features]
+    except ValueError as err:
+        return {**out, "why": f"the training images' features cannot be fitted ({err})"}
+    out["feature_reference"] = {"distance": distance.to_dict(), "validation": measured, "images": len(x)}
+    return out
