@@ -26,8 +26,10 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import torch
+from monai.transforms import MapLabelValue
 
 from calib_monai.bundle import TrainedBundle, locate_bundle, read_bundle_config
+from calib_monai.calibration.validated_range import voxel_volume_ml
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS, SITE_SHIFT_STRENGTHS, apply_site_shift
 from calib_monai.metrics import segmentation_metrics_per_volume
 from studies.quality_report import ID, write_quality_results
@@ -58,12 +60,7 @@ def _test_items(
 def _label(path: str, mapping: Mapping[int, int]) -> np.ndarray:
     """The label file's classes (its values mapped as the bundle maps them)."""
     raw = np.asarray(nib.load(path).dataobj).round().astype(np.int64)
-    if not mapping:
-        return raw
-    out = raw.copy()
-    for value, target in mapping.items():
-        out[raw == value] = target
-    return out
+    return MapLabelValue(list(mapping), list(mapping.values()), dtype=np.int64)(raw) if mapping else raw
 
 
 def shifted_items(items: Sequence[Mapping], kind: str, strength: str, folder: str | os.PathLike) -> list[dict]:
@@ -137,8 +134,8 @@ def served_record(
         label = _label(item["label"], mapping or {})
         record["mean_dice"] = _true_dice(prediction.segmentation, label, bundle.num_classes)
         if coverage and quality:
-            affine = np.asarray(nib.load(os.fspath(item["image"])).affine)
-            record["volume_covered"] = _volume_coverage(quality, label, abs(np.linalg.det(affine[:3, :3])) / 1000)
+            # the segmentation is on the input's grid and carries its affine: no second read of the image
+            record["volume_covered"] = _volume_coverage(quality, label, voxel_volume_ml(prediction.segmentation))
     return record
 
 

@@ -217,16 +217,17 @@ class ValidatedRange:
         statistics in standard deviations: from the training images' (``input_reference``, one fixed function, so
         the ``n + 1`` stay exchangeable), else from the other ``n``; and the case's farthest statistic."""
         points = np.array([*self.inputs, list(features)], dtype=np.float64)
-        reference = self.input_reference
-        out, farthest = np.empty(len(points)), 0
-        for i in range(len(points)):
-            if reference:
-                mean, std = np.asarray(reference["mean"], np.float64), np.asarray(reference["std"], np.float64)
-            else:
+        tiny = np.finfo(np.float64).eps
+        if self.input_reference:  # one fixed reference: every point at once
+            mean, std = (np.asarray(self.input_reference[k], np.float64) for k in ("mean", "std"))
+            z = np.abs(points - mean) / np.where(std > 0, std, tiny)
+        else:  # each point against the other n
+            z = np.empty_like(points)
+            for i in range(len(points)):
                 others = np.delete(points, i, axis=0)
-                mean, std = others.mean(0), others.std(0)
-            z = np.abs(points[i] - mean) / np.where(std > 0, std, np.finfo(np.float64).eps)
-            out[i], farthest = np.max(z), int(np.argmax(z))
+                std = others.std(0)
+                z[i] = np.abs(points[i] - others.mean(0)) / np.where(std > 0, std, tiny)
+        out, farthest = z.max(1), int(np.argmax(z[-1]))
         names = self.input_names if len(self.input_names) == points.shape[1] else []
         return out, (names[farthest] if names else f"image statistic {farthest}")
 
