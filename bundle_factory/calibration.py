@@ -52,11 +52,12 @@ def case_quality_keys() -> dict[str, Any]:
 
 
 def evaluation_case_quality() -> dict[str, Any]:
-    """``evaluate.json``'s case quality: ``inference.json``'s transform on the calibrated softmax (``prob``) of the
-    test volumes, so ``eval/metrics.csv`` holds the review flag ``inferring`` gives beside the true DSC."""
+    """``evaluate.json``'s case quality: ``inference.json``'s transform on the calibrated softmax of the test volumes
+    mapped back to their input grid (``prob_input``), so ``eval/metrics.csv`` holds the review flag ``inferring``
+    gives beside the true DSC."""
     keys = case_quality_keys()
     keys["validated_range_path"] = VALIDATED_RANGE_PATH
-    keys["case_quality"] = {**keys["case_quality"], "keys": "prob", "weights": "$@output_dir + '/model.pt'"}
+    keys["case_quality"] = {**keys["case_quality"], "keys": "prob_input", "weights": "$@output_dir + '/model.pt'"}
     return keys
 
 
@@ -88,6 +89,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": 0.5,
         "validated_range_path": VALIDATED_RANGE_PATH,
+        "keep_input_label": True,  # the validation volumes keep their label as read: the range is scored on it
         **REVIEW,
         # the raw logits only: no softmax, no one-hot, no metrics
         "validate#postprocessing": {"_target_": "Compose", "transforms": [FLOAT_PRED]},
@@ -120,7 +122,8 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check)",
                 # the input and feature signals' fixed reference: the training images through the served chain
                 "reference_images": "$@data.datalist()['training']",
-                "reference_transform": "@validate#preprocessing",
+                # the range scored on each volume's input grid (the label as read), as inferring scores a case
+                "preprocessing": "@validate#preprocessing",
                 "reference_inferer": "@validate#inferer",
             },
         ],

@@ -163,6 +163,8 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "pin_memory": "$calib_monai.bundle.pin_memory(@device)",
             "val_interval": 1,
             "train_fraction": 1.0,  # share of the training cases (data-size studies)
+            # validation volumes also keep their label as read (calibrate scores the validated range on that grid)
+            "keep_input_label": False,
             "init_weights": "",  # a model.pt to start from (fine-tuning: MONAI Label's train task); "" : random
             # which validation epoch becomes model.pt: the best selection_metric (DSC, as in the papers; or val_nll
             # with mode "min"), among the epochs whose metrics stay within selection_bounds ({"val_ece": 0.05})
@@ -241,16 +243,35 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         "eval_dir": "$@bundle_root + '/eval'",
         "calibration_path": CALIBRATION_PATH,
         "validate#dataset": "$@data.test_dataset(@validate#preprocessing)",
+        "keep_input_label": True,  # the test volumes keep their label as read: the delivered segmentation's truth
         # the calibrate step's calibration (when there is one) before the softmax; the softmax of the raw logits kept
         # as prob_uncalibrated for test_ece_uncalibrated
         # and the case quality with its review flag, by the transform inferring runs (CaseQualityd)
         **evaluation_case_quality(),
         "validate#postprocessing": _postprocessing(
             calibrate_logits("$@output_dir + '/model.pt'", "prob_uncalibrated"),
-            # the case quality, then (as inferring) no review against the range without the recalibration it assumes
+            # the case quality on the input grid (as inferring: the probabilities mapped back by Invertd), then (as
+            # inferring) no review against the range without the recalibration it assumes
             on_prob=(
+                {"_target_": "CopyItemsd", "keys": "prob", "names": "prob_input"},
+                {
+                    "_target_": "Invertd",
+                    "keys": "prob_input",
+                    "transform": "@validate#preprocessing",
+                    "orig_keys": "image",
+                    "nearest_interp": False,
+                    "to_tensor": True,
+                },
                 "@case_quality",
+                # the true DSC of the segmentation inferring delivers (argmax on the input grid), beside the estimate
+                {
+                    "_target_": "calib_monai.calibration.DeliveredDiced",
+                    "keys": "prob_input",
+                    "label_key": "input_label",
+                    "label_names": "@label_names",
+                },
                 {"_target_": "calib_monai.data.inference.RecordSourced", "keys": "prob", "quality_key": "quality"},
+                {"_target_": "DeleteItemsd", "keys": "prob_input"},  # scored: not kept for the whole iteration
             ),
         ),
         "validate#handlers": [

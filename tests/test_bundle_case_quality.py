@@ -8,24 +8,31 @@ import json
 import shutil
 from pathlib import Path
 
+import nibabel as nib
+import numpy as np
 import pytest
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
 from calib_monai.calibration import load_validated_range
+from calib_monai.data.flare import FLARE22_TO_FLARE
 from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
 # 10 phantoms split 4 / 4 / 2: four validation volumes, cross-fitted (halves of two, each scored by the fit on the
-# other) and all four in the range; review_alpha 0.2 so that k = floor(0.2 * 5) = 1 (0.05 needs 19 volumes)
+# other) and all four in the range; review_alpha 0.2 so that k = floor(0.2 * 5) = 1 (0.05 needs 19 volumes). The
+# phantoms are 48 x 48 x 8 voxels of 8 x 8 x 30 mm, resampled to the network's grid of 32 x 32 x 8 at 12 x 12 x 30 mm,
+# so the input grid (the delivered segmentation's) and the network's differ, as on real data
 TINY = {
     "roi_size": [32, 32, 8],
     "batch_size": 8,
     "data#num_phantoms": 10,
     "data#split": [4, 4, 2],
     "data#spacing": [12.0, 12.0, 30.0],
+    "data#phantom_shape": [48, 48, 8],
 }
+INPUT_SHAPE, INPUT_VOXEL_ML = (48, 48, 8), 8 * 8 * 30 / 1000
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
@@ -117,8 +124,12 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     segmentation, confidence, quality = bundle.predict(images[0].parent / f"{case}.nii.gz")
     assert quality["case_score"] == pytest.approx(written["case_score"], rel=1e-6)
     assert quality["review"] == written["review"]
-    # the numbers are case_quality's on the calibrated probabilities of the network's grid
+    # scored on the input grid, the delivered segmentation's (48 x 48 x 8 of 1.92 mL; the network's is 32 x 32 x 8)
+    assert tuple(segmentation.shape[1:]) == INPUT_SHAPE and quality["voxel_volume"] == pytest.approx(INPUT_VOXEL_ML)
     assert set(quality["classes"]) == {"liver", "kidney", "spleen", "pancreas"}
+    predicted = {name: q["volume_predicted"] for name, q in quality["classes"].items()}
+    for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):  # the delivered segmentation's
+        assert predicted[name] == pytest.approx(float((segmentation == c).sum()) * INPUT_VOXEL_ML)
     for entry in quality["classes"].values():
         assert entry["volume_low"] <= entry["volume"] <= entry["volume_high"]
 
@@ -175,12 +186,51 @@ def test_evaluating_and_inferring_give_the_same_scores_and_flags(calibrated, tmp
     with open(tmp_path / "eval" / "metrics.csv") as f:
         evaluated = {r["case"][: -len(".nii.gz")]: r for r in csv.DictReader(f)}
     assert set(served) == set(evaluated) and len(served) == 2
+    mapping = FLARE22_TO_FLARE  # the phantoms' label values, as the data component maps them
+    labels = {Path(item["image"]).name[: -len(".nii.gz")]: item["label"] for item in datalist["test"]}
     for case, row in evaluated.items():
-        assert float(row["est_mean_dice"]) == pytest.approx(float(served[case]["case_score"]), abs=1e-5)
+        assert float(row["served_case_score"]) == pytest.approx(float(served[case]["case_score"]), abs=1e-5)
         assert row["review_flag"] == served[case]["review"] and row["review_flag"] in ("yes", "no", "")
         assert row["review_reasons"] == served[case]["reasons"]
-        assert 0 <= float(row["mean_dice"]) <= 1  # the truth beside the flag
+        # the truth beside the flag: the DSC of the segmentation inferring wrote, against the label file, by hand
+        segmentation = np.asarray(nib.load(tmp_path / "inferred" / f"{case}_seg.nii.gz").dataobj)
+        label = np.vectorize(mapping.get)(np.asarray(nib.load(labels[case]).dataobj).astype(int))
+        assert segmentation.shape == label.shape == INPUT_SHAPE
+        dice = [
+            2 * np.sum((segmentation == c) & (label == c)) / (np.sum(segmentation == c) + np.sum(label == c))
+            for c in range(1, 5)
+            if np.any(label == c)
+        ]
+        assert float(row["delivered_mean_dice"]) == pytest.approx(np.mean(dice), abs=1e-9)
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     review = summary["review"]
     assert sum(review[k]["volumes"] for k in ("flagged", "passed", "not_judged")) == 2
     assert review["bound"] == pytest.approx(1 / 5) and review["validation_volumes"] == 4
+
+
+def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
+    """One path from validation to serving: with the recalibration fitted in-sample (the range's scorer is then the
+    served one), each validation image served by ``TrainedBundle.predict`` gets the case score and expected volumes
+    the range stored for it, both measured on the input grid."""
+    root, overrides = calibrated
+    bundle = tmp_path / "bundle"
+    shutil.copytree(root / "bundle" / "configs", bundle / "configs")
+    (bundle / "models").mkdir()
+    for name in ("model.pt", "datalist.json"):
+        shutil.copy(root / "bundle" / "models" / name, bundle / "models" / name)
+    settings = {**overrides, "output_dir": str(bundle / "models")}
+    run = {"calibration_crossfit": False, "calibration_split": 0.0, "review_alpha": 0.2}
+    _workflow(["train.json", "calibrate.json"], "calibrate", **run, **settings)
+    record = json.loads((bundle / "models" / "validated_range.json").read_text())
+    assert record["scored_on"] == "input grid" and record["info"]["split"]["in_sample"]
+    served = TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
+    datalist = json.loads((bundle / "models" / "datalist.json").read_text())
+    images = {Path(item["image"]).name: item["image"] for item in datalist["validation"]}
+    order = record["info"]["split"]["range_volumes"]
+    assert sorted(order) == sorted(images)
+    for i, name in enumerate(order):
+        segmentation, _, quality = served.predict(images[name])
+        assert tuple(segmentation.shape[1:]) == INPUT_SHAPE
+        assert quality["case_score"] == pytest.approx(record["scores"][i], abs=1e-5)
+        for organ, volumes in record["volumes"].items():
+            assert quality["classes"][organ]["volume"] == pytest.approx(volumes[i], rel=1e-4)

@@ -42,7 +42,8 @@ def test_out_of_sync_notices_an_edit(tmp_path):
 
 
 # structure only: no data read, nothing trained (the end-to-end runs are in test_bundle_nacl_flare / test_crac_bundle)
-NO_DATA = {"initialize": [], "train#dataset": "$[{}]", "validate#dataset": "$[{}]"}
+# no data set: the component is built for its preprocessing only (evaluate.json's Invertd refers to the chain)
+NO_DATA = {"initialize": [], "train#dataset": "$[{}]", "validate#dataset": "$[{}]", "data#dataset_dir": None}
 
 
 def _workflow(files, meta, workflow_type, **override) -> ConfigWorkflow:

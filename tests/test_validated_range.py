@@ -292,9 +292,7 @@ def test_the_volume_interval_is_widened_by_the_factor_fitted_on_validation(tmp_p
     # three volumes, one structure each: expected 10, 20, 30 mL with half-widths 2, 2, 3 (independent voxels) and
     # true volumes 11, 24, 30: |true - expected| / half = 0.5, 2, 0; at 50% coverage the ceil(4 * 0.5) = 2nd: 0.5
     qualities = [{"classes": {"a": {"volume": e, "volume_high": h}}} for e, h in ((10, 12), (20, 22), (30, 33))]
-    volumes = [
-        ValidationVolume(torch.zeros(2, 1), torch.tensor([1] * t + [0]), torch.zeros(1, 1)) for t in (11, 24, 30)
-    ]
+    volumes = [(torch.tensor([1] * t + [0]), 1.0) for t in (11, 24, 30)]  # (label, voxel mL) of each
     scale, record = volume_interval_fit(qualities, volumes, coverage=0.5)
     assert scale == 0.5 and record == {"coverage": 0.5, "pairs": 3, "scale": 0.5}
     # at 95% three pairs are too few: not widened, said so

@@ -295,7 +295,7 @@ class TrainedBundle:
                 "needs calib_monai.data.segmentation_and_confidence in it"
             )
         savers = self._postprocessing_parts[1]
-        for key in OUTPUT_KEYS:  # in the file's dtype (Invertd resamples the labels as floats: whole numbers)
+        for key in OUTPUT_KEYS:  # in the dtype the bundle's writer saves
             dtype = savers[key].saver.init_kwargs.get("output_dtype") if key in savers else None
             if dtype is not None:
                 outputs[key] = outputs[key].to(get_equivalent_dtype(dtype, torch.Tensor))

@@ -16,6 +16,7 @@ from calib_monai.calibration.temperature import TemperatureScaling, calibration_
 from calib_monai.calibration.validated_range import (
     VALIDATED_RANGE_FILE,
     CaseQualityd,
+    DeliveredDiced,
     ValidatedRange,
     load_validated_range,
     review_case,
@@ -25,6 +26,7 @@ __all__ = [
     "CALIBRATION_FILE",
     "VALIDATED_RANGE_FILE",
     "CaseQualityd",
+    "DeliveredDiced",
     "ValidatedRange",
     "load_validated_range",
     "review_case",

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from monai.data import MetaTensor
 from torch import nn
 from torch.nn import functional as F
 
@@ -38,7 +39,7 @@ from calib_monai.calibration.local_temperature import LocalTemperatureScaling
 from calib_monai.calibration.references import fixed_references
 from calib_monai.calibration.stored import calibrate_volume
 from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
-from calib_monai.calibration.validated_range import ValidatedRange
+from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
 from calib_monai.metrics.calibration import ece
 from calib_monai.metrics.case_quality import (
     case_quality,
@@ -72,13 +73,31 @@ HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early
 
 @dataclass
 class ValidationVolume:
-    """One validation volume: raw logits ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)``."""
+    """One validation volume: raw logits ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)`` on the
+    network's grid (the recalibration's); ``to_input_grid`` (``calib_monai.data.InputGrid``) and ``input_label`` (the
+    label as read) put the range's score on the grid of the delivered segmentation (without them: the network's)."""
 
     logits: torch.Tensor
     label: torch.Tensor
     image: torch.Tensor
     voxel_ml: float = 1.0
     case: str = ""
+    to_input_grid: Callable[[torch.Tensor], torch.Tensor] | None = None
+    input_label: torch.Tensor | None = None
+
+    def scored(self, prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``(probabilities, label, voxel volume in mL)`` on the grid the case is scored on, from its calibrated
+        probabilities on the network's grid."""
+        if self.to_input_grid is None or self.input_label is None:
+            return prob, self.label, self.voxel_ml
+        mapped = self.to_input_grid(prob)
+        if tuple(mapped.shape[1:]) != tuple(self.input_label.shape):
+            raise ValueError(
+                f"calibrate: case {self.case!r}: its probabilities mapped back are {tuple(mapped.shape[1:])}, its "
+                f"label as read {tuple(self.input_label.shape)}; the evaluation chain's spatial steps must invert"
+            )
+        plain = mapped.as_tensor() if isinstance(mapped, MetaTensor) else mapped
+        return plain, self.input_label, voxel_volume_ml(mapped)
 
 
 @dataclass
@@ -300,18 +319,19 @@ def range_features(features: Sequence[np.ndarray | None], alpha: float = 0.05) -
 
 
 def volume_interval_fit(
-    qualities: Sequence[Mapping[str, Any]], volumes: Sequence[ValidationVolume], coverage: float = 0.95
+    qualities: Sequence[Mapping[str, Any]], truths: Sequence[tuple[torch.Tensor, float]], coverage: float = 0.95
 ) -> tuple[float | None, dict[str, Any]]:
     """The factor that makes the volume interval of :func:`case_quality` hold each structure's true volume with
     probability ``coverage`` (:func:`fit_volume_interval_scale` over the scored volumes' (volume, class) pairs), and
-    its record; None when the pairs are too few for ``coverage`` (the interval stays that of independent voxels)."""
+    its record; None when the pairs are too few for ``coverage`` (the interval stays that of independent voxels).
+    ``truths``: each scored volume's ``(label, voxel volume in mL)`` on the grid its quality was scored on."""
     expected, high, true = [], [], []
-    for quality, volume in zip(qualities, volumes):
+    for quality, (label, voxel_ml) in zip(qualities, truths):
         for c, name in enumerate(quality["classes"], start=1):  # the foreground classes, in class order
             entry = quality["classes"][name]
             expected.append(entry["volume"])
             high.append(entry["volume_high"])
-            true.append(float((volume.label == c).sum()) * volume.voxel_ml)
+            true.append(float((label == c).sum()) * voxel_ml)
     scale = fit_volume_interval_scale(expected, high, true, coverage) if expected else math.inf
     record = {"coverage": coverage, "pairs": len(expected), "scale": scale if math.isfinite(scale) else None}
     if not math.isfinite(scale):
@@ -339,12 +359,14 @@ def measure_validated_range(
     feature signal's fixed reference (None: the validation cases measure each other)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     chosen = sorted(scorer_of)
-    qualities = []
+    qualities, truths = [], []
     with torch.no_grad():
         for i in chosen:
             v = volumes[i]
             prob = torch.softmax(calibrate_volume(scorer_of[i], v.logits, v.image, spatial_dim), dim=0)
-            qualities.append(case_quality(prob, voxel_volume=v.voxel_ml, class_names=class_names))
+            prob, label, voxel_ml = v.scored(prob)  # on the input grid, as the served case is scored
+            qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
+            truths.append((label, voxel_ml))
     inputs = [image_statistics(volumes[i].image) for i in chosen]
     image = volumes[chosen[0]].image if chosen else None
     names = image_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
@@ -357,7 +379,11 @@ def measure_validated_range(
             info["features_left_out"] = why
     if split.in_sample:
         info["warning"] = "the range was measured on the volumes that fitted the recalibration (in-sample)"
-    scale, info["volume_interval"] = volume_interval_fit(qualities, [volumes[i] for i in chosen])
+    mapped = {volumes[i].to_input_grid is not None for i in chosen}
+    if len(mapped) > 1:
+        raise ValueError("calibrate: some validation volumes map back to their input grid and others do not")
+    scored_on = "input grid" if mapped == {True} else "network grid"
+    scale, info["volume_interval"] = volume_interval_fit(qualities, truths)
     references = fixed_references(
         reference_inputs, reference_features, [features[i] for i in chosen] if stored else None
     )
@@ -370,6 +396,7 @@ def measure_validated_range(
         features=stored,
         input_names=names,
         volume_interval_scale=scale,
+        scored_on=scored_on,
         **references,
         **info,
     )

@@ -52,6 +52,7 @@ class ValidatedRange:
     input_reference: dict[str, Any] | None = None  # {"mean", "std", "images"} of the training images' statistics
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
     feature_reference: dict[str, Any] | None = None
+    scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -117,6 +118,7 @@ class ValidatedRange:
         volume_interval_scale: float | None = None,
         input_reference: dict[str, Any] | None = None,
         feature_reference: dict[str, Any] | None = None,
+        scored_on: str = "input grid",
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
@@ -141,6 +143,7 @@ class ValidatedRange:
             volume_interval_scale,
             input_reference,
             feature_reference,
+            scored_on,
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
@@ -371,6 +374,7 @@ class ValidatedRange:
             "volume_interval_scale": self.volume_interval_scale,
             "input_reference": self.input_reference,
             "feature_reference": self.feature_reference,
+            "scored_on": self.scored_on,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,

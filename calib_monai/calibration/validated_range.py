@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
 from calib_monai.calibration.review_rule import ValidatedRange
@@ -102,7 +103,14 @@ def read_validated_range(
         )
         logger.warning(why)
         return None, why
-    fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info")}
+    if "scored_on" not in record:  # before the served score moved to the input grid: its numbers are another grid's
+        why = (
+            f"{path} was measured by an older calibrate, on the network's grid, while the case is now scored on its "
+            "input grid: no review flags; run the bundle's calibrate step again"
+        )
+        logger.warning(why)
+        return None, why
+    fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info", "scored_on")}
     optional = ("inputs", "input_check", "features", "feature_check", "input_names", "volume_interval_scale")
     optional += ("input_reference", "feature_reference")
     fields.update({k: record[k] for k in optional if k in record})
@@ -143,17 +151,19 @@ def voxel_volume_ml(image: Any) -> float:
 
 
 class CaseQualityd(MapTransform):
-    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``, on the preprocessed grid
-    the network saw) and its review flag, as ``data[quality_key]`` (a plain dict of numbers, see
-    :func:`calib_monai.metrics.case_quality` and :func:`review_case`); a flagged case gets one warning line in the
-    log. ``inferring``, ``TrainedBundle.predict`` and ``evaluating`` run this same transform.
+    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``; in the bundles mapped back
+    to the input grid first, the grid of the delivered segmentation) and its review flag, as ``data[quality_key]``
+    (a plain dict of numbers, see :func:`calib_monai.metrics.case_quality` and :func:`review_case`); a flagged case
+    gets one warning line in the log. ``inferring``, ``TrainedBundle.predict`` and ``evaluating`` run this same
+    transform.
 
     Args:
         keys: the probabilities (after the calibration and the softmax).
         validated_range: a :class:`ValidatedRange`, a ``validated_range.json`` path (or its folder) or None.
         weights: the network's weights file, to check the stored range was measured with them.
         label_names: ``{"0": "background", ...}``: the class names of the output.
-        image_key: the preprocessed image, whose affine gives the voxel volume (mL).
+        image_key: the preprocessed image (the input signal's statistics). The voxel volume (mL) comes from the
+            affine of the probabilities (a MetaTensor), else from the image's.
         confidence_threshold: the confidence below which a predicted voxel counts as low confidence.
         network: the network the inferer runs (the config's ``@network``, ``TrainedBundle.network``'s instance): a
             :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook on it pools each case's bottleneck
@@ -197,9 +207,10 @@ class CaseQualityd(MapTransform):
         for key in self.key_iterator(d):
             prob = d[key]
             names = self.class_names if self.class_names and len(self.class_names) == prob.shape[0] else None
+            grid = prob if isinstance(prob, MetaTensor) else d.get(self.image_key)
             quality = case_quality(
                 prob,
-                voxel_volume=voxel_volume_ml(d.get(self.image_key)),
+                voxel_volume=voxel_volume_ml(grid),
                 threshold=self.confidence_threshold,
                 class_names=names,
                 volume_interval_scale=self._volume_interval_scale,
@@ -224,6 +235,45 @@ class CaseQualityd(MapTransform):
                 "the hooked network did not run for this case (a TorchScript model.ts, or a batch of several cases "
                 "whose features were taken by the first)"
             )
+
+
+class DeliveredDiced(MapTransform):
+    """The true DSC of the delivered segmentation, beside the served case score: the argmax of the probabilities under
+    ``keys`` (on the input grid, as ``inferring`` delivers it) against the label as read (``label_key``), per
+    foreground class (as MONAI's ``compute_dice``; a class absent from the label: NaN, left out of the mean, as
+    ``segmentation_metrics_per_volume``'s default ``empty_class="nan"``), into ``data[quality_key]["delivered"]``:
+    ``{"mean_dice", "dice": {name: value}}``. ``evaluating`` runs it after :class:`CaseQualityd`."""
+
+    def __init__(
+        self, keys, label_key: str = "input_label", quality_key: str = "quality", label_names: Mapping | None = None
+    ) -> None:
+        super().__init__(keys)
+        self.label_key, self.quality_key = label_key, quality_key
+        self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            prob = torch.as_tensor(d[key])
+            label = torch.as_tensor(d[self.label_key]).to(prob.device)  # the batch's copy stays on the CPU
+            if tuple(prob.shape[1:]) != tuple(label.shape[1:]):
+                raise ValueError(
+                    f"DeliveredDiced: {key} is {tuple(prob.shape[1:])}, {self.label_key} {tuple(label.shape[1:])}: "
+                    "both must be on the input grid (Invertd the probabilities; keep_input_label true)"
+                )
+            classes = prob.shape[0]
+            pred = prob.as_subclass(torch.Tensor).argmax(0).reshape(-1)
+            true = label.as_subclass(torch.Tensor).reshape(-1).long()
+            # the confusion matrix in one pass (no one-hot copies of an input-grid volume)
+            joint = torch.bincount(true * classes + pred, minlength=classes * classes).reshape(classes, classes)
+            overlap, in_pred, in_true = joint.diagonal(), joint.sum(0), joint.sum(1)
+            dice = 2 * overlap.double() / (in_pred + in_true).double()
+            dice = torch.where(in_true > 0, dice, torch.nan)[1:].tolist()  # no truth: NaN (ignore_empty)
+            names = self.class_names[1:] if self.class_names else [f"class_{c}" for c in range(1, classes)]
+            finite = [v for v in dice if v == v]
+            delivered = {"mean_dice": sum(finite) / len(finite) if finite else math.nan, "dice": dict(zip(names, dice))}
+            d[self.quality_key] = {**(d.get(self.quality_key) or {}), "delivered": delivered}
+        return d
 
 
 def _case(d: Mapping, image_key: str) -> str:

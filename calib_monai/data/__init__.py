@@ -21,6 +21,7 @@ from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
 from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ConfidenceAndSegmentationd,
+    InputGrid,
     image_datalist,
     inference_preprocessing,
     segmentation_and_confidence,
@@ -32,7 +33,13 @@ from calib_monai.data.msd import MSDDataset
 from calib_monai.data.msd_tasks import Hippocampus, Prostate
 from calib_monai.data.phantoms import generate_phantom, write_phantom_dataset
 from calib_monai.data.promise12 import PROMISE12
-from calib_monai.data.transforms import ChannelFirstd, CheckedLoadImaged, CropAroundForegroundd, ValidateSegmentationd
+from calib_monai.data.transforms import (
+    ChannelFirstd,
+    CheckedLoadImaged,
+    CropAroundForegroundd,
+    KeepInputLabeld,
+    ValidateSegmentationd,
+)
 from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
 
 __all__ = [
@@ -43,6 +50,8 @@ __all__ = [
     "CheckChannelsd",
     "DatasetFacts",
     "Hippocampus",
+    "InputGrid",
+    "KeepInputLabeld",
     "KiTS",
     "LoadBUSId",
     "MRBRAINS18_TO_TISSUE",

@@ -166,6 +166,7 @@ class BUSI(VolumeSegmentationData):
                 "malignant_value": "$2 if @data.classes == 'type' else 1",
             },
             steps.check_labels(),
+            steps.keep_input_label(),
             steps.to_float32(),
             steps.resize("$list(@roi_size[:2]) + [1]"),
             {"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0, "channel_wise": True},

@@ -32,6 +32,7 @@ __all__ = [
     "ConfidenceAndSegmentationd",
     "CheckOutputFolderd",
     "GridNibabelWriter",
+    "InputGrid",
     "RecordSourced",
     "SaveCaseQualityd",
     "image_datalist",
@@ -134,6 +135,30 @@ class ConfidenceAndSegmentationd(MapTransform):
             d[self.confidence_key] = confidence.float()
             d[self.segmentation_key] = segmentation.to(torch.uint8)
         return d
+
+
+class InputGrid:
+    """Map tensors on the network's grid back to an image's input grid, as ``segmentation_and_confidence`` maps the
+    served probabilities (``Invertd`` through ``preprocessing`` with the image's applied operations, interpolated as
+    the image was). Keeps the image's meta data and operations only, not its voxels.
+
+    Args:
+        preprocessing: the chain that made ``image`` (one ``Compose`` instance, as ``Invertd`` needs).
+        image: the preprocessed image, a ``MetaTensor`` that tracked its operations.
+    """
+
+    def __init__(self, preprocessing: Compose, image: MetaTensor) -> None:
+        if not isinstance(image, MetaTensor):
+            raise TypeError("InputGrid needs the preprocessed image as a MetaTensor that tracked its operations")
+        self.preprocessing = preprocessing
+        self.reference = MetaTensor(torch.zeros(1), meta=dict(image.meta))
+        self.reference.applied_operations = [dict(op) for op in image.applied_operations]
+        self._invert = Invertd("x", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True)
+
+    def __call__(self, tensor: torch.Tensor) -> MetaTensor:
+        """``tensor`` ``(C, *spatial)`` on the network's grid, on the input grid (with its affine)."""
+        tensor = tensor if isinstance(tensor, MetaTensor) else MetaTensor(tensor)  # Invertd skips a plain tensor
+        return self._invert({"x": tensor, "image": self.reference})["x"]
 
 
 class CaseNamed(MapTransform):
@@ -279,14 +304,14 @@ def segmentation_and_confidence(
 ) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
-    softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) -> ``Invertd`` back to each input's
-    grid (nearest for the segmentation; with several input files per case, the grid of the first, which they share)
-    -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's affine; a PNG's outputs
-    are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
+    softmax -> ``Invertd`` back to each input's grid (the probabilities interpolated as the image was; with several
+    input files per case, the grid of the first, which they share) -> ``segmentation`` (argmax) and ``confidence``
+    (max probability) -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's
+    affine; a PNG's outputs are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
-    file's name without extension. With ``case_quality`` (``calib_monai.calibration.CaseQualityd`` on ``"pred"``,
-    run on the probabilities of the network's grid) each case also gets ``<name>_quality.json`` and a row of
-    ``<output_dir>/quality.csv``: its estimated DSC, volumes and review flag.
+    file's name without extension. With ``case_quality`` (``calib_monai.calibration.CaseQualityd`` on ``"pred"``)
+    each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
+    volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for.
     """
     keys = ("segmentation", "confidence")
     save = {
@@ -302,9 +327,9 @@ def segmentation_and_confidence(
     return Compose(
         [
             Activationsd("pred", softmax=True),
+            Invertd("pred", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True),
             *quality,
             ConfidenceAndSegmentationd("pred"),
-            Invertd(keys, transform=preprocessing, orig_keys="image", nearest_interp=(True, False), to_tensor=True),
             CaseNamed(keys),
             RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
             CheckOutputFolderd(output_dir),

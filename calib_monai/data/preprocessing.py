@@ -38,6 +38,8 @@ __all__ = [
     "compose_config",
     "crop_around_label",
     "image_only",
+    "INPUT_LABEL",
+    "keep_input_label",
     "load_images",
     "map_labels",
     "only",
@@ -52,6 +54,8 @@ __all__ = [
 ]
 
 IMAGE, LABEL = "image", "label"
+# the label as read, on the input grid (keep_input_label); not "label_...": MONAI reads such keys as meta dicts
+INPUT_LABEL = "input_label"
 KEYS = [IMAGE, LABEL]
 TRAINING, EVALUATION, INFERENCE = "training", "evaluation", "inference"
 PHASES = (TRAINING, EVALUATION, INFERENCE)
@@ -126,11 +130,16 @@ def compose_config(steps: Sequence[Mapping[str, Any]], phase: str) -> dict[str, 
     return {"_target_": "Compose", "transforms": phase_transforms(steps, phase)}
 
 
-def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compose:
+def compose(steps: Sequence[Mapping[str, Any]], phase: str, component, keep_label: bool = False) -> Compose:
     """The ``phase`` chain of ``steps`` for ``component``, instantiated as a bundle would: ``@data`` is the component,
-    ``@roi_size`` its ``roi_size``."""
+    ``@roi_size`` its ``roi_size``, ``@keep_input_label`` ``keep_label``."""
     parser = ConfigParser(
-        {"data": component, "roi_size": list(component.roi_size), "preprocessing": compose_config(steps, phase)}
+        {
+            "data": component,
+            "roi_size": list(component.roi_size),
+            "keep_input_label": bool(keep_label),
+            "preprocessing": compose_config(steps, phase),
+        }
     )
     return parser.get_parsed_content("preprocessing")
 
@@ -179,6 +188,15 @@ def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
     )
 
 
+def keep_input_label() -> dict[str, Any]:
+    """The label as read, before any spatial step, kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the
+    grid the delivered segmentation is on, which ``calibrate`` scores the validated range against. Evaluation chain
+    only, and only where the bundle sets ``keep_input_label`` (``calibrate.json``, ``evaluate.json``): cached
+    validation volumes carry the copy."""
+    step = {"_target_": "calib_monai.data.KeepInputLabeld", "keys": LABEL, "names": INPUT_LABEL}
+    return only((EVALUATION,), {**step, "_disabled_": "$not @keep_input_label"})
+
+
 def to_float32() -> dict[str, Any]:
     return {"_target_": "EnsureTyped", "keys": list(KEYS), "dtype": "$torch.float32", "track_meta": True}
 
@@ -190,9 +208,9 @@ def to_ras() -> dict[str, Any]:
 
 def read_as_ras(label_mapping: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     """The opening every volume data set shares: read, channel first, check the labels (then map them to the
-    component's classes, when the files use other values), float32, RAS."""
+    component's classes, when the files use other values), the label kept as read (evaluation), float32, RAS."""
     mapped = [map_labels(label_mapping)] if label_mapping else []
-    return [load_images(), channel_first(), check_labels(), *mapped, to_float32(), to_ras()]
+    return [load_images(), channel_first(), check_labels(), *mapped, keep_input_label(), to_float32(), to_ras()]
 
 
 def resample() -> dict[str, Any]:

@@ -18,6 +18,7 @@ __all__ = [
     "ChannelFirstd",
     "CheckedLoadImaged",
     "CropAroundForegroundd",
+    "KeepInputLabeld",
     "ValidateSegmentationd",
     "case_filename",
     "check_image_values",
@@ -243,6 +244,27 @@ class ValidateSegmentationd(MapTransform):
                     f"{self.label_description}; check that the data set is the one named, or remap its labels"
                 )
         return data
+
+
+class KeepInputLabeld(MapTransform):
+    """Keep a copy of the label as read (``keys`` -> ``names``), before any spatial step: the truth on the input grid,
+    the grid the delivered segmentation is on (``Invertd`` maps the probabilities back to it). Stored as the smallest
+    unsigned integer type that holds the classes, as a cached volume's copy costs memory."""
+
+    def __init__(self, keys: KeysCollection, names: str | Iterable[str] = "input_label") -> None:
+        super().__init__(keys)
+        self.names = [names] if isinstance(names, str) else list(names)
+        if len(self.names) != len(self.keys):
+            raise ValueError(f"KeepInputLabeld: {len(self.keys)} keys but {len(self.names)} names")
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        for key, name in zip(self.key_iterator(d), self.names):
+            label = d[key]
+            dtype = torch.uint8 if float(_plain(label).max()) < 256 else torch.int32
+            copy = _plain(label).detach().to(dtype)
+            d[name] = MetaTensor(copy, meta=dict(label.meta)) if isinstance(label, MetaTensor) else copy
+        return d
 
 
 class CropAroundForegroundd(MapTransform, InvertibleTransform):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from ignite.engine import Engine, Events
+from monai.data import MetaTensor
 
 from calib_monai.calibration.fitting import (
     RECALIBRATION_DEFAULTS,
@@ -22,6 +24,8 @@ from calib_monai.calibration.references import training_references
 from calib_monai.calibration.stored import calibrate_settings, publish_calibration
 from calib_monai.calibration.temperature import VOXEL_CHOICES
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
+from calib_monai.data.inference import InputGrid
+from calib_monai.data.preprocessing import INPUT_LABEL
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import case_name
 
@@ -77,12 +81,16 @@ class CalibrationFitter:
         label_names: ``{"0": "background", ...}`` (the range's class names).
         review_alpha, review_volume_factor, review_input_check, review_feature_check: the review rule stored with
             the range.
-        reference_images, reference_transform, reference_inferer, max_reference: the training items
-            (``@data.datalist()['training']``), the served preprocessing (``@validate#preprocessing``) and inferer
-            (``@validate#inferer``): the image statistics and pooled features of up to ``max_reference`` of them,
-            evenly spaced, are the input and feature signals' fixed references (None: the validation volumes
-            measure each other).
+        preprocessing: the validation chain (``@validate#preprocessing``, the served chain with the label). With
+            the label as read (``input_label_key``, kept by ``@keep_input_label``), the range's volumes are scored
+            on their input grid through its inverse, as ``inferring`` scores a case (else on the network's grid).
+        reference_images, reference_inferer, max_reference: the training items (``@data.datalist()['training']``)
+            and the served inferer (``@validate#inferer``): the image statistics and pooled features of up to
+            ``max_reference`` of them through ``preprocessing``, evenly spaced, are the input and feature signals'
+            fixed references (None: the validation volumes measure each other).
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
+        input_label_key: key of the label as read in the evaluator's items (``KeepInputLabeld``).
+        reference_transform: the previous name of ``preprocessing`` (deprecated).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
 
@@ -112,10 +120,19 @@ class CalibrationFitter:
         network: torch.nn.Module | None = None,
         review_feature_check: bool = REVIEW_DEFAULTS["feature_check"],
         reference_images: Sequence[Mapping] | None = None,
-        reference_transform: Callable | None = None,
+        preprocessing: Callable | None = None,
         reference_inferer: Callable | None = None,
         max_reference: int = 200,
+        input_label_key: str = INPUT_LABEL,
+        reference_transform: Callable | None = None,
     ) -> None:
+        if reference_transform is not None:  # the name of the previous release, for its calibrate.json files
+            warnings.warn(
+                "CalibrationFitter(reference_transform=...) is deprecated: pass preprocessing=@validate#preprocessing",
+                FutureWarning,
+                stacklevel=2,
+            )
+            preprocessing = preprocessing if preprocessing is not None else reference_transform
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
         self.voxels = voxels
@@ -142,7 +159,8 @@ class CalibrationFitter:
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         split_volumes(2, split)  # the share is checked now, too
         self.split, self.crossfit = float(split), bool(crossfit)
-        self.reference = (list(reference_images or []), reference_transform, reference_inferer, int(max_reference))
+        self.reference = (list(reference_images or []), preprocessing, reference_inferer, int(max_reference))
+        self.preprocessing, self.input_label_key = preprocessing, input_label_key
         self._network = network
         self._volumes: list[ValidationVolume] = []
         self._features: list = []
@@ -167,11 +185,12 @@ class CalibrationFitter:
     def _collect(self, engine: Engine) -> None:
         logits_key, label_key, image_key = self.keys
         items = engine.state.output if isinstance(engine.state.output, list) else [engine.state.output]
+        batch = engine.state.batch if isinstance(engine.state.batch, list) else [engine.state.batch]
         pooled = None
         if self._hook is not None and self._hook.positions > 0:
             pooled = self._hook.pop().vector if len(items) == 1 else None  # a batch of volumes pools them together
             self._hook.reset()
-        for item in items:
+        for index, item in enumerate(items):
             self._features.append(pooled)
             logits = torch.as_tensor(item[logits_key]).detach().float().cpu()
             label = torch.as_tensor(item[label_key]).detach().cpu()
@@ -184,8 +203,24 @@ class CalibrationFitter:
                     image.as_subclass(torch.Tensor),
                     voxel_volume_ml(item[image_key]),
                     case_name(item, len(self._volumes)),
+                    *self._input_grid(item, batch[index] if index < len(batch) else {}),
                 )
             )
+
+    def _input_grid(self, item: Mapping, batch_item: Mapping) -> tuple:
+        """``(to_input_grid, input_label)`` of a volume whose evaluator item kept the label as read, else ``()``."""
+        kept = item.get(self.input_label_key, batch_item.get(self.input_label_key))
+        image = item[self.keys[2]]
+        if kept is None:
+            return ()
+        if self.preprocessing is None or not isinstance(image, MetaTensor):
+            raise ValueError(
+                f"calibrate: the validation volumes keep their label as read ({self.input_label_key}) but the range "
+                "cannot be scored on their input grid: pass preprocessing=@validate#preprocessing to "
+                "CalibrationFitter (and keep the image a MetaTensor), or set keep_input_label false"
+            )
+        kept = torch.as_tensor(kept).detach().cpu().as_subclass(torch.Tensor)
+        return InputGrid(self.preprocessing, image), kept[0]  # its own integer type: a uint8 copy is 8x smaller
 
     def _fit(self, engine: Engine) -> None:
         if self._hook is not None:
@@ -252,7 +287,8 @@ class CalibrationFitter:
         finite = [s for s in validated.scores if s == s] or [float("nan")]
         scheme = "cross-fitted" if split.crossfit else "held out from the fit"
         logger.info(
-            f"calibrate: validated range of {validated.n} validation volumes ({scheme}; case score "
+            f"calibrate: validated range of {validated.n} validation volumes ({scheme}; scored on the "
+            f"{validated.scored_on}; case score "
             f"{min(finite):.3f}-{max(finite):.3f}; signals {validated.signals}); inference will "
             f"{validated.describe()}; wrote {self.validated_range_path}"
         )

@@ -21,7 +21,7 @@ from ignite.metrics.metric import reinit__is_reduced
 from monai.handlers import IgniteMetricHandler
 from monai.utils import min_version, optional_import, string_list_all_gather
 
-from calib_monai.metrics.report_table import SegmentationReportTable, case_name, voxel_spacing
+from calib_monai.metrics.report_table import SegmentationReportTable, case_name, served_verdict, voxel_spacing
 from calib_monai.metrics.segmentation_report import SegmentationReportMetric
 
 from .report_saver import SegmentationReportSaver
@@ -83,7 +83,7 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         prob_key, pred_key, label_key = self.keys
         for item in items:
             self._cases.append(case_name(item, len(self._cases)))
-            self._reviews.append(json.dumps((item.get(self.quality_key) or {}).get("review")))
+            self._reviews.append(json.dumps(served_verdict(item.get(self.quality_key))))
         self.metric_fn(
             [item[prob_key] for item in items],
             [item[label_key] for item in items],

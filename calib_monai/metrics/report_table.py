@@ -38,7 +38,7 @@ from .failure_detection import failure_detection_summary, quality_agreement, sav
 from .reliability import save_reliability_diagram
 from .segmentation_report import SegmentationReportMetric, column_summary
 
-__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "voxel_spacing"]
+__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
 
 #: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
 REDUCTION = "mean over volumes"
@@ -61,11 +61,30 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
     return [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]
 
 
-def _review_columns(review: Mapping[str, Any] | None) -> dict[str, str]:
-    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``) and ``review_reasons``."""
+def served_verdict(quality: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a report row shows of a case's served quality (``CaseQualityd``, ``DeliveredDiced``): its review verdict,
+    with the served case score and, when measured, the true mean DSC of the delivered segmentation (input grid)."""
+    if not quality or quality.get("review") is None:
+        return None
+    verdict = {**quality["review"], "served_case_score": quality.get("case_score")}
+    if "delivered" in quality:
+        verdict["delivered_mean_dice"] = quality["delivered"]["mean_dice"]
+    return verdict
+
+
+def _review_columns(review: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``) and ``review_reasons``; the served
+    case score and the delivered segmentation's true mean DSC beside them when the verdict holds them."""
     flag = (review or {}).get("flag")
     reasons = (review or {}).get("reasons", ["no review verdict"] if review is None else [])
-    return {"review_flag": "" if flag is None else ("yes" if flag else "no"), "review_reasons": "; ".join(reasons)}
+    columns: dict[str, Any] = {
+        "review_flag": "" if flag is None else ("yes" if flag else "no"),
+        "review_reasons": "; ".join(reasons),
+    }
+    for key in ("served_case_score", "delivered_mean_dice"):  # every row the same columns (one CSV header)
+        value = (review or {}).get(key)
+        columns[key] = float("nan") if value is None else float(value)
+    return columns
 
 
 def _save_figure_atomically(save, path: Path, *args, **kwargs) -> None:
@@ -180,14 +199,17 @@ class SegmentationReportTable:
         ]
 
     def review_summary(self) -> dict[str, Any]:
-        """How the review flags went with the truth: volumes flagged / passed / not judged and their mean DSC, and the
-        rule's bound on the share of ordinary cases flagged (``{}`` without review verdicts)."""
+        """How the review flags went with the truth: volumes flagged / passed / not judged and their mean DSC (of the
+        delivered segmentation where measured, else of the evaluated grid's), and the rule's bound on the share of
+        ordinary cases flagged (``{}`` without review verdicts)."""
         if not any(r is not None for r in self.reviews):
             return {}
         dice, out = self.values("mean_dice"), {}
+        truth = [(r or {}).get("delivered_mean_dice", dice[i]) for i, r in enumerate(self.reviews)]
+        truth = np.asarray([np.nan if v is None else v for v in truth], dtype=np.float64)
         for name, value in (("flagged", True), ("passed", False), ("not_judged", None)):
             chosen = [i for i, r in enumerate(self.reviews) if (r or {}).get("flag") is value]
-            finite = [float(dice[i]) for i in chosen if np.isfinite(dice[i])]
+            finite = [float(truth[i]) for i in chosen if np.isfinite(truth[i])]
             out[name] = {"volumes": len(chosen), "mean_dice": float(np.mean(finite)) if finite else float("nan")}
         first = next(r for r in self.reviews if r is not None)
         out.update({k: first[k] for k in ("bound", "alpha", "validation_volumes") if k in first})

@@ -1,6 +1,6 @@
 """What the ACDC bundles lose by labelling on the network's 96 x 96 grid (issue 29): the best 96 x 96 labelling of
 each test label (one-hot, area-downsampled, argmax), upsampled back to the image's grid (nearest, as `inferring`
-returns the segmentation), against the label. From the repository root, after this folder's `quality` study:
+returned the segmentation until it mapped the probabilities back before the argmax), against the label. From the repository root, after this folder's `quality` study:
 
     python docs/results/acdc/quality/grid_loss.py
 """
