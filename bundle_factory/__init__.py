@@ -20,7 +20,24 @@ def bundle_names() -> list[str]:
 
 
 def _json(obj) -> str:
-    return json.dumps(obj, indent=4) + "\n"
+    """4-space JSON with each short list of plain values, and each dict of up to three, on one line
+    (``"keys": ["image", "label"]``), as the model zoo's configs are written."""
+    return _render(obj, 0, 0) + "\n"
+
+
+def _render(obj, indent: int, key_width: int, width: int = 120) -> str:
+    flat = json.dumps(obj)
+    if not isinstance(obj, (list, dict)) or not obj:
+        return flat
+    values = obj if isinstance(obj, list) else list(obj.values())
+    plain = not any(isinstance(v, (list, dict)) for v in values) and (isinstance(obj, list) or len(obj) <= 3)
+    if plain and indent + key_width + len(flat) <= width:
+        return flat
+    pad, end = " " * (indent + 4), " " * indent
+    if isinstance(obj, list):
+        return "[\n" + ",\n".join(pad + _render(v, indent + 4, 0) for v in obj) + "\n" + end + "]"
+    items = [pad + json.dumps(k) + ": " + _render(v, indent + 4, len(json.dumps(k)) + 2) for k, v in obj.items()]
+    return "{\n" + ",\n".join(items) + "\n" + end + "}"
 
 
 def render_bundle(name: str) -> dict[str, str]:

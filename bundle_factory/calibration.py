@@ -129,5 +129,5 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         ],
         "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],
         "run": [DATA_CHECK, "$@validate#evaluator.run()"],
-        "calibrate": [DATA_CHECK, "$@validate#evaluator.run()"],
+        "calibrate": "@run",
     }

@@ -33,10 +33,9 @@ from typing import Any
 from bundle_factory.calibration import CALIBRATION_PATH, calibrate_logits, evaluation_case_quality
 from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
-from bundle_factory.data import data_component, preprocessing, served_evaluation
+from bundle_factory.data import data_component, training_transforms
 from bundle_factory.handlers import train_handlers
 from bundle_factory.specs import Dataset, Method
-from calib_monai.data.preprocessing import TRAINING
 
 __all__ = ["common_keys", "evaluate_config", "multi_gpu_config", "train_config"]
 
@@ -94,7 +93,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
     return {
         # the validation (evaluate.json: test) volumes: the inference chain plus the label (no crop/pad inference
         # does not do), so the validated range and evaluating see what inferring serves
-        "preprocessing": served_evaluation(dataset),
+        "preprocessing": {"_target_": "Compose", "transforms": "%train#deterministic_transforms"},
         "dataset": "$@data.val_dataset(@validate#preprocessing)",
         "dataloader": {
             "_target_": "monai.data.DataLoader",
@@ -191,7 +190,12 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 num_workers="@num_workers",
             ),
             "train": {
-                "preprocessing": preprocessing(dataset, TRAINING),
+                "deterministic_transforms": training_transforms(dataset)[0],
+                "training_transforms": training_transforms(dataset)[1],
+                "preprocessing": {
+                    "_target_": "Compose",
+                    "transforms": "$@train#deterministic_transforms + @train#training_transforms",
+                },
                 "dataset": "$@data.train_dataset(fraction=@train_fraction, preprocessing=@train#preprocessing)",
                 "dataloader": {
                     "_target_": "monai.data.DataLoader",
@@ -316,7 +320,7 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         },
         "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],
         "run": [DATA_CHECK, "$@validate#evaluator.run()"],
-        "evaluating": [DATA_CHECK, "$@validate#evaluator.run()"],
+        "evaluating": "@run",
     }
 
 

@@ -6,9 +6,14 @@ out per phase: ``train#preprocessing`` (training volumes), ``validate#preprocess
 chain is the inference chain plus the label (``served_evaluation``): no crop or pad to ``roi_size`` that inference
 does not do, so the validated range, ``evaluating`` and ``inferring`` see the same images on the same grid.
 
+``train.json`` writes the shared steps once, as the model zoo does: ``train#deterministic_transforms`` (the
+validation chain), ``train#training_transforms`` (what training adds: the crop to ``roi_size``), ``train#preprocessing``
+their concatenation, and ``validate#preprocessing`` a copy of the first (``%train#deterministic_transforms``).
+
 The chains read the data set's settings from the component (``"$@data.spacing"``), whose defaults the ``data``
 section shows, so that ``--data#spacing`` still sets them, and a transform's own argument is overridden as
-``--train#preprocessing#transforms#<i>#<argument>``.
+``--train#deterministic_transforms#<i>#<argument>`` (training and validation) or
+``--train#training_transforms#<i>#<argument>``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 from bundle_factory.specs import Dataset
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose_config, phase_transforms
 
-__all__ = ["data_component", "preprocessing", "scores_whole_volumes", "served_evaluation"]
+__all__ = ["data_component", "preprocessing", "scores_whole_volumes", "served_evaluation", "training_transforms"]
 
 
 def _json_value(value: Any) -> Any:
@@ -60,6 +65,20 @@ def served_evaluation(dataset: Dataset) -> dict[str, Any]:
         and (phase_transforms([step], INFERENCE) or "image" not in _keys(phase_transforms([step], EVALUATION)[0]))
     ]
     return compose_config(kept, EVALUATION)
+
+
+def training_transforms(dataset: Dataset) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(deterministic, training_only)``: the validation chain's steps, and what the training chain adds after them.
+    The evaluation-only steps of the first (the label kept as read) are off in training (``keep_input_label``)."""
+    deterministic = served_evaluation(dataset)["transforms"]
+    training = phase_transforms(dataset.component_class.preprocessing_steps(), TRAINING)
+    shared = [step for step in deterministic if step in training]
+    if training[: len(shared)] != shared:
+        raise ValueError(
+            f"{dataset.component}: the training chain does not start with the validation chain's steps; "
+            "put the training-only steps (crops) after the shared ones in preprocessing_steps()"
+        )
+    return deterministic, training[len(shared) :]
 
 
 def scores_whole_volumes(dataset: Dataset) -> bool:

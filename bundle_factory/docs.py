@@ -177,11 +177,11 @@ model zoo's checks pass once training has written the file.
 {volumes}. Intensities are scaled to [0, 1]; the seeded split is written to `models/datalist.json` and reused when a
 run resumes.
 
-The preprocessing is in the configs as MONAI transforms: `train#preprocessing` (training volumes) and
-`validate#preprocessing` (validation and test volumes) in `configs/train.json`, `preprocessing` (new images: the
-same steps without the label and the crop) in `configs/inference.json`. The data set's settings are the `data`
-section's (`--data#<name>`); any transform argument is overridden on the command line, e.g.
-`--train#preprocessing#transforms#<index>#<argument> <value>`.
+The preprocessing is in the configs as MONAI transforms: `train#deterministic_transforms` (the steps of the training
+and the validation and test volumes; `validate#preprocessing` copies them) and `train#training_transforms` (the crop
+training adds) in `configs/train.json`, `preprocessing` (new images: the same steps without the label and the crop)
+in `configs/inference.json`. The data set's settings are the `data` section's (`--data#<name>`); any transform
+argument is overridden on the command line, e.g. `--train#deterministic_transforms#<index>#<argument> <value>`.
 
 #### **Training Configuration**
 2D {dataset.in_channels}-channel MONAI UNet (channels 16..256, 2 residual units; `--backbone` selects another:

@@ -100,6 +100,8 @@ def source_model(args, out: Path) -> Path:
             str(max(1, args.epochs * 2 // 3)),
             "--train_fraction",
             str(args.train_fraction),
+            "--seed",
+            str(args.seed),
         ],
         out / "source.log",
     )
@@ -206,7 +208,7 @@ class Server:
         self.process.wait(timeout=60)
 
 
-def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs: int) -> list[dict]:
+def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs: int, seed: int = 0) -> list[dict]:
     from monailabel.client import MONAILabelClient
 
     work = out / order
@@ -230,7 +232,7 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
         client = MONAILabelClient(server.url, client_id="site-annotator")
         names = json.loads((bundle / "configs" / "train.json").read_text())["label_names"]
         info = [{"name": names[k], "idx": int(k)} for k in sorted(names, key=int) if int(k) > 0]
-        rng, taken = random.Random(0), []
+        rng, taken = random.Random(seed), []
         for k in KS:
             while len(taken) < k:
                 if order == "next_sample":
@@ -268,6 +270,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--orders", default="next_sample,random")
     parser.add_argument("--shift_scale", type=float, default=1.0, help="strength of the site's shift (see shift)")
+    parser.add_argument("--seed", type=int, default=0, help="the source model's training seed and the random order's")
     args = parser.parse_args()
     out = args.output_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -276,7 +279,7 @@ def main() -> None:
     pool, held_out = make_site(args, source, out)
     rows = []
     for order in args.orders.split(","):
-        rows += loop(order, source, pool, held_out, out, args.port, args.fine_tune_epochs)
+        rows += loop(order, source, pool, held_out, out, args.port, args.fine_tune_epochs, args.seed)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -51,7 +51,7 @@ def _test_items(
         {"dataset_dir": dataset_dir, "output_dir": str(Path(setup.runs_dir) / ".lists" / dataset), **overrides},
     )
     mapping = {}
-    for step in parser.get("validate#preprocessing#transforms", []):
+    for step in parser.get("train#deterministic_transforms", []):  # the validation chain's steps
         if isinstance(step, dict) and step.get("_target_") == "MapLabelValued":
             mapping = {int(o): int(t) for o, t in zip(step["orig_labels"], step["target_labels"])}
     return [dict(item) for item in parser.get_parsed_content("data").datalist()["test"]], mapping

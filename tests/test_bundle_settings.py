@@ -47,8 +47,8 @@ def _argv(*extra: str, config: Path = FLARE / "train.json") -> list[str]:
         ),
         (["--valdate#evaluator#amp", "true"], "did you mean --validate#evaluator#amp?"),
         (
-            ["--train#preprocessing#transforms#99#spatial_size", "[8,8,8]"],
-            "train#preprocessing#transforms has 10 items",
+            ["--train#training_transforms#99#spatial_size", "[8,8,8]"],
+            "train#training_transforms has 2 items",
         ),
         (
             ["--data#_target_", "calib_monai.data.MSDDataset", "--data#intensty", "percentile"],
@@ -82,7 +82,7 @@ def test_the_readmes_overrides_are_accepted(tmp_path):
         "[160,160,24]",
         "--backbone",
         "dynunet",
-        "--train#preprocessing#transforms#9#spatial_size",
+        "--train#training_transforms#1#spatial_size",
         "[160,160,24]",
         "--data#spacing",
         "[1.6,1.6,6.0]",
@@ -238,7 +238,8 @@ def test_every_generated_config_checks_its_settings_and_reports_errors_in_one_li
             assert initialize[0] == "$calib_monai.bundle.report_errors()", (name, config)
             assert any(s.startswith("$calib_monai.bundle.check_settings(") for s in initialize), (name, config)
             for step in steps:
-                assert content[step][0].startswith("$calib_monai.bundle.check_data_settings(@data,"), (name, step)
+                runs = content[step] if content[step] != "@run" else content["run"]  # a run id that reuses run
+                assert runs[0].startswith("$calib_monai.bundle.check_data_settings(@data,"), (name, step)
 
 
 # --------------------------------------------------------------------------------------------- real bundle runs

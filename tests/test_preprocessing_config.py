@@ -36,10 +36,20 @@ def test_bundle_chains_are_the_phases_of_the_component_list(name):
     files = render_bundle(f"nacl_{name}")
     train, evaluate = json.loads(files["configs/train.json"]), json.loads(files["configs/evaluate.json"])
     inference = json.loads(files["configs/inference.json"])
-    assert train["train"]["preprocessing"]["transforms"] == phase_transforms(steps, TRAINING)
+    # the zoo's layout: the shared steps once, the training chain adds its crop, validation copies the shared steps
+    shared, added = train["train"]["deterministic_transforms"], train["train"]["training_transforms"]
+    assert (
+        train["train"]["preprocessing"]["transforms"] == "$@train#deterministic_transforms + @train#training_transforms"
+    )
+    assert train["validate"]["preprocessing"]["transforms"] == "%train#deterministic_transforms"
+    evaluation_only = [t for t in shared if t["_target_"].endswith("KeepInputLabeld")]  # off in training (its flag)
+    assert [t for t in shared if t not in evaluation_only] + added == phase_transforms(steps, TRAINING)
+    assert (
+        all(t["_disabled_"] == "$not @keep_input_label" for t in evaluation_only) and train["keep_input_label"] is False
+    )
     # the scored volumes go through the inference chain plus the label: no crop/pad to roi_size that inference lacks
     scored = [t for t in phase_transforms(steps, EVALUATION) if t["_target_"] != "ResizeWithPadOrCropd"]
-    assert train["validate"]["preprocessing"]["transforms"] == scored
+    assert shared == scored
     assert inference["preprocessing"]["transforms"] == phase_transforms(steps, INFERENCE)
     # each dataset applies its phase's chain; evaluate.json scores the test volumes with the evaluation chain
     assert "@train#preprocessing" in train["train"]["dataset"]
@@ -71,10 +81,10 @@ def test_image_only_keeps_the_image_entries():
 
 
 def test_a_command_line_override_of_a_transform_argument(tmp_path):
-    """``monai.bundle run`` with ``--train#preprocessing#transforms#<i>#spatial_size``: the training volumes take the
-    new size, the validation volumes (their own chain) do not."""
+    """``monai.bundle run`` with ``--train#training_transforms#<i>#spatial_size``: the training volumes take the
+    new size, the validation volumes (whose chain does not crop) do not."""
     config = json.loads((BUNDLE / "configs" / "train.json").read_text())
-    index = [t["_target_"] for t in config["train"]["preprocessing"]["transforms"]].index("ResizeWithPadOrCropd")
+    index = [t["_target_"] for t in config["train"]["training_transforms"]].index("ResizeWithPadOrCropd")
     probe = (
         "$print('PROBE', tuple(@train#dataset.volumes[0]['image'].shape), tuple(@validate#dataset[0]['image'].shape))"
     )
@@ -82,7 +92,7 @@ def test_a_command_line_override_of_a_transform_argument(tmp_path):
         **TINY,
         "output_dir": str(tmp_path / "out"),
         "data#cache_dir": str(tmp_path / "phantoms"),
-        f"train#preprocessing#transforms#{index}#spatial_size": [20, 20, 6],
+        f"train#training_transforms#{index}#spatial_size": [20, 20, 6],
         "probe": probe,
     }
     cmd = [

@@ -24,7 +24,8 @@ def test_the_scored_volumes_go_through_the_served_chain(name):
     files = render_bundle(f"nacl_{name}")
     train, evaluate = json.loads(files["configs/train.json"]), json.loads(files["configs/evaluate.json"])
     inference = json.loads(files["configs/inference.json"])
-    scored = train["validate"]["preprocessing"]["transforms"]
+    assert train["validate"]["preprocessing"]["transforms"] == "%train#deterministic_transforms"  # a copy of them
+    scored = train["train"]["deterministic_transforms"]
     # less the label's own steps (its checks and value mapping), the image sees the inference chain, step for step
     assert [image_only(t) for t in scored if not _label_only(t)] == inference["preprocessing"]["transforms"]
     assert "ResizeWithPadOrCropd" not in [t["_target_"] for t in scored]

@@ -4,7 +4,8 @@ Each data set component states its deterministic preprocessing once, ``Component
 config items (``{"_target_": "Spacingd", "keys": ["image", "label"], ...}``) from the datalist's file paths to a
 preprocessed ``(image, label)`` volume. What belongs to the data set is a reference to the component
 (``"$@data.spacing"``, ``"$@data.raw_label_values"``) and the volume size is the bundle's ``"@roi_size"``. The
-generated bundles write the chains out (``train#preprocessing``, ``validate#preprocessing``, ``inference.json``
+generated bundles write the chains out (``train#deterministic_transforms`` and ``train#training_transforms``, whose
+concatenation is ``train#preprocessing`` and whose first is copied as ``validate#preprocessing``; ``inference.json``
 ``preprocessing``), so a user reads and overrides them there, while ``--data#spacing`` and ``--roi_size`` still set
 them; in Python the component builds the same chains from the same list (``compose``).
 

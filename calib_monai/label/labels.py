@@ -46,10 +46,12 @@ def value_map(
 
 def stored_values(bundle_dir: str | os.PathLike) -> dict[int, int]:
     """Bundle (class) value -> the value the bundle's data files hold it as: the inverse of the ``MapLabelValued`` of
-    its ``train#preprocessing`` (BraTS stores class 3, enhancing tumour, as 4), the smallest stored value of a class
-    when several map to it; empty when the files hold the classes themselves."""
+    its training chain (``train#deterministic_transforms``; BraTS stores class 3, enhancing tumour, as 4), the
+    smallest stored value of a class when several map to it; empty when the files hold the classes themselves."""
     config = json.loads((Path(bundle_dir) / "configs" / "train.json").read_text())
-    transforms = ((config.get("train") or {}).get("preprocessing") or {}).get("transforms", [])
+    train = config.get("train") or {}
+    transforms = train.get("deterministic_transforms") or (train.get("preprocessing") or {}).get("transforms", [])
+    transforms = transforms if isinstance(transforms, list) else []
     out: dict[int, int] = {}
     for item in transforms:
         if isinstance(item, dict) and str(item.get("_target_", "")).endswith("MapLabelValued"):
