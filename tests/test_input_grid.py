@@ -155,6 +155,10 @@ def test_a_range_from_an_older_calibrate_is_not_applied(tmp_path):
     (tmp_path / "validated_range.json").write_text(json.dumps(record))
     validated, why = read_validated_range(tmp_path, weights)
     assert validated is None and "older calibrate, on the network's grid" in why and "calibrate step again" in why
+    record["scored_on"] = "grid"  # nor one that names no grid
+    (tmp_path / "validated_range.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="validated_range.json: validated range scored_on must be one of"):
+        read_validated_range(tmp_path, weights)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the label copy stays on the CPU, prob on GPU")

@@ -285,3 +285,22 @@ def test_a_folder_without_manifest_still_refuses_a_range_without_its_calibration
     message = str(pytest.raises(ArtifactSetError, read_artifact_set, models).value)
     assert "calibration.pt is missing" in message and "validated_range.json was measured on" in message
     assert read_artifact_set(models, raw=True).source()["validated_range"] == NOT_APPLICABLE
+
+
+def test_a_file_is_hashed_again_only_when_it_changed(tmp_path, monkeypatch):
+    """file_sha256 reads a file once per version: unchanged, the second call reads nothing; replaced whole (as every
+    writer of the package does), or rewritten in place to another size, it is read again."""
+    import hashlib
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"first")
+    assert file_sha256(path) == hashlib.sha256(b"first").hexdigest()
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+    assert file_sha256(path) == hashlib.sha256(b"first").hexdigest() and opened == []
+    (tmp_path / "new").write_bytes(b"second")
+    os.replace(tmp_path / "new", path)
+    assert file_sha256(path) == hashlib.sha256(b"second").hexdigest() and opened == [str(path)]
+    path.write_bytes(b"third, longer")
+    assert file_sha256(path) == hashlib.sha256(b"third, longer").hexdigest()

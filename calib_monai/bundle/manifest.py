@@ -65,12 +65,23 @@ class ArtifactSetError(ValueError):
     """The files of a ``models/`` folder do not belong together (one line: the files and the fix)."""
 
 
+_HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256: a run checks model.pt in several places
+
+
 def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """The SHA-256 of the file's bytes; a file read before is not read again unless it changed (a new inode, size or
+    modification time: every writer of the package replaces files whole)."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _HASHED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if len(_HASHED) >= 256:
+            _HASHED.clear()
+        _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
 
 
 def short_sha(sha: str | None) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.calibration.conformal_scores import competition_ranks, standardised
 from calib_monai.calibration.stored import file_sha256
+from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
@@ -65,6 +66,7 @@ class ValidatedRange:
                 "review_volume_factor to 0 or e.g. 1.5"
             )
         self.alpha, self.volume_factor = float(self.alpha), float(self.volume_factor)
+        self.scored_on = check_option("validated range scored_on", self.scored_on, ("input grid", "network grid"))
         self.input_check, self.feature_check = bool(self.input_check), bool(self.feature_check)
         reference = self.input_reference
         if reference is not None and not (
