@@ -144,9 +144,37 @@ def _prediction(prob: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
     return pred.long()
 
 
-def _per_class(prob: torch.Tensor, label: torch.Tensor, value) -> torch.Tensor:
-    """``value(p_k, mask_k)`` for each foreground class k, stacked; one class at a time (no one-hot copy)."""
-    return torch.stack([value(prob[k], label == k) for k in range(1, prob.shape[0])])
+def _class_sums(
+    prob: torch.Tensor,
+    label: torch.Tensor,
+    confidence: torch.Tensor | None = None,
+    threshold: float | None = None,
+    argmax: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Per class ``(C,)`` float64, from a few passes over the volume and no copy of it per class: the voxels predicted
+    as the class (``count``), the sum of its probability (``expected``) and of its square (``square``), the sum of
+    its probability where it is predicted (``overlap``) and, given the voxels' ``confidence`` (``max_c p``; equal to
+    that probability when ``label`` is the ``argmax``), its sum (``confidence``) and, with ``threshold``, the count
+    below it (``low``) over the voxels predicted as the class. On the input's device, with no read-back."""
+    classes, f64 = prob.shape[0], torch.float64
+    flat, labels = prob.reshape(classes, -1), label.reshape(-1).long()
+
+    def per_class(values: torch.Tensor) -> torch.Tensor:  # sum of values over the voxels of each predicted class
+        return torch.zeros(classes, dtype=f64, device=prob.device).index_add_(0, labels, values.to(f64))
+
+    own = flat.gather(0, labels[None])[0]  # the predicted class's probability at each voxel
+    sums = {
+        "count": per_class(torch.ones((), dtype=f64, device=prob.device).expand(labels.shape)),
+        "expected": flat.sum(1, dtype=f64),
+        "square": torch.stack([torch.dot(q, q) for q in (p.to(f64) for p in flat)]),  # exact: one class at a time
+        "overlap": per_class(own),
+    }
+    if confidence is not None:
+        confidence = confidence.reshape(-1)
+        sums["confidence"] = sums["overlap"] if argmax else per_class(confidence)
+        if threshold is not None:
+            sums["low"] = per_class(confidence < threshold)
+    return sums
 
 
 def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> torch.Tensor:
@@ -165,11 +193,11 @@ def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> tor
 
 
 def _estimated_dice(prob: torch.Tensor, label: torch.Tensor, empty_class: str) -> torch.Tensor:
-    f64 = torch.float64  # float64 sums without a float64 copy of the volume
-    sums = _per_class(
-        prob, label, lambda p, m: torch.stack([m.sum(dtype=f64), p.sum(dtype=f64), (p * m).sum(dtype=f64)])
-    )
-    predicted, expected, overlap = sums.unbind(1)
+    return _dice_from(_class_sums(prob, label), empty_class)
+
+
+def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
+    predicted, expected, overlap = sums["count"][1:], sums["expected"][1:], sums["overlap"][1:]
     size = predicted + expected
     est = 2 * overlap / size.clamp_min(torch.finfo(torch.float64).tiny)  # 0 when predicted nowhere
     absent = (predicted == 0) & (expected < ABSENT_VOXELS)
@@ -195,10 +223,12 @@ def predicted_volumes(
 
 
 def _predicted_volumes(prob: torch.Tensor, label: torch.Tensor, scale: float, widen: float) -> dict[str, torch.Tensor]:
-    flat = prob.reshape(prob.shape[0], -1)[1:].double()
-    expected = flat.sum(1)
-    half = (Z95 * widen) * (flat * (1 - flat)).sum(1).clamp_min(0).sqrt()
-    counts = _per_class(prob, label, lambda p, m: m.sum().double())
+    return _volumes_from(_class_sums(prob, label), scale, widen)
+
+
+def _volumes_from(sums: dict[str, torch.Tensor], scale: float, widen: float) -> dict[str, torch.Tensor]:
+    expected, counts = sums["expected"][1:], sums["count"][1:]
+    half = (Z95 * widen) * (expected - sums["square"][1:]).clamp_min(0).sqrt()  # sum p (1 - p)
     return {
         "expected": expected * scale,
         "low": (expected - half).clamp_min(0) * scale,
@@ -248,9 +278,11 @@ def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = 0.8)
 
 
 def _low_confidence_fraction(prob: torch.Tensor, label: torch.Tensor, threshold: float) -> torch.Tensor:
-    low = prob.max(0).values < threshold
-    counts = _per_class(prob, label, lambda p, m: m.sum().double())
-    lows = _per_class(prob, label, lambda p, m: (m & low).sum().double())
+    return _low_from(_class_sums(prob, label, prob.max(0).values, threshold))
+
+
+def _low_from(sums: dict[str, torch.Tensor]) -> torch.Tensor:
+    counts, lows = sums["count"][1:], sums["low"][1:]
     return torch.where(counts > 0, lows / counts.clamp_min(1), torch.nan)
 
 
@@ -332,17 +364,15 @@ def case_quality(
         _check_scale(volume_interval_scale),
     )
     prob = _probabilities(prob)
-    label = _prediction(prob, pred)
     names = list(class_names)[1:] if class_names is not None else [f"class_{k}" for k in range(1, prob.shape[0])]
     if len(names) != prob.shape[0] - 1:
         raise ValueError(f"{prob.shape[0]} classes in the probabilities, {len(names) + 1} class names")
-    est = _estimated_dice(prob, label, empty_class)
-    volumes = _predicted_volumes(prob, label, voxel_volume, widen)
-    low = _low_confidence_fraction(prob, label, threshold)
-    confidence, foreground = prob.max(0).values.double(), label > 0
-    mean_confidence = torch.where(
-        foreground.any(), (confidence * foreground).sum() / foreground.sum().clamp_min(1), torch.nan
-    )
+    confidence, label = prob.max(0)  # one pass: the confidence and the argmax
+    label = label if pred is None else _prediction(prob, pred)
+    sums = _class_sums(prob, label, confidence, threshold, argmax=pred is None)
+    est, volumes, low = _dice_from(sums, empty_class), _volumes_from(sums, voxel_volume, widen), _low_from(sums)
+    foreground = sums["count"][1:].sum()
+    mean_confidence = torch.where(foreground > 0, sums["confidence"][1:].sum() / foreground.clamp_min(1), torch.nan)
     values = torch.stack([est, volumes["expected"], volumes["low"], volumes["high"], volumes["predicted"], low])
     rows = values.cpu().tolist()  # one read-back for every number
     keys = ("est_dice", "volume", "volume_low", "volume_high", "volume_predicted", "low_confidence_fraction")
