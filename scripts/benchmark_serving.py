@@ -68,9 +68,9 @@ def _run(variant: str, args, queue) -> None:
         else:
             quality = case_quality(prob, voxel_volume=voxel_volume_ml(image))
             confidence, segmentation = prob.max(dim=0, keepdim=True)
-            out = Invertd(
-                ["seg", "conf"], transform=chain, orig_keys="image", nearest_interp=(True, False)
-            )({"seg": segmentation.float(), "conf": confidence, "image": image})
+            out = Invertd(["seg", "conf"], transform=chain, orig_keys="image", nearest_interp=(True, False))(
+                {"seg": segmentation.float(), "conf": confidence, "image": image}
+            )
             confidence, segmentation = out["conf"], out["seg"]
         times.append(time.perf_counter() - start)
         assert quality["case_score"] == quality["case_score"] and segmentation.shape[1:] == tuple(args.shape)
