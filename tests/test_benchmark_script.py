@@ -75,3 +75,22 @@ def test_float64_reference_matches_ours(bench):
     metrics = calib_monai.metrics
     ours = metrics.calibration_errors(probs, labels, ("ece", "cece", "tace"), num_bins=15, foreground="gt")
     assert ours == pytest.approx(ref, rel=1e-12, abs=1e-15)
+
+
+def test_the_serving_benchmark_runs_both_chains_on_a_small_case():
+    """scripts/benchmark_serving.py end to end on a tiny case: both variants segment on the input grid (its own
+    assertion) and the table and ratio line come out."""
+    import subprocess
+    import sys
+
+    script = SCRIPT.parent / "benchmark_serving.py"
+    args = ["--shape", "24", "20", "10", "--repeats", "1", "--threads", "1"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "One case of 24x20x10 voxels, 5 classes, 1 threads, median of 1:"
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and "grid" in line] == [
+        "| input grid",
+        "| network grid",
+    ]
+    assert lines[-1].startswith("input grid / network grid: ") and lines[-1].endswith("x the memory")
