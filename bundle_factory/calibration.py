@@ -115,11 +115,11 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "label_names": "@label_names",
                 "review_alpha": "@review_alpha",
                 "review_volume_factor": "@review_volume_factor",
-                "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check)",
+                "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check, 'review_input_check')",
                 "split": "@calibration_split",
-                "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit)",
+                "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit, 'calibration_crossfit')",
                 "network": "@network",
-                "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check)",
+                "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check, 'review_feature_check')",
                 # the input and feature signals' fixed reference: the training images through the served chain
                 "reference_images": "$@data.datalist()['training']",
                 # the range scored on each volume's input grid (the label as read), as inferring scores a case

@@ -140,7 +140,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
             "key_val_metric": "@validate#key_metric",
             "additional_metrics": "@validate#additional_metrics",
             "val_handlers": "@validate#handlers",
-            "amp": "$calib_monai.bundle.as_bool(@amp)",
+            "amp": "$calib_monai.bundle.as_bool(@amp, 'amp')",
         },
     }
 
@@ -218,7 +218,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                     "loss_function": "@loss",
                     "inferer": "@train#inferer",
                     "train_handlers": "@train#handlers",
-                    "amp": "$calib_monai.bundle.as_bool(@amp)",
+                    "amp": "$calib_monai.bundle.as_bool(@amp, 'amp')",
                     "non_blocking": "@pin_memory",
                     # the handlers read the batch-level loss; splitting each batch into items is CPU time per step
                     "decollate": False,

@@ -74,7 +74,7 @@ def train_handlers(method: Method) -> list[dict[str, Any]]:
             "_target_": "calib_monai.handlers.EpochSnapshots",
             "save_dir": "@output_dir",
             "network": "@network",
-            "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights)",
+            "_disabled_": "$not calib_monai.bundle.as_bool(@keep_epoch_weights, 'keep_epoch_weights')",
         },
     ]
     # the checkpoint keeps the state of these very objects (MONAI resolves a reference to a list item by its index)

@@ -68,7 +68,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "inferer": "@inferer",
                 "postprocessing": "@postprocessing",
                 "val_handlers": "@handlers",
-                "amp": "$calib_monai.bundle.as_bool(@amp)",
+                "amp": "$calib_monai.bundle.as_bool(@amp, 'amp')",
             },
             "initialize": [REPORT_ERRORS, check_settings()],
             "run": [DATA_CHECK, "$@evaluator.run()"],

@@ -234,3 +234,22 @@ def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
         assert quality["case_score"] == pytest.approx(record["scores"][i], abs=1e-5)
         for organ, volumes in record["volumes"].items():
             assert quality["classes"][organ]["volume"] == pytest.approx(volumes[i], rel=1e-4)
+
+
+def test_a_range_scored_on_the_network_grid_is_not_applied_to_input_grid_cases(calibrated, tmp_path):
+    """calibrate with keep_input_label false scores the range on the network's grid; served cases are scored on their
+    input grid, so the flag is null with that reason, not a comparison of two grids."""
+    root, overrides = calibrated
+    bundle = tmp_path / "bundle"
+    shutil.copytree(root / "bundle" / "configs", bundle / "configs")
+    (bundle / "models").mkdir()
+    for name in ("model.pt", "datalist.json"):
+        shutil.copy(root / "bundle" / "models" / name, bundle / "models" / name)
+    settings = {**overrides, "output_dir": str(bundle / "models")}
+    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, keep_input_label="false", **settings)
+    assert json.loads((bundle / "models" / "validated_range.json").read_text())["scored_on"] == "network grid"
+    image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
+    served = TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
+    review = served.predict(image).quality["review"]
+    assert review["flag"] is None and "scored on the network's grid" in review["reasons"][0]
+    assert "keep_input_label true" in review["reasons"][0]

@@ -45,7 +45,11 @@ def test_bundle_chains_are_the_phases_of_the_component_list(name):
     evaluation_only = [t for t in shared if t["_target_"].endswith("KeepInputLabeld")]  # off in training (its flag)
     assert [t for t in shared if t not in evaluation_only] + added == phase_transforms(steps, TRAINING)
     assert (
-        all(t["_disabled_"] == "$not @keep_input_label" for t in evaluation_only) and train["keep_input_label"] is False
+        all(
+            t["_disabled_"] == "$not calib_monai.bundle.as_bool(@keep_input_label, 'keep_input_label')"
+            for t in evaluation_only
+        )
+        and train["keep_input_label"] is False
     )
     # the scored volumes go through the inference chain plus the label: no crop/pad to roi_size that inference lacks
     scored = [t for t in phase_transforms(steps, EVALUATION) if t["_target_"] != "ResizeWithPadOrCropd"]

@@ -24,3 +24,5 @@ def test_as_bool_reads_command_line_switches():
     assert [as_bool(v) for v in values] == [True, False, True, False, True, True, False]
     with pytest.raises(ValueError, match="boolean"):
         as_bool("maybe")
+    with pytest.raises(ValueError, match="^--amp: expected a boolean switch"):  # the setting named
+        as_bool("tru", "amp")

@@ -72,9 +72,10 @@ def log_run_start(data, epochs: int, device, output_dir: str) -> None:
     logger.info(f"data: {data.source} ({sizes} volumes); outputs: {output_dir}; {epochs} epochs on {device}")
 
 
-def as_bool(value) -> bool:
+def as_bool(value, name: str = "") -> bool:
     """A config switch as a bool: ``monai.bundle run ... --amp true`` passes the *string* ``"true"`` (python-fire
-    reads only ``True``/``False`` as booleans), and the string ``"false"`` would otherwise count as true."""
+    reads only ``True``/``False`` as booleans), and the string ``"false"`` would otherwise count as true. ``name``:
+    the setting, named in the error."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -83,7 +84,8 @@ def as_bool(value) -> bool:
         return True
     if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
         return False
-    raise ValueError(f"expected a boolean switch (true or false), got {value!r}")
+    setting = f"--{name}: " if name else ""
+    raise ValueError(f"{setting}expected a boolean switch (true or false), got {value!r}")
 
 
 def init_distributed(backend: str) -> None:

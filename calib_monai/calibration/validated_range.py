@@ -218,7 +218,11 @@ class CaseQualityd(MapTransform):
             image = d.get(self.image_key)
             stats = image_statistics(image) if image is not None else None
             features, why = self._pop_features()
-            quality = review_case(quality, self.validated_range, stats, self.missing, features, why)
+            validated, missing = self.validated_range, self.missing
+            other_grid = image is not None and tuple(prob.shape[1:]) != tuple(image.shape[1:])
+            if validated is not None and validated.scored_on == "network grid" and other_grid:
+                validated, missing = None, _GRIDS_DIFFER
+            quality = review_case(quality, validated, stats, missing, features, why)
             if quality["review"]["flag"]:
                 logger.warning(f"case {_case(d, self.image_key)}: review: " + "; ".join(quality["review"]["reasons"]))
             d[self.quality_key] = quality
@@ -274,6 +278,12 @@ class DeliveredDiced(MapTransform):
             delivered = {"mean_dice": sum(finite) / len(finite) if finite else math.nan, "dice": dict(zip(names, dice))}
             d[self.quality_key] = {**(d.get(self.quality_key) or {}), "delivered": delivered}
         return d
+
+
+_GRIDS_DIFFER = (
+    "the validated range was scored on the network's grid (calibrate with keep_input_label false) and this case on "
+    "its input grid: run the bundle's calibrate step again with keep_input_label true"
+)
 
 
 def _case(d: Mapping, image_key: str) -> str:

@@ -140,7 +140,8 @@ def compose(steps: Sequence[Mapping[str, Any]], phase: str, component, keep_labe
             "roi_size": list(component.roi_size),
             "keep_input_label": bool(keep_label),
             "preprocessing": compose_config(steps, phase),
-        }
+        },
+        globals={"calib_monai": "calib_monai"},
     )
     return parser.get_parsed_content("preprocessing")
 
@@ -195,7 +196,10 @@ def keep_input_label() -> dict[str, Any]:
     only, and only where the bundle sets ``keep_input_label`` (``calibrate.json``, ``evaluate.json``): cached
     validation volumes carry the copy."""
     step = {"_target_": "calib_monai.data.KeepInputLabeld", "keys": LABEL, "names": INPUT_LABEL}
-    return only((EVALUATION,), {**step, "_disabled_": "$not @keep_input_label"})
+    # as_bool: the command line's --keep_input_label false is the string "false", which is truthy
+    return only(
+        (EVALUATION,), {**step, "_disabled_": "$not calib_monai.bundle.as_bool(@keep_input_label, 'keep_input_label')"}
+    )
 
 
 def to_float32() -> dict[str, Any]:
