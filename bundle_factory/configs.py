@@ -148,6 +148,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
 def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
     """``configs/train.json``: the papers' protocol (2D slices, Adam 1e-3 then 1e-4 at half time, batch 16)."""
     config = common_keys(name, dataset)
+    shared, added = training_transforms(dataset)  # the steps training and validation share, then training's crops
     config.update(
         {
             "dataset_dir": "",
@@ -190,8 +191,8 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
                 num_workers="@num_workers",
             ),
             "train": {
-                "deterministic_transforms": training_transforms(dataset)[0],
-                "training_transforms": training_transforms(dataset)[1],
+                "deterministic_transforms": shared,
+                "training_transforms": added,
                 "preprocessing": {
                     "_target_": "Compose",
                     "transforms": "$@train#deterministic_transforms + @train#training_transforms",

@@ -150,7 +150,6 @@ class InputGrid:
     def __init__(self, preprocessing: Compose, image: MetaTensor) -> None:
         if not isinstance(image, MetaTensor):
             raise TypeError("InputGrid needs the preprocessed image as a MetaTensor that tracked its operations")
-        self.preprocessing = preprocessing
         self.reference = MetaTensor(torch.zeros(1), meta=dict(image.meta))
         self.reference.applied_operations = [dict(op) for op in image.applied_operations]
         self._invert = Invertd("x", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True)

@@ -159,7 +159,7 @@ class CalibrationFitter:
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         split_volumes(2, split)  # the share is checked now, too
         self.split, self.crossfit = float(split), bool(crossfit)
-        self.reference = (list(reference_images or []), preprocessing, reference_inferer, int(max_reference))
+        self.reference = (list(reference_images or []), reference_inferer, int(max_reference))
         self.preprocessing, self.input_label_key = preprocessing, input_label_key
         self._network = network
         self._volumes: list[ValidationVolume] = []
@@ -306,12 +306,12 @@ class CalibrationFitter:
 
     def _references(self) -> tuple[list[list[float]] | None, list | None]:
         """The fixed references of the input and feature signals (None each when not asked for or not given)."""
-        items, transform, inferer, most = self.reference
+        items, inferer, most = self.reference
         want_features = self._hook is not None and inferer is not None
-        if not items or transform is None or not (self.review["input_check"] or want_features):
+        if not items or self.preprocessing is None or not (self.review["input_check"] or want_features):
             return None, None
         network = self._network if want_features else None
-        stats, features = training_references(items, transform, inferer, network, most, self.keys[2])
+        stats, features = training_references(items, self.preprocessing, inferer, network, most, self.keys[2])
         logger.info(
             f"calibrate: the input and feature signals' reference: {len(stats)} of {len(items)} training images"
         )

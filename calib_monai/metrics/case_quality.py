@@ -162,7 +162,8 @@ def _class_sums(
     def per_class(values: torch.Tensor) -> torch.Tensor:  # sum of values over the voxels of each predicted class
         return torch.zeros(classes, dtype=f64, device=prob.device).index_add_(0, labels, values.to(f64))
 
-    own = flat.gather(0, labels[None])[0]  # the predicted class's probability at each voxel
+    # the predicted class's probability at each voxel: the confidence itself when the label is the argmax
+    own = confidence.reshape(-1) if argmax and confidence is not None else flat.gather(0, labels[None])[0]
     sums = {
         "count": per_class(torch.ones((), dtype=f64, device=prob.device).expand(labels.shape)),
         "expected": flat.sum(1, dtype=f64),
@@ -171,7 +172,7 @@ def _class_sums(
     }
     if confidence is not None:
         confidence = confidence.reshape(-1)
-        sums["confidence"] = sums["overlap"] if argmax else per_class(confidence)
+        sums["confidence"] = sums["overlap"] if argmax else per_class(confidence)  # argmax: the same sums
         if threshold is not None:
             sums["low"] = per_class(confidence < threshold)
     return sums
