@@ -225,7 +225,9 @@ features and flags it for review when its best rank is among the `floor(review_a
 `eval/metrics.csv`. The range states its false-flag bound `k / (n + 1)` for its number of volumes (`bound`); with
 fewer than `1 / review_alpha - 1` volumes it cannot flag and says so (flag null, with the case's rank).
 `evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax
-(the segmentation is unchanged), as long as it was fitted for the `model.pt` they load; `evaluating` reports
+(the argmax on the network's grid is unchanged; mapped back to the image's grid, a few boundary voxels can move), as
+long as it was fitted for the `model.pt` they load; `evaluating` also writes `served_case_score` and the true DSC of
+the delivered segmentation (`delivered_mean_dice`) beside the flag, and reports
 `test_ece` (calibrated) beside `test_ece_uncalibrated`:
 
     python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" \\
