@@ -168,3 +168,12 @@ def test_delivered_dice_takes_a_cpu_label_beside_gpu_probabilities():
     on_cpu = DeliveredDiced("prob")({"prob": prob, "input_label": label})["quality"]["delivered"]
     on_gpu = DeliveredDiced("prob")({"prob": prob.cuda(), "input_label": label})["quality"]["delivered"]
     assert on_gpu["mean_dice"] == pytest.approx(on_cpu["mean_dice"])
+
+
+def test_the_previous_name_of_the_fitters_preprocessing_still_works_with_a_warning(tmp_path):
+    from calib_monai.handlers import CalibrationFitter
+
+    chain = Compose([])
+    with pytest.warns(FutureWarning, match="reference_transform=...\\) is deprecated: pass preprocessing="):
+        fitter = CalibrationFitter(tmp_path / "c.pt", tmp_path / "model.pt", num_classes=3, reference_transform=chain)
+    assert fitter.preprocessing is chain
