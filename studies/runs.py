@@ -215,14 +215,16 @@ def train(spec: RunSpec) -> dict[str, Any]:
 def calibrate(spec: RunSpec) -> Path:
     """Run the bundle's own ``calibrate`` on the finished run ``spec`` (its settings, ``configs/calibrate.json``)
     unless its recalibration is newer than its weights and than the bundle's config files, and its range is one the
-    served chain applies; its log goes to ``<run>/calibrate.log``. Returns the ``models`` folder (``calibration.pt``,
-    ``validated_range.json``, ``manifest.json``); a RuntimeError names the log when the command fails."""
+    served chain applies and not ``outdated``; its log goes to ``<run>/calibrate.log``. Returns the ``models`` folder
+    (``calibration.pt``, ``validated_range.json``, ``manifest.json``); a RuntimeError names the log when the command
+    fails."""
     models = spec.models_dir
     published = models / "validated_range.json"
     configs = bundle_config_files(spec.bundle, (*spec.extra_configs, "calibrate.json"))
     made_from = max([(models / "model.pt").stat().st_mtime] + [Path(f).stat().st_mtime for f in configs])
     fresh = published.is_file() and published.stat().st_mtime >= made_from
-    if fresh and read_validated_range(published, models / "model.pt")[0] is not None:  # one the served chain applies
+    applied = read_validated_range(published, models / "model.pt")[0] if fresh else None
+    if applied is not None and not applied.outdated:  # one the served chain applies, measuring what it measures now
         logger.info("reusing the recalibration of %s", spec.run_dir)
         return models
     command = spec.command(run_id="calibrate", configs=("calibrate.json",))

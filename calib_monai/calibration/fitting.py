@@ -41,13 +41,9 @@ from calib_monai.calibration.stored import calibrate_volume
 from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
 from calib_monai.metrics.calibration import ece
-from calib_monai.metrics.case_quality import (
-    case_quality,
-    fit_volume_interval_scale,
-    image_statistic_names,
-    image_statistics,
-)
+from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
+from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
 
 __all__ = [
     "RECALIBRATION_DEFAULTS",
@@ -75,7 +71,8 @@ HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early
 class ValidationVolume:
     """One validation volume: raw logits ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)`` on the
     network's grid (the recalibration's); ``to_input_grid`` (``calib_monai.data.InputGrid``) and ``input_label`` (the
-    label as read) put the range's score on the grid of the delivered segmentation (without them: the network's)."""
+    label as read) put the range's score on the grid of the delivered segmentation (without them: the network's);
+    ``geometry``: the image's field of view and acquired spacing (``image_geometry``)."""
 
     logits: torch.Tensor
     label: torch.Tensor
@@ -84,6 +81,7 @@ class ValidationVolume:
     case: str = ""
     to_input_grid: Callable[[torch.Tensor], torch.Tensor] | None = None
     input_label: torch.Tensor | None = None
+    geometry: list[float] | None = None  # image_geometry of the image while it had its metadata (None: unknown)
 
     def scored(self, prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``(probabilities, label, voxel volume in mL)`` on the grid the case is scored on, from its calibrated
@@ -367,9 +365,9 @@ def measure_validated_range(
             prob, label, voxel_ml = v.scored(prob)  # on the input grid, as the served case is scored
             qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
             truths.append((label, voxel_ml))
-    inputs = [image_statistics(volumes[i].image) for i in chosen]
+    inputs = [input_statistics(volumes[i].image, volumes[i].geometry) for i in chosen]
     image = volumes[chosen[0]].image if chosen else None
-    names = image_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
+    names = input_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
     info = {"split": split.record(volumes), "volumes_scored": len(chosen), **info}
     stored = None
     if review.get("feature_check"):

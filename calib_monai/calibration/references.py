@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.metrics.case_quality import image_statistics
 from calib_monai.metrics.feature_distance import MahalanobisDistance
+from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 
 __all__ = ["fixed_references", "training_references"]
@@ -37,7 +37,7 @@ def training_references(
     try:
         for i in chosen:
             image = transform(dict(items[i]))[image_key]
-            stats.append(image_statistics(image))
+            stats.append(input_statistics(image))
             if hook is not None:
                 with torch.no_grad():
                     inferer(torch.as_tensor(image)[None].to(device), network)

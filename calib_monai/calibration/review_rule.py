@@ -16,9 +16,11 @@ import numpy as np
 
 from calib_monai.atomic import write_json_atomically
 from calib_monai.calibration.conformal_scores import competition_ranks, standardised
+from calib_monai.calibration.input_signal import InputSignal
 from calib_monai.calibration.stored import file_sha256
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
+from calib_monai.metrics.image_statistics import is_geometry
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
@@ -26,7 +28,7 @@ MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others:
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
 
 
-def _number(value: Any) -> float:
+def _number(value: Any) -> float:  # a stored null is NaN
     return float("nan") if value is None else float(value)
 
 
@@ -196,10 +198,23 @@ class ValidatedRange:
         if self.feature_check and self._distance is None:
             why = self.info.get("features_left_out", "no validation features stored")
             out.append(f"the feature signal is left out: {why}")
+        if self.outdated:
+            out.append(self.outdated)
         missing = sum(1 for s in self.scores if s != s)
         if 0 < missing < self.n:
             out.append(f"{missing} of {self.n} validation volumes have no case score (no structure predicted)")
         return out
+
+    @property
+    def outdated(self) -> str:
+        """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before the
+        image geometry statistics compares the intensities only."""
+        if self.input_check and self.input_names and not any(map(is_geometry, self.input_names)):
+            return (
+                "the range was calibrated before the image geometry statistics (field of view, voxel spacing): the "
+                "input signal compares intensities only; run the bundle's calibrate step again"
+            )
+        return ""
 
     @property
     def score_problem(self) -> str:
@@ -217,25 +232,6 @@ class ValidatedRange:
             )
         return ""
 
-    def _input_distances(self, features: Sequence[float]) -> tuple[np.ndarray, str]:
-        """The distance of each of the ``n`` validation images and of ``features`` (last), the largest over the
-        statistics in standard deviations: from the training images' (``input_reference``, one fixed function, so
-        the ``n + 1`` stay exchangeable), else from the other ``n``; and the case's farthest statistic."""
-        points = np.array([*self.inputs, list(features)], dtype=np.float64)
-        tiny = np.finfo(np.float64).eps
-        if self.input_reference:  # one fixed reference: every point at once
-            mean, std = (np.asarray(self.input_reference[k], np.float64) for k in ("mean", "std"))
-            z = np.abs(points - mean) / np.where(std > 0, std, tiny)
-        else:  # each point against the other n
-            z = np.empty_like(points)
-            for i in range(len(points)):
-                others = np.delete(points, i, axis=0)
-                std = others.std(0)
-                z[i] = np.abs(points[i] - others.mean(0)) / np.where(std > 0, std, tiny)
-        out, farthest = z.max(1), int(np.argmax(z[-1]))
-        names = self.input_names if len(self.input_names) == points.shape[1] else []
-        return out, (names[farthest] if names else f"image statistic {farthest}")
-
     def _signal_values(
         self, quality: Mapping[str, Any], image_statistics: Sequence[float] | None, features: Any, missing: str
     ) -> tuple[dict[str, np.ndarray], list[str], list[str], str]:
@@ -246,19 +242,18 @@ class ValidatedRange:
         values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
         left_out, unknown, farthest = [], [], ""
         if self.input_check:
-            if len(self.inputs) < MIN_INPUT_IMAGES or not np.isfinite(np.asarray(self.inputs, float)).all():
+            measured = InputSignal(self.inputs, self.input_names, self.input_reference)
+            if len(self.inputs) < MIN_INPUT_IMAGES or not measured.intensities_finite():
                 left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
             elif image_statistics is None:
                 left_out.append("image intensities left out: no image statistics were given with the case")
-            elif len(image_statistics) != len(self.inputs[0]):
-                unknown.append(
-                    f"cannot judge: the case has {len(image_statistics)} image statistics and the validated range "
-                    f"{len(self.inputs[0])} (measured by another calib_monai version?): run calibrate again"
-                )
-            elif not np.isfinite(image_statistics).all():
-                unknown.append(f"cannot judge: the image statistics {list(image_statistics)} are not all finite")
             else:
-                values["input"], farthest = self._input_distances(image_statistics)
+                stats, problem, note = measured.comparable(image_statistics)
+                if problem:
+                    unknown.append(problem)
+                else:
+                    left_out += [note] if note else []
+                    values["input"], farthest = measured.distances(stats)
         if self.feature_check:
             if self._distance is None:
                 left_out.append(f"network features left out: {self.info.get('features_left_out', 'none stored')}")
@@ -391,8 +386,8 @@ class ValidatedRange:
         return write_json_atomically(Path(path), record)
 
     def describe(self) -> str:
-        names = {"case_score": "lowest case score", "input": "largest image-statistic distance", "features": "largest "}
-        names["features"] += "network-feature (Mahalanobis) distance"
+        names = {"case_score": "lowest case score", "input": "largest image-statistic distance"}
+        names["features"] = "largest network-feature (Mahalanobis) distance"
         signals = ", ".join(names[s] for s in self.signals)
         rule = (
             f"measure the case and each of the {self.n} validation volumes against the others by each signal "

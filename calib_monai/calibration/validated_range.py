@@ -13,9 +13,10 @@ more extreme), each measured against the other ``n``:
 
 * the case score (mean estimated DSC), negated (no case score: more extreme than any);
 * (``input_check``) the image: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of the image's
-  statistics (per channel its mean, standard deviation and sharpness along each axis:
-  :func:`~calib_monai.metrics.case_quality.image_statistics`) from the training images' (a fixed reference, up to
-  200 of them through the served preprocessing; without them, from the other ``n`` images');
+  statistics (per channel its mean, standard deviation and sharpness along each axis; per axis the log of its field
+  of view and of its acquired voxel spacing, whose ``std_c`` is at least ``log 1.1``:
+  :func:`~calib_monai.metrics.image_statistics.input_statistics`) from the training images' (a fixed reference, up
+  to 200 of them through the served preprocessing; without them, from the other ``n`` images');
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
   bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
   components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
@@ -57,7 +58,8 @@ from monai.transforms import MapTransform
 
 from calib_monai.calibration.review_rule import ValidatedRange
 from calib_monai.calibration.stored import file_sha256
-from calib_monai.metrics.case_quality import case_quality, image_statistics
+from calib_monai.metrics.case_quality import case_quality
+from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 
@@ -216,7 +218,7 @@ class CaseQualityd(MapTransform):
                 volume_interval_scale=self._volume_interval_scale,
             )
             image = d.get(self.image_key)
-            stats = image_statistics(image) if image is not None else None
+            stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
             validated, missing = self.validated_range, self.missing
             other_grid = image is not None and tuple(prob.shape[1:]) != tuple(image.shape[1:])

@@ -26,6 +26,7 @@ from calib_monai.calibration.temperature import VOXEL_CHOICES
 from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
 from calib_monai.data.inference import InputGrid
 from calib_monai.data.preprocessing import INPUT_LABEL
+from calib_monai.metrics.image_statistics import image_geometry
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import case_name
 
@@ -204,6 +205,7 @@ class CalibrationFitter:
                     voxel_volume_ml(item[image_key]),
                     case_name(item, len(self._volumes)),
                     *self._input_grid(item, batch[index] if index < len(batch) else {}),
+                    geometry=image_geometry(item[image_key]),
                 )
             )
 
@@ -212,7 +214,7 @@ class CalibrationFitter:
         kept = item.get(self.input_label_key, batch_item.get(self.input_label_key))
         image = item[self.keys[2]]
         if kept is None:
-            return ()
+            return (None, None)
         if self.preprocessing is None or not isinstance(image, MetaTensor):
             raise ValueError(
                 f"calibrate: the validation volumes keep their label as read ({self.input_label_key}) but the range "

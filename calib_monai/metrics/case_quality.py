@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from calib_monai.checks import check_number, check_option
 
 from ._inputs import detached_plain_tensor, probability_problem
+from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
 
 __all__ = [
     "ABSENT_VOXELS",
@@ -301,35 +302,6 @@ def structure_band(masks: Sequence[torch.Tensor], radius: int) -> torch.Tensor:
         raise ValueError(f"structure_band takes 2D or 3D masks, got {union.ndim}D")
     grown = pool(union[None, None].float(), kernel_size=2 * radius + 1, stride=1, padding=radius)
     return grown[0, 0] > 0
-
-
-def image_statistics(image: Any) -> list[float]:
-    """Where the intensities of a (preprocessed) image ``(C, *spatial)`` sit and how sharp it is, per channel: the
-    mean, the standard deviation and, along each spatial axis, the mean absolute difference of neighbouring voxels
-    over the standard deviation (0 for a constant channel). The validated range compares them with the validation
-    images': a thicker slice, ringing or spikes change the sharpness along an axis even where the intensities are
-    rescaled (:func:`image_statistic_names` names them).
-
-    >>> import torch
-    >>> image = torch.tensor([[[0.0, 2.0], [0.0, 2.0]]])  # one channel, 2 x 2: a step along the second axis
-    >>> image_statistics(image)  # mean 1, std 1; no change along axis 0, steps of 2 along axis 1
-    [1.0, 1.0, 0.0, 2.0]
-    """
-    image = detached_plain_tensor(torch.as_tensor(image)).double()
-    flat = image.reshape(image.shape[0], -1)
-    std = flat.std(1, correction=0)
-    out = [flat.mean(1), std]
-    for axis in range(1, image.ndim):
-        step = image.diff(dim=axis).abs().reshape(image.shape[0], -1).mean(1)
-        out.append(torch.where(std > 0, step / std.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(step)))
-    return torch.stack(out, dim=1).reshape(-1).cpu().tolist()
-
-
-def image_statistic_names(channels: int, spatial_dims: int) -> list[str]:
-    """The names of :func:`image_statistics`' values of a ``channels``-channel image with ``spatial_dims`` axes."""
-    per_channel = ["mean intensity", "intensity spread", *(f"sharpness along axis {a}" for a in range(spatial_dims))]
-    prefix = (lambda c: "") if channels == 1 else (lambda c: f"channel {c} ")
-    return [f"{prefix(c)}{name}" for c in range(channels) for name in per_channel]
 
 
 def case_quality(

@@ -1,0 +1,82 @@
+"""The review rule's input signal (:class:`~calib_monai.calibration.review_rule.ValidatedRange`): how far an image's
+statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, sharpness, field of view and
+acquired spacing) lie from the training images' or, without them, from the other validation images'."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calib_monai.metrics.image_statistics import is_geometry, statistic_floor
+
+__all__ = ["InputSignal"]
+
+_NO_GEOMETRY = "image geometry left out: the image carries no original_affine (not read from a file)"
+
+
+@dataclass
+class InputSignal:
+    """The validation images' statistics (``inputs``, one row each), their ``names`` and the training images'
+    ``reference`` (``{"mean", "std"}`` per statistic, or None)."""
+
+    inputs: Sequence[Sequence[float]]
+    names: Sequence[str]
+    reference: Mapping[str, Any] | None = None
+
+    def _named(self, count: int) -> list[str]:
+        return list(self.names) if len(self.names) == count else []
+
+    def intensities_finite(self) -> bool:
+        """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
+        rows = np.asarray(self.inputs, dtype=np.float64)
+        names = self._named(rows.shape[1])
+        columns = [i for i, n in enumerate(names) if not is_geometry(n)] if names else slice(None)
+        return bool(np.isfinite(rows[:, columns]).all())
+
+    def comparable(self, stats: Sequence[float]) -> tuple[list[float], str, str]:
+        """The case's statistics as the validation images' were measured, why they cannot be compared ("" when they
+        can), and a note on a part left out: a range from before the geometry statistics compares the first ones; a
+        geometry the case lacks (NaN: no ``original_affine``) is left out."""
+        stats, width = [float(v) for v in stats], len(self.inputs[0])
+        if len(stats) > width and self.names and not any(map(is_geometry, self.names)):
+            stats = stats[:width]  # a range calibrated before the geometry statistics
+        if len(stats) != width:
+            return (
+                stats,
+                (
+                    f"cannot judge: the case has {len(stats)} image statistics and the validated range {width} "
+                    "(measured by another calib_monai version?): run calibrate again"
+                ),
+                "",
+            )
+        geometry = [is_geometry(n) for n in self._named(width)] or [False] * width
+        if any(not (g or math.isfinite(v)) for v, g in zip(stats, geometry)):
+            return stats, f"cannot judge: the image statistics {stats} are not all finite", ""
+        lacking = any(g and not math.isfinite(v) for v, g in zip(stats, geometry))
+        return stats, "", (_NO_GEOMETRY if lacking else "")
+
+    def distances(self, stats: Sequence[float]) -> tuple[np.ndarray, str]:
+        """The distance of each of the ``n`` validation images and of the case (``stats``, last): the largest over
+        the statistics all of them have (a geometry one lacks is left out), in spreads (standard deviations, at least
+        each statistic's :func:`statistic_floor`) from the training images' (one fixed function, so the ``n + 1``
+        stay exchangeable), else from the other ``n``; and the name of the case's farthest statistic."""
+        points = np.array([*self.inputs, list(stats)], dtype=np.float64)
+        names = self._named(points.shape[1])
+        floor = np.maximum([statistic_floor(n) for n in names] or [0.0] * points.shape[1], np.finfo(np.float64).eps)
+        if self.reference:  # one fixed reference: every point at once
+            mean, std = (np.asarray(self.reference[k], np.float64) for k in ("mean", "std"))
+            z = np.abs(points - mean) / np.maximum(std, floor)
+        else:  # each point against the other n
+            z = np.empty_like(points)
+            for i in range(len(points)):
+                others = np.delete(points, i, axis=0)
+                z[i] = np.abs(points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
+        measured = np.isfinite(z).all(0)  # the statistics every image (and the reference) has
+        z = z[:, measured]
+        farthest = int(np.argmax(z[-1]))
+        kept = [n for n, ok in zip(names, measured) if ok]
+        return z.max(1), (kept[farthest] if kept else f"image statistic {farthest}")

@@ -1,0 +1,132 @@
+"""What the review rule's input signal measures of an image, without a label: where its intensities sit, how sharp it
+is along each axis (:func:`image_statistics`), and how it was acquired, its field of view and voxel spacing in mm
+(:func:`image_geometry`). :func:`input_statistics` is the vector the validated range stores for each validation image
+and compares a served case with (:mod:`calib_monai.calibration.validated_range`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._inputs import detached_plain_tensor
+
+__all__ = [
+    "GEOMETRY_TOLERANCE",
+    "image_geometry",
+    "image_geometry_names",
+    "image_statistic_names",
+    "image_statistics",
+    "input_statistic_names",
+    "input_statistics",
+    "statistic_floor",
+]
+
+# the least spread the rule gives a geometry statistic (log mm): images of one protocol share a spacing to the last
+# digit, and a 10% change of spacing or field of view is then one spread, not 1e15 of them
+GEOMETRY_TOLERANCE = math.log(1.1)
+_GEOMETRY_PREFIXES = ("field of view", "voxel spacing")
+
+
+def image_statistics(image: Any) -> list[float]:
+    """Where the intensities of a (preprocessed) image ``(C, *spatial)`` sit and how sharp it is, per channel: the
+    mean, the standard deviation and, along each spatial axis, the mean absolute difference of neighbouring voxels
+    over the standard deviation (0 for a constant channel). The validated range compares them with the validation
+    images': a thicker slice, ringing or spikes change the sharpness along an axis even where the intensities are
+    rescaled (:func:`image_statistic_names` names them).
+
+    >>> import torch
+    >>> image = torch.tensor([[[0.0, 2.0], [0.0, 2.0]]])  # one channel, 2 x 2: a step along the second axis
+    >>> image_statistics(image)  # mean 1, std 1; no change along axis 0, steps of 2 along axis 1
+    [1.0, 1.0, 0.0, 2.0]
+    """
+    image = detached_plain_tensor(torch.as_tensor(image)).double()
+    flat = image.reshape(image.shape[0], -1)
+    std = flat.std(1, correction=0)
+    out = [flat.mean(1), std]
+    for axis in range(1, image.ndim):
+        step = image.diff(dim=axis).abs().reshape(image.shape[0], -1).mean(1)
+        out.append(torch.where(std > 0, step / std.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(step)))
+    return torch.stack(out, dim=1).reshape(-1).cpu().tolist()
+
+
+def image_statistic_names(channels: int, spatial_dims: int) -> list[str]:
+    """The names of :func:`image_statistics`' values of a ``channels``-channel image with ``spatial_dims`` axes."""
+    per_channel = ["mean intensity", "intensity spread", *(f"sharpness along axis {a}" for a in range(spatial_dims))]
+    prefix = (lambda c: "") if channels == 1 else (lambda c: f"channel {c} ")
+    return [f"{prefix(c)}{name}" for c in range(channels) for name in per_channel]
+
+
+def image_geometry(image: Any) -> list[float]:
+    """How a (preprocessed) image ``(C, *spatial)`` was acquired, per spatial axis of the preprocessed grid: the log
+    of its field of view (mm: the voxel spacing of its affine times its size, which resampling keeps) and the log of
+    the voxel spacing it was acquired with (mm: the column of its ``original_affine``, as the reader saw the file,
+    that points along the axis). NaN for each when the image carries no ``original_affine`` (an array, not a file
+    MONAI's reader loaded): its geometry is unknown, and the rule leaves it out.
+
+    >>> import torch
+    >>> from monai.data import MetaTensor
+    >>> affine = torch.diag(torch.tensor([2.0, 2.0, 10.0, 1.0]))  # resampled to 2 x 2 mm in-plane
+    >>> acquired = torch.diag(torch.tensor([1.0, 1.0, 10.0, 1.0]))  # read as 1 x 1 x 10 mm voxels
+    >>> image = MetaTensor(torch.zeros(1, 50, 40, 8), affine=affine, meta={"original_affine": acquired})
+    >>> [round(math.exp(v), 3) for v in image_geometry(image)]  # field of view 100, 80, 80 mm; spacing 1, 1, 10
+    [100.0, 80.0, 80.0, 1.0, 1.0, 10.0]
+    """
+    spatial = tuple(image.shape[1:])
+    meta = getattr(image, "meta", None) or {}
+    original = meta.get("original_affine")
+    affine = getattr(image, "affine", None)
+    if original is None or affine is None:
+        return [math.nan] * (2 * len(spatial))
+    affine = np.asarray(torch.as_tensor(affine).cpu(), dtype=np.float64)[: len(spatial), : len(spatial)]
+    original = np.asarray(torch.as_tensor(original).cpu(), dtype=np.float64)
+    original = original[: original.shape[0] - 1, : original.shape[1] - 1]  # the linear part, any number of axes
+    rows = min(affine.shape[0], original.shape[0])
+    spacing, acquired = np.linalg.norm(affine, axis=0), np.linalg.norm(original, axis=0)
+    out_fov, out_spacing = [], []
+    for axis, size in enumerate(spatial):
+        out_fov.append(math.log(max(spacing[axis], 1e-12) * size))
+        direction = affine[:rows, axis] / max(spacing[axis], 1e-12)
+        cosines = np.abs(direction @ original[:rows]) / np.maximum(acquired, 1e-12)
+        out_spacing.append(math.log(max(acquired[int(np.argmax(cosines))], 1e-12)) if cosines.size else math.nan)
+    return out_fov + out_spacing
+
+
+def image_geometry_names(spatial_dims: int) -> list[str]:
+    """The names of :func:`image_geometry`'s values (log mm) of an image with ``spatial_dims`` axes."""
+    return [f"field of view along axis {a}" for a in range(spatial_dims)] + [
+        f"voxel spacing along axis {a}" for a in range(spatial_dims)
+    ]
+
+
+def input_statistics(image: Any, geometry: Sequence[float] | None = None) -> list[float]:
+    """The input signal's vector of an image: :func:`image_statistics` then :func:`image_geometry` (``geometry``:
+    taken before the image lost its metadata; None: from ``image``).
+
+    >>> import torch
+    >>> input_statistics(torch.tensor([[[0.0, 2.0], [0.0, 2.0]]]))  # a plain tensor: no geometry, NaN (left out)
+    [1.0, 1.0, 0.0, 2.0, nan, nan, nan, nan]
+    """
+    return image_statistics(image) + list(image_geometry(image) if geometry is None else geometry)
+
+
+def input_statistic_names(channels: int, spatial_dims: int) -> list[str]:
+    """The names of :func:`input_statistics`' values."""
+    return image_statistic_names(channels, spatial_dims) + image_geometry_names(spatial_dims)
+
+
+def statistic_floor(name: str) -> float:
+    """The least spread the rule measures a statistic named ``name`` in: :data:`GEOMETRY_TOLERANCE` for the geometry,
+    0 for the intensities.
+
+    >>> round(statistic_floor("voxel spacing along axis 2"), 4), statistic_floor("mean intensity")  # log 1.1, none
+    (0.0953, 0.0)
+    """
+    return GEOMETRY_TOLERANCE if is_geometry(name) else 0.0
+
+
+def is_geometry(name: str) -> bool:
+    return name.startswith(_GEOMETRY_PREFIXES)

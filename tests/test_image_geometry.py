@@ -1,0 +1,139 @@
+"""The input signal's acquisition geometry: the field of view and acquired voxel spacing read through MONAI's own
+loader and spatial transforms (hand-computed), and the review rule flagging an image from another protocol while an
+image of the same protocol, a float's noise off, or one without a geometry is judged as before."""
+
+from __future__ import annotations
+
+import math
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, Orientationd, Resized, Spacingd
+
+from calib_monai.calibration import ValidatedRange
+from calib_monai.metrics.image_statistics import (
+    image_geometry,
+    image_statistic_names,
+    image_statistics,
+    input_statistic_names,
+    input_statistics,
+)
+
+
+def _read(path, pixdim=(2.0, 2.0, -1), size=(48, 48, -1)):
+    chain = Compose(
+        [
+            LoadImaged("image", image_only=True),
+            EnsureChannelFirstd("image"),
+            Orientationd("image", axcodes="RAS", labels=None),
+            Spacingd("image", pixdim=pixdim),
+            Resized("image", spatial_size=size),
+        ]
+    )
+    return chain({"image": str(path)})["image"]
+
+
+def test_the_geometry_is_the_files_through_resampling_and_reorientation(tmp_path):
+    # a file of 100 x 80 x 9 voxels of 1.5 x 1.5 x 10 mm: field of view 150 x 120 x 90 mm, whatever the grid
+    path = tmp_path / "a.nii.gz"
+    nib.save(nib.Nifti1Image(np.random.rand(100, 80, 9).astype(np.float32), np.diag([1.5, 1.5, 10.0, 1.0])), path)
+    image = _read(path)
+    assert tuple(image.shape[1:]) == (48, 48, 9)
+    fov, spacing = np.exp(image_geometry(image)[:3]), np.exp(image_geometry(image)[3:])
+    np.testing.assert_allclose(fov, [150.0, 120.0, 90.0], rtol=1e-6)
+    np.testing.assert_allclose(spacing, [1.5, 1.5, 10.0], rtol=1e-6)
+    # the same voxels stored with the slice axis first (its affine permutes the axes): the reader's RAS
+    # reorientation puts the 10 mm axis last again, and its spacing follows it
+    permuted = tmp_path / "b.nii.gz"
+    affine = np.array([[0, 1.5, 0, 0], [0, 0, 1.5, 0], [10.0, 0, 0, 0], [0, 0, 0, 1]])
+    nib.save(nib.Nifti1Image(np.random.rand(9, 100, 80).astype(np.float32), affine), permuted)
+    again = _read(permuted)
+    np.testing.assert_allclose(np.exp(image_geometry(again)), np.exp(image_geometry(image)), rtol=1e-6)
+    # a plain tensor has no geometry: NaN, named so the rule can leave it out
+    assert all(math.isnan(v) for v in image_geometry(torch.zeros(1, 4, 4, 2)))
+    assert input_statistic_names(1, 3)[-1] == "voxel spacing along axis 2"
+    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 5 + 6
+
+
+def _protocol_images(tmp_path, n, spacing, shape, name, seed=0):
+    """``n`` NIfTI files of one protocol, sizes varying by a few voxels, read through the served chain: the same ramp
+    along the first axis in each, so that only their geometry tells them apart."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for i in range(n):
+        size = [s + int(rng.integers(-3, 4)) for s in shape]
+        path = tmp_path / f"{name}{i}.nii.gz"
+        ramp = np.broadcast_to(np.linspace(0, 1, size[0])[:, None, None], size).astype(np.float32)
+        nib.save(nib.Nifti1Image(ramp, np.diag([*spacing, 1.0])), path)
+        images.append(_read(path, pixdim=(2.0, 2.0, -1), size=(32, 32, -1)))
+    return images
+
+
+def test_an_image_of_another_protocol_is_flagged_by_its_geometry(tmp_path):
+    # 19 validation images of a cardiac-like protocol (1.5 x 1.5 x 10 mm, about 200 x 200 x 9) and a test image of
+    # a brain-crop protocol (1 mm isotropic, 35 x 50 x 35): its slices are 10x thinner, log 10 / log 1.1 = 24.2
+    # spreads (the floor: the validation images all have 10 mm), the farthest statistic: flagged, the reason names it
+    cardiac = _protocol_images(tmp_path, 20, (1.5, 1.5, 10.0), (200, 200, 9), "c")
+    brain = _protocol_images(tmp_path, 1, (1.0, 1.0, 1.0), (35, 50, 35), "h", seed=1)[0]
+    names = input_statistic_names(1, 3)
+    stats = [input_statistics(i) for i in cardiac[:-1]]
+    scores = [0.8 + 0.001 * i for i in range(19)]
+    validated = ValidatedRange(scores, inputs=stats, input_check=True, input_names=names)
+    assert validated.check({"case_score": 0.81, "classes": {}}, input_statistics(cardiac[-1]))["flag"] is False
+    verdict = validated.check({"case_score": 0.81, "classes": {}}, input_statistics(brain))
+    assert verdict["flag"] is True
+    assert verdict["reasons"][0].startswith(
+        "image unlike the validation images (voxel spacing along axis 2: distance 24.2 standard deviations"
+    )
+    # a float's noise in the spacing of an image of the protocol moves no statistic by 1e15 spreads
+    noisy = input_statistics(cardiac[-1])
+    noisy[-1] += 1e-9
+    assert validated.check({"case_score": 0.81, "classes": {}}, noisy)["flag"] is False
+    # without a geometry (a plain array), the intensities judge it, and the verdict says what was left out
+    plain = validated.check({"case_score": 0.81, "classes": {}}, input_statistics(cardiac[-1].as_tensor()))
+    assert plain["flag"] is False
+    assert plain["left_out"] == ["image geometry left out: the image carries no original_affine (not read from a file)"]
+    # with the training images' fixed reference: the same verdicts
+    reference = np.asarray(stats)
+    fixed = ValidatedRange(
+        scores,
+        inputs=stats,
+        input_check=True,
+        input_names=names,
+        input_reference={"mean": reference.mean(0).tolist(), "std": reference.std(0).tolist(), "images": 19},
+    )
+    assert fixed.check({"case_score": 0.81, "classes": {}}, input_statistics(brain))["flag"] is True
+    assert fixed.check({"case_score": 0.81, "classes": {}}, noisy)["flag"] is False
+
+
+def test_a_range_calibrated_before_the_geometry_still_judges_the_intensities():
+    # an older validated_range.json stores only the intensity statistics: the case's geometry is left off the end
+    g = torch.Generator().manual_seed(0)
+    images = [torch.rand(1, 8, 8, 4, generator=g) for _ in range(20)]
+    old = ValidatedRange(
+        [0.8 + 0.001 * i for i in range(19)],
+        inputs=[image_statistics(i) for i in images[:-1]],
+        input_check=True,
+        input_names=image_statistic_names(1, 3),
+    )
+    case = input_statistics(images[-1])  # 5 intensity statistics and 6 (NaN) geometry ones
+    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
+    assert verdict["flag"] is False and verdict["signals"]["input"]["rank"] >= 1
+    # a range whose statistics are neither a prefix nor the same cannot judge: null, with the reason
+    assert old.check({"case_score": 0.81, "classes": {}}, case[:3])["flag"] is None
+
+
+@pytest.mark.parametrize("spatial", [(8, 8), (8, 8, 4)])
+def test_the_geometry_of_a_plain_tensor_is_unknown_in_2d_and_3d(spatial):
+    assert len(image_geometry(torch.zeros(1, *spatial))) == 2 * len(spatial)
+
+
+def test_a_range_from_before_the_geometry_says_so():
+    stats = [image_statistics(torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(i))) for i in range(3)]
+    old = ValidatedRange([0.8, 0.7, 0.9], inputs=stats, input_check=True, input_names=image_statistic_names(1, 3))
+    assert old.outdated.startswith("the range was calibrated before the image geometry statistics")
+    assert old.outdated in old.warnings
+    new = ValidatedRange([0.8, 0.7, 0.9], inputs=[s + [0.0] * 6 for s in stats], input_check=True)
+    assert new.outdated == "" and not ValidatedRange([0.8, 0.7, 0.9]).outdated
