@@ -4,7 +4,7 @@
 fits a local temperature network (``calibration_method`` ``"local_temperature"``, default) or one temperature
 (``"temperature"``) on their logits: ``<models>/calibration.pt`` and ``calibration.json``. ``evaluate`` and
 ``inference`` apply it before the softmax when the file is there and was fitted for the ``model.pt`` they load
-(``calib_monai.calibration.CalibrateLogitsd``); ``evaluate`` also scores the uncalibrated softmax
+(``calib_monai.recalibration.CalibrateLogitsd``); ``evaluate`` also scores the uncalibrated softmax
 (``test_ece_uncalibrated``), so its output shows ECE before and after.
 
 Every validation volume's case score is measured with a recalibration it did not fit (``calibration_crossfit``,
@@ -23,15 +23,16 @@ from typing import Any
 from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from bundle_factory.common import FLOAT_PRED
 from bundle_factory.specs import Dataset, Method
-from calib_monai.calibration.fitting import RECALIBRATION_DEFAULTS, REVIEW_DEFAULTS
+from calib_monai.recalibration.fitting import RECALIBRATION_DEFAULTS, REVIEW_DEFAULTS
 
 __all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys", "evaluation_case_quality"]
 
 CALIBRATION_PATH = "$@output_dir + '/calibration.pt'"
 VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
-#: The review rule (calib_monai.calibration.validated_range): rank the case among the n + 1 by case score, image
-#: intensities and network features, take its best rank and flag it among the k = floor(alpha (n + 1)) most extreme
-#: (one full-conformal rule, bound k / (n + 1) <= alpha); volume_factor 0 leaves the volume rule off.
+#: The review rule (calib_monai.recalibration.validated_range): measure the case and the n validation volumes by case
+#: score, image (intensities, sharpness, geometry) and network features as robust z-scores, take each one's largest and
+#: flag the case among the k = floor(alpha (n + 1)) most extreme (one full-conformal rule, bound k / (n + 1) <= alpha);
+#: volume_factor 0 leaves the volume rule off.
 REVIEW = {f"review_{key}": value for key, value in REVIEW_DEFAULTS.items()}  # the library's one source
 
 
@@ -41,7 +42,7 @@ def case_quality_keys() -> dict[str, Any]:
     return {
         "validated_range_path": "$os.path.join(os.path.dirname(@model_path), 'validated_range.json')",
         "case_quality": {
-            "_target_": "calib_monai.calibration.CaseQualityd",
+            "_target_": "calib_monai.recalibration.CaseQualityd",
             "keys": "pred",
             "validated_range": "@validated_range_path",
             "weights": "@model_path",
@@ -64,7 +65,7 @@ def evaluation_case_quality() -> dict[str, Any]:
 def calibrate_logits(weights: str, uncalibrated_key: str | None = None) -> dict[str, Any]:
     """The transform that applies ``@calibration_path`` (fitted for ``weights``) to the logits under ``pred``."""
     transform = {
-        "_target_": "calib_monai.calibration.CalibrateLogitsd",
+        "_target_": "calib_monai.recalibration.CalibrateLogitsd",
         "keys": "pred",
         "calibration": "@calibration_path",
         "weights": weights,
@@ -103,7 +104,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "map_location": "@device",
             },
             {
-                "_target_": "calib_monai.handlers.CalibrationFitter",
+                "_target_": "calib_monai.handlers.RecalibrationFitter",
                 "output_path": "@calibration_path",
                 "weights": "$@output_dir + '/model.pt'",
                 "method": "@calibration_method",

@@ -10,7 +10,7 @@ IMPORTS = [
     "$import monai",
     "$import calib_monai",
     "$import calib_monai.bundle",
-    "$import calib_monai.calibration",
+    "$import calib_monai.recalibration",
     "$import calib_monai.data",
     "$import calib_monai.export",
     "$import calib_monai.handlers",

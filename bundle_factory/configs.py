@@ -117,14 +117,14 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
         },
         "additional_metrics": {
             "val_ece": {
-                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
                 "num_bins": 15,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
             },
             "val_nll": {
-                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "nll",
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
@@ -270,7 +270,7 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "@case_quality",
                 # the true DSC of the segmentation inferring delivers (argmax on the input grid), beside the estimate
                 {
-                    "_target_": "calib_monai.calibration.DeliveredDiced",
+                    "_target_": "calib_monai.recalibration.DeliveredDiced",
                     "keys": "prob_input",
                     "label_key": "input_label",
                     "label_names": "@label_names",
@@ -305,14 +305,14 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         },
         "validate#additional_metrics": {
             "test_ece": {
-                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
                 "num_bins": 15,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
             },
             "test_ece_uncalibrated": {
-                "_target_": "calib_monai.handlers.SegmentationCalibration",
+                "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
                 "num_bins": 15,
                 "foreground": "gt",

@@ -51,7 +51,7 @@ def main() -> None:
 
     ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
     ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``calibrate-probabilities``:
-    :func:`calib_monai.calibration.calibrate_probabilities`. (The studies are not part of the installed package:
+    :func:`calib_monai.recalibration.calibrate_probabilities`. (The studies are not part of the installed package:
     ``python scripts/experiments.py`` in the repository.)
 
     An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
@@ -60,8 +60,8 @@ def main() -> None:
     """
     import fire
 
-    from calib_monai.calibration.external import calibrate_probabilities
     from calib_monai.export import export_bundle
+    from calib_monai.recalibration.external import calibrate_probabilities
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     commands = {"export": export_bundle, "slicer": slicer, "calibrate-probabilities": calibrate_probabilities}

@@ -212,7 +212,7 @@ def benchmark_metrics(
 ) -> bool:
     from torchmetrics.classification import MulticlassCalibrationError
 
-    from calib_monai.metrics import calibration, calibration_errors, calibration_kernel, cece, ece, tace
+    from calib_monai.metrics import calibration_error, calibration_errors, calibration_kernel, cece, ece, tace
 
     probs, labels = make_volumes(volumes, shape, seed)
     fg_frac = float((labels > 0).float().mean())
@@ -254,7 +254,7 @@ def benchmark_metrics(
 
     def kernel_selection():
         # what pooled_accumulator gives once it selects through calibration_kernel.select_voxels (pending change)
-        with mock.patch.object(calibration, "select_tensor_voxels", calibration_kernel.select_voxels):
+        with mock.patch.object(calibration_error, "select_tensor_voxels", calibration_kernel.select_voxels):
             return calibration_errors(probs, labels, names3, **kw)
 
     extra = {  # the one implementation from other inputs, and what reading the inputs once costs

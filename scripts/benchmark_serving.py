@@ -48,8 +48,8 @@ def _run(variant: str, args, queue) -> None:
     import torch
     from monai.transforms import Invertd
 
-    from calib_monai.calibration.validated_range import voxel_volume_ml
     from calib_monai.metrics.case_quality import case_quality
+    from calib_monai.recalibration.validated_range import voxel_volume_ml
 
     torch.set_num_threads(args.threads)
     chain, image, logits = _inputs(tuple(args.shape), tuple(args.spacing), args.classes)

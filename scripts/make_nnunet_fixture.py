@@ -20,7 +20,7 @@ default_preprocessor.DefaultPreprocessor.run_case_npy`` then ``nnunetv2.inferenc
    (``probabilities``), ``case_001.pkl`` and ``case_001.nii.gz``; ``dataset.json`` is written beside them as
    ``nnUNetv2_predict`` does.
 
-The expected result: the probabilities, read by ``calib_monai.calibration`` against the label, score DSC 1.
+The expected result: the probabilities, read by ``calib_monai.recalibration`` against the label, score DSC 1.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
   one scalar ``T > 0`` minimising the NLL of the validation voxels. Argmax, hence DSC and HD95, is unchanged.
 * Local temperature scaling (Ding Z. et al., Local Temperature Scaling for Probability Calibration, ICCV 2021):
   ``softmax(z / T(x))`` with a per-pixel temperature predicted from the logits and the image by a small CNN, fitted
-  on the validation slices by NLL (:class:`calib_monai.calibration.LocalTemperatureScaling`); argmax is unchanged.
+  on the validation slices by NLL (:class:`calib_monai.recalibration.LocalTemperatureScaling`); argmax is unchanged.
 
-Both are the library's modules (``calib_monai.calibration``, which the bundles' ``calibrate`` step also uses),
+Both are the library's modules (``calib_monai.recalibration``, which the bundles' ``calibrate`` step also uses),
 wrapped here to take the harness's evaluated volumes.
 """
 
@@ -16,15 +16,15 @@ from collections.abc import Sequence
 
 import torch
 
-from calib_monai.calibration import LocalTemperatureScaling as LocalTemperatureModule
-from calib_monai.calibration import calibrate_volume, calibration_voxels, fit_temperature
+from calib_monai.recalibration import LocalTemperatureScaling as LocalTemperatureModule
+from calib_monai.recalibration import calibrate_volume, calibration_voxels, fit_temperature
 from studies.evaluation import EvaluatedVolume
 
 __all__ = ["VolumeLocalTemperature", "VolumeTemperature"]
 
 
 class VolumeTemperature:
-    """One temperature for all voxels (:func:`calib_monai.calibration.fit_temperature`), fitted as the bundles'
+    """One temperature for all voxels (:func:`calib_monai.recalibration.fit_temperature`), fitted as the bundles'
     ``calibrate`` step fits it: on the validation volumes' ground-truth foreground voxels by default
     (``voxels="all"``: every voxel), at most ``max_voxels``, the same share from each volume."""
 
@@ -42,7 +42,7 @@ class VolumeTemperature:
 
 
 class VolumeLocalTemperature:
-    """Per-voxel temperatures (:class:`calib_monai.calibration.LocalTemperatureScaling`) fitted on the validation
+    """Per-voxel temperatures (:class:`calib_monai.recalibration.LocalTemperatureScaling`) fitted on the validation
     volumes' slices.
 
     Args:

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.calibration import TemperatureScaling, ValidatedRange, save_calibration
 from calib_monai.export import load_bundle_network
+from calib_monai.recalibration import TemperatureScaling, ValidatedRange, save_calibration
 from conftest import REPO_ROOT, free_port
 
 LABEL_ENV = REPO_ROOT / ".venv-label"

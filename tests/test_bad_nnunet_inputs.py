@@ -130,7 +130,7 @@ def test_calibrate_probabilities(tmp_path, monkeypatch, capsys, row):
 def test_an_npz_without_pkl_takes_the_geometry_of_its_segmentation(tmp_path):
     """nnU-Net's own files without the .pkl: the segmentation beside the .npz gives the geometry, DSC stays 1
     (a LAS-stored map: ``tests/test_external_geometry.py``)."""
-    from calib_monai.calibration.external import calibrate_probabilities
+    from calib_monai.recalibration.external import calibrate_probabilities
 
     args = _nnunet(tmp_path, _without("case_001.pkl"))
     result = calibrate_probabilities(*args, surface_distances=False)

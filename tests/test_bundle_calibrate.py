@@ -12,9 +12,9 @@ import torch
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
-from calib_monai.calibration import load_calibration
-from calib_monai.calibration.stored import NOT_APPLICABLE
 from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
+from calib_monai.recalibration import load_calibration
+from calib_monai.recalibration.stored import NOT_APPLICABLE
 from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")

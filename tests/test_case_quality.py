@@ -288,3 +288,30 @@ def test_correlated_labels_break_the_independent_interval_and_a_fitted_scale_res
     widened = predicted_volumes(prob, volume_interval_scale=scale)
     covered = ((fresh >= widened["low"]) & (fresh <= widened["high"])).double().mean().item()
     assert covered == pytest.approx(0.95, abs=0.04)
+
+
+def test_the_serving_paths_argmax_and_confidence_give_the_same_quality():
+    # the serving path takes argmax and max once (ConfidenceAndSegmentationd) and hands both to case_quality
+    g = torch.Generator().manual_seed(0)
+    prob = torch.softmax(3 * torch.randn(4, 9, 8, 5, generator=g), dim=0)
+    confidence, segmentation = prob.max(0, keepdim=True)
+    taken = case_quality(prob, segmentation.to(torch.uint8), confidence=confidence, class_names=list("bcde"))
+    assert taken == case_quality(prob, class_names=list("bcde"))
+    # a confidence alone (no argmax given) is not trusted: the argmax is taken, the same numbers
+    assert case_quality(prob, confidence=confidence * 0) == case_quality(prob)
+
+
+def test_case_qualityd_reuses_only_the_argmax_and_confidence_taken_of_its_own_probabilities():
+    from calib_monai.data.inference import ConfidenceAndSegmentationd
+    from calib_monai.recalibration import CaseQualityd
+
+    g = torch.Generator().manual_seed(1)
+    prob = torch.softmax(3 * torch.randn(3, 6, 5, 4, generator=g), dim=0)
+    truth = case_quality(prob)
+    served = CaseQualityd("pred")(ConfidenceAndSegmentationd("pred")({"pred": prob}))["quality"]
+    assert {k: served[k] for k in truth} == truth
+    # a segmentation and confidence of something else on the same grid (no marker, or another key's): taken again
+    stale = {"pred": prob, "segmentation": torch.zeros(1, 6, 5, 4, dtype=torch.uint8), "confidence": prob[:1] * 0}
+    for extra in ({}, {"confidence_of": "other"}):
+        quality = CaseQualityd("pred")({**stale, **extra})["quality"]
+        assert {k: quality[k] for k in truth} == truth

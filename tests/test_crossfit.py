@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.calibration.fitting import (
+from calib_monai.metrics import case_quality
+from calib_monai.recalibration.fitting import (
     ValidationVolume,
     cross_fit,
     measure_validated_range,
     range_features,
     split_volumes,
 )
-from calib_monai.calibration.stored import calibrate_volume
-from calib_monai.metrics import case_quality
+from calib_monai.recalibration.stored import calibrate_volume
 
 
 def _volumes(n: int) -> list[ValidationVolume]:

@@ -25,7 +25,7 @@ MODULES = [
     "calib_monai.losses.priors",
     "calib_monai.losses.soft_l1_ace",
     "calib_monai.losses.svls",
-    "calib_monai.metrics.calibration",
+    "calib_monai.metrics.calibration_error",
     "calib_monai.metrics.calibration_metric",
     "calib_monai.metrics.calibration_named",
     "calib_monai.metrics.case_quality",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_external_probabilities import _affine, _peaked, _random_label, _rows, _save_label, _save_nnunet
 
-from calib_monai.calibration import calibrate_probabilities
+from calib_monai.recalibration import calibrate_probabilities
 
 REPO = Path(__file__).resolve().parents[1]
 

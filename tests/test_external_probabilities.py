@@ -26,8 +26,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from calib_monai.calibration import calibrate_probabilities
-from calib_monai.calibration.readers import match_cases, read_case
+from calib_monai.recalibration import calibrate_probabilities
+from calib_monai.recalibration.readers import match_cases, read_case
 
 FIXTURES = Path(__file__).parent / "data" / "nnunet"
 SPACING = (0.8, 0.8, 2.5)

@@ -1,4 +1,4 @@
-"""SegmentationCalibration handler on a real SupervisedEvaluator; the metric class's reductions and inputs."""
+"""SegmentationCalibrationError handler on a real SupervisedEvaluator; the metric class's reductions and inputs."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from monai.engines import SupervisedEvaluator
 from monai.handlers import CheckpointSaver
 from monai.transforms import Activationsd
 
-from calib_monai.handlers import SegmentationCalibration
+from calib_monai.handlers import SegmentationCalibrationError
 from calib_monai.metrics import SegmentationCalibrationMetric, segmentation_calibration
 
 HANDLER_CONFIG = {
-    "_target_": "calib_monai.handlers.SegmentationCalibration",
+    "_target_": "calib_monai.handlers.SegmentationCalibrationError",
     "metric_name": "ece",
     "num_bins": 15,
     "foreground": "gt",
@@ -56,7 +56,7 @@ def _evaluator(cases, net, metric_cmp_fn=None, handlers=None):
         postprocessing=Activationsd(keys="pred", softmax=True),
         key_val_metric={"val_ece": config.get_parsed_content("metric")},
         additional_metrics={
-            "val_cece_pooled": SegmentationCalibration(
+            "val_cece_pooled": SegmentationCalibrationError(
                 "cece",
                 reduction="pooled",
                 output_transform=lambda out: ([o["pred"] for o in out], [o["label"] for o in out]),
@@ -146,6 +146,6 @@ def test_metric_class_reductions_inputs_and_errors():
     with pytest.raises(ValueError, match="reduction='pooled'"):
         SegmentationCalibrationMetric(metric_name="tace", reduction="pooled")
     with pytest.raises(ValueError, match="metric_name"):
-        SegmentationCalibration(metric_name="mce")
+        SegmentationCalibrationError(metric_name="mce")
     with pytest.raises(ValueError, match="one-hot"):
         SegmentationCalibrationMetric()(y_pred=probs, y=onehot * 2)

@@ -12,7 +12,6 @@ import pytest
 import torch
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, Orientationd, Resized, Spacingd
 
-from calib_monai.calibration import ValidatedRange
 from calib_monai.metrics.image_statistics import (
     image_geometry,
     image_statistic_names,
@@ -20,6 +19,7 @@ from calib_monai.metrics.image_statistics import (
     input_statistic_names,
     input_statistics,
 )
+from calib_monai.recalibration import ValidatedRange
 
 
 def _read(path, pixdim=(2.0, 2.0, -1), size=(48, 48, -1)):
@@ -85,7 +85,8 @@ def test_an_image_of_another_protocol_is_flagged_by_its_geometry(tmp_path):
     verdict = validated.check({"case_score": 0.81, "classes": {}}, input_statistics(brain))
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith(
-        "image unlike the validation images (voxel spacing along axis 2: distance 24.2 standard deviations"
+        "image unlike the validation images (voxel spacing along axis 2 1 mm, typically 10 mm: distance 24.2 standard "
+        "deviations"
     )
     # a float's noise in the spacing of an image of the protocol moves no statistic by 1e15 spreads
     noisy = input_statistics(cardiac[-1])
@@ -94,7 +95,15 @@ def test_an_image_of_another_protocol_is_flagged_by_its_geometry(tmp_path):
     # without a geometry (a plain array), the intensities judge it, and the verdict says what was left out
     plain = validated.check({"case_score": 0.81, "classes": {}}, input_statistics(cardiac[-1].as_tensor()))
     assert plain["flag"] is False
-    assert plain["left_out"] == ["image geometry left out: the image carries no original_affine (not read from a file)"]
+    assert plain["left_out"] == [
+        "image geometry left out: the image carries no original_affine (a PNG, or an array MONAI's reader did not load)"
+    ]
+    # validation images without a geometry (PNGs): the case's is left out too, for all n + 1 alike, and said so
+    flat = [input_statistics(i.as_tensor()) for i in cardiac[:-1]]
+    unknown = ValidatedRange(scores, inputs=flat, input_check=True, input_names=names)
+    verdict = unknown.check({"case_score": 0.81, "classes": {}}, input_statistics(brain))
+    assert verdict["left_out"] == ["image geometry left out: the validation images carry none (PNGs or arrays)"]
+    assert "input" in verdict["signals"]
     # with the training images' fixed reference: the same verdicts
     reference = np.asarray(stats)
     fixed = ValidatedRange(

@@ -14,11 +14,11 @@ from monai.metrics import compute_dice
 from monai.networks.utils import one_hot
 from monai.transforms import Compose, EnsureTyped, Orientationd, Resized
 
-from calib_monai.calibration import DeliveredDiced, ValidatedRange
-from calib_monai.calibration.fitting import ValidationVolume
-from calib_monai.calibration.validated_range import read_validated_range
 from calib_monai.data import InputGrid, KeepInputLabeld
 from calib_monai.metrics.report_table import served_verdict
+from calib_monai.recalibration import DeliveredDiced, ValidatedRange
+from calib_monai.recalibration.fitting import ValidationVolume
+from calib_monai.recalibration.validated_range import read_validated_range
 
 
 def _volume(shape=(12, 10, 3), seed=0) -> dict:
@@ -171,9 +171,9 @@ def test_delivered_dice_takes_a_cpu_label_beside_gpu_probabilities():
 
 
 def test_the_previous_name_of_the_fitters_preprocessing_still_works_with_a_warning(tmp_path):
-    from calib_monai.handlers import CalibrationFitter
+    from calib_monai.handlers import RecalibrationFitter
 
     chain = Compose([])
     with pytest.warns(FutureWarning, match="reference_transform=...\\) is deprecated: pass preprocessing="):
-        fitter = CalibrationFitter(tmp_path / "c.pt", tmp_path / "model.pt", num_classes=3, reference_transform=chain)
+        fitter = RecalibrationFitter(tmp_path / "c.pt", tmp_path / "model.pt", num_classes=3, reference_transform=chain)
     assert fitter.preprocessing is chain

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.handlers import SegmentationCalibration
+from calib_monai.handlers import SegmentationCalibrationError
 from calib_monai.metrics import (
     METRIC_DEFINITIONS,
     SegmentationCalibrationMetric,
@@ -118,7 +118,7 @@ def test_named_metrics_in_the_metric_class_and_segmentation_calibration():
     assert metric_definition("ml1ace") == ("ml1ace", 20, "all", False)
     assert metric_definition("ml1ace", 10, "union", True) == ("ml1ace", 10, "union", True)
     assert set(METRIC_DEFINITIONS) == {"ml1ace", "ml1ace_gt", "cece_all"}
-    handler = SegmentationCalibration(metric_name="cece_all")
+    handler = SegmentationCalibrationError(metric_name="cece_all")
     assert (handler.metric_fn.metric_name, handler.metric_fn.foreground, handler.metric_fn.num_bins) == (
         "cece",
         "all",
@@ -152,7 +152,7 @@ CALLS = {
     ),
     "reliability": lambda b: reliability_diagram_data(THREE, THREE_Y, num_bins=b),
     "metric class": lambda b: SegmentationCalibrationMetric("ml1ace", num_bins=b),
-    "handler": lambda b: SegmentationCalibration("ece", num_bins=b),
+    "handler": lambda b: SegmentationCalibrationError("ece", num_bins=b),
 }
 
 

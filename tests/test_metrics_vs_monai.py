@@ -93,7 +93,7 @@ def test_confidences_on_rounded_edges_fall_in_the_lower_bin_as_monai_small_left_
     from monai.metrics.calibration import calibration_binning
 
     from calib_monai.metrics import reliability_diagram_data
-    from calib_monai.metrics.calibration import equal_width_bin_index
+    from calib_monai.metrics.calibration_error import equal_width_bin_index
 
     p1 = torch.tensor([0.8, 0.2, 0.4, 0.6], dtype=dtype)
     np.testing.assert_array_equal(equal_width_bin_index(p1.numpy(), 5), [3, 0, 1, 2])

@@ -8,9 +8,9 @@ import torch
 from monai.inferers import SliceInferer
 from monai.networks.nets import UNet
 
-from calib_monai.calibration import CaseQualityd, ValidatedRange
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.network_features import BottleneckFeatures
+from calib_monai.recalibration import CaseQualityd, ValidatedRange
 
 
 def _network() -> UNet:

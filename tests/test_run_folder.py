@@ -144,8 +144,8 @@ def test_a_publication_killed_half_way_leaves_the_old_set(bundle):
     # a new calibration is published; the process is killed (SIGKILL) while the range is being written
     script = f"""
 import os, signal, torch
-from calib_monai.calibration import TemperatureScaling
-from calib_monai.calibration.stored import publish_calibration
+from calib_monai.recalibration import TemperatureScaling
+from calib_monai.recalibration.stored import publish_calibration
 class Killed:
     def save(self, path, weights):
         open(path, "w").write('{{"scores": [0.')

@@ -32,3 +32,14 @@ def test_the_ruff_that_runs_is_the_pinned_one():
     version = subprocess.run([_ruff(), "--version"], capture_output=True, text=True, timeout=60).stdout.split()[-1]
     pinned = re.search(r'"ruff==([0-9.]+)"', (REPO_ROOT / "pyproject.toml").read_text())
     assert pinned is not None and pinned.group(1) == version, f"ruff {version} runs; pyproject.toml pins {pinned}"
+
+
+def test_no_module_of_the_package_studies_or_scripts_is_over_400_lines():
+    """The house's size rule (issue 32.9): a module past 400 lines is split by concept before it lands."""
+    too_long = {
+        str(path.relative_to(REPO_ROOT)): lines
+        for folder in ("calib_monai", "studies", "scripts", "bundle_factory")
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > 400
+    }
+    assert not too_long, f"over 400 lines: {too_long}; split them by concept"

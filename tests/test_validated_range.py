@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.calibration import (
+from calib_monai.metrics import case_quality
+from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
+from calib_monai.metrics.feature_distance import MahalanobisDistance
+from calib_monai.recalibration import (
     CaseQualityd,
     LocalTemperatureScaling,
     ValidatedRange,
     load_validated_range,
     review_case,
 )
-from calib_monai.calibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
-from calib_monai.calibration.references import fixed_references
-from calib_monai.calibration.validated_range import read_validated_range
-from calib_monai.metrics import case_quality
-from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
-from calib_monai.metrics.feature_distance import MahalanobisDistance
+from calib_monai.recalibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
+from calib_monai.recalibration.references import fixed_references
+from calib_monai.recalibration.validated_range import read_validated_range
 
 
 def _case(score: float) -> dict:

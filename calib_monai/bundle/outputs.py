@@ -114,7 +114,7 @@ class Prediction(NamedTuple):
 
     segmentation: Any  # (1, *spatial) uint8 MetaTensor on the input's grid
     confidence: Any  # (1, *spatial) float32 MetaTensor, the max softmax probability
-    quality: dict | None = None  # case quality and review flag (calib_monai.calibration.CaseQualityd), if configured
+    quality: dict | None = None  # case quality and review flag (calib_monai.recalibration.CaseQualityd), if configured
 
 
 class OutputFiles(NamedTuple):

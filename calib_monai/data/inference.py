@@ -41,7 +41,7 @@ __all__ = [
     "segmentation_and_confidence",
 ]
 
-SOURCE_KEY = "calib_monai_source"  # as calib_monai.calibration.stored.SOURCE_KEY (CalibrateLogitsd puts it there)
+SOURCE_KEY = "calib_monai_source"  # as calib_monai.recalibration.stored.SOURCE_KEY (CalibrateLogitsd puts it there)
 IMAGE_FOLDERS = ("imagesTs", "imagesTr", "images", "TestImg", "TrainingImg", "ValidationImg")
 
 
@@ -120,7 +120,8 @@ def inference_preprocessing(component) -> Compose:
 
 class ConfidenceAndSegmentationd(MapTransform):
     """From class probabilities ``p`` (C, ...) under ``key``: ``segmentation = argmax_c p`` and
-    ``confidence = max_c p`` (the confidence that calibration is about), both (1, ...) with the meta data of ``p``."""
+    ``confidence = max_c p`` (the confidence that calibration is about), both (1, ...) with the meta data of ``p``;
+    ``<confidence_key>_of`` names ``key``, so that ``CaseQualityd`` reuses them for these probabilities only."""
 
     def __init__(
         self, keys: KeysCollection = "pred", segmentation_key: str = "segmentation", confidence_key: str = "confidence"
@@ -134,6 +135,7 @@ class ConfidenceAndSegmentationd(MapTransform):
             confidence, segmentation = d[key].max(dim=0, keepdim=True)
             d[self.confidence_key] = confidence.float()
             d[self.segmentation_key] = segmentation.to(torch.uint8)
+            d[f"{self.confidence_key}_of"] = key  # CaseQualityd reuses both only for the probabilities they came from
         return d
 
 
@@ -308,7 +310,7 @@ def segmentation_and_confidence(
     (max probability) -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's
     affine; a PNG's outputs are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
-    file's name without extension. With ``case_quality`` (``calib_monai.calibration.CaseQualityd`` on ``"pred"``)
+    file's name without extension. With ``case_quality`` (``calib_monai.recalibration.CaseQualityd`` on ``"pred"``)
     each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
     volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for.
     """
@@ -327,8 +329,8 @@ def segmentation_and_confidence(
         [
             Activationsd("pred", softmax=True),
             Invertd("pred", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True),
-            *quality,
             ConfidenceAndSegmentationd("pred"),
+            *quality,  # after: it scores the case with the segmentation and confidence just taken
             CaseNamed(keys),
             RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
             CheckOutputFolderd(output_dir),

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from calib_monai.bundle import TrainedBundle
-from calib_monai.calibration.stored import CALIBRATION_FILE, load_calibration
+from calib_monai.recalibration.stored import CALIBRATION_FILE, load_calibration
 
 from .wrapper import SegmentationWithConfidence
 

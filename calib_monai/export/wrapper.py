@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from calib_monai.calibration.stored import Uncalibrated
+from calib_monai.recalibration.stored import Uncalibrated
 
 __all__ = ["SegmentationWithConfidence"]
 
@@ -22,8 +22,8 @@ class SegmentationWithConfidence(torch.nn.Module):
         - ``segmentation``: ``(B, 1, H, W, D)`` ``int64`` labels, the argmax of the softmax over classes;
         - ``confidence``: ``(B, 1, H, W, D)`` ``float32``, the maximum softmax probability, in ``[1 / C, 1]``.
 
-    With a ``calibration`` (the bundle's ``calibrate`` step: :class:`~calib_monai.calibration.TemperatureScaling` or
-    :class:`~calib_monai.calibration.LocalTemperatureScaling`), the softmax is taken of the calibrated logits of each
+    With a ``calibration`` (the bundle's ``calibrate`` step: :class:`~calib_monai.recalibration.TemperatureScaling` or
+    :class:`~calib_monai.recalibration.LocalTemperatureScaling`), the softmax is taken of the calibrated logits of each
     slice: the confidence is calibrated, the segmentation is unchanged.
 
     The module is ``torch.jit.script``-able and ``torch.export``-able (with dynamic batch and depth). All ``B x D``

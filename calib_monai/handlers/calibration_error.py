@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from monai.handlers import IgniteMetricHandler
+from monai.utils import deprecated
 
+from calib_monai import __version__ as VERSION
 from calib_monai.metrics.calibration_metric import SegmentationCalibrationMetric
 
-__all__ = ["SegmentationCalibration"]
+__all__ = ["SegmentationCalibrationError", "SegmentationCalibration"]
 
 
-class SegmentationCalibration(IgniteMetricHandler):
+class SegmentationCalibrationError(IgniteMetricHandler):
     """Calibration error (ECE, CECE, TACE, ACE, mL1-ACE, NLL, Brier, ``cece_all`` or ``ml1ace_gt``) of segmentation
     outputs over an evaluation epoch.
 
@@ -20,7 +22,7 @@ class SegmentationCalibration(IgniteMetricHandler):
     labels ``B,1,...`` or one-hot)::
 
         "key_val_metric": {"val_ece": {
-            "_target_": "calib_monai.handlers.SegmentationCalibration", "metric_name": "ece", "num_bins": 15,
+            "_target_": "calib_monai.handlers.SegmentationCalibrationError", "metric_name": "ece", "num_bins": 15,
             "foreground": "gt", "output_transform": "$monai.handlers.from_engine(['pred', 'label'])"}},
         "metric_cmp_fn": "$lambda current, best: current < best"
 
@@ -61,3 +63,13 @@ class SegmentationCalibration(IgniteMetricHandler):
             threshold=threshold,
         )
         super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)
+
+
+@deprecated(
+    since="0.1.0",
+    removed="0.3.0",
+    msg_suffix="Use SegmentationCalibrationError, the same handler.",
+    version_val=VERSION,
+)
+class SegmentationCalibration(SegmentationCalibrationError):
+    """Deprecated name of :class:`SegmentationCalibrationError`."""

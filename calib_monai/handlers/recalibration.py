@@ -11,8 +11,15 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
+from monai.utils import deprecated
 
-from calib_monai.calibration.fitting import (
+from calib_monai import __version__ as VERSION
+from calib_monai.data.inference import InputGrid
+from calib_monai.data.preprocessing import INPUT_LABEL
+from calib_monai.metrics.image_statistics import image_geometry
+from calib_monai.metrics.network_features import BottleneckFeatures
+from calib_monai.metrics.report_table import case_name
+from calib_monai.recalibration.fitting import (
     RECALIBRATION_DEFAULTS,
     REVIEW_DEFAULTS,
     ValidationVolume,
@@ -20,23 +27,18 @@ from calib_monai.calibration.fitting import (
     measure_validated_range,
     split_volumes,
 )
-from calib_monai.calibration.references import training_references
-from calib_monai.calibration.stored import calibrate_settings, publish_calibration
-from calib_monai.calibration.temperature import VOXEL_CHOICES
-from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
-from calib_monai.data.inference import InputGrid
-from calib_monai.data.preprocessing import INPUT_LABEL
-from calib_monai.metrics.image_statistics import image_geometry
-from calib_monai.metrics.network_features import BottleneckFeatures
-from calib_monai.metrics.report_table import case_name
+from calib_monai.recalibration.references import training_references
+from calib_monai.recalibration.stored import calibrate_settings, publish_calibration
+from calib_monai.recalibration.temperature import VOXEL_CHOICES
+from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
 
-__all__ = ["CalibrationFitter"]
+__all__ = ["RecalibrationFitter", "CalibrationFitter"]
 
 logger = logging.getLogger("calib_monai")
 METHODS = ("temperature", "local_temperature")
 
 
-class CalibrationFitter:
+class RecalibrationFitter:
     """Attach to a validation evaluator whose outputs keep the raw logits; when it completes, fit ``method`` on them
     and write ``output_path`` (``<models>/calibration.pt`` and its readable ``calibration.json``).
 
@@ -45,13 +47,13 @@ class CalibrationFitter:
     on: over all voxels (``"all"``) the NLL is dominated by easy background voxels, but the probabilities a user
     reads over the whole image (case quality, volumes) are calibrated by a fit on all voxels; which to use is
     measured in ``docs/results`` (the ``calibrated`` and ``quality`` studies);
-    ``"local_temperature"`` fits :class:`~calib_monai.calibration.LocalTemperatureScaling` on up to ``max_slices``
+    ``"local_temperature"`` fits :class:`~calib_monai.recalibration.LocalTemperatureScaling` on up to ``max_slices``
     2D slices (logits, image, label) along ``spatial_dim``, a fifth of them held out for early stopping.
 
     Every validation volume in the validated range is scored by a recalibration it did not fit: by default 2-fold
     cross-fitting (``crossfit``: halves A and B, seeded; the fit on A scores B and the fit on B scores A; the served
     recalibration is fitted on all volumes, so the range is approximately, not exactly, exchangeable with a served
-    case: :mod:`calib_monai.calibration.fitting`), else a plain split (``split`` of them fit, the others measure).
+    case: :mod:`calib_monai.recalibration.fitting`), else a plain split (``split`` of them fit, the others measure).
     The log line and ``calibration.json`` name every number for what it was measured on (``range_volumes_*``: the
     range's volumes, each by the fit that did not see it; ``heldout_slices_*``: the early-stopping slices;
     ``in_sample_*``: the fitted data): NLL over all voxels, ECE over the ground-truth foreground voxels (15 bins),
@@ -60,7 +62,7 @@ class CalibrationFitter:
     With ``validated_range_path``, the range's volumes are scored (:func:`calib_monai.metrics.case_quality`) and
     their case scores, volumes, image statistics and (``network`` given, ``review_feature_check``) pooled bottleneck
     features, captured by a :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook while the
-    evaluator runs (one volume per batch), stored there (:class:`calib_monai.calibration.validated_range.
+    evaluator runs (one volume per batch), stored there (:class:`calib_monai.recalibration.validated_range.
     ValidatedRange`, rule ``review_alpha`` / ``review_volume_factor`` / ``review_input_check`` /
     ``review_feature_check``, with its false-flag bound): the range inference flags against.
 
@@ -129,7 +131,8 @@ class CalibrationFitter:
     ) -> None:
         if reference_transform is not None:  # the name of the previous release, for its calibrate.json files
             warnings.warn(
-                "CalibrationFitter(reference_transform=...) is deprecated: pass preprocessing=@validate#preprocessing",
+                "RecalibrationFitter(reference_transform=...) is deprecated: pass "
+                "preprocessing=@validate#preprocessing",
                 FutureWarning,
                 stacklevel=2,
             )
@@ -165,7 +168,7 @@ class CalibrationFitter:
         self._network = network
         self._volumes: list[ValidationVolume] = []
         self._features: list = []
-        self._hook, self._hook_problem = None, "no network given to the calibrate step's CalibrationFitter"
+        self._hook, self._hook_problem = None, "no network given to the calibrate step's RecalibrationFitter"
         if network is not None and self.review["feature_check"]:
             try:
                 self._hook = BottleneckFeatures(network)
@@ -210,7 +213,8 @@ class CalibrationFitter:
             )
 
     def _input_grid(self, item: Mapping, batch_item: Mapping) -> tuple:
-        """``(to_input_grid, input_label)`` of a volume whose evaluator item kept the label as read, else ``()``."""
+        """``(to_input_grid, input_label)`` of a volume whose evaluator item kept the label as read, else
+        ``(None, None)``."""
         kept = item.get(self.input_label_key, batch_item.get(self.input_label_key))
         image = item[self.keys[2]]
         if kept is None:
@@ -219,7 +223,7 @@ class CalibrationFitter:
             raise ValueError(
                 f"calibrate: the validation volumes keep their label as read ({self.input_label_key}) but the range "
                 "cannot be scored on their input grid: pass preprocessing=@validate#preprocessing to "
-                "CalibrationFitter (and keep the image a MetaTensor), or set keep_input_label false"
+                "RecalibrationFitter (and keep the image a MetaTensor), or set keep_input_label false"
             )
         kept = torch.as_tensor(kept).detach().cpu().as_subclass(torch.Tensor)
         return InputGrid(self.preprocessing, image), kept[0]  # its own integer type: a uint8 copy is 8x smaller
@@ -343,3 +347,10 @@ def _describe_fit(module: torch.nn.Module, stats: dict) -> str:
             f"{stats['in_sample_ece_before']:.4f} -> {stats['in_sample_ece_after']:.4f}"
         )
     return line
+
+
+@deprecated(
+    since="0.1.0", removed="0.3.0", msg_suffix="Use RecalibrationFitter, the same handler.", version_val=VERSION
+)
+class CalibrationFitter(RecalibrationFitter):
+    """Deprecated name of :class:`RecalibrationFitter`."""

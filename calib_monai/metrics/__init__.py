@@ -9,7 +9,7 @@ papers by default: per volume over every voxel, background excluded, 20 bins, th
 """
 
 from ._inputs import check_num_bins  # deprecated: calib_monai.checks.check_positive_int
-from .calibration import (
+from .calibration_error import (
     CALIBRATION_METRICS,
     METRIC_DEFINITIONS,
     ace,

@@ -17,7 +17,7 @@ from ._inputs import (
     select_tensor_voxels,
     warn_empty_selection,
 )
-from .calibration import (
+from .calibration_error import (
     POOLABLE_METRICS,
     REDUCTIONS,
     _check_options,
@@ -33,7 +33,8 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     """Calibration error of segmentation outputs, accumulated volume by volume (one batch item = one volume).
 
     Each call stores, per volume, its metric value and its statistics (per-bin counts and sums for ECE / CECE /
-    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration``), so ``aggregate`` can return any of
+    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration_error``), so that ``aggregate``
+    can return any of
 
     - ``"mean"`` (default): unweighted mean of the per-volume values, volumes without selected voxels (NaN) left out,
       as the papers report (NACL, MbLS, CRaC);

@@ -21,7 +21,7 @@ import numpy as np
 from calib_monai.checks import check_positive_int
 
 from ._inputs import check_foreground
-from .calibration import calibration_errors, segmentation_calibration
+from .calibration_error import calibration_errors, segmentation_calibration
 
 __all__ = ["cece_all", "ml1ace", "ml1ace_gt"]
 

@@ -18,9 +18,8 @@ How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
   int64 ``index_add_`` gives each bucket's count and exact sum, another its hits ``[y == k]`` (over each voxel's own
   class only). CECE (and mL1-ACE) sums the buckets of each equal-width bin; the few buckets that straddle a bin edge
   e_k are refined element by element. TACE / ACE need prefix sums of the values sorted by ``(p_k, [y == k])`` at
-  the R + 1 equal-mass edges: the cumulative bucket statistics give them at bucket boundaries, and the buckets
-  that an edge (or the threshold) cuts
-  are refined exactly: their elements are gathered from the kept chunks and sorted (~0.2% of the values).
+  the R + 1 equal-mass edges: the cumulative bucket statistics give them at bucket boundaries, and the buckets that
+  an edge (or the threshold) cuts are refined exactly: their elements are gathered from the kept chunks and sorted.
 - NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
 
 On the CPU the work is memory-bound: no full float64 / int64 copy of a chunk where avoidable.
@@ -195,14 +194,9 @@ class CalibrationAccumulator:
         bits = p.view(torch.int32 if p.dtype == torch.float32 else torch.int64)
         size = self.num_classes * grid["size"]
         if "grid_hit" not in self.totals:
-            zeros = {
-                "grid_hit": torch.int64,
-                "grid_count": torch.int64,
-                "grid_packed": torch.int64,
-                "grid_low": torch.int64,
-                "grid_sum": torch.float64,
-            }
+            zeros = {k: torch.int64 for k in ("grid_hit", "grid_count", "grid_packed", "grid_low")}
             self.totals.update({k: torch.zeros(size, dtype=t, device=dev) for k, t in zeros.items()})
+            self.totals["grid_sum"] = torch.zeros(size, dtype=torch.float64, device=dev)
             self.totals["class_sum"] = torch.zeros(self.num_classes, dtype=torch.float64, device=dev)
             offsets = torch.arange(self.num_classes, device=dev, dtype=bits.dtype) * grid["size"] - grid["offset"]
             self._offsets = offsets[:, None]

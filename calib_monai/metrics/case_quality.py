@@ -25,18 +25,15 @@ For one volume's class probabilities ``p (C, *spatial)`` (softmax, 2D or 3D) and
   default, as the true DSC of a class absent from the label: left out of the case score as from ``mean_dice``), and
   1 with ``empty_class="papers"`` (DSC 1 for a class absent from both label and prediction). A class predicted
   nowhere but expected on half a voxel or more gets 0 (its expected DSC with an empty prediction, the label being
-  more likely not empty). Before, every such class got 0 and one absent class halved the case score of a 0.97 case.
+  more likely not empty).
 * **volume**: expected volume ``sum_v p_k(v)`` (voxels, times the voxel volume), with an interval **assuming
   independent voxels**: the 95% interval of the Poisson-binomial count, ``mean +- 1.96 s sqrt(sum_v p_k (1 - p_k))``
   (normal approximation, clipped at 0; ``s = volume_interval_scale``, 1 by default); and the volume of the
   prediction ``sum_v [pred(v) = k]``. With ``s = 1`` it is *not* a 95% interval of the true volume: neighbouring
   voxels' labels are not independent (a boundary one voxel off moves the whole surface), so the count varies far
-  more than the binomial says. Measured on the stored main-study tables (``docs/results/{hpc_18epochs,
-  acdc_40epochs}/seed{0,1}/main/per_volume.csv``, five methods, uncalibrated probabilities, 2200 volume x class
-  pairs) it held the true volume 6% of the time (0-17% per method and data set); the half-width was 2.6% of the
-  expected volume (median), the error 26%. A scale fitted on validation cases (:func:`fit_volume_interval_scale`,
-  split conformal: the 95% quantile of ``|true - expected| / half-width``; 9-26 per method there) makes it a 95%
-  interval for cases like those.
+  more than the binomial says (its measured coverage: ``docs/notes/metrics.md``). A scale fitted on validation cases
+  (:func:`fit_volume_interval_scale`, split conformal: the 95% quantile of ``|true - expected| / half-width``) makes
+  it a 95% interval for cases like those.
 * **low-confidence fraction**: the share of the predicted voxels of class k whose confidence ``max_c p_c`` is below
   ``threshold``.
 
@@ -312,8 +309,12 @@ def case_quality(
     class_names: Sequence[str] | None = None,
     empty_class: str = "nan",
     volume_interval_scale: float = 1.0,
+    confidence: Any = None,
 ) -> dict[str, Any]:
     """A case's quality estimate as plain numbers (no label needed).
+
+    ``confidence``: ``max_c p`` of ``prob`` already taken, with ``pred`` its argmax (as ``ConfidenceAndSegmentationd``
+    makes them on the serving path): the pass over the probabilities that would take them again is saved.
 
     ``empty_class``: the estimated DSC of an absent class, NaN (``"nan"``, left out of the case score) or 1
     (``"papers"``), as the true DSC's convention (module docstring). ``volume_interval_scale``: the factor of the
@@ -340,9 +341,14 @@ def case_quality(
     names = list(class_names)[1:] if class_names is not None else [f"class_{k}" for k in range(1, prob.shape[0])]
     if len(names) != prob.shape[0] - 1:
         raise ValueError(f"{prob.shape[0]} classes in the probabilities, {len(names) + 1} class names")
-    confidence, label = prob.max(0)  # one pass: the confidence and the argmax
-    label = label if pred is None else _prediction(prob, pred)
-    sums = _class_sums(prob, label, confidence, threshold, argmax=pred is None)
+    given = confidence is not None and pred is not None
+    if given:  # the serving path's argmax and confidence
+        label, confidence = _prediction(prob, pred), detached_plain_tensor(torch.as_tensor(confidence)).to(prob.device)
+        confidence = confidence.reshape(label.shape)
+    else:
+        confidence, label = prob.max(0)  # one pass: the confidence and the argmax
+        label = label if pred is None else _prediction(prob, pred)
+    sums = _class_sums(prob, label, confidence, threshold, argmax=given or pred is None)
     est, volumes, low = _dice_from(sums, empty_class), _volumes_from(sums, voxel_volume, widen), _low_from(sums)
     foreground = sums["count"][1:].sum()
     mean_confidence = torch.where(foreground > 0, sums["confidence"][1:].sum() / foreground.clamp_min(1), torch.nan)

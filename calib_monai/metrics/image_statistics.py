@@ -1,7 +1,7 @@
 """What the review rule's input signal measures of an image, without a label: where its intensities sit, how sharp it
 is along each axis (:func:`image_statistics`), and how it was acquired, its field of view and voxel spacing in mm
 (:func:`image_geometry`). :func:`input_statistics` is the vector the validated range stores for each validation image
-and compares a served case with (:mod:`calib_monai.calibration.validated_range`)."""
+and compares a served case with (:mod:`calib_monai.recalibration.validated_range`)."""
 
 from __future__ import annotations
 
@@ -81,8 +81,14 @@ def image_geometry(image: Any) -> list[float]:
     affine = getattr(image, "affine", None)
     if original is None or affine is None:
         return [math.nan] * (2 * len(spatial))
-    affine = np.asarray(torch.as_tensor(affine).cpu(), dtype=np.float64)[: len(spatial), : len(spatial)]
+    affine = np.asarray(torch.as_tensor(affine).cpu(), dtype=np.float64)
     original = np.asarray(torch.as_tensor(original).cpu(), dtype=np.float64)
+    if affine.ndim != 2 or original.ndim != 2:
+        raise ValueError(
+            f"image_geometry takes one image (C, *spatial) with a (4, 4) affine, got affine {affine.shape} and "
+            f"original_affine {original.shape}: decollate the batch first"
+        )
+    affine = affine[: len(spatial), : len(spatial)]
     original = original[: original.shape[0] - 1, : original.shape[1] - 1]  # the linear part, any number of axes
     rows = min(affine.shape[0], original.shape[0])
     spacing, acquired = np.linalg.norm(affine, axis=0), np.linalg.norm(original, axis=0)

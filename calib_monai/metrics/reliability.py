@@ -10,7 +10,7 @@ import numpy as np
 from calib_monai.checks import check_positive_int
 
 from ._inputs import check_foreground
-from .calibration import pooled_accumulator
+from .calibration_error import pooled_accumulator
 
 __all__ = ["plot_reliability", "reliability_diagram_data", "save_reliability_diagram"]
 

@@ -28,7 +28,7 @@ from monai.metrics import CumulativeIterationMetric
 from calib_monai.checks import check_option, check_positive_int
 
 from ._inputs import detached_plain_tensor
-from .calibration import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
+from .calibration_error import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
 from .calibration_numpy import value_from_statistics
 from .calibration_torch import first_argmax
 from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band

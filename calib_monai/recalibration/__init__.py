@@ -1,9 +1,10 @@
-"""Post-hoc calibration: temperatures fitted on held-out voxels, stored next to a bundle's weights and applied to its
-logits (or to saved probabilities) without changing the segmentation."""
+"""Recalibration (post-hoc): temperatures fitted on held-out voxels, stored next to a bundle's weights and applied to
+its logits (or to saved probabilities) without changing the segmentation on the network's grid; the validated range
+and review rule measured with them. Measuring calibration error is :mod:`calib_monai.metrics.calibration_error`."""
 
-from calib_monai.calibration.external import calibrate_probabilities, temperature_scale
-from calib_monai.calibration.local_temperature import LocalTemperatureScaling
-from calib_monai.calibration.stored import (
+from calib_monai.recalibration.external import calibrate_probabilities, temperature_scale
+from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
+from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
     CalibratedNetwork,
     CalibrateLogitsd,
@@ -12,8 +13,8 @@ from calib_monai.calibration.stored import (
     load_calibration,
     save_calibration,
 )
-from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
-from calib_monai.calibration.validated_range import (
+from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
+from calib_monai.recalibration.validated_range import (
     VALIDATED_RANGE_FILE,
     CaseQualityd,
     DeliveredDiced,

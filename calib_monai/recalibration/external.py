@@ -20,7 +20,7 @@ Input formats (``format="auto"`` picks nnU-Net when the folder holds ``.npz`` fi
 Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``); predictions pair
 with labels by exact case name, and one named ``<case>_0000`` matches the label ``<case>`` when it is the only one (a
 folder holding both is refused). Shapes are checked and a mismatch names both files, both shapes and the likely
-cause. nnU-Net's ``.pkl`` must agree with its ``.npz`` (``calib_monai.calibration.nnunet_files``: shape before
+cause. nnU-Net's ``.pkl`` must agree with its ``.npz`` (``calib_monai.recalibration.nnunet_files``: shape before
 cropping, background outside the crop box); without a ``.pkl`` the geometry comes from the segmentation beside the
 ``.npz``, else the case is refused (shapes alone would score a mirrored image).
 
@@ -39,7 +39,7 @@ Output folder (the metrics are :class:`calib_monai.metrics.SegmentationReportTab
 * ``temperature.json``: ``{"temperature", "fitted_on" (cases), "in_sample", "voxels"}``;
 * ``calibrated/`` (``write_calibrated=True``): ``softmax(log(p) / T)`` in the input's format.
 
-The temperature (:func:`calib_monai.calibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on
+The temperature (:func:`calib_monai.recalibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on
 ``fit_predictions`` / ``fit_labels`` when given, on a seeded sample of at most ``max_voxels`` voxels spread evenly
 over the cases. Without them it is fitted on the evaluated cases, and the ``after`` numbers are in-sample
 (optimistic): the log and ``summary.json`` say so. One volume is in memory at a time.
@@ -58,11 +58,11 @@ from typing import Any
 import torch
 
 from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
-from calib_monai.calibration import readers
-from calib_monai.calibration.readers import detect_format, label_names_from, match_cases, read_case
-from calib_monai.calibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
 from calib_monai.checks import is_whole_number
 from calib_monai.metrics.report_table import SegmentationReportTable
+from calib_monai.recalibration import readers
+from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
+from calib_monai.recalibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
 
 __all__ = ["calibrate_probabilities", "temperature_scale"]
 

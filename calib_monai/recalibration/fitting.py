@@ -1,5 +1,5 @@
 """Fitting a recalibration and measuring the validated range as plain functions (the bundles' ``calibrate`` step,
-:class:`calib_monai.handlers.CalibrationFitter`, calls them on the validation volumes).
+:class:`calib_monai.handlers.RecalibrationFitter`, calls them on the validation volumes).
 
 The range's volumes are scored by a recalibration they did not fit. Two ways (:func:`split_volumes`):
 
@@ -35,15 +35,15 @@ from monai.data import MetaTensor
 from torch import nn
 from torch.nn import functional as F
 
-from calib_monai.calibration.local_temperature import LocalTemperatureScaling
-from calib_monai.calibration.references import fixed_references
-from calib_monai.calibration.stored import calibrate_volume
-from calib_monai.calibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
-from calib_monai.calibration.validated_range import ValidatedRange, voxel_volume_ml
-from calib_monai.metrics.calibration import ece
+from calib_monai.metrics.calibration_error import ece
 from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
+from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
+from calib_monai.recalibration.references import fixed_references
+from calib_monai.recalibration.stored import calibrate_volume
+from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
+from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
 
 __all__ = [
     "RECALIBRATION_DEFAULTS",
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("calib_monai")
-#: The one source of the recalibration and review defaults: ``CalibrationFitter``'s arguments, the bundles'
+#: The one source of the recalibration and review defaults: ``RecalibrationFitter``'s arguments, the bundles'
 #: ``calibrate.json`` (``bundle_factory``) and MONAI Label's fine-tuning (through the bundle's config) read them here.
 #: Local temperature scaling: the one recalibration that keeps the probabilities readable as case quality for every
 #: loss (the ``quality`` study, docs/results); cross-fitting: every validation volume in the range.

@@ -1,4 +1,4 @@
-"""The review rule's input signal (:class:`~calib_monai.calibration.review_rule.ValidatedRange`): how far an image's
+"""The review rule's input signal (:class:`~calib_monai.recalibration.review_rule.ValidatedRange`): how far an image's
 statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, sharpness, field of view and
 acquired spacing) lie from the training images' or, without them, from the other validation images'."""
 
@@ -15,7 +15,10 @@ from calib_monai.metrics.image_statistics import is_geometry, statistic_floor
 
 __all__ = ["InputSignal"]
 
-_NO_GEOMETRY = "image geometry left out: the image carries no original_affine (not read from a file)"
+_NO_GEOMETRY = (
+    "image geometry left out: the image carries no original_affine (a PNG, or an array MONAI's reader did not load)"
+)
+_NO_VALIDATION_GEOMETRY = "image geometry left out: the validation images carry none (PNGs or arrays)"
 
 
 @dataclass
@@ -56,6 +59,8 @@ class InputSignal:
         geometry = [is_geometry(n) for n in self._named(width)] or [False] * width
         if any(not (g or math.isfinite(v)) for v, g in zip(stats, geometry)):
             return stats, f"cannot judge: the image statistics {stats} are not all finite", ""
+        if any(geometry) and not np.isfinite(np.asarray(self.inputs, np.float64)[:, geometry]).all():
+            return stats, "", _NO_VALIDATION_GEOMETRY  # those columns are left out for all n + 1
         lacking = any(g and not math.isfinite(v) for v, g in zip(stats, geometry))
         return stats, "", (_NO_GEOMETRY if lacking else "")
 
@@ -75,8 +80,10 @@ class InputSignal:
             for i in range(len(points)):
                 others = np.delete(points, i, axis=0)
                 z[i] = np.abs(points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
-        measured = np.isfinite(z).all(0)  # the statistics every image (and the reference) has
-        z = z[:, measured]
-        farthest = int(np.argmax(z[-1]))
-        kept = [n for n, ok in zip(names, measured) if ok]
-        return z.max(1), (kept[farthest] if kept else f"image statistic {farthest}")
+        measured = np.flatnonzero(np.isfinite(z).all(0))  # the statistics every image (and the reference) has
+        farthest = int(measured[np.argmax(z[-1, measured])])
+        name = names[farthest] if names else f"image statistic {farthest}"
+        if is_geometry(name):  # in mm, as a user checks it: the case's and the typical image's
+            typical = self.reference["mean"][farthest] if self.reference else points[:-1, farthest].mean()
+            name += f" {math.exp(points[-1, farthest]):.3g} mm, typically {math.exp(typical):.3g} mm"
+        return z[:, measured].max(1), name

@@ -1,4 +1,4 @@
-"""Readers and writers of saved probabilities for :mod:`calib_monai.calibration.external` (formats described there).
+"""Readers and writers of saved probabilities for :mod:`calib_monai.recalibration.external` (formats described there).
 
 Every reader gives a :class:`Volume` in nibabel's voxel order: probabilities ``(C, x, y, z)``, the label ``(x, y, z)``
 and the label image's affine, so that metrics, spacing and the written calibrated files all use one frame.
@@ -18,8 +18,8 @@ import numpy as np
 from nibabel.orientations import io_orientation
 
 from calib_monai.atomic import copy_atomically, save_atomically
-from calib_monai.calibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
+from calib_monai.recalibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 
 __all__ = [
     "FORMATS",

@@ -1,6 +1,6 @@
 """The review rule of a validated range (:class:`ValidatedRange`): one full-conformal rule over one combined
 nonconformity score of the case and the validation volumes, its alpha and false-flag bound, and what it cannot
-judge. :mod:`calib_monai.calibration.validated_range` stores it and flags cases against it; its docstring states the
+judge. :mod:`calib_monai.recalibration.validated_range` stores it and flags cases against it; its docstring states the
 rule and the guarantee."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from calib_monai.atomic import write_json_atomically
-from calib_monai.calibration.conformal_scores import competition_ranks, standardised
-from calib_monai.calibration.input_signal import InputSignal
-from calib_monai.calibration.stored import file_sha256
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.metrics.image_statistics import is_geometry
+from calib_monai.recalibration.conformal_scores import competition_ranks, standardised
+from calib_monai.recalibration.input_signal import InputSignal
+from calib_monai.recalibration.stored import file_sha256
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
@@ -46,11 +46,11 @@ class ValidatedRange:
     alpha: float = 0.05
     volume_factor: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)  # weights, calibration, split: what it was measured on
-    inputs: list[list[float]] = field(default_factory=list)  # image_statistics of each validation image
+    inputs: list[list[float]] = field(default_factory=list)  # input_statistics of each validation image
     input_check: bool = False
     features: dict[str, Any] | None = None  # MahalanobisDistance.to_dict() of the validation features
     feature_check: bool = False
-    input_names: list[str] = field(default_factory=list)  # image_statistic_names of the inputs ([]: unnamed)
+    input_names: list[str] = field(default_factory=list)  # input_statistic_names of the inputs ([]: unnamed)
     volume_interval_scale: float | None = None  # fit_volume_interval_scale on the scored volumes (None: not fitted)
     input_reference: dict[str, Any] | None = None  # {"mean", "std", "images"} of the training images' statistics
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
@@ -126,7 +126,8 @@ class ValidatedRange:
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
-        :func:`~calib_monai.metrics.case_quality.image_statistics` of their images, their fitted feature distance)."""
+        :func:`~calib_monai.metrics.image_statistics.input_statistics` of their images, their fitted feature
+        distance)."""
         if not qualities:
             raise ValueError("a validated range needs at least one validation volume")
         names = list(qualities[0]["classes"])
@@ -181,10 +182,8 @@ class ValidatedRange:
         return math.ceil(1 / self.alpha - 1 - 1e-9)
 
     def _too_few(self) -> str:
-        return (
-            f"cannot judge at alpha = {self.alpha:g} with n = {self.n} validation volumes: needs at least "
-            f"{self.volumes_needed} (or review_alpha >= {1 / (self.n + 1):.3g})"
-        )
+        needs = f"needs at least {self.volumes_needed} (or review_alpha >= {1 / (self.n + 1):.3g})"
+        return f"cannot judge at alpha = {self.alpha:g} with n = {self.n} validation volumes: {needs}"
 
     @property
     def warnings(self) -> list[str]:

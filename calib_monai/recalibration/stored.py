@@ -98,7 +98,7 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
 
 
 def calibrate_settings(fitter: Any) -> dict[str, Any]:
-    """The settings of a calibrate step (``CalibrationFitter``'s: method, voxels, budgets, seed, split, review rule)
+    """The settings of a calibrate step (``RecalibrationFitter``'s: method, voxels, budgets, seed, split, review rule)
     that the manifest records as what made its files; attributes it does not have are left out."""
     names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "split", "review")
     settings = {name: getattr(fitter, name) for name in names if hasattr(fitter, name)}
@@ -115,7 +115,7 @@ def publish_calibration(
     **info: Any,
 ) -> Path:
     """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
-    ``validated_range`` measured with it (a :class:`~calib_monai.calibration.ValidatedRange`, at ``range_path``,
+    ``validated_range`` measured with it (a :class:`~calib_monai.recalibration.ValidatedRange`, at ``range_path``,
     default ``<models>/validated_range.json``) as one set of ``weights``: the files under temporary names, then
     renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
     an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate

@@ -2,7 +2,7 @@
 its weights, and the review flag of a new case against it.
 
 The bundle's ``calibrate`` step scores every validation volume with a recalibration it did not fit (2-fold
-cross-fitting by default, :mod:`calib_monai.calibration.fitting`) and writes ``<models>/validated_range.json``: the
+cross-fitting by default, :mod:`calib_monai.recalibration.fitting`) and writes ``<models>/validated_range.json``: the
 case scores and expected volumes, the image statistics, the pooled bottleneck features (as a fitted
 :class:`~calib_monai.metrics.feature_distance.MahalanobisDistance`), the rule, its false-flag bound and the SHA-256 of
 the ``model.pt`` they were measured with (a range is never applied to other weights).
@@ -56,12 +56,12 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
-from calib_monai.calibration.review_rule import ValidatedRange
-from calib_monai.calibration.stored import file_sha256
 from calib_monai.metrics.case_quality import case_quality
 from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
+from calib_monai.recalibration.review_rule import ValidatedRange
+from calib_monai.recalibration.stored import file_sha256
 
 __all__ = [
     "VALIDATED_RANGE_FILE",
@@ -171,6 +171,9 @@ class CaseQualityd(MapTransform):
             :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook on it pools each case's bottleneck
             features for the range's feature signal (one case per forward batch: the bundles' batch size 1). None, a
             TorchScript network or a network that did not run for the case: the feature signal is left out, with why.
+        segmentation_key, confidence_key: the argmax and max of the probabilities, when ``ConfidenceAndSegmentationd``
+            took them of these probabilities just before (the serving path; it says so in ``<confidence_key>_of``),
+            in their dtype: used, not taken again.
     """
 
     def __init__(
@@ -184,8 +187,11 @@ class CaseQualityd(MapTransform):
         confidence_threshold: float = 0.8,
         allow_missing_keys: bool = False,
         network: torch.nn.Module | None = None,
+        segmentation_key: str = "segmentation",
+        confidence_key: str = "confidence",
     ) -> None:
         super().__init__(keys, allow_missing_keys)
+        self.segmentation_key, self.confidence_key = segmentation_key, confidence_key
         self.missing = ""
         self.features, self.features_missing = None, "no network was given to CaseQualityd (network=@network)"
         if network is not None:
@@ -210,12 +216,15 @@ class CaseQualityd(MapTransform):
             prob = d[key]
             names = self.class_names if self.class_names and len(self.class_names) == prob.shape[0] else None
             grid = prob if isinstance(prob, MetaTensor) else d.get(self.image_key)
+            taken = self._taken(d, key, prob)
             quality = case_quality(
                 prob,
+                taken[0],
                 voxel_volume=voxel_volume_ml(grid),
                 threshold=self.confidence_threshold,
                 class_names=names,
                 volume_interval_scale=self._volume_interval_scale,
+                confidence=taken[-1],
             )
             image = d.get(self.image_key)
             stats = input_statistics(image) if image is not None else None
@@ -229,6 +238,15 @@ class CaseQualityd(MapTransform):
                 logger.warning(f"case {_case(d, self.image_key)}: review: " + "; ".join(quality["review"]["reasons"]))
             d[self.quality_key] = quality
         return d
+
+    def _taken(self, d: Mapping, key: Hashable, prob: Any) -> list:
+        """``[segmentation, confidence]`` that ``ConfidenceAndSegmentationd`` took of ``d[key]`` just before, in its
+        dtype and on its grid, else ``[None]`` (they are taken again)."""
+        taken = [d.get(k) for k in (self.segmentation_key, self.confidence_key)]
+        ours = d.get(f"{self.confidence_key}_of") == key and all(t is not None for t in taken)
+        if ours and taken[1].dtype == prob.dtype and all(t.shape[1:] == prob.shape[1:] for t in taken):
+            return taken
+        return [None]
 
     def _pop_features(self) -> tuple[Any, str]:
         """The pooled features of the case the network just ran on (None and why when there are none)."""
