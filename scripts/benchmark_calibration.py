@@ -17,37 +17,15 @@ own voxel selection is inside its timing, as ours is. The table gives each value
 torchmetrics' time over each tool's, measured in the same rounds. With a CUDA device the fused call is also timed
 on the GPU (one line; else "GPU part skipped: no CUDA device").
 
-Target (issue 11): ECE+CECE+TACE fused >= 10x faster than torchmetrics' ECE, exact against float64. Measured on
-the project's 2-core CPU (2 threads, default run; medians of per-round ratios): torchmetrics 0.18 s; ours fused
-0.107 s = 1.67x (the NumPy path it replaces: 0.68-0.85x), ECE 0.049 s = 3.6x, CECE 2.3x, TACE 1.7x; largest
-relative difference to float64 1.5e-16. The target is MISSED. Where the time goes (``--profile``), per volume of
-~150k foreground voxels (750k class probabilities): voxel selection ~3 ms (reading the 8.8 MB int64 label map,
-gathering the selected probabilities, the input checks), ECE ~1.5 ms, the bucket histograms of CECE / TACE ~3 ms,
-gathering and sorting the elements of cut buckets ~1.3 ms; each is a few memory-bound passes of eager torch ops,
-~10 ms a volume where 10x leaves 1.6 ms: about what reading the inputs once takes on this machine.
-
-One implementation since issue 32.1: NumPy inputs take the torch path (``torch.from_numpy``) and labels keep their
-integer dtype (no int64 copy). Rows "NumPy input" and "uint8 labels" time the fused call so, and "memory floor" one
-read of the probabilities and int64 labels (``aminmax`` / ``amax``). Measured with ``--volumes 4 --repeats 5
---threads 1 --skip_losses True`` on the 2-core CPU at load average 5-7 (2 threads were erratic under that load):
-torchmetrics 0.156 s; ours fused 0.083 s = 1.75x, NumPy input 0.086 s, uint8 labels 0.099 s (the labels are 8 of
-28 bytes a voxel and selection reads them once: no gain within the noise); the floor 0.0065 s (17.7 GiB/s), ours
-fused 12.9x the floor. The NumPy implementation NumPy inputs used before took 0.15-0.19 s on the same 4 volumes
-(1 thread; torch tensors 0.09-0.11 s), now 0.10 s; values identical.
-
-Issue 32.1, compiled CPU kernel (``calib_monai/metrics/calibration_kernel.py``: C through ctypes, built once in
-~1 s; ``CALIB_MONAI_KERNEL=0`` switches it off): ECE and the CECE / TACE bucket histograms of a chunk in one pass,
-labels read in their own dtype, and the gather of refined buckets. Rows "eager torch ops (kernel off)" and "+ kernel
-voxel selection" (``calibration_kernel.select_voxels`` patched in for ``select_tensor_voxels``: what
-``pooled_accumulator`` gives once it selects through it) come from the same run. ``--cpu_time True`` (one thread)
-times each call by the thread's CPU time, which the other jobs of a busy machine hardly move. Measured with
-``--volumes 4 --repeats 7 --threads 1 --skip_losses True --cpu_time True`` at load average 4-5: torchmetrics 0.107 s;
-ours fused 0.035 s = 3.0x (eager 0.065 s = 1.7x; with kernel selection 0.033 s = 3.1x); floor 0.0051 s (22.6 GiB/s),
-ours fused 6.9x the floor (eager 12.7x); relative difference to float64 <= 2e-16. Targets 10x and 2x the floor:
-MISSED. Thread CPU time per call: selection 8.6 ms (kernel; torch 13 ms), chunk pass 10.7 ms (3.3 ns per class
-probability: histogram updates, not memory), refinement scan 5.2 ms, equal-mass bins and the rest ~10 ms. Measured
-before choosing C: ``torch.compile`` (inductor) of the chunk pass took 44 s to compile and ran 1.3x faster than
-eager.
+Target (issues 11 and 32.1): ECE+CECE+TACE fused at least 10x faster than torchmetrics' ECE and at most 2x the
+memory floor, exact against float64. The compiled CPU kernel (``calib_monai/metrics/calibration_kernel.py``, C
+through ctypes, built once in about a second; ``CALIB_MONAI_KERNEL=0`` switches it off) selects the ground-truth
+foreground and fills ECE's bins and the CECE / TACE bucket histograms in one pass per chunk, reading the labels in
+their own dtype. Rows "NumPy input" and "uint8 labels" time the fused call from those inputs; "eager torch ops
+(kernel off)" and "torch voxel selection" time it without the kernel, or with torch's selection; "memory floor" is
+one read of the probabilities and int64 labels (``aminmax`` / ``amax``). ``--cpu_time True`` (one thread) times each
+call by the thread's CPU time, which other jobs on a busy machine hardly move. The measured figures and the command:
+``docs/results/benchmarks/calibration_metrics.md``.
 
 Part 2, losses: training-step time (forward + loss + backward + Adam step) of a MONAI 2D UNet (batch 16, 96x96,
 5 classes, ``torch.set_num_threads(2)``) for each loss of ``calib_monai.losses`` and ``monai.losses.NACLLoss``,

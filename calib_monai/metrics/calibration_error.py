@@ -51,9 +51,9 @@ from ._inputs import (
     check_foreground,
     metric_definition,
     prepare_tensors,
-    select_tensor_voxels,
     warn_empty_selection,
 )
+from .calibration_kernel import select_voxels  # the compiled "gt" selection; select_tensor_voxels otherwise
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_torch import CalibrationAccumulator
 
@@ -193,7 +193,7 @@ def segmentation_calibration(
     )
     check_option("reduction", reduction, REDUCTIONS)
     p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
-    parts = [select_tensor_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
+    parts = [select_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
     num_classes = p.shape[1]
     empty = [b for b, (_, yb) in enumerate(parts) if yb.shape[0] == 0]
 
@@ -270,7 +270,7 @@ def pooled_accumulator(
     p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
     acc = CalibrationAccumulator(names, p.shape[1], num_bins, include_background, threshold)
     for b in range(p.shape[0]):
-        acc.add(*select_tensor_voxels(p[b], y[b], foreground, "probs", class_dim))
+        acc.add(*select_voxels(p[b], y[b], foreground, "probs", class_dim))
     if acc.count == 0:
         warn_empty_selection(foreground, stacklevel=4)
     return acc

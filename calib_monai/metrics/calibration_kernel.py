@@ -158,7 +158,7 @@ def select_gt(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """The voxels with ``y != 0`` of a volume ``p (C, N)``, ``y (N,)``: ``(p_sel (C, n), y_sel (n,) in y's dtype,
     [min p, max p, min and max class sum (float32), min y, max y])`` in two passes over the labels; None when the
     kernel does not take the inputs or nothing is selected (the caller's path then checks the whole volume)."""
-    if not available(p, y) or p.shape[1] == 0:
+    if not available(p, y) or p.shape[1] == 0 or y.dtype not in _LABEL_TYPES:  # float or bool labels: torch's path
         return None
     c, size = p.shape
     p, y = p.contiguous(), y.contiguous()
