@@ -71,3 +71,31 @@ def test_the_range_features_are_stored_whole_or_left_out_with_why():
     )
     stored, why = range_features([np.full(3, np.nan)] * 4)
     assert stored is None and "NaN or infinite" in why
+
+
+def test_recalibrate_is_a_plain_function_no_engine_needed(tmp_path):
+    # what the calibrate step's handler calls: the same fit and range as cross_fit + measure_validated_range, published
+    import json
+
+    from calib_monai.recalibration import load_validated_range, recalibrate
+
+    volumes = _volumes(6)
+    weights = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1)}, weights)
+    review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": True, "feature_check": False}
+    fit = {"method": "temperature", "voxels": "all", "seed": 0}
+    module, stats, validated = recalibrate(
+        volumes, tmp_path / "calibration.pt", weights, fit, review=review, class_names=["bg", "a"],
+        validated_range_path=tmp_path / "validated_range.json",
+    )  # fmt: skip
+    split = split_volumes(6, seed=0, crossfit=True)
+    expected_module, _, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    expected = measure_validated_range(scorers, volumes, split, review, ["bg", "a"], spatial_dim=2)
+    assert float(module.temperature) == float(expected_module.temperature)
+    assert validated.scores == expected.scores and validated.n == 6
+    stored = load_validated_range(tmp_path / "validated_range.json", weights)
+    assert stored.scores == pytest.approx(expected.scores)
+    assert json.loads((tmp_path / "calibration.json").read_text())["method"] == "temperature"
+    # without a range path: the calibration alone, no range
+    assert recalibrate(volumes, tmp_path / "alone" / "calibration.pt", weights, fit)[2] is None
+    assert (tmp_path / "alone" / "calibration.pt").is_file()

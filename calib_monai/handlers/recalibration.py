@@ -19,16 +19,10 @@ from calib_monai.data.preprocessing import INPUT_LABEL
 from calib_monai.metrics.image_statistics import image_geometry
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import case_name
-from calib_monai.recalibration.fitting import (
-    RECALIBRATION_DEFAULTS,
-    REVIEW_DEFAULTS,
-    ValidationVolume,
-    cross_fit,
-    measure_validated_range,
-    split_volumes,
-)
+from calib_monai.recalibration.fitting import RECALIBRATION_DEFAULTS, REVIEW_DEFAULTS, ValidationVolume, split_volumes
+from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.references import training_references
-from calib_monai.recalibration.stored import calibrate_settings, publish_calibration
+from calib_monai.recalibration.stored import calibrate_settings
 from calib_monai.recalibration.temperature import VOXEL_CHOICES
 from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
 
@@ -233,82 +227,28 @@ class RecalibrationFitter:
             self._hook.stop()
         if not self._volumes:
             raise RuntimeError("the calibrate step saw no validation volume: check the data set's validation split")
-        split = split_volumes(len(self._volumes), self.split, self.seed, self.crossfit)
-        if split.in_sample:
-            logger.warning(
-                f"calibrate: {split.rule}; the validated range is measured on the volumes that fitted the "
-                "recalibration (in-sample: its flags are too lenient); use more validation volumes"
-            )
-        fit = {
-            "method": self.method,
-            "num_classes": self.num_classes,
-            "in_channels": self.in_channels,
-            "voxels": self.voxels,
-            "max_voxels": self.max_voxels,
-            "max_slices": self.max_slices,
-            "steps": self.lts_steps,
-            "seed": self.seed,
-        }
-        module, stats, scorers = cross_fit(self._volumes, split, self.spatial_dim, **fit)
-        self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.validated_range_path is None:  # else published with its range, as one set (_store_validated_range)
-            publish_calibration(module, self.output_path, self.weights, settings=calibrate_settings(self), **stats)
-        logger.info(f"calibrate: {_describe_fit(module, stats)}; wrote {self.output_path}")
-        if self.validated_range_path is not None:
-            self._store_validated_range(module, scorers, split, stats)
-        self._volumes.clear()
-        self._features.clear()
-
-    def _store_validated_range(self, module: torch.nn.Module, scorers: list, split, stats: dict) -> None:
-        """Score the range's validation volumes with the fits that did not see them and store the range next to the
-        weights, with the served calibration."""
-        calibration = {
-            "method": self.method,
-            **({"temperature": float(module.temperature)} if self.method == "temperature" else {}),
-        }
-        features = self._features if self._hook is not None else None
-        validated = measure_validated_range(
-            scorers,
+        fit = {"method": self.method, "num_classes": self.num_classes, "in_channels": self.in_channels}
+        fit |= {"voxels": self.voxels, "max_voxels": self.max_voxels, "max_slices": self.max_slices}
+        fit |= {"steps": self.lts_steps, "seed": self.seed}
+        with_range = self.validated_range_path is not None
+        recalibrate(
             self._volumes,
-            split,
-            self.review,
-            self.class_names,
-            self.spatial_dim,
-            features,
-            *self._references(),
-            calibration=calibration,
-            fitted_on=stats["fitted_on"],
-        )
-        if self.review["feature_check"] and self._hook is None:
-            validated.info["features_left_out"] = self._hook_problem
-        publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
-            module,
             self.output_path,
             self.weights,
-            validated,
-            self.validated_range_path,
+            fit,
+            split=self.split,
+            crossfit=self.crossfit,
+            spatial_dim=self.spatial_dim,
+            validated_range_path=self.validated_range_path,
+            review=self.review,
+            class_names=self.class_names,
+            features=self._features if self._hook is not None else None,
+            references=self._references() if with_range else (None, None),
             settings=calibrate_settings(self),
-            **stats,
+            features_left_out=self._hook_problem if self.review["feature_check"] and self._hook is None else "",
         )
-        finite = [s for s in validated.scores if s == s] or [float("nan")]
-        scheme = "cross-fitted" if split.crossfit else "held out from the fit"
-        logger.info(
-            f"calibrate: validated range of {validated.n} validation volumes ({scheme}; scored on the "
-            f"{validated.scored_on}; case score "
-            f"{min(finite):.3f}-{max(finite):.3f}; signals {validated.signals}); inference will "
-            f"{validated.describe()}; wrote {self.validated_range_path}"
-        )
-        for warning in validated.warnings:
-            logger.warning(f"calibrate: validated range: {warning}")
-        interval = validated.info.get("volume_interval", {})
-        if validated.volume_interval_scale is not None:
-            logger.info(
-                f"calibrate: volume interval widened {validated.volume_interval_scale:.3g}x to hold the true volume "
-                f"with probability {interval.get('coverage', 0.95):.0%} (conformal over {interval.get('pairs')} "
-                "validation (volume, class) pairs)"
-            )
-        else:
-            logger.warning(f"calibrate: volume interval: {interval.get('note', 'not fitted')} (independent voxels)")
+        self._volumes.clear()
+        self._features.clear()
 
     def _references(self) -> tuple[list[list[float]] | None, list | None]:
         """The fixed references of the input and feature signals (None each when not asked for or not given)."""
@@ -322,31 +262,6 @@ class RecalibrationFitter:
             f"calibrate: the input and feature signals' reference: {len(stats)} of {len(items)} training images"
         )
         return (stats if self.review["input_check"] else None), features
-
-
-def _describe_fit(module: torch.nn.Module, stats: dict) -> str:
-    """The log line of a fit: what, on how many volumes, and the held-out numbers (the in-sample ones without)."""
-    what = f"temperature {float(module.temperature):.4f}" if hasattr(module, "temperature") else "local temperature"
-    line = (
-        f"{what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels; {stats['split']['rule']})"
-    )
-    for prefix, name in (
-        ("heldout_slices", "held-out slices"),
-        ("range_volumes", "range volumes (each by a fit that did not see it)"),
-    ):
-        if f"{prefix}_nll_before" in stats:
-            line += (
-                f"; {name}: NLL {stats[prefix + '_nll_before']:.4f} -> {stats[prefix + '_nll_after']:.4f}, ECE "
-                f"(ground-truth foreground) {stats[prefix + '_ece_before']:.4f} -> {stats[prefix + '_ece_after']:.4f}"
-            )
-    if "best_step" in stats:
-        line += f" (early stopping: step {stats['best_step']} of {stats['steps']})"
-    if stats["split"]["in_sample"]:
-        line += (
-            f"; in-sample only: NLL {stats['in_sample_nll_before']:.4f} -> {stats['in_sample_nll_after']:.4f}, ECE "
-            f"{stats['in_sample_ece_before']:.4f} -> {stats['in_sample_ece_after']:.4f}"
-        )
-    return line
 
 
 @deprecated(

@@ -4,6 +4,7 @@ and review rule measured with them. Measuring calibration error is :mod:`calib_m
 
 from calib_monai.recalibration.external import calibrate_probabilities, temperature_scale
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
+from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
     CalibratedNetwork,
@@ -41,6 +42,7 @@ __all__ = [
     "calibrate_volume",
     "fit_temperature",
     "load_calibration",
+    "recalibrate",
     "sample_voxels",
     "save_calibration",
     "temperature_scale",

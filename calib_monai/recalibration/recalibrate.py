@@ -1,0 +1,145 @@
+"""Recalibrate from validation volumes, as a plain function: split them, fit the recalibration (cross-fitted), score
+the validated range with the fits that did not see each volume, and publish the calibration and its range next to
+the weights as one set. The bundle's ``calibrate`` step (``calib_monai.handlers.RecalibrationFitter``) collects the
+volumes from its evaluator and calls :func:`recalibrate`; a script with its own volumes calls it directly."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from calib_monai.recalibration.fitting import (
+    REVIEW_DEFAULTS,
+    ValidationVolume,
+    cross_fit,
+    measure_validated_range,
+    split_volumes,
+)
+from calib_monai.recalibration.stored import publish_calibration
+from calib_monai.recalibration.validated_range import ValidatedRange
+
+__all__ = ["describe_fit", "recalibrate"]
+
+logger = logging.getLogger("calib_monai")
+
+
+def recalibrate(
+    volumes: Sequence[ValidationVolume],
+    output_path: str | os.PathLike,
+    weights: str | os.PathLike,
+    fit: Mapping[str, Any],
+    split: float = 0.5,
+    crossfit: bool = True,
+    spatial_dim: int = 2,
+    validated_range_path: str | os.PathLike | None = None,
+    review: Mapping[str, Any] | None = None,
+    class_names: Sequence[str] | None = None,
+    features: Sequence[Any] | None = None,
+    references: tuple = (None, None),
+    settings: Mapping[str, Any] | None = None,
+    features_left_out: str = "",
+) -> tuple[nn.Module, dict[str, Any], ValidatedRange | None]:
+    """Fit the recalibration of ``weights`` on ``volumes`` and publish it at ``output_path`` (with, given
+    ``validated_range_path``, the validated range scored on them); returns ``(module, fit statistics, range or
+    None)``.
+
+    Args:
+        fit: :func:`~calib_monai.recalibration.fitting.cross_fit`'s settings: ``method``, ``num_classes``,
+            ``in_channels``, ``voxels``, ``max_voxels``, ``max_slices``, ``steps``, ``seed`` (also the split's).
+        split, crossfit: which volumes fit and which measure (:func:`~calib_monai.recalibration.fitting.
+            split_volumes`).
+        review: the review rule's ``alpha``, ``volume_factor``, ``input_check``, ``feature_check``
+            (``REVIEW_DEFAULTS`` when None).
+        features: each volume's pooled network features (None: the feature signal has none).
+        references: the training images' ``(image statistics, pooled features)``, the fixed references of the
+            input and feature signals (None each: the validation volumes measure each other).
+        settings: what made the files, for the manifest.
+        features_left_out: why the feature signal has no features, when asked for and not given.
+    """
+    review = dict(REVIEW_DEFAULTS if review is None else review)
+    split_of = split_volumes(len(volumes), split, int(fit.get("seed", 0)), crossfit)
+    if split_of.in_sample:
+        logger.warning(
+            f"calibrate: {split_of.rule}; the validated range is measured on the volumes that fitted the "
+            "recalibration (in-sample: its flags are too lenient); use more validation volumes"
+        )
+    module, stats, scorers = cross_fit(volumes, split_of, spatial_dim, **fit)
+    Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+    if validated_range_path is None:
+        publish_calibration(module, output_path, weights, settings=settings, **stats)
+        logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
+        return module, stats, None
+    logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
+    calibration = {"method": fit["method"]}
+    if fit["method"] == "temperature":
+        calibration["temperature"] = float(module.temperature)
+    validated = measure_validated_range(
+        scorers,
+        volumes,
+        split_of,
+        review,
+        class_names,
+        spatial_dim,
+        features,
+        *references,
+        calibration=calibration,
+        fitted_on=stats["fitted_on"],
+    )
+    if review["feature_check"] and features is None:
+        validated.info["features_left_out"] = features_left_out or "no network features were collected"
+    publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
+        module, output_path, weights, validated, validated_range_path, settings=settings, **stats
+    )
+    _log_range(validated, split_of.crossfit, validated_range_path)
+    return module, stats, validated
+
+
+def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLike) -> None:
+    finite = [s for s in validated.scores if s == s] or [float("nan")]
+    scheme = "cross-fitted" if crossfit else "held out from the fit"
+    logger.info(
+        f"calibrate: validated range of {validated.n} validation volumes ({scheme}; scored on the "
+        f"{validated.scored_on}; case score {min(finite):.3f}-{max(finite):.3f}; signals {validated.signals}); "
+        f"inference will {validated.describe()}; wrote {path}"
+    )
+    for warning in validated.warnings:
+        logger.warning(f"calibrate: validated range: {warning}")
+    interval = validated.info.get("volume_interval", {})
+    if validated.volume_interval_scale is not None:
+        logger.info(
+            f"calibrate: volume interval widened {validated.volume_interval_scale:.3g}x to hold the true volume "
+            f"with probability {interval.get('coverage', 0.95):.0%} (conformal over {interval.get('pairs')} "
+            "validation (volume, class) pairs)"
+        )
+    else:
+        logger.warning(f"calibrate: volume interval: {interval.get('note', 'not fitted')} (independent voxels)")
+
+
+def describe_fit(module: nn.Module, stats: dict) -> str:
+    """The log line of a fit: what, on how many volumes, and the held-out numbers (the in-sample ones without)."""
+    what = f"temperature {float(module.temperature):.4f}" if hasattr(module, "temperature") else "local temperature"
+    line = (
+        f"{what} fitted on {stats['volumes']} validation volumes ({stats['voxels']} voxels; {stats['split']['rule']})"
+    )
+    for prefix, name in (
+        ("heldout_slices", "held-out slices"),
+        ("range_volumes", "range volumes (each by a fit that did not see it)"),
+    ):
+        if f"{prefix}_nll_before" in stats:
+            line += (
+                f"; {name}: NLL {stats[prefix + '_nll_before']:.4f} -> {stats[prefix + '_nll_after']:.4f}, ECE "
+                f"(ground-truth foreground) {stats[prefix + '_ece_before']:.4f} -> {stats[prefix + '_ece_after']:.4f}"
+            )
+    if "best_step" in stats:
+        line += f" (early stopping: step {stats['best_step']} of {stats['steps']})"
+    if stats["split"]["in_sample"]:
+        line += (
+            f"; in-sample only: NLL {stats['in_sample_nll_before']:.4f} -> {stats['in_sample_nll_after']:.4f}, ECE "
+            f"{stats['in_sample_ece_before']:.4f} -> {stats['in_sample_ece_after']:.4f}"
+        )
+    return line
