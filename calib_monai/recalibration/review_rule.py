@@ -26,6 +26,8 @@ __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ran
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
+# a shift flag says the estimate's level is unvouched: the validation volumes never showed how right it is on such cases
+NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
 
 
 def _number(value: Any) -> float:  # a stored null is NaN
@@ -333,13 +335,9 @@ class ValidatedRange:
 
     def _reason(self, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
         rank, value, of = signal["rank"], signal["value"], self.n + 1
-        z = signal["beyond"]
-        if z is None:
-            beyond = ""
-        elif abs(z) > 1000:  # the others barely vary (a scale near 0): a count of MADs would mean nothing
-            beyond = ", far beyond the others, which barely vary"
-        else:
-            beyond = f", {z:.1f} MADs beyond the others"
+        z = signal["beyond"]  # beyond 1000: the others barely vary (a scale near 0), a count of MADs means nothing
+        beyond = "" if z is None else f", {z:.1f} MADs beyond the others" if abs(z) <= 1000 else ""
+        beyond = ", far beyond the others, which barely vary" if z is not None and abs(z) > 1000 else beyond
         if name == "case_score":
             if value is None:
                 return "no case score (the model predicts none of the structures and gives them no probability)"
@@ -350,10 +348,10 @@ class ValidatedRange:
             images = "the training images" if self.input_reference else "the validation images"
             return (
                 f"image unlike {images} ({farthest}: distance {value:.1f} standard deviations, rank {rank} of "
-                f"{of}{beyond})"
+                f"{of}{beyond}){NOT_VOUCHED}"
             )
         whose = "the training images'" if self.feature_reference else "the validation cases'"
-        return f"features unlike {whose} (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond})"
+        return f"features unlike {whose} (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond}){NOT_VOUCHED}"
 
     # ---- storage -----------------------------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
