@@ -354,3 +354,24 @@ def test_fixed_references_from_training_images():
     assert with_features.check(_case(0.6), None, validation[0])["flag"] is False
     with pytest.raises(ValueError, match="feature_reference: 3 validation distances for 19 scores"):
         ValidatedRange(validated.scores, feature_reference={**reference, "validation": [1.0, 2.0, 3.0]})
+
+
+def test_a_shift_seen_by_image_and_features_says_once_that_the_estimate_is_not_vouched_for(monkeypatch):
+    rng = np.random.default_rng(2)
+    validated, case = _feature_range(rng, 19, 0.05)
+    far = validated.check(_case(float(case[6])), case[7:].tolist(), case[:6] + 50.0)
+    assert far["flag"] is True and far["reasons"][-1].endswith("; the estimated DSC is not vouched for on such a case")
+    # a case flagged by its low score alone: no such note (the score itself says the case is poor)
+    low = validated.check(_case(-10.0), case[7:].tolist(), case[:6])
+    assert low["flag"] is True and not any("not vouched" in r for r in low["reasons"])
+    # both signals infinitely far (tied as the case's largest): two reasons, the note once, after the last
+    values, left_out, unknown, farthest = validated._signal_values(_case(0.9), case[7:].tolist(), case[:6], "")
+    for name in ("input", "features"):
+        values[name][-1] = np.inf
+    monkeypatch.setattr(validated, "_signal_values", lambda *a: (values, left_out, unknown, farthest))
+    both = validated.check(_case(0.9), case[7:].tolist(), case[:6])
+    assert [r.split(" (")[0] for r in both["reasons"]] == [
+        "image unlike the validation images",
+        "features unlike the validation cases'",
+    ]
+    assert [r.endswith("not vouched for on such a case") for r in both["reasons"]] == [False, True]

@@ -230,7 +230,6 @@ class RecalibrationFitter:
         fit = {"method": self.method, "num_classes": self.num_classes, "in_channels": self.in_channels}
         fit |= {"voxels": self.voxels, "max_voxels": self.max_voxels, "max_slices": self.max_slices}
         fit |= {"steps": self.lts_steps, "seed": self.seed}
-        with_range = self.validated_range_path is not None
         recalibrate(
             self._volumes,
             self.output_path,
@@ -243,7 +242,7 @@ class RecalibrationFitter:
             review=self.review,
             class_names=self.class_names,
             features=self._features if self._hook is not None else None,
-            references=self._references() if with_range else (None, None),
+            references=self._references,  # measured after the fit, only when a range is stored
             settings=calibrate_settings(self),
             features_left_out=self._hook_problem if self.review["feature_check"] and self._hook is None else "",
         )

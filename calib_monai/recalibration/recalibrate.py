@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def recalibrate(
     review: Mapping[str, Any] | None = None,
     class_names: Sequence[str] | None = None,
     features: Sequence[Any] | None = None,
-    references: tuple = (None, None),
+    references: tuple | Callable[[], tuple] = (None, None),
     settings: Mapping[str, Any] | None = None,
     features_left_out: str = "",
 ) -> tuple[nn.Module, dict[str, Any], ValidatedRange | None]:
@@ -57,7 +57,8 @@ def recalibrate(
             (``REVIEW_DEFAULTS`` when None).
         features: each volume's pooled network features (None: the feature signal has none).
         references: the training images' ``(image statistics, pooled features)``, the fixed references of the
-            input and feature signals (None each: the validation volumes measure each other).
+            input and feature signals (None each: the validation volumes measure each other), or a function that
+            measures them, called once the fit is done and only when a range is stored.
         settings: what made the files, for the manifest.
         features_left_out: why the feature signal has no features, when asked for and not given.
     """
@@ -75,6 +76,7 @@ def recalibrate(
         logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
         return module, stats, None
     logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
+    references = references() if callable(references) else references
     calibration = {"method": fit["method"]}
     if fit["method"] == "temperature":
         calibration["temperature"] = float(module.temperature)

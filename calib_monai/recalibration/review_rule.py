@@ -20,14 +20,13 @@ from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.metrics.image_statistics import is_geometry
 from calib_monai.recalibration.conformal_scores import competition_ranks, standardised
 from calib_monai.recalibration.input_signal import InputSignal
+from calib_monai.recalibration.review_reasons import NOT_VOUCHED, review_reason
 from calib_monai.recalibration.stored import file_sha256
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
-# a shift flag says the estimate's level is unvouched: the validation volumes never showed how right it is on such cases
-NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
 
 
 def _number(value: Any) -> float:  # a stored null is NaN
@@ -303,7 +302,10 @@ class ValidatedRange:
         signals["case_score"]["value"] = _finite_or_none(float(quality["case_score"]))
         reasons = []
         if k >= 1 and case_rank <= k:
-            reasons += [self._reason(name, signals[name], farthest) for name in z if z[name][-1] == combined[-1]]
+            shifted = [name for name in z if z[name][-1] == combined[-1]]
+            reasons += [review_reason(self, name, signals[name], farthest) for name in shifted]
+            if {"input", "features"} & set(shifted):  # once, after the signals that saw the shift
+                reasons[-1] += NOT_VOUCHED
         elif k >= 1 and self.score_problem:
             unknown.append(self.score_problem)
         if self.volume_factor:
@@ -332,26 +334,6 @@ class ValidatedRange:
             "bound": self.bound,
             "alpha": self.alpha,
         }
-
-    def _reason(self, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
-        rank, value, of = signal["rank"], signal["value"], self.n + 1
-        z = signal["beyond"]  # beyond 1000: the others barely vary (a scale near 0), a count of MADs means nothing
-        beyond = "" if z is None else f", {z:.1f} MADs beyond the others" if abs(z) <= 1000 else ""
-        beyond = ", far beyond the others, which barely vary" if z is not None and abs(z) > 1000 else beyond
-        if name == "case_score":
-            if value is None:
-                return "no case score (the model predicts none of the structures and gives them no probability)"
-            finite = [s for s in self.scores if s == s]
-            lowest = f"; the lowest validation score is {min(finite):.3f}" if finite else ""
-            return f"estimated mean DSC {value:.3f} is among the lowest (rank {rank} of {of}{beyond}{lowest})"
-        if name == "input":
-            images = "the training images" if self.input_reference else "the validation images"
-            return (
-                f"image unlike {images} ({farthest}: distance {value:.1f} standard deviations, rank {rank} of "
-                f"{of}{beyond}){NOT_VOUCHED}"
-            )
-        whose = "the training images'" if self.feature_reference else "the validation cases'"
-        return f"features unlike {whose} (Mahalanobis distance {value:.3g}, rank {rank} of {of}{beyond}){NOT_VOUCHED}"
 
     # ---- storage -----------------------------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:

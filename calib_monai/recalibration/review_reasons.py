@@ -1,0 +1,40 @@
+"""The words of a review flag: one reason per signal that flagged the case (:class:`~calib_monai.recalibration.
+review_rule.ValidatedRange` ``check``), as users read them in ``<case>_quality.json``, the log, MONAI Label's answer
+and the Slicer files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NOT_VOUCHED", "review_reason"]
+
+#: Appended once to a flag by the image or the features: no validation volume measured how right the estimate is there.
+NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
+
+
+def _shown(value: float | None, spec: str) -> str:  # None: a distance past any float (stored as null)
+    return "beyond any finite" if value is None else format(value, spec)
+
+
+def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
+    """The reason a flag gives for ``signal`` (one entry of ``ValidatedRange.check``'s ``signals``) of ``rule``, a
+    :class:`~calib_monai.recalibration.review_rule.ValidatedRange`: what was extreme, how far, and its rank."""
+    rank, value, of = signal["rank"], signal["value"], rule.n + 1
+    z = signal["beyond"]  # beyond 1000: the others barely vary (a scale near 0), a count of MADs means nothing
+    beyond = "" if z is None else f", {z:.1f} MADs beyond the others" if abs(z) <= 1000 else ""
+    beyond = ", far beyond the others, which barely vary" if z is not None and abs(z) > 1000 else beyond
+    if name == "case_score":
+        if value is None:
+            return "no case score (the model predicts none of the structures and gives them no probability)"
+        finite = [s for s in rule.scores if s == s]
+        lowest = f"; the lowest validation score is {min(finite):.3f}" if finite else ""
+        return f"estimated mean DSC {value:.3f} is among the lowest (rank {rank} of {of}{beyond}{lowest})"
+    if name == "input":
+        images = "the training images" if rule.input_reference else "the validation images"
+        return (
+            f"image unlike {images} ({farthest}: distance {_shown(value, '.1f')} standard deviations, rank "
+            f"{rank} of {of}{beyond})"
+        )
+    whose = "the training images'" if rule.feature_reference else "the validation cases'"
+    return f"features unlike {whose} (Mahalanobis distance {_shown(value, '.3g')}, rank {rank} of {of}{beyond})"
