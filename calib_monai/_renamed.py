@@ -11,20 +11,25 @@ from types import ModuleType
 REMOVED_IN = "0.3.0"
 
 
-def alias_module(old: str, new: str) -> ModuleType:
-    """Warn that ``old`` is renamed ``new`` and return ``new``."""
+def alias_module(old: str, new: str, namespace: dict | None = None) -> ModuleType:
+    """Warn that ``old`` is renamed ``new`` and return ``new``; with ``namespace`` (the old module's ``globals()``),
+    its public names are copied there."""
     warnings.warn(
         f"{old} is renamed {new} (measuring calibration error and recalibrating got distinct names); the old name is "
         f"removed in {REMOVED_IN}",
         FutureWarning,
         stacklevel=3,
     )
-    return importlib.import_module(new)
+    module = importlib.import_module(new)
+    if namespace is not None:
+        namespace.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    return module
 
 
-def alias_package(old: str, new: str, submodules: list[str]) -> ModuleType:
-    """``alias_module`` for a package whose ``submodules`` are importable under the old name too."""
-    module = alias_module(old, new)
+def alias_package(old: str, new: str, submodules: list[str], namespace: dict) -> ModuleType:
+    """``alias_module`` for a package whose ``submodules`` are importable under the old name too (and attributes of
+    ``namespace``)."""
+    module = alias_module(old, new, namespace)
     for name in submodules:
-        sys.modules[f"{old}.{name}"] = importlib.import_module(f"{new}.{name}")
+        namespace[name] = sys.modules[f"{old}.{name}"] = importlib.import_module(f"{new}.{name}")
     return module

@@ -1,8 +1,6 @@
 """Deprecated: renamed :mod:`calib_monai.recalibration` (post-hoc recalibration; calibration error is measured by
 :mod:`calib_monai.metrics.calibration_error`). Removed in 0.3.0."""
 
-import sys
-
 from calib_monai._renamed import alias_package
 
 _SUBMODULES = [
@@ -19,6 +17,4 @@ _SUBMODULES = [
     "temperature",
     "validated_range",
 ]
-_new = alias_package(__name__, "calib_monai.recalibration", _SUBMODULES)
-globals().update({k: v for k, v in vars(_new).items() if not k.startswith("__")})
-globals().update({name: sys.modules[f"{__name__}.{name}"] for name in _SUBMODULES})
+alias_package(__name__, "calib_monai.recalibration", _SUBMODULES, globals())

@@ -24,29 +24,34 @@ _NO_VALIDATION_GEOMETRY = "image geometry left out: the validation images carry 
 @dataclass
 class InputSignal:
     """The validation images' statistics (``inputs``, one row each), their ``names`` and the training images'
-    ``reference`` (``{"mean", "std"}`` per statistic, or None)."""
+    ``reference`` (``{"mean", "std"}`` per statistic, or None). Built once per validated range: what does not depend
+    on the case (the rows, which columns are geometry, whether they are all known) is derived here."""
 
     inputs: Sequence[Sequence[float]]
     names: Sequence[str]
     reference: Mapping[str, Any] | None = None
 
-    def _named(self, count: int) -> list[str]:
-        return list(self.names) if len(self.names) == count else []
+    def __post_init__(self) -> None:
+        rows = np.asarray(self.inputs, dtype=np.float64)
+        self.rows = rows if len(self.inputs) else np.zeros((0, len(self.names)))
+        width = self.rows.shape[1]
+        self.named = list(self.names) if len(self.names) == width else []
+        self.geometry = np.array([is_geometry(n) for n in self.named] or [False] * width, dtype=bool)
+        #: a range calibrated before the geometry statistics (named, none of them geometry)
+        self.before_geometry = bool(self.names) and not any(map(is_geometry, self.names))
+        self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
 
     def intensities_finite(self) -> bool:
         """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
-        rows = np.asarray(self.inputs, dtype=np.float64)
-        names = self._named(rows.shape[1])
-        columns = [i for i, n in enumerate(names) if not is_geometry(n)] if names else slice(None)
-        return bool(np.isfinite(rows[:, columns]).all())
+        return bool(np.isfinite(self.rows[:, ~self.geometry]).all())
 
     def comparable(self, stats: Sequence[float]) -> tuple[list[float], str, str]:
         """The case's statistics as the validation images' were measured, why they cannot be compared ("" when they
         can), and a note on a part left out: a range from before the geometry statistics compares the first ones; a
         geometry the case lacks (NaN: no ``original_affine``) is left out."""
-        stats, width = [float(v) for v in stats], len(self.inputs[0])
-        if len(stats) > width and self.names and not any(map(is_geometry, self.names)):
-            stats = stats[:width]  # a range calibrated before the geometry statistics
+        stats, width = [float(v) for v in stats], self.rows.shape[1]
+        if len(stats) > width and self.before_geometry:
+            stats = stats[:width]
         if len(stats) != width:
             return (
                 stats,
@@ -56,12 +61,11 @@ class InputSignal:
                 ),
                 "",
             )
-        geometry = [is_geometry(n) for n in self._named(width)] or [False] * width
-        if any(not (g or math.isfinite(v)) for v, g in zip(stats, geometry)):
+        if any(not (g or math.isfinite(v)) for v, g in zip(stats, self.geometry)):
             return stats, f"cannot judge: the image statistics {stats} are not all finite", ""
-        if any(geometry) and not np.isfinite(np.asarray(self.inputs, np.float64)[:, geometry]).all():
+        if self.geometry.any() and not self._geometry_known:
             return stats, "", _NO_VALIDATION_GEOMETRY  # those columns are left out for all n + 1
-        lacking = any(g and not math.isfinite(v) for v, g in zip(stats, geometry))
+        lacking = any(g and not math.isfinite(v) for v, g in zip(stats, self.geometry))
         return stats, "", (_NO_GEOMETRY if lacking else "")
 
     def distances(self, stats: Sequence[float]) -> tuple[np.ndarray, str]:
@@ -69,8 +73,8 @@ class InputSignal:
         the statistics all of them have (a geometry one lacks is left out), in spreads (standard deviations, at least
         each statistic's :func:`statistic_floor`) from the training images' (one fixed function, so the ``n + 1``
         stay exchangeable), else from the other ``n``; and the name of the case's farthest statistic."""
-        points = np.array([*self.inputs, list(stats)], dtype=np.float64)
-        names = self._named(points.shape[1])
+        points = np.vstack([self.rows, np.asarray(stats, dtype=np.float64)[None]])
+        names = self.named
         floor = np.maximum([statistic_floor(n) for n in names] or [0.0] * points.shape[1], np.finfo(np.float64).eps)
         if self.reference:  # one fixed reference: every point at once
             mean, std = (np.asarray(self.reference[k], np.float64) for k in ("mean", "std"))

@@ -17,7 +17,6 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
-from calib_monai.metrics.image_statistics import is_geometry
 from calib_monai.recalibration.conformal_scores import competition_ranks, standardised
 from calib_monai.recalibration.input_signal import InputSignal
 from calib_monai.recalibration.review_reasons import NOT_VOUCHED, review_reason
@@ -97,6 +96,7 @@ class ValidatedRange:
             )
         self.scores = [_number(s) for s in self.scores]
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
+        self._input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
         if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
             raise ValueError(
                 f"validated range: {len(self.inputs)} image statistics (inputs) for {len(self.scores)} scores: "
@@ -209,7 +209,7 @@ class ValidatedRange:
     def outdated(self) -> str:
         """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before the
         image geometry statistics compares the intensities only."""
-        if self.input_check and self.input_names and not any(map(is_geometry, self.input_names)):
+        if self.input_check and self._input_signal.before_geometry:
             return (
                 "the range was calibrated before the image geometry statistics (field of view, voxel spacing): the "
                 "input signal compares intensities only; run the bundle's calibrate step again"
@@ -242,7 +242,7 @@ class ValidatedRange:
         values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
         left_out, unknown, farthest = [], [], ""
         if self.input_check:
-            measured = InputSignal(self.inputs, self.input_names, self.input_reference)
+            measured = self._input_signal
             if len(self.inputs) < MIN_INPUT_IMAGES or not measured.intensities_finite():
                 left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
             elif image_statistics is None:

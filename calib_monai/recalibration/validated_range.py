@@ -215,18 +215,18 @@ class CaseQualityd(MapTransform):
         for key in self.key_iterator(d):
             prob = d[key]
             names = self.class_names if self.class_names and len(self.class_names) == prob.shape[0] else None
-            grid = prob if isinstance(prob, MetaTensor) else d.get(self.image_key)
-            taken = self._taken(d, key, prob)
+            image = d.get(self.image_key)
+            grid = prob if isinstance(prob, MetaTensor) else image
+            segmentation, confidence = self._taken(d, key, prob)
             quality = case_quality(
                 prob,
-                taken[0],
+                segmentation,
                 voxel_volume=voxel_volume_ml(grid),
                 threshold=self.confidence_threshold,
                 class_names=names,
                 volume_interval_scale=self._volume_interval_scale,
-                confidence=taken[-1],
+                confidence=confidence,
             )
-            image = d.get(self.image_key)
             stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
             validated, missing = self.validated_range, self.missing
@@ -239,14 +239,14 @@ class CaseQualityd(MapTransform):
             d[self.quality_key] = quality
         return d
 
-    def _taken(self, d: Mapping, key: Hashable, prob: Any) -> list:
-        """``[segmentation, confidence]`` that ``ConfidenceAndSegmentationd`` took of ``d[key]`` just before, in its
-        dtype and on its grid, else ``[None]`` (they are taken again)."""
+    def _taken(self, d: Mapping, key: Hashable, prob: Any) -> tuple:
+        """``(segmentation, confidence)`` that ``ConfidenceAndSegmentationd`` took of ``d[key]`` just before, in its
+        dtype and on its grid, else ``(None, None)`` (they are taken again)."""
         taken = [d.get(k) for k in (self.segmentation_key, self.confidence_key)]
         ours = d.get(f"{self.confidence_key}_of") == key and all(t is not None for t in taken)
         if ours and taken[1].dtype == prob.dtype and all(t.shape[1:] == prob.shape[1:] for t in taken):
-            return taken
-        return [None]
+            return tuple(taken)
+        return None, None
 
     def _pop_features(self) -> tuple[Any, str]:
         """The pooled features of the case the network just ran on (None and why when there are none)."""
