@@ -54,7 +54,7 @@ def test_the_geometry_is_the_files_through_resampling_and_reorientation(tmp_path
     # a plain tensor has no geometry: NaN, named so the rule can leave it out
     assert all(math.isnan(v) for v in image_geometry(torch.zeros(1, 4, 4, 2)))
     assert input_statistic_names(1, 3)[-1] == "voxel spacing along axis 2"
-    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 5 + 6
+    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 2 + 3 + 3 + 6
 
 
 def _protocol_images(tmp_path, n, spacing, shape, name, seed=0):
@@ -129,10 +129,10 @@ def test_a_range_calibrated_before_the_geometry_still_judges_the_intensities():
         input_check=True,
         input_names=image_statistic_names(1, 3),
     )
-    case = input_statistics(images[-1])  # 5 intensity statistics and 6 (NaN) geometry ones
+    case = input_statistics(images[-1])  # 8 intensity statistics and 6 (NaN) geometry ones
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is False and verdict["signals"]["input"]["rank"] >= 1
-    # a range whose statistics are neither a prefix nor the same cannot judge: null, with the reason
+    # a range whose statistics are neither named in the case's nor the same cannot judge: null, with the reason
     assert old.check({"case_score": 0.81, "classes": {}}, case[:3])["flag"] is None
 
 
@@ -144,7 +144,32 @@ def test_the_geometry_of_a_plain_tensor_is_unknown_in_2d_and_3d(spatial):
 def test_a_range_from_before_the_geometry_says_so():
     stats = [image_statistics(torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(i))) for i in range(3)]
     old = ValidatedRange([0.8, 0.7, 0.9], inputs=stats, input_check=True, input_names=image_statistic_names(1, 3))
-    assert old.outdated.startswith("the range was calibrated before the image geometry statistics")
+    assert old.outdated.startswith(
+        "the range was calibrated before the image statistics field of view, voxel spacing: "
+    )
     assert old.outdated in old.warnings
     new = ValidatedRange([0.8, 0.7, 0.9], inputs=[s + [0.0] * 6 for s in stats], input_check=True)
     assert new.outdated == "" and not ValidatedRange([0.8, 0.7, 0.9]).outdated
+
+
+def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_name():
+    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no roughness, no geometry); a served
+    # case has 8 per channel and 6 geometry ones. Picked by name, not by position: the case's extreme roughness of
+    # channel 0 (which a prefix would read as channel 1's mean) is not judged, channel 1's mean intensity is
+    old_names = [
+        f"channel {c} {n}"
+        for c in range(2)
+        for n in ("mean intensity", "intensity spread", *(f"sharpness along axis {a}" for a in range(3)))
+    ]
+    g = torch.Generator().manual_seed(0)
+    rows = (torch.tensor([0.5, 0.3, 0.2, 0.2, 0.2] * 2) + 0.01 * torch.randn(19, 10, generator=g)).tolist()
+    old = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=rows, input_check=True, input_names=old_names)
+    assert old.outdated.startswith("the range was calibrated before the image statistics roughness, field of view,")
+    assert len(input_statistic_names(2, 3)) == 2 * 8 + 6
+    case = [0.5, 0.3, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0] + [0.5, 0.3, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7] + [math.nan] * 6
+    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
+    assert verdict["flag"] is False and verdict["signals"]["input"]["value"] < 3
+    case[8] = 0.9  # channel 1's mean intensity, 40 of its spreads away
+    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
+    assert verdict["flag"] is True
+    assert verdict["reasons"][0].startswith("image unlike the validation images (channel 1 mean intensity: distance")

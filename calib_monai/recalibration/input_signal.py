@@ -1,6 +1,6 @@
 """The review rule's input signal (:class:`~calib_monai.recalibration.review_rule.ValidatedRange`): how far an image's
-statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, sharpness, field of view and
-acquired spacing) lie from the training images' or, without them, from the other validation images'."""
+statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, sharpness, roughness, field
+of view and acquired spacing) lie from the training images' or, without them, from the other validation images'."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.metrics.image_statistics import is_geometry, statistic_floor
+from calib_monai.metrics.image_statistics import input_statistic_names, is_geometry, statistic_floor
 
 __all__ = ["InputSignal"]
 
@@ -37,21 +37,30 @@ class InputSignal:
         width = self.rows.shape[1]
         self.named = list(self.names) if len(self.names) == width else []
         self.geometry = np.array([is_geometry(n) for n in self.named] or [False] * width, dtype=bool)
-        #: a range calibrated before the geometry statistics (named, none of them geometry)
-        self.before_geometry = bool(self.names) and not any(map(is_geometry, self.names))
+        #: the statistics a served case has (input_statistic_names of the range's channels and axes) and those of
+        #: them this range lacks: it was calibrated by an earlier version, and compares the ones it has
+        self.served_names = _served_names(self.named)
+        self.missing = [n for n in self.served_names if n not in set(self.named)]
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
 
     def intensities_finite(self) -> bool:
         """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
         return bool(np.isfinite(self.rows[:, ~self.geometry]).all())
 
+    @property
+    def missing_kinds(self) -> list[str]:
+        """What :attr:`missing` measures, once each (``["roughness", "field of view"]``)."""
+        kinds = [n.split(" along axis")[0].removeprefix("channel ").lstrip("0123456789 ") for n in self.missing]
+        return list(dict.fromkeys(kinds))
+
     def comparable(self, stats: Sequence[float]) -> tuple[list[float], str, str]:
         """The case's statistics as the validation images' were measured, why they cannot be compared ("" when they
-        can), and a note on a part left out: a range from before the geometry statistics compares the first ones; a
-        geometry the case lacks (NaN: no ``original_affine``) is left out."""
+        can), and a note on a part left out: a range from an earlier version compares the statistics it has (by
+        name); a geometry the case lacks (NaN: no ``original_affine``) is left out."""
         stats, width = [float(v) for v in stats], self.rows.shape[1]
-        if len(stats) > width and self.before_geometry:
-            stats = stats[:width]
+        if self.missing and len(stats) == len(self.served_names):
+            where = {name: i for i, name in enumerate(self.served_names)}
+            stats = [stats[where[name]] for name in self.named]
         if len(stats) != width:
             return (
                 stats,
@@ -91,3 +100,12 @@ class InputSignal:
             typical = self.reference["mean"][farthest] if self.reference else points[:-1, farthest].mean()
             name += f" {math.exp(points[-1, farthest]):.3g} mm, typically {math.exp(typical):.3g} mm"
         return z[:, measured].max(1), name
+
+
+def _served_names(names: Sequence[str]) -> list[str]:
+    """:func:`input_statistic_names` of the channels and spatial axes that ``names`` (a range's) describe; [] when
+    they are unnamed or name a statistic this version does not measure."""
+    axes = {name.rsplit("axis ", 1)[1] for name in names if " along axis " in name}
+    channels = sum(1 for name in names if name.endswith("mean intensity"))
+    served = input_statistic_names(channels, len(axes)) if channels and axes else []
+    return served if set(names) <= set(served) else []

@@ -207,12 +207,12 @@ class ValidatedRange:
 
     @property
     def outdated(self) -> str:
-        """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before the
-        image geometry statistics compares the intensities only."""
-        if self.input_check and self._input_signal.before_geometry:
+        """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before some
+        image statistics (the roughness, the geometry) compares the ones it has."""
+        if self.input_check and self._input_signal.missing:
             return (
-                "the range was calibrated before the image geometry statistics (field of view, voxel spacing): the "
-                "input signal compares intensities only; run the bundle's calibrate step again"
+                f"the range was calibrated before the image statistics {', '.join(self._input_signal.missing_kinds)}"
+                ": the input signal compares the others only; run the bundle's calibrate step again"
             )
         return ""
 
