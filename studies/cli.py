@@ -35,7 +35,7 @@ from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
-from studies.study import StudySetup
+from studies.study import StudySetup, command_line_overrides
 
 __all__ = ["COMMANDS", "run"]
 
@@ -127,10 +127,7 @@ def quality(
     """The served verdict: every method x seed trained, recalibrated by the bundle's ``calibrate`` and served
     through ``inference.json`` on the test images, each site shift at each strength and ``other_dataset``'s images
     (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one test set for every seed."""
-    if isinstance(other_overrides, str):
-        import json
-
-        other_overrides = json.loads(other_overrides)
+    other_overrides = command_line_overrides(other_overrides, "--other_overrides")
     return _run(
         quality_study,
         "quality",

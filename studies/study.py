@@ -35,6 +35,35 @@ def load_targets(study: str, path: str | os.PathLike = TARGETS_FILE) -> dict[str
 logger = logging.getLogger(__name__)
 
 
+_JSON_LITERALS = {"true": True, "false": False, "null": None}
+
+
+def command_line_overrides(value: Any, name: str = "--overrides") -> dict[str, Any]:
+    """Bundle overrides as the command line gives them: a JSON object (a string), or the dict Fire makes of one. Fire
+    reads JSON's ``true``, ``false`` and ``null`` inside a dict as the strings "true", "false" and "null"; they are read
+    as JSON means them (``"data#use_split_lists": false`` would otherwise reach the bundle as the truthy 'false')."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name}: not a JSON object ({err}); e.g. '{{\"data#resize\": [128, 128]}}'") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name}: expected a JSON object of bundle keys and values, got {value!r}")
+    return {str(key): _as_json(item) for key, item in value.items()}
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, str):
+        return _JSON_LITERALS.get(value, value)
+    if isinstance(value, (list, tuple)):
+        return [_as_json(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _as_json(item) for key, item in value.items()}
+    return value
+
+
 @dataclass
 class StudySetup:
     """A data set, a training budget and two folders.
@@ -79,8 +108,7 @@ class StudySetup:
             self.dataset_dir = str(path.resolve())
         self.results_dir = Path(self.results_dir or Path("results") / self.dataset)
         self.runs_dir = Path(self.runs_dir or Path("runs") / "experiments" / self.dataset)
-        if isinstance(self.overrides, str):  # from the command line
-            self.overrides = json.loads(self.overrides)
+        self.overrides = command_line_overrides(self.overrides)
 
     @staticmethod
     def check_methods(methods: Sequence[str]) -> list[str]:

@@ -17,6 +17,7 @@ from studies import RunSpec, StudySetup, read_record, train
 from studies.ablations import crac_vs_nacl_study, logit_epochs_study, nacl_ablation_study, posthoc_study
 from studies.comparison import main_comparison
 from studies.robustness import data_fraction_study, noise_study
+from studies.study import command_line_overrides
 
 METHODS = ["ce_dice", "nacl"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -183,3 +184,22 @@ def test_study_setup_rejects_bad_input(tmp_path):
         StudySetup("hpc", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="methods must be among"):
         StudySetup.check_methods(["nacl", "dice"])
+
+
+def test_command_line_overrides_read_json_literals_as_json():
+    # Fire turns '{"data#use_split_lists": false}' into {"data#use_split_lists": "false"}: a truthy string that would
+    # keep the split lists on without a word; the study reads it as JSON meant it
+    import fire
+
+    given = '{"data#use_split_lists": false, "data#resize": [96, 96], "a": [true, null], "b": {"c": "false"}}'
+    parsed = fire.Fire(lambda overrides=None: overrides, command=["--overrides", given])
+    assert parsed["data#use_split_lists"] == "false"  # what Fire hands over
+    expected = {"data#use_split_lists": False, "data#resize": [96, 96], "a": [True, None], "b": {"c": False}}
+    assert command_line_overrides(parsed) == expected
+    assert command_line_overrides(given) == expected  # the same as the JSON string itself
+    assert StudySetup("hpc", overrides=parsed).overrides["data#use_split_lists"] is False
+    assert command_line_overrides(None) == {}
+    with pytest.raises(ValueError, match="--overrides: not a JSON object"):
+        command_line_overrides("{data#resize: 96}")
+    with pytest.raises(ValueError, match="--other_overrides: expected a JSON object"):
+        command_line_overrides("[96, 96]", "--other_overrides")
