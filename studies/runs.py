@@ -92,8 +92,8 @@ class RunSpec:
             str(self.models_dir),
         ]
         overrides = dict(self.overrides, **({} if epochs is None else {"epochs": int(epochs)}))
-        for key, value in overrides.items():
-            cmd += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+        for key, value in overrides.items():  # Python literals: python-fire reads JSON's false as the string 'false'
+            cmd += [f"--{key}", value if isinstance(value, str) else repr(value)]
         return cmd
 
     def identity(self) -> dict[str, Any]:

@@ -62,6 +62,20 @@ def test_unknown_override_keys_name_the_nearest_known_key(extra, message):
     assert message in str(err.value)
 
 
+def test_false_for_a_components_switch_is_refused_with_the_fix():
+    # python-fire hands "--data#use_split_lists false" over as the string "false", which ACDC would take as true
+    acdc = REPO / "bundles" / "ce_dice_acdc" / "configs" / "train.json"
+    with pytest.raises(ValueError) as err:
+        check_settings(argv=_argv("--data#use_split_lists", "false", config=acdc))
+    assert str(err.value) == (
+        "--data#use_split_lists false (the command line): calib_monai.data.ACDC's use_split_lists is a boolean, and "
+        "python -m monai.bundle run hands false over as the string 'false', which counts as true; write "
+        "--data#use_split_lists False"
+    )
+    check_settings(argv=_argv("--data#use_split_lists", "False", config=acdc))  # fire reads False as the bool
+    check_settings(argv=_argv("--data#resize", "[96, 96]", config=acdc))  # not a switch: untouched
+
+
 def test_the_readmes_overrides_are_accepted(tmp_path):
     readme = [
         "--epochs",

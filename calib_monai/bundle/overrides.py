@@ -147,8 +147,9 @@ def _ids(config: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def _arguments_of(target: str) -> tuple[list[str], bool] | None:
-    """The constructor argument names of a ``_target_`` and whether it takes ``**kwargs``; None if not importable."""
+def _arguments_of(target: str) -> tuple[list[str], bool, set[str]] | None:
+    """The constructor argument names of a ``_target_``, whether it takes ``**kwargs`` and which arguments default to
+    a bool; None if not importable."""
     from monai.utils import optional_import
 
     module, _, name = str(target).rpartition(".")
@@ -169,7 +170,8 @@ def _arguments_of(target: str) -> tuple[list[str], bool] | None:
     except (TypeError, ValueError):
         return None
     names = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return names, any(p.kind == p.VAR_KEYWORD for p in parameters)
+    booleans = {p.name for p in parameters if isinstance(p.default, bool)}
+    return names, any(p.kind == p.VAR_KEYWORD for p in parameters), booleans
 
 
 def _deepest(parser: Any, key: str) -> str:
@@ -211,6 +213,8 @@ def check_override_keys(arguments: RunnerArguments) -> None:
     names = ", ".join(Path(f).name for f in arguments.config_files)
     known = _ids(base.get())
     for raw_key in arguments.overrides:
+        _check_switch(raw_key, arguments, base, merged)
+    for raw_key in arguments.overrides:
         key = raw_key.replace("::", "#")
         defined = key in base or key in arguments.workflow_ids or key in OWN_KEYS
         defined = defined or _referenced(key, arguments.overrides)
@@ -237,4 +241,26 @@ def check_override_keys(arguments: RunnerArguments) -> None:
         raise ValueError(
             f"{where} is not a setting of {names}{nearest(key, known)}; check the spelling "
             f"({COMPONENT_EXAMPLE}; python -m monai.bundle run adds unknown keys without a word)"
+        )
+
+
+def _check_switch(raw_key: str, arguments: RunnerArguments, base: Any, merged: Any) -> None:
+    """A ValueError for ``--<component>#<switch> false``: python-fire hands ``false`` over as the string "false", which
+    a component's boolean argument takes as true (``true`` works by the same accident; config ids read through
+    ``as_bool`` are not affected)."""
+    value = arguments.overrides[raw_key]
+    if not (isinstance(value, str) and value.strip().lower() == "false"):
+        return
+    key = raw_key.replace("::", "#")
+    parent, _, last = key.rpartition("#")
+    owner = merged[parent] if parent and parent in merged else None
+    if not (isinstance(owner, Mapping) and "_target_" in owner):
+        return
+    signature = _arguments_of(owner["_target_"])
+    boolean = (signature is not None and last in signature[2]) or (key in base and isinstance(base[key], bool))
+    if boolean:
+        raise ValueError(
+            f"--{raw_key} {value} ({arguments.sources[raw_key]}): {owner['_target_']}'s {last} is a boolean, and "
+            f"python -m monai.bundle run hands {value} over as the string {value!r}, which counts as true; write "
+            f"--{raw_key} False"
         )
