@@ -40,7 +40,8 @@ class InputSignal:
         #: the statistics a served case has (input_statistic_names of the range's channels and axes) and those of
         #: them this range lacks: it was calibrated by an earlier version, and compares the ones it has
         self.served_names = _served_names(self.named)
-        self.missing = [n for n in self.served_names if n not in set(self.named)]
+        have = set(self.named)
+        self.missing = [n for n in self.served_names if n not in have]
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
 
     def intensities_finite(self) -> bool:
