@@ -31,7 +31,8 @@ CALIBRATION_PATH = "$@output_dir + '/calibration.pt'"
 VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
 #: The review rule (calib_monai.recalibration.validated_range): measure the case and the n validation volumes by case
 #: score, image (intensities, sharpness, geometry) and network features as robust z-scores, take each one's largest and
-#: flag the case among the k = floor(alpha (n + 1)) most extreme (one full-conformal rule, bound k / (n + 1) <= alpha);
+#: flag the case among the k = floor(alpha (m + 1)) most extreme of the m validation subjects (one full-conformal rule,
+#: bound k / (m + 1) <= alpha; a subject is a patient, ACDC's two frames of one are one);
 #: volume_factor 0 leaves the volume rule off.
 REVIEW = {f"review_{key}": value for key, value in REVIEW_DEFAULTS.items()}  # the library's one source
 
@@ -85,13 +86,15 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # temperature scaling's NLL on ground-truth foreground voxels, or "all"
         "calibration_voxels": RECALIBRATION_DEFAULTS["voxels"],
         # 2-fold cross-fitting: every validation volume in the validated range, scored by the fit on the other half
-        # (n >= 19 gives k >= 1 at alpha 0.05: Hippocampus's 25-26, ACDC's 20); false: the plain split below
+        # (m >= 19 subjects give k >= 1 at alpha 0.05: Hippocampus's 25-26 volumes; ACDC's 10 patients need alpha
+        # 0.1); false: the plain split below
         "calibration_crossfit": RECALIBRATION_DEFAULTS["crossfit"],
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": 0.5,
         "validated_range_path": VALIDATED_RANGE_PATH,
         "keep_input_label": True,  # the validation volumes keep their label as read: the range is scored on it
         **REVIEW,
+        **dataset.review,
         # the raw logits only: no softmax, no one-hot, no metrics
         "validate#postprocessing": {"_target_": "Compose", "transforms": [FLOAT_PRED]},
         "validate#key_metric": None,

@@ -220,10 +220,12 @@ the other half (2-fold cross-fitting, seeded; the served calibration is fitted o
 approximately exchangeable with served cases; `--calibration_crossfit false` for a plain split, `--calibration_split`
 its share) and is the validated range (`models/validated_range.json`, with its case scores, image statistics and
 network features): `inferring` ranks a case among the validation volumes by case score, intensities and network
-features and flags it for review when its best rank is among the `floor(review_alpha (n + 1))` most extreme, and
-`evaluating` writes the same flag (`review_flag`, `review_reasons`) beside the true DSC in
-`eval/metrics.csv`. The range states its false-flag bound `k / (n + 1)` for its number of volumes (`bound`); with
-fewer than `1 / review_alpha - 1` volumes it cannot flag and says so (flag null, with the case's rank).
+features (each a robust z-score, their largest combined) and flags it for review when it is among the
+`k = floor(review_alpha (m + 1))` most extreme of the `m` validation subjects, each by its most extreme volume (a
+subject is a patient: the datalist's `subject`, so ACDC's two frames of a patient count once; elsewhere each volume
+is its own), and `evaluating` writes the same flag (`review_flag`, `review_reasons`) beside the true DSC in
+`eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)` (`bound`); with fewer than
+`1 / review_alpha - 1` subjects it cannot flag and says so (flag null, with the case's rank).
 `evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax
 (the argmax on the network's grid is unchanged; mapped back to the image's grid, a few boundary voxels can move), as
 long as it was fitted for the `model.pt` they load; `evaluating` also writes `served_case_score` and the true DSC of

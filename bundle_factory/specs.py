@@ -44,6 +44,7 @@ class Dataset:
     terms: DataTerms  # the data set's license and citations: docs/data_license.txt
     args: dict[str, Any] = field(default_factory=dict)  # extra constructor arguments
     demo: dict[str, Any] | None = None  # overrides of configs/demo.json (data sets with embedded demo data)
+    review: dict[str, Any] = field(default_factory=dict)  # calibrate.json's review_* settings other than the library's
 
     @property
     def component_class(self) -> type:
@@ -204,6 +205,9 @@ DATASETS: dict[str, Dataset] = {
         data_source="ACDC 2017 training set (https://www.creatis.insa-lyon.fr/Challenge/acdc/), ED and ES frames, "
         "70/10/20 patients (splits/*.list when present)",
         terms=licenses.ACDC,
+        # 10 validation patients: the review rule counts patients (two frames each are not exchangeable cases), and
+        # at alpha 0.05 k = floor(0.05 x 11) = 0 cannot flag; at 0.1, k = 1 and the bound is 1 / 11 = 9.1%
+        review={"review_alpha": 0.1},
     ),
     "brats": Dataset(
         title="BraTS 2019 brain tumours (NCR/NET, edema, enhancing tumour; ET/TC/WT regions)",

@@ -120,9 +120,11 @@ def served_record(
     quality = prediction.quality or {}
     review = quality.get("review", {})
     flag = review.get("flag")
+    case = Path(str(item["image"])).name.split(".")[0]
     record = {
         **key,
-        "case": Path(str(item["image"])).name.split(".")[0],
+        "case": case,
+        "subject": str(item.get("subject", case)),  # the exchangeable unit of the flag's bound (a patient)
         "est_mean_dice": quality.get("case_score", float("nan")),
         "mean_confidence": quality.get("mean_confidence", float("nan")),
         "flag": float("nan") if flag is None else float(bool(flag)),
@@ -202,12 +204,15 @@ def quality_study(
 
 
 def _range_facts(path: Path) -> dict[str, Any]:
-    """What the served rule states: n, k, its bound, alpha, the signals, the volume-interval factor, warnings."""
+    """What the served rule states: n volumes of m subjects, k, its bound, alpha, the signals, the volume-interval
+    factor, warnings."""
     record = json.loads(path.read_text())
     return {
         "n": len(record["scores"]),
+        "m": len(set(record.get("subjects") or [])) or len(record["scores"]),
         "k": record["rank"],
         "bound": record["bound"],
+        "draw_bound": record.get("draw_bound"),  # below it for 90% of validation draws
         "alpha": record["alpha"],
         "signals": "+".join(record.get("signals", [])),
         "volume_interval_scale": record.get("volume_interval_scale"),

@@ -140,7 +140,22 @@ def test_the_verdict_against_the_targets_by_hand():
     # 1 of 4 at a stated bound of 25%: P(X >= 1) = 1 - 0.75^4 = 0.68; 25% is within the bound but above 5%
     assert lines[0] == (
         "- **m**: ordinary cases flagged 1 of 4 (25.0%; seeds 1/4) against the stated bound 25.0% "
-        "(P(at least 1 | bound) = 0.68): **missed**"
+        "(P(at least 1 | bound) = 0.68; target: within it and at most 5%): **missed**"
+    )
+    # two frames of patient p1 flagged, p2 and p3 not: the bound counts subjects, 1 of 3 at 40%:
+    # P(X >= 1) = 1 - 0.6^3 = 0.78
+    dice = (0.3, 0.5, 0.8, 0.9)  # p1's two frames were the poor segmentations: flagged 0.4 on average, the rest 0.85
+    paired = [
+        {**_record(c, ID, d, 0.8, f), "subject": s}
+        for c, d, f, s in zip("abcd", dice, (1, 1, 0, 0), "p1 p1 p2 p3".split())
+    ]
+    (row,) = condition_rows(paired)
+    assert (row["subjects"], row["subjects_flagged"], row["subject_flag_rate"]) == (3, 1, pytest.approx(1 / 3))
+    assert row["true_dice_flagged"] == pytest.approx(0.4) and row["true_dice_unflagged"] == pytest.approx(0.85)
+    line = verdict_lines([row], [{"method": "m", "seed": 0, "bound": 0.4}], "acdc")[0]
+    assert line == (
+        "- **m**: ordinary cases flagged 2 of 4 (50.0%; seeds 2/4); subjects with a flag 1 of 3 (33.3%; seeds 1/3) "
+        "against the stated bound 40.0% (P(at least 1 | bound) = 0.78; target: within it and at most 5%): **missed**"
     )
     assert "gamma (strong): flagged at least 0%, mean estimate off by at most 0.300: **missed**" in lines[1]
     assert lines[2] == "  - largest mean optimism without a flag under a shift: +0.300: **missed**"

@@ -19,9 +19,11 @@ from calib_monai.recalibration import (
     ValidatedRange,
     load_validated_range,
     review_case,
+    review_rule,
 )
 from calib_monai.recalibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
 from calib_monai.recalibration.references import fixed_references
+from calib_monai.recalibration.review_signals import signal_values
 from calib_monai.recalibration.validated_range import read_validated_range
 
 
@@ -87,7 +89,7 @@ def test_too_few_validation_volumes_cannot_judge():
     verdict = few.check(_case(0.1))
     assert verdict["flag"] is None and verdict["rank"] == 1
     assert verdict["reasons"][0] == (
-        "cannot judge at alpha = 0.05 with n = 13 validation volumes: needs at least 19 (or review_alpha >= "
+        "cannot judge at alpha = 0.05 with n = 13 validation volumes: needs at least 19 volumes (or review_alpha >= "
         "0.0714); the case is ranked 1 of 14"
     )
     assert "every case gets the flag null" in few.warnings[0] and "needs at least 19" in few.describe()
@@ -218,7 +220,7 @@ def test_the_split_of_the_validation_volumes():
     split = split_volumes(26, 0.5, seed=0)
     assert len(split.fit) == len(split.range) == 13 and sorted(split.fit + split.range) == list(range(26))
     assert split_volumes(26, 0.5, seed=0) == split and split_volumes(26, 0.5, seed=1) != split
-    assert not split.in_sample and "13 fit the recalibration, 13 measure the range" in split.rule
+    assert not split.in_sample and "13 volumes fit the recalibration, 13 measure the range" in split.rule
     assert split.folds == [(split.fit, split.range)] and not split.crossfit
     two = split_volumes(2, 0.5)
     assert len(two.fit) == len(two.range) == 1 and set(two.fit + two.range) == {0, 1}
@@ -368,10 +370,10 @@ def test_a_shift_seen_by_image_and_features_says_once_that_the_estimate_is_not_v
     low = validated.check(_case(-10.0), case[7:].tolist(), case[:6])
     assert low["flag"] is True and not any("not vouched" in r for r in low["reasons"])
     # both signals infinitely far (tied as the case's largest): two reasons, the note once, after the last
-    values, left_out, unknown, farthest = validated._signal_values(_case(0.9), case[7:].tolist(), case[:6], "")
+    values, left_out, unknown, farthest = signal_values(validated, _case(0.9), case[7:].tolist(), case[:6], "")
     for name in ("input", "features"):
         values[name][-1] = np.inf
-    monkeypatch.setattr(validated, "_signal_values", lambda *a: (values, left_out, unknown, farthest))
+    monkeypatch.setattr(review_rule, "signal_values", lambda *a: (values, left_out, unknown, farthest))
     both = validated.check(_case(0.9), case[7:].tolist(), case[:6])
     assert [r.split(" (")[0] for r in both["reasons"]] == [
         "image unlike the validation images",

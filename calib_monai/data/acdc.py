@@ -131,6 +131,9 @@ class ACDC(VolumeSegmentationData):
     def _patient(case: dict) -> str:
         return Path(case["image"]).parent.name
 
+    def subject_of(self, case: dict) -> str:
+        return self._patient(case)  # end-diastole and end-systole of one patient: one subject
+
     def _pair_frames(self) -> list[dict[str, str]]:
         cases = []
         for folder in sorted(p for p in self.patients_dir.iterdir() if p.is_dir() and p.name.startswith("patient")):

@@ -19,15 +19,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from monai.data import CacheDataset, MetaTensor
+from monai.data import CacheDataset
 from monai.transforms import Compose
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
+from calib_monai.data.slices import SliceDataset
 from calib_monai.data.transforms import unwrap_case_error
 
 __all__ = ["SliceDataset", "VolumeSegmentationData"]
@@ -67,50 +68,6 @@ def _single_threaded_torch():
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _plain(x) -> torch.Tensor:
-    return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
-
-
-class SliceDataset(Dataset):
-    """All 2D slices along the last axis of the volumes of ``volumes`` (a dataset of 3D ``{"image", "label"}`` dicts).
-
-    Item ``i`` is slice ``k`` of volume ``v`` in volume-major order. Slices are plain tensors (no meta data): the
-    volume's affine does not describe a 2D slice. ``volumes`` should be a fully cached ``CacheDataset`` (the
-    component's preprocessing is deterministic, so a slice costs an index); an uncached volume is recomputed for each
-    of its slices.
-
-    Args:
-        volumes: dataset of preprocessed 3D volumes, image ``(C, H, W, D)`` and label ``(1, H, W, D)``.
-        transform: optional callable applied to each slice dict (e.g. 2D augmentation).
-        drop_empty: keep only the slices whose label has foreground (BraTS: "slices containing only background are
-            removed from the training").
-    """
-
-    def __init__(self, volumes: Dataset, transform: Callable | None = None, drop_empty: bool = False):
-        self.volumes = volumes
-        self.transform = transform
-        self.drop_empty = bool(drop_empty)
-        self.index: list[tuple[int, int]] = []
-        for v in range(len(volumes)):
-            volume = volumes[v]
-            if self.drop_empty:
-                label = _plain(volume["label"])
-                keep = label.reshape(-1, label.shape[-1]).gt(0).any(0).nonzero().reshape(-1).tolist()
-                self.index.extend((v, int(k)) for k in keep)
-            else:
-                self.index.extend((v, k) for k in range(int(volume["image"].shape[-1])))
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        v, k = self.index[i]
-        volume = self.volumes[v]
-        # plain tensors: a 2D slice has no meaningful 3D affine, and MetaTensor collation costs time per batch
-        item = {key: _plain(volume[key])[..., k].clone() for key in ("image", "label")}
-        return self.transform(item) if self.transform is not None else item
 
 
 class VolumeSegmentationData:
@@ -231,6 +188,12 @@ class VolumeSegmentationData:
         """The train/validation/test split of ``cases`` (default: a seeded shuffle of the cases)."""
         return split_cases(cases, split, seed)
 
+    def subject_of(self, case: dict) -> str | None:
+        """The subject (patient) of a case, when a subject has several cases (ACDC's two frames of a patient), else
+        None. The datalist's items carry it as ``"subject"``: the calibrate step ranks validation subjects, not volumes
+        (the review rule's guarantee counts exchangeable units)."""
+        return None
+
     def _datalist_info(self) -> dict:
         """Entries stored in ``datalist.json`` beside the lists; a stored datalist that disagrees is an error."""
         return {"source": self.source, "dataset_dir": self._dataset_root()}
@@ -276,6 +239,10 @@ class VolumeSegmentationData:
             self._datalist = load_or_create_datalist(
                 self.datalist_path, cases, self.split, self.seed, self._datalist_info(), splitter=self._split_cases
             )
+            for item in (i for items in self._datalist.values() for i in items if "subject" not in i):
+                subject = self.subject_of(item)  # also on a datalist stored before items had one
+                if subject is not None:
+                    item["subject"] = subject
         return self._datalist
 
     def preprocessing(self, subset: str = "training") -> Compose:

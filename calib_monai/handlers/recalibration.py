@@ -58,7 +58,9 @@ class RecalibrationFitter:
     features, captured by a :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook while the
     evaluator runs (one volume per batch), stored there (:class:`calib_monai.recalibration.validated_range.
     ValidatedRange`, rule ``review_alpha`` / ``review_volume_factor`` / ``review_input_check`` /
-    ``review_feature_check``, with its false-flag bound): the range inference flags against.
+    ``review_feature_check``, with its false-flag bound): the range inference flags against. A volume whose
+    evaluator item (or batch item) has a ``"subject"`` (the data component's ``subject_of``: ACDC's patient) is
+    counted with the other volumes of that subject, by the cross-fitting halves and the rule's bound.
 
     Args:
         output_path: the calibration file.
@@ -190,6 +192,7 @@ class RecalibrationFitter:
             self._hook.reset()
         for index, item in enumerate(items):
             self._features.append(pooled)
+            batch_item = batch[index] if index < len(batch) else {}
             logits = torch.as_tensor(item[logits_key]).detach().float().cpu()
             label = torch.as_tensor(item[label_key]).detach().cpu()
             label = (label.argmax(0) if label.shape[0] > 1 else label[0]).long()
@@ -201,8 +204,9 @@ class RecalibrationFitter:
                     image.as_subclass(torch.Tensor),
                     voxel_volume_ml(item[image_key]),
                     case_name(item, len(self._volumes)),
-                    *self._input_grid(item, batch[index] if index < len(batch) else {}),
+                    *self._input_grid(item, batch_item),
                     geometry=image_geometry(item[image_key]),
+                    subject=str(item.get("subject", batch_item.get("subject", "")) or ""),
                 )
             )
 

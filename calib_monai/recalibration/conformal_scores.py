@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["competition_ranks", "standardised"]
+__all__ = ["competition_ranks", "draw_bound", "standardised"]
 
 
 def competition_ranks(nonconformity: np.ndarray) -> np.ndarray:
@@ -30,3 +30,12 @@ def standardised(nonconformity: np.ndarray) -> np.ndarray:
             scale = float(others.std())
         out[i] = (a[i] - median) / (scale if scale > 0 else 1e-12)
     return out
+
+
+def draw_bound(k: int, m: int, confidence: float = 0.9) -> float:
+    """The flag rate of ordinary cases that a rule flagging the ``k`` most extreme of ``m + 1`` keeps below for a
+    ``confidence`` share of validation draws: given the draw that rate is ``Beta(k, m + 1 - k)`` distributed (its mean
+    ``k / (m + 1)`` is the stated bound), so this is its ``confidence`` quantile. ``k = 1``: ``1 - (1 - c)^(1 / m)``."""
+    from scipy.stats import beta  # scipy on first use: the serving path imports this module
+
+    return float(beta.ppf(confidence, k, m + 1 - k))

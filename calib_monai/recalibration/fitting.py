@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
+from calib_monai.recalibration.splits import Split, split_volumes
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
@@ -82,6 +83,7 @@ class ValidationVolume:
     to_input_grid: Callable[[torch.Tensor], torch.Tensor] | None = None
     input_label: torch.Tensor | None = None
     geometry: list[float] | None = None  # image_geometry of the image while it had its metadata (None: unknown)
+    subject: str = ""  # the subject (patient) it belongs to; "": its own (the datalist item's "subject")
 
     def scored(self, prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``(probabilities, label, voxel volume in mL)`` on the grid the case is scored on, from its calibrated
@@ -96,70 +98,6 @@ class ValidationVolume:
             )
         plain = mapped.as_tensor() if isinstance(mapped, MetaTensor) else mapped
         return plain, self.input_label, voxel_volume_ml(mapped)
-
-
-@dataclass
-class Split:
-    """Which validation volumes fit the served recalibration (``fit``), which are in the range (``range``), and the
-    ``folds``: ``(fit, scored)`` pairs, each scored volume scored by a recalibration fitted on its fold's ``fit``."""
-
-    fit: list[int]
-    range: list[int]
-    rule: str
-    in_sample: bool = False
-    folds: list[tuple[list[int], list[int]]] = field(default_factory=list)
-    crossfit: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.folds:
-            self.folds = [(list(self.fit), list(self.range))]
-
-    def record(self, volumes: Sequence[ValidationVolume]) -> dict[str, Any]:
-        names = [v.case for v in volumes]
-        return {
-            "rule": self.rule,
-            "in_sample": self.in_sample,
-            "crossfit": self.crossfit,
-            "fit_volumes": [names[i] for i in self.fit],
-            "range_volumes": [names[i] for i in self.range],
-            "folds": [{"fit": [names[i] for i in f], "scored": [names[i] for i in r]} for f, r in self.folds],
-            **({"exchangeability": CROSSFIT_NOTE} if self.crossfit else {}),
-        }
-
-
-CROSSFIT_NOTE = (
-    "approximate: each range volume is scored by a recalibration fitted on the other half of the validation volumes, "
-    "a served case by the one fitted on all of them (cross-conformal, Vovk 2015; jackknife+, Barber et al. 2021): "
-    "the whole validation set sets the threshold, at the cost of exact exchangeability"
-)
-
-
-def split_volumes(n: int, fit_share: float = 0.5, seed: int = 0, crossfit: bool = False) -> Split:
-    """A seeded split of ``n`` validation volumes. ``crossfit``: halves A (``ceil(n / 2)``) and B, folds (A fits,
-    B scored) and (B fits, A scored), all ``n`` in the range and the served recalibration fitted on all. Else
-    ``round(fit_share * n)`` (at least 1, at most ``n - 1``) fit, the others measure the range. One volume does both
-    (``in_sample``: a warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
-    if n < 1:
-        raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
-    if not 0 <= float(fit_share) < 1:
-        raise ValueError(
-            f"calibration_split must be in [0, 1) (the share of validation volumes that fit), got {fit_share}"
-        )
-    if n == 1 or float(fit_share) == 0:
-        why = "1 validation volume" if n == 1 else "calibration_split 0"
-        return Split(list(range(n)), list(range(n)), f"none ({why}): the same volumes fit and measure", True)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).tolist()
-    if crossfit:
-        a, b = sorted(order[: (n + 1) // 2]), sorted(order[(n + 1) // 2 :])
-        rule = (
-            f"2-fold cross-fitting of the validation volumes (seed {seed}): halves of {len(a)} and {len(b)}, each "
-            f"scored by the recalibration fitted on the other; all {n} measure the range; the served recalibration "
-            f"is fitted on all {n}"
-        )
-        return Split(list(range(n)), list(range(n)), rule, folds=[(a, b), (b, a)], crossfit=True)
-    k = min(n - 1, max(1, round(float(fit_share) * n)))
-    rule = f"seeded split of the validation volumes (seed {seed}): {k} fit the recalibration, {n - k} measure the range"
-    return Split(sorted(order[:k]), sorted(order[k:]), rule)
 
 
 def _slice_groups(
@@ -387,9 +325,12 @@ def measure_validated_range(
     )
     if references.get("why"):
         info["feature_reference_left_out"] = references.pop("why")
+    named = [bool(volumes[i].subject) for i in chosen]
+    subjects = [volumes[i].subject or f"volume {i}" for i in chosen] if any(named) else []
     return ValidatedRange.from_qualities(
         qualities,
         **review,
+        subjects=subjects,
         inputs=inputs,
         features=stored,
         input_names=names,

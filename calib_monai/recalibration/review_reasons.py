@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NOT_VOUCHED", "review_reason"]
+__all__ = ["NOT_VOUCHED", "describe_rule", "review_reason"]
 
 #: Appended once to a flag by the image or the features: no validation volume measured how right the estimate is there.
 NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
@@ -38,3 +38,26 @@ def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str
         )
     whose = "the training images'" if rule.feature_reference else "the validation cases'"
     return f"features unlike {whose} (Mahalanobis distance {_shown(value, '.3g')}, rank {rank} of {of}{beyond})"
+
+
+def describe_rule(rule: Any) -> str:
+    """The rule in words (``ValidatedRange.describe``): what is measured, when a case is flagged and the bound."""
+    names = {"case_score": "lowest case score", "input": "largest image-statistic distance"}
+    names["features"] = "largest network-feature (Mahalanobis) distance"
+    signals = ", ".join(names[s] for s in rule.signals)
+    among = f"the {rule.n + 1}"
+    if rule.m < rule.n:
+        among = f"the {rule.m + 1} subjects (the case's and the {rule.m} validation ones, each by its most extreme)"
+    words = (
+        f"measure the case and each of the {rule.n} validation volumes against the others by each signal "
+        f"({signals}) as robust z-scores (MADs beyond the others' median), take each one's largest, and flag the "
+        f"case when it is among the {rule.rank} largest of {among} (ties counted against the case)"
+    )
+    if rule.volume_factor:
+        words += f", or its expected volume of a class is outside the validated range widened {rule.volume_factor}x"
+    if rule.rank == 0:
+        return f"{words}: {rule._too_few()}"
+    return (
+        f"{words}: an ordinary case is flagged with probability at most {rule.bound:.1%} at {rule._units()} (on "
+        f"average over validation draws; below {rule.draw_bound:.1%} for 90% of them)"
+    )

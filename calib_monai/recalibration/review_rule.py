@@ -17,15 +17,15 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
-from calib_monai.recalibration.conformal_scores import competition_ranks, standardised
+from calib_monai.recalibration.conformal_scores import competition_ranks, draw_bound, standardised
 from calib_monai.recalibration.input_signal import InputSignal
-from calib_monai.recalibration.review_reasons import NOT_VOUCHED, review_reason
+from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, review_reason
+from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, signal_values
 from calib_monai.recalibration.stored import file_sha256
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
-MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
-FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
+DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
 
 def _number(value: Any) -> float:  # a stored null is NaN
@@ -56,6 +56,8 @@ class ValidatedRange:
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
     feature_reference: dict[str, Any] | None = None
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
+    # each volume's subject (patient); []: each its own; None: not recorded (a range from before subjects)
+    subjects: list[str] | None = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -95,6 +97,15 @@ class ValidatedRange:
                 "calibrate again"
             )
         self.scores = [_number(s) for s in self.scores]
+        self.subjects = None if self.subjects is None else [str(s) for s in self.subjects]
+        if self.subjects and len(self.subjects) != len(self.scores):
+            raise ValueError(
+                f"validated range: {len(self.subjects)} subjects for {len(self.scores)} scores: each validation "
+                "volume needs one; run calibrate again"
+            )
+        # the exchangeable units: each volume's subject index (volumes of one patient are not exchangeable cases)
+        names = self.subjects or [str(i) for i in range(len(self.scores))]
+        self._subject_of = np.unique(names, return_inverse=True)[1].reshape(-1) if names else np.zeros(0, int)
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
         self._input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
         if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
@@ -124,6 +135,7 @@ class ValidatedRange:
         input_reference: dict[str, Any] | None = None,
         feature_reference: dict[str, Any] | None = None,
         scored_on: str = "input grid",
+        subjects: Sequence[str] = (),
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
@@ -150,6 +162,7 @@ class ValidatedRange:
             input_reference,
             feature_reference,
             scored_on,
+            [str(s) for s in subjects],
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
@@ -158,33 +171,53 @@ class ValidatedRange:
         return len(self.scores)
 
     @property
+    def m(self) -> int:
+        """The number of validation subjects (patients): the exchangeable units the guarantee counts (``n`` when each
+        volume is its own subject; ACDC's two frames of a patient are one)."""
+        return int(self._subject_of.max()) + 1 if self.n else 0
+
+    def _units(self) -> str:
+        if self.m < self.n:
+            return f"m = {self.m} validation subjects ({self.n} volumes)"
+        return f"n = {self.n} validation volumes"
+
+    @property
     def signals(self) -> list[str]:
         """The signals the combined rule ranks (a case may leave one out, with the reason)."""
         return ["case_score", *(["input"] if self.input_check else []), *(["features"] if self.feature_check else [])]
 
     @property
     def rank(self) -> int:
-        """``k = floor(alpha (n + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
-        the ``n + 1``; 0 when ``n < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
-        return math.floor(self.alpha * (self.n + 1) + 1e-9)
+        """``k = floor(alpha (m + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
+        the ``m + 1`` subjects (each validation subject ranked by its most extreme volume); 0 when
+        ``m < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
+        return math.floor(self.alpha * (self.m + 1) + 1e-9)
 
     @property
     def bound(self) -> float:
-        """The probability that an ordinary (exchangeable) case is flagged is at most this: ``k / (n + 1)`` (plus
-        ``2 / (n + 1)`` per class with the volume rule on)."""
-        bound = self.rank / (self.n + 1)
+        """The probability that a case of a new subject exchangeable with the validation subjects is flagged is at
+        most this: ``k / (m + 1)`` (plus ``2 / (m + 1)`` per class with the volume rule on)."""
+        bound = self.rank / (self.m + 1)
         if self.volume_factor:
-            bound += 2 * len(self.volumes) / (self.n + 1)
+            bound += 2 * len(self.volumes) / (self.m + 1)
         return min(1.0, bound)
 
     @property
+    def draw_bound(self) -> float | None:
+        """The rate at which ordinary cases are flagged stays below this for 90% of validation draws: the 0.9 quantile
+        of ``Beta(k, m + 1 - k)``, the law of that rate given the draw (training-conditional validity, Vovk 2012,
+        "Conditional validity of inductive conformal predictors"); ``bound`` is its mean. None when ``k = 0``."""
+        return draw_bound(self.rank, self.m, DRAW_CONFIDENCE) if self.rank else None
+
+    @property
     def volumes_needed(self) -> int:
-        """The fewest validation volumes with ``k >= 1`` at this alpha: ``ceil(1 / alpha - 1)``."""
+        """The fewest validation subjects with ``k >= 1`` at this alpha: ``ceil(1 / alpha - 1)``."""
         return math.ceil(1 / self.alpha - 1 - 1e-9)
 
     def _too_few(self) -> str:
-        needs = f"needs at least {self.volumes_needed} (or review_alpha >= {1 / (self.n + 1):.3g})"
-        return f"cannot judge at alpha = {self.alpha:g} with n = {self.n} validation volumes: {needs}"
+        unit = "subjects" if self.m < self.n else "volumes"
+        needs = f"needs at least {self.volumes_needed} {unit} (or review_alpha >= {1 / (self.m + 1):.3g})"
+        return f"cannot judge at alpha = {self.alpha:g} with {self._units()}: {needs}"
 
     @property
     def warnings(self) -> list[str]:
@@ -214,6 +247,12 @@ class ValidatedRange:
                 f"the range was calibrated before the image statistics {', '.join(self._input_signal.missing_kinds)}"
                 ": the input signal compares the others only; run the bundle's calibrate step again"
             )
+        if self.subjects is None:
+            return (
+                "the range was calibrated before it recorded each volume's subject: its bound counts volumes, which "
+                "overstates the guarantee when a patient has several (ACDC's two frames); run the bundle's calibrate "
+                "step again"
+            )
         return ""
 
     @property
@@ -232,48 +271,6 @@ class ValidatedRange:
             )
         return ""
 
-    def _signal_values(
-        self, quality: Mapping[str, Any], image_statistics: Sequence[float] | None, features: Any, missing: str
-    ) -> tuple[dict[str, np.ndarray], list[str], list[str], str]:
-        """The ``n + 1`` nonconformities (larger: more extreme; the case last) of each signal that judges; the
-        reasons of the signals left out; the reasons the case cannot be judged; the case's farthest image statistic."""
-        score = float(quality["case_score"])
-        values = {"case_score": -np.array([*self.scores, score], dtype=np.float64)}
-        values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
-        left_out, unknown, farthest = [], [], ""
-        if self.input_check:
-            measured = self._input_signal
-            if len(self.inputs) < MIN_INPUT_IMAGES or not measured.intensities_finite():
-                left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
-            elif image_statistics is None:
-                left_out.append("image intensities left out: no image statistics were given with the case")
-            else:
-                stats, problem, note = measured.comparable(image_statistics)
-                if problem:
-                    unknown.append(problem)
-                else:
-                    left_out += [note] if note else []
-                    values["input"], farthest = measured.distances(stats)
-        if self.feature_check:
-            if self._distance is None:
-                left_out.append(f"network features left out: {self.info.get('features_left_out', 'none stored')}")
-            elif features is None:
-                left_out.append(f"network features left out: {missing or 'none were captured for the case'}")
-            else:
-                vector = np.asarray(features, dtype=np.float64).reshape(-1)
-                if vector.size != len(self._distance.mean) or not np.isfinite(vector).all():
-                    bad = int((~np.isfinite(vector)).sum())
-                    unknown.append(
-                        f"cannot judge: the network features ({vector.size} values, {bad} NaN or infinite) are "
-                        f"not comparable with the validation cases' ({len(self._distance.mean)})"
-                    )
-                elif self._reference_distance is not None:  # one fixed function of the training features
-                    validation = np.asarray(self.feature_reference["validation"], dtype=np.float64)
-                    values["features"] = np.append(validation, self._reference_distance.distance(vector))
-                else:
-                    values["features"] = self._distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
-        return values, left_out, unknown, farthest
-
     def check(
         self,
         quality: Mapping[str, Any],
@@ -286,11 +283,15 @@ class ValidatedRange:
         the n + 1, ties counted against it), "k", "signals" (each signal's value, rank among the n + 1 and
         ``beyond``: its standardised distance beyond the others), "left_out", "validation_volumes", "bound",
         "alpha"}``."""
-        values, left_out, unknown, farthest = self._signal_values(quality, image_statistics, features, features_missing)
+        values, left_out, unknown, farthest = signal_values(self, quality, image_statistics, features, features_missing)
         ranks = {name: competition_ranks(a) for name, a in values.items()}
         z = {name: standardised(a) for name, a in values.items()}
         combined = np.max(np.stack(list(z.values())), axis=0)
-        case_rank, k = int((combined >= combined[-1]).sum()), self.rank
+        # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties against
+        # the case); with one volume per subject, its rank among the n + 1
+        most = np.full(self.m, -np.inf)
+        np.maximum.at(most, self._subject_of, combined[:-1])
+        case_rank, k = 1 + int((most >= combined[-1]).sum()), self.rank
         signals = {
             name: {
                 "value": _finite_or_none(float(values[name][-1])),
@@ -315,7 +316,7 @@ class ValidatedRange:
                 if volume == volume and not low <= volume <= high:
                     reasons.append(f"{name} volume {volume:.3g} mL is outside the validated {low:.3g}-{high:.3g} mL")
         if k == 0 and not reasons:
-            unknown.append(f"{self._too_few()}; the case is ranked {case_rank} of {self.n + 1}")
+            unknown.append(f"{self._too_few()}; the case is ranked {case_rank} of {self.m + 1}")
         flag = True if reasons else (None if unknown else False)
         if flag is True:
             reasons += unknown
@@ -331,6 +332,7 @@ class ValidatedRange:
             "signals": signals,
             "left_out": left_out,
             "validation_volumes": self.n,
+            "validation_subjects": self.m,
             "bound": self.bound,
             "alpha": self.alpha,
         }
@@ -351,11 +353,13 @@ class ValidatedRange:
             "input_reference": self.input_reference,
             "feature_reference": self.feature_reference,
             "scored_on": self.scored_on,
+            "subjects": self.subjects,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,
             "bound": self.bound,
             "bound_within_alpha": self.bound <= self.alpha,
+            "draw_bound": self.draw_bound,
             "warnings": self.warnings,
         }
 
@@ -365,16 +369,4 @@ class ValidatedRange:
         return write_json_atomically(Path(path), record)
 
     def describe(self) -> str:
-        names = {"case_score": "lowest case score", "input": "largest image-statistic distance"}
-        names["features"] = "largest network-feature (Mahalanobis) distance"
-        signals = ", ".join(names[s] for s in self.signals)
-        rule = (
-            f"measure the case and each of the {self.n} validation volumes against the others by each signal "
-            f"({signals}) as robust z-scores (MADs beyond the others' median), take each one's largest, and flag the "
-            f"case when it is among the {self.rank} largest of the {self.n + 1} (ties counted against the case)"
-        )
-        if self.volume_factor:
-            rule += f", or its expected volume of a class is outside the validated range widened {self.volume_factor}x"
-        if self.rank == 0:
-            return f"{rule}: {self._too_few()}"
-        return f"{rule}: an ordinary case is flagged with probability at most {self.bound:.1%} at n = {self.n}"
+        return describe_rule(self)

@@ -23,22 +23,27 @@ more extreme), each measured against the other ``n``:
   leading principal components.
 
 Each is put on one scale as a robust z-score against the other ``n`` (``z_j = (a_j - median) / (1.4826 MAD)``) and
-the combined score is ``T = max_j z_j``; the case is flagged when ``#{i <= n + 1: T_i >= T_case} <= k``,
-``k = floor(alpha (n + 1))`` (among the ``k`` most extreme, ties counted against it). ``T`` is a symmetric function
-of the ``n + 1`` cases, so for a case exchangeable with the validation volumes its rank is uniform over the ``n + 1``
-up to ties and it is flagged with probability at most ``k / (n + 1) <= alpha`` (full conformal prediction, Vovk et
-al. 2005, "Algorithmic Learning in a Random World"), whatever the number of signals: no union bound. Why z-scores and
-not the best per-signal rank ``min_j R_j``: ranks saturate at 1, so with ``k = 1`` (n = 19-38 at alpha 0.05) each
-signal's most extreme case ties at ``T = 1`` and a case would be flagged only when it is the most extreme in every
-signal; the z-score keeps how far beyond the others a case lies, so a case far out in one signal outranks the
-validation volume that is merely the lowest of a tight bunch. With
-cross-fitting the validation scores come from the two half-fits and a served case from the fit on all validation
-volumes, so the exchangeability is approximate (``calibration.json`` says so). When ``n < 1 / alpha - 1`` then
-``k = 0``: the rule cannot flag at that alpha and every case gets the flag ``None`` with its rank and the number of
-volumes needed (raise ``review_alpha`` or validate on more). A signal that has nothing to judge (no image statistics,
-a TorchScript network without feature hook) is left out with the reason in ``review.left_out``; NaN features or
-statistics give the flag ``None`` with the reason. With ``volume_factor`` > 0 a class's expected volume outside the
-validation volumes' range widened by it (``[min / f, max * f]``) also flags, adding at most ``2 / (n + 1)`` per class
+the combined score is ``T = max_j z_j``. The exchangeable units are the ``m`` validation **subjects** (patients:
+the datalist's ``subject``; ACDC's end-diastole and end-systole frames of one patient are one, elsewhere each volume
+is its own, ``m = n``), each represented by its most extreme volume ``max_{i in s} T_i``: the case is flagged when
+``1 + #{s: max_{i in s} T_i >= T_case} <= k``, ``k = floor(alpha (m + 1))`` (among the ``k`` most extreme, ties
+counted against it). ``T`` is a symmetric function of the ``n + 1`` cases, so for a case of a new subject
+exchangeable with the validation subjects its subject's rank is uniform over the ``m + 1`` up to ties and it is
+flagged with probability at most ``k / (m + 1) <= alpha`` (full conformal prediction, Vovk et al. 2005, "Algorithmic
+Learning in a Random World"), whatever the number of signals: no union bound. Counting a patient's frames as
+exchangeable volumes would not hold: they are near copies, so a new patient lies beyond all ``n`` of them about as
+often as beyond the ``m`` patients (measured: ``docs/results/acdc_split1``). Why z-scores and not the best
+per-signal rank ``min_j R_j``: ranks saturate at 1, so with ``k = 1`` each signal's most extreme case ties at
+``T = 1`` and a case would be flagged only when it is the most extreme in every signal; the z-score keeps how far
+beyond the others a case lies, so a case far out in one signal outranks the validation volume that is merely the
+lowest of a tight bunch. With cross-fitting (halves by subject) the validation scores come from the two half-fits
+and a served case from the fit on all validation volumes, so the exchangeability is approximate (``calibration.json``
+says so). When ``m < 1 / alpha - 1`` then ``k = 0``: the rule cannot flag at that alpha and every case gets the
+flag ``None`` with its rank and the number of subjects needed (raise ``review_alpha`` or validate on more). A signal
+that has nothing to judge (no image statistics, a TorchScript network without feature hook) is left out with the
+reason in ``review.left_out``; NaN features or statistics give the flag ``None`` with the reason. With
+``volume_factor`` > 0 a class's expected volume outside the validation volumes' range widened by it
+(``[min / f, max * f]``) also flags, adding at most ``2 / (m + 1)`` per class
 to the bound. Which signals the bundles use is a measured choice (``docs/results``).
 """
 
@@ -114,8 +119,9 @@ def read_validated_range(
         return None, why
     fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info", "scored_on")}
     optional = ("inputs", "input_check", "features", "feature_check", "input_names", "volume_interval_scale")
-    optional += ("input_reference", "feature_reference")
+    optional += ("input_reference", "feature_reference", "subjects")
     fields.update({k: record[k] for k in optional if k in record})
+    fields.setdefault("subjects", None)  # not recorded: unknown (outdated says so), not "each its own"
     try:
         return ValidatedRange(**fields), ""
     except (TypeError, ValueError, KeyError) as err:

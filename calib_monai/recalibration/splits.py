@@ -1,0 +1,96 @@
+"""Which validation volumes fit the recalibration and which measure the validated range (:func:`split_volumes`),
+by subject: the volumes of one patient stay on one side. :mod:`calib_monai.recalibration.fitting` states the two
+ways (2-fold cross-fitting, a plain split) and fits them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["CROSSFIT_NOTE", "Split", "split_volumes"]
+
+
+@dataclass
+class Split:
+    """Which validation volumes fit the served recalibration (``fit``), which are in the range (``range``), and the
+    ``folds``: ``(fit, scored)`` pairs, each scored volume scored by a recalibration fitted on its fold's ``fit``."""
+
+    fit: list[int]
+    range: list[int]
+    rule: str
+    in_sample: bool = False
+    folds: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    crossfit: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.folds:
+            self.folds = [(list(self.fit), list(self.range))]
+
+    def record(self, volumes: Sequence[Any]) -> dict[str, Any]:
+        """The split by the volumes' ``case`` names (``ValidationVolume``)."""
+        names = [v.case for v in volumes]
+        return {
+            "rule": self.rule,
+            "in_sample": self.in_sample,
+            "crossfit": self.crossfit,
+            "fit_volumes": [names[i] for i in self.fit],
+            "range_volumes": [names[i] for i in self.range],
+            "folds": [{"fit": [names[i] for i in f], "scored": [names[i] for i in r]} for f, r in self.folds],
+            **({"exchangeability": CROSSFIT_NOTE} if self.crossfit else {}),
+        }
+
+
+CROSSFIT_NOTE = (
+    "approximate: each range volume is scored by a recalibration fitted on the other half of the validation volumes, "
+    "a served case by the one fitted on all of them (cross-conformal, Vovk 2015; jackknife+, Barber et al. 2021): "
+    "the whole validation set sets the threshold, at the cost of exact exchangeability"
+)
+
+
+def split_volumes(
+    n: int, fit_share: float = 0.5, seed: int = 0, crossfit: bool = False, subjects: Sequence[str] = ()
+) -> Split:
+    """A seeded split of ``n`` validation volumes, by subject: the volumes of one ``subjects[i]`` (a patient's
+    frames) stay on one side, so none is scored by a fit that saw its twin (``()``: each volume its own subject).
+    ``crossfit``: halves A (``ceil(m / 2)`` of the ``m`` subjects) and B, folds (A fits, B scored) and (B fits, A
+    scored), all ``n`` in the range and the served recalibration fitted on all. Else ``round(fit_share * m)`` subjects
+    (at least 1, at most ``m - 1``) fit, the others measure the range. One subject does both (``in_sample``: a
+    warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
+    if n < 1:
+        raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
+    if not 0 <= float(fit_share) < 1:
+        raise ValueError(
+            f"calibration_split must be in [0, 1) (the share of validation volumes that fit), got {fit_share}"
+        )
+    names = list(subjects) or [str(i) for i in range(n)]
+    if len(names) != n:
+        raise ValueError(f"split_volumes: {len(names)} subjects for {n} validation volumes; give one per volume")
+    groups = list(dict.fromkeys(names))  # in order of first appearance: one volume each keeps the volume order
+    m, unit = len(groups), "volumes" if len(groups) == n else f"subjects ({n} volumes)"
+    if m == 1 or float(fit_share) == 0:
+        why = ("1 validation volume" if n == 1 else "1 validation subject") if m == 1 else "calibration_split 0"
+        return Split(list(range(n)), list(range(n)), f"none ({why}): the same volumes fit and measure", True)
+    order = torch.randperm(m, generator=torch.Generator().manual_seed(int(seed))).tolist()
+
+    def volumes_of(chosen: Sequence[int]) -> list[int]:
+        keep = {groups[g] for g in chosen}
+        return [i for i, name in enumerate(names) if name in keep]
+
+    if crossfit:
+        a, b = volumes_of(order[: (m + 1) // 2]), volumes_of(order[(m + 1) // 2 :])
+        rule = (
+            f"2-fold cross-fitting of the validation {unit} (seed {seed}): halves of {len(a)} and {len(b)} volumes, "
+            f"each scored by the recalibration fitted on the other; all {n} measure the range; the served "
+            f"recalibration is fitted on all {n}"
+        )
+        return Split(list(range(n)), list(range(n)), rule, folds=[(a, b), (b, a)], crossfit=True)
+    k = min(m - 1, max(1, round(float(fit_share) * m)))
+    fit, measured = volumes_of(order[:k]), volumes_of(order[k:])
+    rule = (
+        f"seeded split of the validation {unit} (seed {seed}): {len(fit)} volumes fit the recalibration, "
+        f"{len(measured)} measure the range"
+    )
+    return Split(fit, measured, rule)
