@@ -41,7 +41,7 @@ from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
-from calib_monai.recalibration.splits import Split, split_volumes
+from calib_monai.recalibration.splits import Split, split_volumes, subject_names
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
@@ -325,8 +325,8 @@ def measure_validated_range(
     )
     if references.get("why"):
         info["feature_reference_left_out"] = references.pop("why")
-    named = [bool(volumes[i].subject) for i in chosen]
-    subjects = [volumes[i].subject or f"volume {i}" for i in chosen] if any(named) else []
+    subjects = [volumes[i].subject for i in chosen]
+    subjects = subject_names(subjects) if any(subjects) else []  # none named: each volume its own, stored as []
     return ValidatedRange.from_qualities(
         qualities,
         **review,

@@ -63,7 +63,7 @@ def recalibrate(
         features_left_out: why the feature signal has no features, when asked for and not given.
     """
     review = dict(REVIEW_DEFAULTS if review is None else review)
-    subjects = [v.subject or f"volume {i}" for i, v in enumerate(volumes)]  # unnamed: each its own
+    subjects = [v.subject for v in volumes]
     split_of = split_volumes(len(volumes), split, int(fit.get("seed", 0)), crossfit, subjects)
     if split_of.in_sample:
         logger.warning(

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CROSSFIT_NOTE", "Split", "split_volumes"]
+__all__ = ["CROSSFIT_NOTE", "Split", "split_volumes", "subject_names"]
 
 
 @dataclass
@@ -50,6 +50,11 @@ CROSSFIT_NOTE = (
 )
 
 
+def subject_names(subjects: Sequence[str]) -> list[str]:
+    """Each volume's subject; a volume without one (``""``) is its own (``"volume <i>"``)."""
+    return [subject or f"volume {i}" for i, subject in enumerate(subjects)]
+
+
 def split_volumes(
     n: int, fit_share: float = 0.5, seed: int = 0, crossfit: bool = False, subjects: Sequence[str] = ()
 ) -> Split:
@@ -65,7 +70,7 @@ def split_volumes(
         raise ValueError(
             f"calibration_split must be in [0, 1) (the share of validation volumes that fit), got {fit_share}"
         )
-    names = list(subjects) or [str(i) for i in range(n)]
+    names = subject_names(subjects or [""] * n)
     if len(names) != n:
         raise ValueError(f"split_volumes: {len(names)} subjects for {n} validation volumes; give one per volume")
     groups = list(dict.fromkeys(names))  # in order of first appearance: one volume each keeps the volume order
