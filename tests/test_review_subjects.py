@@ -124,6 +124,13 @@ def test_a_stored_range_keeps_its_subjects_and_one_from_before_them_says_so(tmp_
     old = read_validated_range(path, weights)[0]
     assert old.subjects is None and old.m == 20  # read as it was measured: by volume
     assert "before it recorded each volume's subject" in old.outdated and old.outdated in old.warnings
+    # a hand-edited file: a string is not read as one subject per character, a short list is not padded
+    for bad, words in (("p0p1", "must be a list of one name per validation volume, got str"), (["p0"], "1 subjects")):
+        record["subjects"] = bad
+        path.write_text(json.dumps(record))
+        with pytest.raises(ValueError, match=words) as error:
+            read_validated_range(path, weights)
+        assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
 def test_the_acdc_datalist_names_each_frames_patient(acdc_dir, tmp_path):

@@ -97,6 +97,11 @@ class ValidatedRange:
                 "calibrate again"
             )
         self.scores = [_number(s) for s in self.scores]
+        if self.subjects is not None and not isinstance(self.subjects, (list, tuple)):
+            raise ValueError(
+                f"validated range subjects must be a list of one name per validation volume, got "
+                f"{type(self.subjects).__name__} {self.subjects!r:.40}: run calibrate again"
+            )
         self.subjects = None if self.subjects is None else [str(s) for s in self.subjects]
         if self.subjects and len(self.subjects) != len(self.scores):
             raise ValueError(
