@@ -11,6 +11,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
@@ -253,3 +254,26 @@ def test_a_range_scored_on_the_network_grid_is_not_applied_to_input_grid_cases(c
     review = served.predict(image).quality["review"]
     assert review["flag"] is None and "scored on the network's grid" in review["reasons"][0]
     assert "keep_input_label true" in review["reasons"][0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (MONAI Label serves on one)")
+def test_the_served_verdict_on_cuda_is_the_cpus(calibrated):
+    """The serving path on a GPU: the same weights, recalibration and range give each case the segmentation,
+    confidence, case score and review verdict they get on the CPU (up to float differences of the convolutions)."""
+    root, overrides = calibrated
+    settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
+    cpu = TrainedBundle(root / "bundle", overrides=settings, device="cpu")
+    gpu = TrainedBundle(root / "bundle", overrides=settings, device="cuda")
+    assert gpu.device.type == "cuda"
+    for image in sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[:4]:
+        on_cpu, on_gpu = cpu.predict(image), gpu.predict(image)
+        differ = float((on_cpu.segmentation != on_gpu.segmentation.cpu()).float().mean())
+        gap = float((on_cpu.confidence - on_gpu.confidence.cpu()).abs().max())
+        print(f"{image.name}: labels differ on {differ:.2e} of voxels, max |confidence gap| {gap:.1e}")
+        assert differ < 1e-3 and gap < 1e-2
+        a, b = on_cpu.quality, on_gpu.quality
+        assert b["case_score"] == pytest.approx(a["case_score"], abs=2e-3)
+        assert (b["review"]["flag"], b["review"]["rank"]) == (a["review"]["flag"], a["review"]["rank"])
+        assert set(b["review"]["signals"]) == set(a["review"]["signals"]) == {"case_score", "input", "features"}
+        for name, signal in a["review"]["signals"].items():
+            assert b["review"]["signals"][name]["value"] == pytest.approx(signal["value"], rel=1e-2, abs=1e-3), name
