@@ -21,6 +21,7 @@ from calib_monai.recalibration import (
     review_case,
     review_rule,
 )
+from calib_monai.recalibration.conformal_scores import competition_ranks
 from calib_monai.recalibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
 from calib_monai.recalibration.references import fixed_references
 from calib_monai.recalibration.review_signals import signal_values
@@ -42,6 +43,11 @@ def test_review_rule_by_hand():
     assert "estimated mean DSC 0.590 is among the lowest (rank 1 of 20" in verdict["reasons"][0]
     # a tie with the lowest validation score counts against the case: 2 of the 20 at least as extreme, not flagged
     assert validated.check(_case(0.60))["flag"] is False and validated.check(_case(0.60))["rank"] == 2
+    # ... also when the tie carries float noise (a served validation image measured again on a GPU: 12th digit)
+    for noisy in (0.60 + 1e-12, 0.60 - 1e-12):
+        assert validated.check(_case(noisy))["rank"] == 2 and validated.check(_case(noisy))["flag"] is False
+    assert validated.check(_case(0.60 - 1e-6))["rank"] == 1  # a real difference is not a tie
+    assert competition_ranks(np.array([1.0, 1.0 + 1e-12, 0.5, np.inf])).tolist() == [2, 2, 4, 1]
     # alpha 0.2 with 19 scores: k = 4, bound 4 / 20; 0.65 is 4th lowest of the 20 (flagged), 0.67 5th (not)
     loose = ValidatedRange(validated.scores, alpha=0.2)
     assert loose.rank == 4 and loose.bound == pytest.approx(0.2)

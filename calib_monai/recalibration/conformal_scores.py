@@ -6,13 +6,29 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["competition_ranks", "draw_bound", "standardised"]
+__all__ = ["TIE_TOLERANCE", "at_least", "competition_ranks", "draw_bound", "standardised"]
+
+#: Two nonconformities this close (relative; absolute below 1) are a tie. The same image measured twice on a GPU
+#: differs in the 12th digit (float sums in another order), which must not move its rank past a validation volume
+#: that ties with it (the served image is one of them).
+TIE_TOLERANCE = 1e-9
+
+
+def _slack(a: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(a), TIE_TOLERANCE * np.maximum(1.0, np.abs(a)), 0.0)
+
+
+def at_least(a: np.ndarray, b: float) -> np.ndarray:
+    """``a >= b`` with values within :data:`TIE_TOLERANCE` of ``b`` counted as equal (an infinite ``b`` exactly)."""
+    b64 = np.float64(b)
+    return np.asarray(a, dtype=np.float64) >= b64 - _slack(b64)
 
 
 def competition_ranks(nonconformity: np.ndarray) -> np.ndarray:
-    """``1 + #{m: a_m > a_i}`` for each ``a_i``: rank 1 is the most extreme (largest), ties share the smaller rank."""
+    """``1 + #{m: a_m > a_i}`` for each ``a_i``: rank 1 is the most extreme (largest), ties (within
+    :data:`TIE_TOLERANCE`) share the smaller rank."""
     a = np.asarray(nonconformity, dtype=np.float64)
-    return 1 + (a[None, :] > a[:, None]).sum(1)
+    return 1 + (a[None, :] > (a + _slack(a))[:, None]).sum(1)
 
 
 def standardised(nonconformity: np.ndarray) -> np.ndarray:

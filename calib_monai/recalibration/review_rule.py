@@ -17,7 +17,7 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
-from calib_monai.recalibration.conformal_scores import competition_ranks, draw_bound, standardised
+from calib_monai.recalibration.conformal_scores import at_least, competition_ranks, draw_bound, standardised
 from calib_monai.recalibration.input_signal import InputSignal
 from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, review_reason
 from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, signal_values
@@ -292,11 +292,11 @@ class ValidatedRange:
         ranks = {name: competition_ranks(a) for name, a in values.items()}
         z = {name: standardised(a) for name, a in values.items()}
         combined = np.max(np.stack(list(z.values())), axis=0)
-        # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties against
-        # the case); with one volume per subject, its rank among the n + 1
+        # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties, within
+        # float noise, against the case); with one volume per subject, its rank among the n + 1
         most = np.full(self.m, -np.inf)
         np.maximum.at(most, self._subject_of, combined[:-1])
-        case_rank, k = 1 + int((most >= combined[-1]).sum()), self.rank
+        case_rank, k = 1 + int(at_least(most, combined[-1]).sum()), self.rank
         signals = {
             name: {
                 "value": _finite_or_none(float(values[name][-1])),
