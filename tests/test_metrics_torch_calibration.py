@@ -15,7 +15,6 @@ from calib_monai.metrics import (
     reliability_diagram_data,
     segmentation_calibration,
 )
-from calib_monai.metrics.calibration_sorted import use_sorted
 from calib_monai.metrics.calibration_torch import CalibrationAccumulator
 
 ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
@@ -93,17 +92,15 @@ def _brute(probs, labels, num_bins, foreground, include_background, threshold=1e
     return out
 
 
-@pytest.mark.parametrize("sorted_path", [False, True], ids=["grid", "sorted"])  # the CPU's path and CUDA's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("num_bins", [8, 15, 16])
 @pytest.mark.parametrize("foreground", ["gt", "union", "all"])
-def test_torch_equals_numpy_and_float64_brute_force(dtype, num_bins, foreground, sorted_path):
+def test_torch_equals_numpy_and_float64_brute_force(dtype, num_bins, foreground):
     for seed in (0, 1):
         probs, labels = _case(seed, dtype)
         for include_background in (True, False):
             kw = {"num_bins": num_bins, "foreground": foreground, "include_background": include_background}
-            with use_sorted(sorted_path):
-                ours = calibration_errors(probs, labels, ALL, **kw)
+            ours = calibration_errors(probs, labels, ALL, **kw)
             numpy_path = calibration_errors(probs.numpy(), labels.numpy(), ALL, **kw)
             brute = _brute(probs, labels, num_bins, foreground, include_background)
             for name in ALL:
@@ -111,12 +108,10 @@ def test_torch_equals_numpy_and_float64_brute_force(dtype, num_bins, foreground,
                 assert ours[name] == pytest.approx(brute[name], rel=1e-12, abs=1e-15), (seed, name)
 
 
-@pytest.mark.parametrize("sorted_path", [False, True], ids=["grid", "sorted"])
-def test_per_volume_values_equal_numpy_for_every_metric(sorted_path):
+def test_per_volume_values_equal_numpy_for_every_metric():
     probs, labels = _case(3)
     for name in ALL:
-        with use_sorted(sorted_path):
-            ours = segmentation_calibration(probs, labels, name, 15, "union", "none")
+        ours = segmentation_calibration(probs, labels, name, 15, "union", "none")
         numpy_path = segmentation_calibration(probs.numpy(), labels.numpy(), name, 15, "union", "none")
         np.testing.assert_allclose(ours, numpy_path, rtol=1e-12, atol=1e-15)
 

@@ -11,16 +11,7 @@ import torch
 
 from .calibration_numpy import bin_edge_tables, equal_width_bin_index
 
-__all__ = [
-    "GRID_OCTAVES",
-    "GRID_SHIFT",
-    "PACK_FLUSH",
-    "PACK_SHIFT",
-    "bucket_grid",
-    "edge_tensors",
-    "equal_width_bins",
-    "grid_octaves",
-]
+__all__ = ["GRID_OCTAVES", "GRID_SHIFT", "PACK_FLUSH", "PACK_SHIFT", "bucket_grid", "edge_tensors", "grid_octaves"]
 
 # 2**(23 - 13) = 1024 buckets per octave of float32 values (float64: the same buckets, shifted 29 bits more).
 GRID_SHIFT = 13
@@ -35,18 +26,6 @@ PACK_FLUSH = 1 << 22
 def edge_tensors(num_bins: int, dtype: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``bin_edge_tables`` as float64 tensors on ``device`` (a few numbers, made where the values are)."""
     return tuple(torch.tensor(t.tolist(), dtype=torch.float64, device=device) for t in bin_edge_tables(num_bins, dtype))
-
-
-def equal_width_bins(v64: torch.Tensor, num_bins: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """int64 bin indices of ``v64`` (float64 copies of ``dtype`` values) by ``equal_width_bin_index``'s rule: bin ``k``
-    is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to ``dtype``; ``ceil(v * M) - 1``, then moved to the
-    neighbouring bin where the rounded edges say so."""
-    lower, upper = edge_tensors(num_bins, str(dtype).replace("torch.", ""), v64.device)
-    t = v64 * float(num_bins)
-    index = t.ceil_().clamp_(1.0, float(num_bins)).long().sub_(1)
-    index -= (v64 <= lower[index]).long()
-    index += (v64 > upper[index]).long()
-    return index
 
 
 def grid_octaves(num_bins: int, thresholds: dict) -> int:

@@ -22,9 +22,7 @@ How, per chunk of selected voxels ``p (C, n)`` (float32 or float64), ``y (n,)``:
   an edge (or the threshold) cuts are refined exactly: their elements are gathered from the kept chunks and sorted.
 - NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
 
-On the CPU the work is memory-bound: no full float64 / int64 copy of a chunk where avoidable. On CUDA the grid's many
-small steps are launch-bound instead: there CECE, mL1-ACE, TACE and ACE sort the kept voxels once at the end
-(:mod:`~calib_monai.metrics.calibration_sorted`; ``use_sorted`` picks a path on any device).
+On the CPU the work is memory-bound: no full float64 / int64 copy of a chunk where avoidable.
 """
 
 from __future__ import annotations
@@ -35,17 +33,14 @@ import numpy as np
 import torch
 
 from . import calibration_kernel as _kernel
-from . import calibration_sorted as _sorted
 from ._inputs import flat_nonzero
 from .calibration_grid import GRID_SHIFT as _GRID_SHIFT
 from .calibration_grid import PACK_FLUSH as _PACK_FLUSH
 from .calibration_grid import PACK_SHIFT as _PACK_SHIFT
 from .calibration_grid import bucket_grid as _grid
-from .calibration_grid import equal_width_bins
+from .calibration_grid import edge_tensors as _edge_tensors
 from .calibration_grid import grid_octaves as _octaves
 from .calibration_numpy import CLASSWISE_METRICS, NLL_EPS, threshold_for_dtype
-from .calibration_sorted import count_per_index as _count
-from .calibration_sorted import sum_per_index as _weighted
 
 __all__ = ["CalibrationAccumulator", "equal_width_bins", "first_argmax"]
 
@@ -58,6 +53,30 @@ _CUDA_CHUNK_VALUES = 1 << 26
 def first_argmax(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(max, argmax)`` over ``dim``; ``torch.max`` returns the first index on ties, as NumPy's argmax."""
     return tuple(torch.max(x, dim=dim))
+
+
+def equal_width_bins(v64: torch.Tensor, num_bins: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """int64 bin indices of ``v64`` (float64 copies of ``dtype`` values) by ``equal_width_bin_index``'s rule: bin ``k``
+    is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to ``dtype``; ``ceil(v * M) - 1``, then moved to the
+    neighbouring bin where the rounded edges say so."""
+    lower, upper = _edge_tensors(num_bins, str(dtype).replace("torch.", ""), v64.device)
+    t = v64 * float(num_bins)
+    index = t.ceil_().clamp_(1.0, float(num_bins)).long().sub_(1)
+    index -= (v64 <= lower[index]).long()
+    index += (v64 > upper[index]).long()
+    return index
+
+
+def _count(index: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 ``bincount(index, minlength=size)`` as a scatter into a fixed-size tensor: no host synchronisation, and
+    shapes the meta device can follow (``torch.bincount`` sizes its output from the data)."""
+    return torch.zeros(size, dtype=torch.int64, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+
+
+def _weighted(index: torch.Tensor, weights: torch.Tensor, size: int) -> torch.Tensor:
+    """float64 sums of ``weights`` per ``index`` (``bincount(index, weights)``), as ``_count``."""
+    out = torch.zeros(size, dtype=torch.float64, device=index.device)
+    return out.scatter_add_(0, index, weights.to(torch.float64))
 
 
 def _sparse_flatnonzero(mask: torch.Tensor) -> torch.Tensor:
@@ -104,7 +123,6 @@ class CalibrationAccumulator:
         self.device = torch.device("cpu")  # the voxels' device, once some are added
         self._refined: tuple | None = None
         self.kernel: bool | None = None  # compiled CPU pass (calibration_kernel), decided at the first chunk
-        self.sorted: bool | None = None  # keep the voxels and sort them at the end (calibration_sorted: CUDA)
 
     # ------------------------------------------------------------------------------------------------ accumulation
 
@@ -129,8 +147,7 @@ class CalibrationAccumulator:
         self._refined = None
         # --- issue 32.1: ECE and the bucket histograms in one compiled pass (calibration_kernel), eager otherwise
         if self.kernel is None:
-            self.sorted = _sorted.sorted_path(dev)
-            self.kernel = not self.sorted and _kernel.available(p, y)
+            self.kernel = _kernel.available(p, y)
         if self.kernel:
             y = y if y.dtype in _kernel.LABEL_DTYPES else y.long()
             _kernel.add_chunk(self, p, y.contiguous())
@@ -157,9 +174,7 @@ class CalibrationAccumulator:
             key = torch.add(correct, bins, alpha=2)  # bin * 2 + [correct]
             self.totals["ece_count"].scatter_add_(0, key, torch.ones_like(key))
             self.totals["ece_sum"].scatter_add_(0, bins, conf)
-        if self.use_grid and self.sorted:
-            self.chunks.append((p, y.to(torch.uint8 if self.num_classes <= 256 else torch.int32)))
-        elif self.use_grid and not self.kernel:
+        if self.use_grid and not self.kernel:
             self._add_grid(p, y, own)
         if "nll" in self.names or "brier" in self.names:
             p_true = p_true.double()
@@ -240,8 +255,6 @@ class CalibrationAccumulator:
         ``(C, M, 3)``, NLL / Brier ``[count, sum]``; None when nothing was added."""
         classwise = "grid_hit" if name in CLASSWISE_METRICS else None
         needs = {"ece": "ece_count", "nll": "nll", "brier": "brier"}.get(name, classwise)
-        if self.sorted and classwise and self.count:
-            return _sorted.classwise_statistics(*self._kept(), self.num_bins)
         if not self.count or needs not in self.totals:
             return None
         if name == "ece":
@@ -272,16 +285,9 @@ class CalibrationAccumulator:
             return {}
         if self.count == 0:
             return {name: float("nan") for name in self.thresholds}
-        if self.sorted:
-            p, y = self._kept()
-            return {n: _sorted.adaptive_error(p, y, self.classes, self.num_bins, t) for n, t in self.thresholds.items()}
         self._flush_packed()
         keys, values, hits, plans = self._refine()
         return {name: self._finish(plan, keys, values, hits) for name, plan in plans.items()}
-
-    def _kept(self) -> tuple[torch.Tensor, torch.Tensor]:  # all kept voxels (p (C, n), y (n,)), joined once
-        self.chunks = [(torch.cat([p for p, _ in self.chunks], 1), torch.cat([y for _, y in self.chunks]))]
-        return self.chunks[0]
 
     def _refine(self) -> tuple:
         """Elements of every bucket to refine (straddling for CECE, cut for TACE / ACE), over all kept chunks."""
