@@ -89,6 +89,8 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # (m >= 19 subjects give k >= 1 at alpha 0.05: Hippocampus's 25-26 volumes; ACDC's 10 patients need alpha
         # 0.1); false: the plain split below
         "calibration_crossfit": RECALIBRATION_DEFAULTS["crossfit"],
+        # how many cross-fitting folds of validation subjects (2: halves; each fold scored by the fit on the others)
+        "calibration_folds": RECALIBRATION_DEFAULTS["folds"],
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": 0.5,
         "validated_range_path": VALIDATED_RANGE_PATH,
@@ -122,6 +124,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check, 'review_input_check')",
                 "split": "@calibration_split",
                 "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit, 'calibration_crossfit')",
+                "crossfit_folds": "@calibration_folds",
                 "network": "@network",
                 "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check, 'review_feature_check')",
                 # the input and feature signals' fixed reference: the training images through the served chain

@@ -216,9 +216,9 @@ Calibrate the best model after training: fit local temperature scaling (a small 
 own temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it
 writes `models/calibration.pt` (and the readable `calibration.json`: NLL and ECE before and after on validation
 volumes scored by a fit that did not see them, `range_volumes_*`). Every validation volume is scored by the fit on
-the other half (2-fold cross-fitting, seeded; the served calibration is fitted on all of them, so the range is
-approximately exchangeable with served cases; `--calibration_crossfit false` for a plain split, `--calibration_split`
-its share) and is the validated range (`models/validated_range.json`, with its case scores, image statistics and
+the other half (2-fold cross-fitting, seeded, by subject; `--calibration_folds 5` for five folds, each scored by the
+fit on the other four; the served calibration is fitted on all of them, so the range is approximately exchangeable
+with served cases; `--calibration_crossfit false` for a plain split, `--calibration_split` its share) and is the validated range (`models/validated_range.json`, with its case scores, image statistics and
 network features): `inferring` ranks a case among the validation volumes by case score, intensities and network
 features (each a robust z-score, their largest combined) and flags it for review when it is among the
 `k = floor(review_alpha (m + 1))` most extreme of the `m` validation subjects, each by its most extreme volume (a

@@ -110,6 +110,23 @@ def test_the_split_keeps_a_subjects_volumes_on_one_side():
         split_volumes(4, subjects=["a", "b", "c"])
 
 
+def test_k_fold_cross_fitting_scores_every_volume_once_by_a_fit_without_its_subject():
+    subjects = [f"p{i // 2}" for i in range(22)]  # 11 patients: 5 folds of 3, 2, 2, 2, 2 patients
+    five = split_volumes(22, seed=1, crossfit=True, subjects=subjects, folds=5)
+    scored = [i for _, group in five.folds for i in group]
+    assert sorted(scored) == list(range(22))  # every volume scored exactly once
+    assert [len(group) for _, group in five.folds] == [4, 4, 4, 4, 6]  # fold i scores group i + 1: 6, 4, 4, 4, 4
+    for fit, group in five.folds:
+        assert sorted(fit + group) == list(range(22))  # fitted on all the others
+        assert {subjects[i] for i in fit}.isdisjoint(subjects[i] for i in group)
+    assert five.rule.startswith("5-fold cross-fitting of the validation subjects (22 volumes)")
+    assert "folds of 6, 4, 4, 4 and 4 volumes" in five.rule
+    # more folds than subjects: one subject per fold (leave one subject out)
+    assert len(split_volumes(6, crossfit=True, subjects=subjects[:6], folds=10).folds) == 3
+    with pytest.raises(ValueError, match="calibration_folds must be an integer >= 2, got 1"):
+        split_volumes(6, crossfit=True, folds=1)
+
+
 def test_a_stored_range_keeps_its_subjects_and_one_from_before_them_says_so(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({}, weights)

@@ -44,10 +44,11 @@ class RecalibrationFitter:
     ``"local_temperature"`` fits :class:`~calib_monai.recalibration.LocalTemperatureScaling` on up to ``max_slices``
     2D slices (logits, image, label) along ``spatial_dim``, a fifth of them held out for early stopping.
 
-    Every validation volume in the validated range is scored by a recalibration it did not fit: by default 2-fold
-    cross-fitting (``crossfit``: halves A and B, seeded; the fit on A scores B and the fit on B scores A; the served
-    recalibration is fitted on all volumes, so the range is approximately, not exactly, exchangeable with a served
-    case: :mod:`calib_monai.recalibration.fitting`), else a plain split (``split`` of them fit, the others measure).
+    Every validation volume in the validated range is scored by a recalibration it did not fit: by default
+    cross-fitting (``crossfit``: ``crossfit_folds`` seeded folds of subjects, by default halves A and B, the fit on A
+    scoring B and the fit on B scoring A; the served recalibration is fitted on all volumes, so the range is
+    approximately, not exactly, exchangeable with a served case: :mod:`calib_monai.recalibration.fitting`), else a
+    plain split (``split`` of them fit, the others measure).
     The log line and ``calibration.json`` name every number for what it was measured on (``range_volumes_*``: the
     range's volumes, each by the fit that did not see it; ``heldout_slices_*``: the early-stopping slices;
     ``in_sample_*``: the fitted data): NLL over all voxels, ECE over the ground-truth foreground voxels (15 bins),
@@ -71,8 +72,9 @@ class RecalibrationFitter:
         max_voxels, max_slices, lts_steps, seed: fit budget and seed (also the split's).
         split: without ``crossfit``, the share of validation volumes that fit the recalibration (the others measure
             the range); 0: all volumes do both (in-sample, with a warning).
-        crossfit: 2-fold cross-fitting (default): all validation volumes in the range, each scored by the fit on the
-            other half.
+        crossfit: cross-fitting (default): all validation volumes in the range, each scored by the fit on the
+            other folds.
+        crossfit_folds: how many folds (of subjects; default 2: halves).
         network: the evaluator's network, whose bottleneck features the range's feature signal uses (None: none).
         voxels: ``"foreground"`` (ground-truth foreground, default) or ``"all"``: the voxels temperature scaling is
             fitted on.
@@ -116,6 +118,7 @@ class RecalibrationFitter:
         review_input_check: bool = REVIEW_DEFAULTS["input_check"],
         split: float = 0.5,
         crossfit: bool = RECALIBRATION_DEFAULTS["crossfit"],
+        crossfit_folds: int = RECALIBRATION_DEFAULTS["folds"],
         network: torch.nn.Module | None = None,
         review_feature_check: bool = REVIEW_DEFAULTS["feature_check"],
         reference_images: Sequence[Mapping] | None = None,
@@ -157,8 +160,8 @@ class RecalibrationFitter:
             "feature_check": bool(review_feature_check),
         }
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
-        split_volumes(2, split)  # the share is checked now, too
-        self.split, self.crossfit = float(split), bool(crossfit)
+        split_volumes(2, split, folds=crossfit_folds)  # the share and the folds are checked now, too
+        self.split, self.crossfit, self.folds = float(split), bool(crossfit), int(crossfit_folds)
         self.reference = (list(reference_images or []), reference_inferer, int(max_reference))
         self.preprocessing, self.input_label_key = preprocessing, input_label_key
         self._network = network
@@ -241,6 +244,7 @@ class RecalibrationFitter:
             fit,
             split=self.split,
             crossfit=self.crossfit,
+            folds=self.folds,
             spatial_dim=self.spatial_dim,
             validated_range_path=self.validated_range_path,
             review=self.review,

@@ -63,7 +63,12 @@ logger = logging.getLogger("calib_monai")
 #: ``calibrate.json`` (``bundle_factory``) and MONAI Label's fine-tuning (through the bundle's config) read them here.
 #: Local temperature scaling: the one recalibration that keeps the probabilities readable as case quality for every
 #: loss (the ``quality`` study, docs/results); cross-fitting: every validation volume in the range.
-RECALIBRATION_DEFAULTS: dict[str, Any] = {"method": "local_temperature", "voxels": "foreground", "crossfit": True}
+RECALIBRATION_DEFAULTS: dict[str, Any] = {
+    "method": "local_temperature",
+    "voxels": "foreground",
+    "crossfit": True,
+    "folds": 2,
+}
 REVIEW_DEFAULTS: dict[str, Any] = {"alpha": 0.05, "volume_factor": 0.0, "input_check": True, "feature_check": True}
 HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping
 

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from calib_monai.recalibration.fitting import (
+    RECALIBRATION_DEFAULTS,
     REVIEW_DEFAULTS,
     ValidationVolume,
     cross_fit,
@@ -35,6 +36,7 @@ def recalibrate(
     fit: Mapping[str, Any],
     split: float = 0.5,
     crossfit: bool = True,
+    folds: int = RECALIBRATION_DEFAULTS["folds"],
     spatial_dim: int = 2,
     validated_range_path: str | os.PathLike | None = None,
     review: Mapping[str, Any] | None = None,
@@ -51,7 +53,7 @@ def recalibrate(
     Args:
         fit: :func:`~calib_monai.recalibration.fitting.cross_fit`'s settings: ``method``, ``num_classes``,
             ``in_channels``, ``voxels``, ``max_voxels``, ``max_slices``, ``steps``, ``seed`` (also the split's).
-        split, crossfit: which volumes fit and which measure (:func:`~calib_monai.recalibration.fitting.
+        split, crossfit, folds: which volumes fit and which measure (:func:`~calib_monai.recalibration.fitting.
             split_volumes`).
         review: the review rule's ``alpha``, ``volume_factor``, ``input_check``, ``feature_check``
             (``REVIEW_DEFAULTS`` when None).
@@ -64,7 +66,7 @@ def recalibrate(
     """
     review = dict(REVIEW_DEFAULTS if review is None else review)
     subjects = [v.subject for v in volumes]
-    split_of = split_volumes(len(volumes), split, int(fit.get("seed", 0)), crossfit, subjects)
+    split_of = split_volumes(len(volumes), split, int(fit.get("seed", 0)), crossfit, subjects, folds)
     if split_of.in_sample:
         logger.warning(
             f"calibrate: {split_of.rule}; the validated range is measured on the volumes that fitted the "

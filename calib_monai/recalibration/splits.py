@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from calib_monai.checks import check_number
+
 __all__ = ["CROSSFIT_NOTE", "Split", "split_volumes", "subject_names"]
 
 
@@ -44,7 +46,7 @@ class Split:
 
 
 CROSSFIT_NOTE = (
-    "approximate: each range volume is scored by a recalibration fitted on the other half of the validation volumes, "
+    "approximate: each range volume is scored by a recalibration fitted on the other folds of the validation volumes, "
     "a served case by the one fitted on all of them (cross-conformal, Vovk 2015; jackknife+, Barber et al. 2021): "
     "the whole validation set sets the threshold, at the cost of exact exchangeability"
 )
@@ -56,20 +58,27 @@ def subject_names(subjects: Sequence[str]) -> list[str]:
 
 
 def split_volumes(
-    n: int, fit_share: float = 0.5, seed: int = 0, crossfit: bool = False, subjects: Sequence[str] = ()
+    n: int,
+    fit_share: float = 0.5,
+    seed: int = 0,
+    crossfit: bool = False,
+    subjects: Sequence[str] = (),
+    folds: int = 2,
 ) -> Split:
     """A seeded split of ``n`` validation volumes, by subject: the volumes of one ``subjects[i]`` (a patient's
     frames) stay on one side, so none is scored by a fit that saw its twin (``()``: each volume its own subject).
-    ``crossfit``: halves A (``ceil(m / 2)`` of the ``m`` subjects) and B, folds (A fits, B scored) and (B fits, A
-    scored), all ``n`` in the range and the served recalibration fitted on all. Else ``round(fit_share * m)`` subjects
-    (at least 1, at most ``m - 1``) fit, the others measure the range. One subject does both (``in_sample``: a
-    warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
+    ``crossfit``: the ``m`` subjects in ``folds`` groups of near-equal size (at most ``m``: one subject each), each
+    group scored by the recalibration fitted on the others; all ``n`` in the range and the served recalibration
+    fitted on all (2 folds: halves A of ``ceil(m / 2)`` subjects and B). Else ``round(fit_share * m)`` subjects (at
+    least 1, at most ``m - 1``) fit, the others measure the range. One subject does both (``in_sample``: a warning
+    says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
     if n < 1:
         raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
     if not 0 <= float(fit_share) < 1:
         raise ValueError(
             f"calibration_split must be in [0, 1) (the share of validation volumes that fit), got {fit_share}"
         )
+    folds = check_number("calibration_folds", folds, low=2, integer=True)
     names = subject_names(subjects or [""] * n)
     if len(names) != n:
         raise ValueError(f"split_volumes: {len(names)} subjects for {n} validation volumes; give one per volume")
@@ -85,13 +94,20 @@ def split_volumes(
         return [i for i, name in enumerate(names) if name in keep]
 
     if crossfit:
-        a, b = volumes_of(order[: (m + 1) // 2]), volumes_of(order[(m + 1) // 2 :])
+        k = min(folds, m)
+        bounds = [-(-i * m // k) for i in range(k + 1)]  # ceil(i m / k): the first folds take the remainder
+        groups_of = [volumes_of(order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        # fold i scores group i + 1 (2 folds: A fits and B is scored, then the reverse)
+        scored_of = groups_of[1:] + groups_of[:1]
+        pairs = [(sorted(set(range(n)) - set(scored)), scored) for scored in scored_of]
+        sizes = " and ".join([", ".join(str(len(g)) for g in groups_of[:-1]), str(len(groups_of[-1]))])
+        parts = f"halves of {sizes} volumes, each" if k == 2 else f"folds of {sizes} volumes, each"
         rule = (
-            f"2-fold cross-fitting of the validation {unit} (seed {seed}): halves of {len(a)} and {len(b)} volumes, "
-            f"each scored by the recalibration fitted on the other; all {n} measure the range; the served "
-            f"recalibration is fitted on all {n}"
+            f"{k}-fold cross-fitting of the validation {unit} (seed {seed}): {parts} scored by the recalibration "
+            f"fitted on the other{'' if k == 2 else 's'}; all {n} measure the range; the served recalibration is "
+            f"fitted on all {n}"
         )
-        return Split(list(range(n)), list(range(n)), rule, folds=[(a, b), (b, a)], crossfit=True)
+        return Split(list(range(n)), list(range(n)), rule, folds=pairs, crossfit=True)
     k = min(m - 1, max(1, round(float(fit_share) * m)))
     fit, measured = volumes_of(order[:k]), volumes_of(order[k:])
     rule = (
