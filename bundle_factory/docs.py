@@ -212,25 +212,25 @@ volumes (per-volume CSV of DSC, HD95, ASD, ECE, CECE, TACE, NLL, Brier, a summar
     python -m monai.bundle run evaluating --config_file "['{configs}/train.json','{configs}/evaluate.json']" \\
         --dataset_dir /path/to/data
 
-Calibrate the best model after training: fit local temperature scaling (a small network that gives every voxel its
-own temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it
-writes `models/calibration.pt` (and the readable `calibration.json`: NLL and ECE before and after on validation
-volumes scored by a fit that did not see them, `range_volumes_*`). Every validation volume is scored by the fit on
-the other half (2-fold cross-fitting, seeded, by subject; `--calibration_folds 5` for five folds, each scored by the
-fit on the other four; the served calibration is fitted on all of them, so the range is approximately exchangeable
-with served cases; `--calibration_crossfit false` for a plain split, `--calibration_split` its share) and is the validated range (`models/validated_range.json`, with its case scores, image statistics and
-network features): `inferring` ranks a case among the validation volumes by case score, intensities and network
-features (each a robust z-score, their largest combined) and flags it for review when it is among the
-`k = floor(review_alpha (m + 1))` most extreme of the `m` validation subjects, each by its most extreme volume (a
-subject is a patient: the datalist's `subject`, so ACDC's two frames of a patient count once; elsewhere each volume
-is its own), and `evaluating` writes the same flag (`review_flag`, `review_reasons`) beside the true DSC in
-`eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)` (`bound`); with fewer than
-`1 / review_alpha - 1` subjects it cannot flag and says so (flag null, with the case's rank).
-`evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax
-(the argmax on the network's grid is unchanged; mapped back to the image's grid, a few boundary voxels can move), as
-long as it was fitted for the `model.pt` they load; `evaluating` also writes `served_case_score` and the true DSC of
-the delivered segmentation (`delivered_mean_dice`) beside the flag, and reports
-`test_ece` (calibrated) beside `test_ece_uncalibrated`:
+Calibrate the best model after training: fit local temperature scaling (a small network that gives every voxel its own
+temperature) on the validation volumes (`--calibration_method temperature` for one temperature instead); it writes
+`models/calibration.pt` (and the readable `calibration.json`: NLL and ECE before and after on validation volumes scored
+by a fit that did not see them, `range_volumes_*`). Every validation volume is scored by the fit on the other half
+(2-fold cross-fitting, seeded, by subject; `--calibration_folds 5` for five folds, each scored by the fit on the other
+four; the served calibration is fitted on all of them, so the range is approximately exchangeable with served cases;
+`--calibration_crossfit false` for a plain split, `--calibration_split` its share) and is the validated range
+(`models/validated_range.json`, with its case scores, image statistics and network features): `inferring` ranks a case
+among the validation volumes by case score, intensities and network features (each a robust z-score, their largest
+combined) and flags it for review when it is among the `k = floor(review_alpha (m + 1))` most extreme of the `m`
+validation subjects, each by its most extreme volume (a subject is a patient: the datalist's `subject`, so ACDC's two
+frames of a patient count once; elsewhere each volume is its own), and `evaluating` writes the same flag (`review_flag`,
+`review_reasons`) beside the true DSC in `eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)`
+(`bound`); with fewer than `1 / review_alpha - 1` subjects it cannot flag and says so (flag null, with the case's rank).
+`evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax (the argmax on the
+network's grid is unchanged; mapped back to the image's grid, a few boundary voxels can move), as long as it was fitted
+for the `model.pt` they load; `evaluating` also writes `served_case_score` and the true DSC of the delivered
+segmentation (`delivered_mean_dice`) beside the flag, and reports `test_ece` (calibrated) beside
+`test_ece_uncalibrated`:
 
     python -m monai.bundle run calibrate --config_file "['{configs}/train.json','{configs}/calibrate.json']" \\
         --dataset_dir /path/to/data
