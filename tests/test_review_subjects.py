@@ -40,6 +40,10 @@ def test_a_subject_counts_once_by_its_most_extreme_volume():
     # below every patient: rank 1 of 11, flagged
     low = by_patient.check(_case(0.29))
     assert low["flag"] is True and low["rank"] == 1
+    # the signal's rank in the reason is among volumes, and says so (the flag's is among subjects)
+    assert (
+        "(rank 1 of 21 volumes," in low["reasons"][0] and "(rank 1 of 21," in by_volume.check(_case(0.29))["reasons"][0]
+    )
     # given the draw of the 10 patients the flag rate is Beta(1, 10): below 1 - 0.1^(1/10) = 20.6% for 90% of draws
     assert by_patient.draw_bound == pytest.approx(1 - 0.1 ** (1 / 10))
     assert "below 20.6% for 90% of them" in by_patient.describe()

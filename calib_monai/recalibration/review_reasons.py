@@ -20,7 +20,8 @@ def _shown(value: float | None, spec: str) -> str:  # None: a distance past any 
 def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
     """The reason a flag gives for ``signal`` (one entry of ``ValidatedRange.check``'s ``signals``) of ``rule``, a
     :class:`~calib_monai.recalibration.review_rule.ValidatedRange`: what was extreme, how far, and its rank."""
-    rank, value, of = signal["rank"], signal["value"], rule.n + 1
+    rank, value = signal["rank"], signal["value"]
+    of = f"{rule.n + 1} volumes" if rule.m < rule.n else rule.n + 1  # a signal ranks volumes, the flag subjects
     z = signal["beyond"]  # beyond 1000: the others barely vary (a scale near 0), a count of MADs means nothing
     beyond = "" if z is None else f", {z:.1f} MADs beyond the others" if abs(z) <= 1000 else ""
     beyond = ", far beyond the others, which barely vary" if z is not None and abs(z) > 1000 else beyond
