@@ -3,10 +3,12 @@
 
 The range's volumes are scored by a recalibration they did not fit. Two ways (:func:`split_volumes`):
 
-* 2-fold cross-fitting (``crossfit``, the default): the validation volumes are split (seeded) into halves A and B;
-  the recalibration fitted on A scores B and the one fitted on B scores A, so all ``n`` volumes are in the range;
-  the served recalibration is fitted on all of them. The range's scores and a served case's then come from
-  slightly different fits (on ``n / 2`` volumes, against ``n``): they are approximately, not exactly, exchangeable.
+* cross-fitting (``crossfit``, the default; ``folds``, by default 2): the validation subjects are split (seeded)
+  into folds, by default halves A and B; the recalibration fitted on A scores B and the one fitted on B scores A
+  (with K folds each fold is scored by the fit on the other K - 1), so all ``n`` volumes are in the range; the
+  served recalibration is fitted on all of them. The range's scores and a served case's then come from slightly
+  different fits (on ``n / 2`` volumes, or ``(K - 1) n / K``, against ``n``): they are approximately, not exactly,
+  exchangeable.
   This is the standard cross-conformal trade-off (Vovk, Ann. Math. Artif. Intell. 2015, "Cross-conformal
   predictors"; Barber et al., Ann. Statist. 2021, "Predictive inference with the jackknife+"): the whole validation
   set sets the review threshold, which with 20-26 validation volumes is what lets ``k = floor(alpha (n + 1)) >= 1``
