@@ -4,14 +4,22 @@ so that exchangeable cases keep the full-conformal guarantee."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["TIE_TOLERANCE", "at_least", "competition_ranks", "draw_bound", "standardised"]
+__all__ = ["TIE_TOLERANCE", "at_least", "competition_ranks", "draw_bound", "flag_rank", "standardised"]
 
 #: Two nonconformities this close (relative; absolute below 1) are a tie. The same image measured twice on a GPU
 #: differs in the 12th digit (float sums in another order), which must not move its rank past a validation volume
 #: that ties with it (the served image is one of them).
 TIE_TOLERANCE = 1e-9
+
+
+def flag_rank(alpha: float, m: int) -> int:
+    """``k = floor(alpha (m + 1))``, rounding-safe: a rule over ``m`` validation subjects flags the ``k`` most extreme
+    of the ``m + 1`` (0: it cannot flag at this alpha)."""
+    return math.floor(alpha * (m + 1) + 1e-9)
 
 
 def _slack(a: np.ndarray) -> np.ndarray:

@@ -43,7 +43,7 @@ from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
-from calib_monai.recalibration.splits import Split, split_volumes, subject_names
+from calib_monai.recalibration.splits import DEFAULT_FOLDS, Split, split_volumes, subject_names
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
@@ -69,7 +69,7 @@ RECALIBRATION_DEFAULTS: dict[str, Any] = {
     "method": "local_temperature",
     "voxels": "foreground",
     "crossfit": True,
-    "folds": 2,
+    "folds": DEFAULT_FOLDS,
 }
 REVIEW_DEFAULTS: dict[str, Any] = {"alpha": 0.05, "volume_factor": 0.0, "input_check": True, "feature_check": True}
 HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping

@@ -17,7 +17,13 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
-from calib_monai.recalibration.conformal_scores import at_least, competition_ranks, draw_bound, standardised
+from calib_monai.recalibration.conformal_scores import (
+    at_least,
+    competition_ranks,
+    draw_bound,
+    flag_rank,
+    standardised,
+)
 from calib_monai.recalibration.input_signal import InputSignal
 from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, review_reason
 from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, signal_values
@@ -196,7 +202,7 @@ class ValidatedRange:
         """``k = floor(alpha (m + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
         the ``m + 1`` subjects (each validation subject ranked by its most extreme volume); 0 when
         ``m < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
-        return math.floor(self.alpha * (self.m + 1) + 1e-9)
+        return flag_rank(self.alpha, self.m)
 
     @property
     def bound(self) -> float:

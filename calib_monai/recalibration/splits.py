@@ -12,7 +12,9 @@ import torch
 
 from calib_monai.checks import check_number
 
-__all__ = ["CROSSFIT_NOTE", "Split", "split_volumes", "subject_names"]
+__all__ = ["CROSSFIT_NOTE", "DEFAULT_FOLDS", "Split", "split_volumes", "subject_names"]
+
+DEFAULT_FOLDS = 2  # cross-fitting halves: the bundles' default (RECALIBRATION_DEFAULTS["folds"])
 
 
 @dataclass
@@ -63,7 +65,7 @@ def split_volumes(
     seed: int = 0,
     crossfit: bool = False,
     subjects: Sequence[str] = (),
-    folds: int = 2,
+    folds: int = DEFAULT_FOLDS,
 ) -> Split:
     """A seeded split of ``n`` validation volumes, by subject: the volumes of one ``subjects[i]`` (a patient's
     frames) stay on one side, so none is scored by a fit that saw its twin (``()``: each volume its own subject).

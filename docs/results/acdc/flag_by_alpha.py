@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import csv
 import gzip
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from calib_monai.recalibration.conformal_scores import draw_bound
+from calib_monai.recalibration.conformal_scores import draw_bound, flag_rank
 
 ALPHAS = (0.05, 0.1)
-
-
-def _k(alpha: float, m: int) -> int:
-    return math.floor(alpha * (m + 1) + 1e-9)
 
 
 def flag_table(results_dir: Path) -> str:
@@ -36,7 +31,7 @@ def flag_table(results_dir: Path) -> str:
     for r in rows:
         patients = worst[(r["method"], r["seed"])]
         patients[r["subject"]] = min(int(float(r["rank"])), patients.get(r["subject"], m + 1))
-    columns = [f"flagged at alpha {alpha:g} (k = {_k(alpha, m)})" for alpha in ALPHAS]
+    columns = [f"flagged at alpha {alpha:g} (k = {flag_rank(alpha, m)})" for alpha in ALPHAS]
     out = [
         f"### {results_dir}: m = {m} validation subjects",
         "",
@@ -49,16 +44,16 @@ def flag_table(results_dir: Path) -> str:
         cells = [method, seed, str(len(patients))]
         total += len(patients)
         for alpha in ALPHAS:
-            flagged = sum(rank <= _k(alpha, m) for rank in patients.values())
+            flagged = sum(rank <= flag_rank(alpha, m) for rank in patients.values())
             pooled[alpha] += flagged
             cells.append(f"{flagged} ({flagged / len(patients):.1%})")
         out.append("| " + " | ".join(cells) + " |")
     pooled_cells = [f"{pooled[a]} ({pooled[a] / total:.1%})" for a in ALPHAS]
     out.append("| pooled | | " + str(total) + " | " + " | ".join(pooled_cells) + " |")
     stated = [
-        f"alpha {a:g}: bound {_k(a, m) / (m + 1):.1%}, draw_bound {draw_bound(_k(a, m), m):.1%}"
+        f"alpha {a:g}: bound {flag_rank(a, m) / (m + 1):.1%}, draw_bound {draw_bound(flag_rank(a, m), m):.1%}"
         for a in ALPHAS
-        if _k(a, m)
+        if flag_rank(a, m)
     ]
     return "\n".join([*out, "", "Stated: " + "; ".join(stated) + ".", ""])
 
