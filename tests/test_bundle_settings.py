@@ -21,6 +21,7 @@ from monai.bundle import ConfigParser
 
 from bundle_factory import bundle_names
 from calib_monai.bundle import check_data_settings, check_settings, error_line
+from calib_monai.bundle.overrides import nearest
 from calib_monai.data import MSDDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +61,14 @@ def test_unknown_override_keys_name_the_nearest_known_key(extra, message):
     with pytest.raises(ValueError) as err:
         check_settings(argv=_argv(*extra))
     assert message in str(err.value)
+
+
+def test_a_key_cut_short_is_matched_to_the_key_it_starts():
+    # calibration_fold: the key it starts, not calibration_voxels, which shares the longer-looking tail
+    assert nearest("calibration_fold", ["calibration_voxels", "calibration_folds", "calibration_split"]) == (
+        "; did you mean --calibration_folds?"
+    )
+    assert nearest("val_dic", ["val_ece", "val_mean_dice"]) == "; did you mean --val_mean_dice?"
 
 
 def test_false_for_a_components_switch_is_refused_with_the_fix():

@@ -126,9 +126,10 @@ def runner_arguments(argv: Sequence[str] | None = None) -> RunnerArguments | Non
 
 def _likeness(word: str, candidate: str) -> float:
     """How alike two keys are: the whole keys, plus what follows their common prefix (``val_dic`` is nearer
-    ``val_mean_dice`` than ``val_ece``)."""
+    ``val_mean_dice`` than ``val_ece``; a key cut short, ``calibration_fold``, is nearest the key it starts)."""
     shared = len(os.path.commonprefix([word, candidate]))
-    rest = difflib.SequenceMatcher(None, word[shared:], candidate[shared:]).ratio() if shared >= 3 else 0.0
+    tails = word[shared:], candidate[shared:]
+    rest = 0.0 if shared < 3 else difflib.SequenceMatcher(None, *tails).ratio() if all(tails) else 1.0
     return difflib.SequenceMatcher(None, word, candidate).ratio() + rest
 
 
