@@ -194,6 +194,7 @@ def benchmark_cuda(
     from torchmetrics.classification import MulticlassCalibrationError
 
     from calib_monai.metrics import calibration_errors
+    from calib_monai.metrics.calibration_sorted import use_sorted
 
     p, y = probs.cuda(), labels.cuda()
     peer = MulticlassCalibrationError(
@@ -213,21 +214,45 @@ def benchmark_cuda(
         peer.update(p, y[:, 0])
         return float(peer.compute())
 
-    fns = {
-        "ours": lambda: calibration_errors(p, y, ("ece", "cece", "tace"), num_bins=NUM_BINS, foreground="gt"),
-        "torchmetrics": run_peer,
-        "floor": lambda: (p.amax(), y.amax()),
-    }
+    def ours():
+        return calibration_errors(p, y, ("ece", "cece", "tace"), num_bins=NUM_BINS, foreground="gt")
+
+    def grid():  # the CPU's bucket grid, run on the GPU: the path before the sorted one
+        with use_sorted(False):
+            return ours()
+
+    fns = {"ours": ours, "grid": grid, "torchmetrics": run_peer, "floor": lambda: (p.amax(), y.amax())}
     times, values = interleaved({k: synced(f) for k, f in fns.items()}, repeats, warmup)
-    gap = max(abs(values["ours"][k] - cpu_values[k]) for k in cpu_values)
+    gap = {k: max(abs(values[k][name] - cpu_values[name]) for name in cpu_values) for k in ("ours", "grid")}
     best = {k: min(v) for k, v in times.items()}
+    launches = {k: cuda_calls(fns[k]) for k in ("ours", "grid", "torchmetrics")}
     print(
         f"\nCUDA ({torch.cuda.get_device_name()}), one read of the data = the floor {time_text(times['floor'])} s:\n"
-        f"- ours ECE+CECE+TACE fused {time_text(times['ours'])} s = {best['ours'] / best['floor']:.1f}x the floor;\n"
+        f"- ours ECE+CECE+TACE fused (sorted path) {time_text(times['ours'])} s = "
+        f"{best['ours'] / best['floor']:.1f}x the floor;\n"
+        f"- ours on the CPU's bucket grid {time_text(times['grid'])} s = "
+        f"{best['grid'] / best['floor']:.1f}x the floor; "
+        f"grid / sorted {best['grid'] / best['ours']:.2f}x (best/best);\n"
         f"- torchmetrics ECE on CUDA {time_text(times['torchmetrics'])} s: torchmetrics / ours "
         f"{best['torchmetrics'] / best['ours']:.2f}x (best/best); torchmetrics on the CPU / ours on CUDA "
-        f"{min(tm_times) / best['ours']:.1f}x;\n- max |CUDA - CPU| over the three = {gap:.1e}"
+        f"{min(tm_times) / best['ours']:.1f}x;\n"
+        f"- kernel launches and host synchronisations per call: "
+        + "; ".join(f"{k} {n} and {sync}" for k, (n, sync) in launches.items())
+        + f";\n- max |CUDA - CPU| over the three: sorted {gap['ours']:.1e}, grid {gap['grid']:.1e}"
     )
+
+
+def cuda_calls(fn: Callable[[], object]) -> tuple[int, int]:
+    """``(kernel launches, host synchronisations)`` of one call of ``fn``, counted by the torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
+    return launches, syncs - 1  # less the one closing the window
 
 
 def benchmark_metrics(

@@ -15,6 +15,8 @@ from calib_monai.metrics import (
     reliability_diagram_data,
     segmentation_calibration,
 )
+from calib_monai.metrics._inputs import prepare_tensors
+from calib_monai.metrics.calibration_sorted import sorted_errors
 from calib_monai.metrics.calibration_torch import CalibrationAccumulator
 
 ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
@@ -108,6 +110,33 @@ def test_torch_equals_numpy_and_float64_brute_force(dtype, num_bins, foreground)
                 assert ours[name] == pytest.approx(brute[name], rel=1e-12, abs=1e-15), (seed, name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("foreground", ["gt", "union", "all"])
+def test_the_sorted_path_of_cuda_equals_the_float64_brute_force_on_the_cpu(dtype, foreground):
+    for seed, num_bins in ((0, 15), (1, 8), (2, 16)):
+        probs, labels = _case(seed, dtype)
+        for include_background in (True, False):
+            kw = {"num_bins": num_bins, "foreground": foreground, "include_background": include_background}
+            ours = sorted_errors(*prepare_tensors(probs, labels), ALL, **kw)
+            brute = _brute(probs, labels, num_bins, foreground, include_background)
+            assert ours == pytest.approx(brute, rel=1e-12, abs=1e-15), (seed, num_bins, include_background)
+    one = sorted_errors(*prepare_tensors(probs[0], labels[0, 0]), ALL, foreground=foreground)  # (C, *spatial)
+    assert one == pytest.approx(_brute(probs[:1], labels[:1], 15, foreground, True), rel=1e-12, abs=1e-15)
+
+
+def test_the_sorted_path_with_fewer_values_than_bins_and_a_class_without_any():
+    probs = torch.tensor([[0.7, 0.2, 0.6, 0.5], [0.3, 0.8, 0.4, 0.5], [0.0] * 4])  # class 2: nothing above 1e-3
+    labels = torch.tensor([1, 1, 2, 0])
+    ours = sorted_errors(*prepare_tensors(probs, labels), ALL, num_bins=5, foreground="all")
+    assert ours == pytest.approx(_brute(probs[None], labels[None, None], 5, "all", True), rel=1e-12, abs=1e-15)
+    # TACE by hand, 4 values in 5 bins (one each in bins 1-4): class 0 sorted 0.2, 0.5 (hit), 0.6, 0.7 gives
+    # (.2 + .5 + .6 + .7) / 4; class 1 sorted 0.3 (hit), 0.4, 0.5, 0.8 (hit) gives (.7 + .4 + .5 + .2) / 4
+    assert ours["tace"] == pytest.approx((2.0 / 4 + 1.8 / 4) / 2, rel=1e-7)  # float32 inputs
+    with pytest.warns(UserWarning):
+        empty = sorted_errors(*prepare_tensors(probs, torch.zeros(4, dtype=torch.long)), ("ece", "tace"))
+    assert all(v != v for v in empty.values())
+
+
 def test_per_volume_values_equal_numpy_for_every_metric():
     probs, labels = _case(3)
     for name in ALL:
@@ -190,3 +219,7 @@ def test_cuda_equals_cpu():
     cpu = calibration_errors(probs, labels, ALL, foreground="union")
     cuda = calibration_errors(probs.cuda(), labels.cuda(), ALL, foreground="union")
     assert cuda == pytest.approx(cpu, rel=1e-12, abs=1e-15)
+    for name in ALL:  # per volume: volume_statistics' sorted path
+        per_volume = segmentation_calibration(probs.cuda(), labels.cuda(), name, 15, "union", "none")
+        expected = segmentation_calibration(probs, labels, name, 15, "union", "none")
+        np.testing.assert_allclose(per_volume, expected, rtol=1e-12, atol=1e-15)

@@ -55,6 +55,7 @@ from ._inputs import (
 )
 from .calibration_kernel import select_voxels  # the compiled "gt" selection; select_tensor_voxels otherwise
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
+from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics
 from .calibration_torch import CalibrationAccumulator
 
 __all__ = [
@@ -111,6 +112,12 @@ def volume_statistics(
     if not isinstance(p, torch.Tensor):
         p, y = as_tensors(p, y)
     p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+    if sorted_path(p):  # whole-tensor operations: the grid's many small steps are launch- and sync-bound on a GPU
+        y = torch.as_tensor(y, device=p.device)
+        if y.numel() == 0:
+            return torch_volume_statistics(CalibrationAccumulator((metric_name,), p.shape[0]), metric_name, p.device)
+        stats = sorted_statistics(p, y, (metric_name,), num_bins, include_background, threshold)
+        return stats[metric_name].cpu().numpy()
     acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
     acc.add(p, torch.as_tensor(y, device=p.device))
     return torch_volume_statistics(acc, metric_name, p.device).cpu().numpy()
@@ -252,6 +259,9 @@ def calibration_errors(
         raise ValueError(f"metrics must name at least one of {CALIBRATION_METRICS}, got {metrics!r}.")
     num_bins = check_positive_int("num_bins", num_bins)
     foreground = check_foreground(foreground)
+    p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
+    if sorted_path(p):  # whole-tensor operations: the grid's many small steps are launch- and sync-bound on a GPU
+        return sorted_errors(p, y, class_dim, names, num_bins, foreground, include_background, threshold)
     acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
     return accumulator_values(acc, names, include_background)
 

@@ -1,0 +1,159 @@
+"""Calibration statistics of selected voxels in a few whole-tensor operations: the path of
+:func:`~calib_monai.metrics.calibration_error.calibration_errors` for CUDA tensors.
+
+The CPU path (``calibration_torch.CalibrationAccumulator`` with ``calibration_kernel``) streams chunks through a fine
+bucket grid and refines the few buckets a bin edge cuts; on a GPU its many small steps are bound by kernel launches
+and host synchronisations. Here all selected voxels of all volumes are reduced at once:
+
+- ECE: top-label confidence (the first argmax on ties) and its equal-width bin; one scatter per statistic;
+- CECE / mL1-ACE: each ``p_k`` in its equal-width bin, ``(C, M)`` counts, sums and hits by scatters;
+- TACE / ACE: the values (above the threshold for TACE) sorted by ``(class, p_k, [y == k])`` in one sort of packed
+  int64 keys; the element of rank ``i`` among a class's ``n_k`` lies in the equal-mass bin ``b`` with
+  ``floor(b n_k / M) <= i < floor((b + 1) n_k / M)``, that is ``b = ((i + 1) M - 1) // n_k``;
+- NLL, Brier: float64 sums.
+
+The definitions, bin rule and float64 accumulation are those of the grid path, and the tests hold the two equal, and
+both equal to a float64 brute force. Only the statistics come to the host, in one transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from ._inputs import select_tensor_voxels, warn_empty_selection
+from .calibration_numpy import NLL_EPS, threshold_for_dtype, value_from_statistics
+from .calibration_torch import equal_width_bins
+
+__all__ = ["sorted_errors", "sorted_path", "sorted_statistics", "use_sorted"]
+
+_enabled = True
+
+
+def sorted_path(p: torch.Tensor) -> bool:
+    """Whether the voxels of ``p`` take this path: CUDA tensors, unless ``use_sorted(False)``."""
+    return _enabled and p.is_cuda
+
+
+@contextlib.contextmanager
+def use_sorted(flag: bool):
+    """Switch this path on or off for CUDA tensors within the block (the benchmark times both on one GPU)."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def _count(index: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.zeros(size, dtype=torch.float64, device=index.device).index_add_(
+        0, index, torch.ones_like(index, dtype=torch.float64)
+    )
+
+
+def _sum(index: torch.Tensor, weights: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.zeros(size, dtype=torch.float64, device=index.device).index_add_(0, index, weights.double())
+
+
+def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num_bins: int, threshold) -> torch.Tensor:
+    """0-d float64 TACE / ACE of ``p (C, n)``: mean over ``classes`` with a kept value of the equal-mass bins'
+    ``sum |hits - sum p| / n_k`` (NaN when no class keeps a value)."""
+    values = p.index_select(0, classes) + 0.0  # + 0.0: -0.0 sorts as 0.0
+    hits = y[None] == classes[:, None]
+    row = torch.arange(len(classes), device=p.device)[:, None].expand_as(values)
+    if threshold is not None:
+        keep = values > float(threshold_for_dtype(threshold, str(p.dtype)[6:]))  # exact in p's dtype
+        values, hits, row = values[keep], hits[keep], row[keep]
+    else:
+        values, hits, row = values.reshape(-1), hits.reshape(-1), row.reshape(-1)
+    if p.dtype == torch.float32:  # one sort: class above the 31 value bits and the hit bit
+        key = (row << 32) | (values.view(torch.int32).long() << 1) | hits.long()
+        key = torch.sort(key).values
+        row, hit = key >> 32, (key & 1).double()
+        value = ((key >> 1) & 0x7FFFFFFF).int().view(torch.float32).double()
+    else:  # float64: 63 value bits, so the class goes in a second stable sort
+        order = torch.sort((values.view(torch.int64) << 1) | hits.long(), stable=True).indices
+        order = order[torch.sort(row[order], stable=True).indices]
+        row, hit, value = row[order], hits[order].double(), values[order].double()
+    k = len(classes)
+    n_k = torch.zeros(k, dtype=torch.int64, device=p.device).index_add_(0, row, torch.ones_like(row))
+    start = n_k.cumsum(0) - n_k
+    rank = torch.arange(row.shape[0], device=p.device) - start[row]
+    slot = row * num_bins + ((rank + 1) * num_bins - 1) // n_k[row]
+    gaps = (_sum(slot, hit, k * num_bins) - _sum(slot, value, k * num_bins)).abs().view(k, num_bins).sum(1)
+    present = n_k > 0
+    return (gaps / n_k.clamp(min=1))[present].sum() / present.sum()
+
+
+def sorted_statistics(
+    p: torch.Tensor,
+    y: torch.Tensor,
+    names: Sequence[str],
+    num_bins: int = 15,
+    include_background: bool = True,
+    threshold: float = 1e-3,
+) -> dict[str, torch.Tensor]:
+    """``{name: flat float64 statistics}`` on ``p``'s device of the selected voxels ``p (C, n)`` (float32 / float64,
+    checked), ``y (n,)`` integer labels, in ``volume_statistics``' layout: ECE ``(M * 3)``, CECE / mL1-ACE
+    ``(C * M * 3)``, NLL / Brier ``[count, sum]``, TACE / ACE ``[value]``."""
+    c, n = p.shape
+    dev, m = p.device, int(num_bins)
+    y = y.long()
+    out: dict[str, torch.Tensor] = {}
+    if "ece" in names:
+        conf, arg = torch.max(p, 0)  # the first index on ties, as NumPy's argmax
+        conf = conf.double()
+        bins = equal_width_bins(conf, m, p.dtype)
+        out["ece"] = torch.stack([_count(bins, m), _sum(bins, conf, m), _sum(bins, arg == y, m)], 1).reshape(-1)
+    classwise = [name for name in names if name in ("cece", "ml1ace")]
+    if classwise:
+        values = p.double()
+        slot = (equal_width_bins(values, m, p.dtype) + torch.arange(c, device=dev)[:, None] * m).reshape(-1)
+        hits = (y[None] == torch.arange(c, device=dev)[:, None]).reshape(-1)
+        stats = [_count(slot, c * m), _sum(slot, values.reshape(-1), c * m), _sum(slot, hits, c * m)]
+        flat = torch.stack(stats, 1).reshape(-1)
+        out.update({name: flat for name in classwise})
+    classes = torch.arange(0 if include_background else 1, c, device=dev)
+    for name, cut in (("tace", threshold), ("ace", None)):
+        if name in names:
+            out[name] = _adaptive_error(p, y, classes, m, cut).reshape(1)
+    if "nll" in names or "brier" in names:
+        p_true = p.gather(0, y[None])[0].double()
+        count = torch.tensor(float(n), dtype=torch.float64, device=dev)
+        if "nll" in names:
+            out["nll"] = torch.stack([count, -p_true.clamp(min=NLL_EPS).log().sum()])
+        if "brier" in names:
+            squares = p.double().square().sum()
+            out["brier"] = torch.stack([count, squares - 2.0 * p_true.sum() + float(n)])
+    return out
+
+
+def sorted_errors(
+    p: torch.Tensor,
+    y: torch.Tensor,
+    class_dim: int,
+    names: Sequence[str],
+    num_bins: int = 15,
+    foreground: str = "gt",
+    include_background: bool = True,
+    threshold: float = 1e-3,
+) -> dict[str, float]:
+    """``calibration_errors`` of ``p (B, C, N)``, ``y (B, N)`` (``prepare_tensors``' views): the voxels of all volumes
+    selected and checked at once, their statistics brought to the host in one transfer."""
+    b, c, _ = p.shape
+    flat_p = p[0] if b == 1 else p.transpose(0, 1).reshape(c, -1)
+    p_sel, y_sel = select_tensor_voxels(flat_p, y.reshape(-1), foreground, "probs", class_dim)
+    if y_sel.numel() == 0:
+        warn_empty_selection(foreground, stacklevel=4)
+        return {name: float("nan") for name in names}
+    stats = sorted_statistics(p_sel, y_sel, names, num_bins, include_background, threshold)
+    flat = [stats[name] for name in names]
+    host = torch.cat(flat).cpu().numpy()
+    out, start = {}, 0
+    for name, part in zip(names, flat):
+        out[name] = value_from_statistics(host[start : start + part.numel()], name, num_bins, c, include_background)
+        start += part.numel()
+    return out
