@@ -23,8 +23,10 @@ PACK_SHIFT = 40
 PACK_FLUSH = 1 << 22
 
 
+@functools.lru_cache(maxsize=64)
 def edge_tensors(num_bins: int, dtype: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``bin_edge_tables`` as float64 tensors on ``device`` (a few numbers, made where the values are)."""
+    """``bin_edge_tables`` as float64 tensors on ``device`` (a few numbers, made where the values are), read only.
+    Made once per device: a copy to a GPU from host memory synchronises, and a loss calls this every step."""
     return tuple(torch.tensor(t.tolist(), dtype=torch.float64, device=device) for t in bin_edge_tables(num_bins, dtype))
 
 

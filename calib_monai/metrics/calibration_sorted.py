@@ -5,11 +5,11 @@ The CPU path (``calibration_torch.CalibrationAccumulator`` with ``calibration_ke
 bucket grid and refines the few buckets a bin edge cuts; on a GPU its many small steps are bound by kernel launches
 and host synchronisations. Here all selected voxels of all volumes are reduced at once:
 
-- ECE: top-label confidence (the first argmax on ties) and its equal-width bin; one scatter per statistic;
-- CECE / mL1-ACE: each ``p_k`` in its equal-width bin, ``(C, M)`` counts, sums and hits by scatters;
+- ECE: top-label confidence (the first argmax on ties) and its equal-width bin; one ``bincount`` per statistic;
+- CECE / mL1-ACE: each ``p_k`` in its equal-width bin, ``(C, M)`` counts, sums and hits by ``bincount``;
 - TACE / ACE: the values (above the threshold for TACE) sorted by ``(class, p_k, [y == k])`` in one sort of packed
-  int64 keys; the element of rank ``i`` among a class's ``n_k`` lies in the equal-mass bin ``b`` with
-  ``floor(b n_k / M) <= i < floor((b + 1) n_k / M)``, that is ``b = ((i + 1) M - 1) // n_k``;
+  int64 keys; the equal-mass bin ``b`` of a class holds its ranks ``floor(b n_k / M)`` to ``floor((b + 1) n_k / M)``
+  (exclusive), so its sums are differences of float64 prefix sums;
 - NLL, Brier: float64 sums.
 
 The definitions, bin rule and float64 accumulation are those of the grid path, and the tests hold the two equal, and
@@ -48,14 +48,11 @@ def use_sorted(flag: bool):
         _enabled = previous
 
 
-def _count(index: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.zeros(size, dtype=torch.float64, device=index.device).index_add_(
-        0, index, torch.ones_like(index, dtype=torch.float64)
-    )
-
-
-def _sum(index: torch.Tensor, weights: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.zeros(size, dtype=torch.float64, device=index.device).index_add_(0, index, weights.double())
+def _per_slot(slot: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 counts (or sums of ``weights``) per slot: ``bincount``, whose CUDA kernel adds into shared memory when
+    the slots are few (a scatter into a handful of global float64 slots serialises on their atomics)."""
+    weights = None if weights is None else weights.double()
+    return torch.bincount(slot, weights, minlength=size).double()
 
 
 def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num_bins: int, threshold) -> torch.Tensor:
@@ -79,11 +76,13 @@ def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num
         order = order[torch.sort(row[order], stable=True).indices]
         row, hit, value = row[order], hits[order].double(), values[order].double()
     k = len(classes)
-    n_k = torch.zeros(k, dtype=torch.int64, device=p.device).index_add_(0, row, torch.ones_like(row))
+    n_k = torch.bincount(row, minlength=k)
     start = n_k.cumsum(0) - n_k
-    rank = torch.arange(row.shape[0], device=p.device) - start[row]
-    slot = row * num_bins + ((rank + 1) * num_bins - 1) // n_k[row]
-    gaps = (_sum(slot, hit, k * num_bins) - _sum(slot, value, k * num_bins)).abs().view(k, num_bins).sum(1)
+    # sorted by class: the bins' sums are differences of prefix sums at the equal-mass edges floor(b n_k / M)
+    edges = start[:, None] + torch.arange(num_bins + 1, device=p.device) * n_k[:, None] // num_bins
+    zero = value.new_zeros(1)
+    prefix_v, prefix_t = torch.cat([zero, value.cumsum(0)]), torch.cat([zero, hit.cumsum(0)])
+    gaps = (prefix_t[edges].diff(dim=1) - prefix_v[edges].diff(dim=1)).abs().sum(1)
     present = n_k > 0
     return (gaps / n_k.clamp(min=1))[present].sum() / present.sum()
 
@@ -107,13 +106,14 @@ def sorted_statistics(
         conf, arg = torch.max(p, 0)  # the first index on ties, as NumPy's argmax
         conf = conf.double()
         bins = equal_width_bins(conf, m, p.dtype)
-        out["ece"] = torch.stack([_count(bins, m), _sum(bins, conf, m), _sum(bins, arg == y, m)], 1).reshape(-1)
+        out["ece"] = torch.stack([_per_slot(bins, m), _per_slot(bins, m, conf), _per_slot(bins, m, arg == y)], 1)
+        out["ece"] = out["ece"].reshape(-1)
     classwise = [name for name in names if name in ("cece", "ml1ace")]
     if classwise:
         values = p.double()
         slot = (equal_width_bins(values, m, p.dtype) + torch.arange(c, device=dev)[:, None] * m).reshape(-1)
         hits = (y[None] == torch.arange(c, device=dev)[:, None]).reshape(-1)
-        stats = [_count(slot, c * m), _sum(slot, values.reshape(-1), c * m), _sum(slot, hits, c * m)]
+        stats = [_per_slot(slot, c * m), _per_slot(slot, c * m, values.reshape(-1)), _per_slot(slot, c * m, hits)]
         flat = torch.stack(stats, 1).reshape(-1)
         out.update({name: flat for name in classwise})
     classes = torch.arange(0 if include_background else 1, c, device=dev)
