@@ -111,9 +111,10 @@ def sorted_statistics(
     classwise = [name for name in names if name in ("cece", "ml1ace")]
     if classwise:
         values = p.double()
-        slot = (equal_width_bins(values, m, p.dtype) + torch.arange(c, device=dev)[:, None] * m).reshape(-1)
-        hits = (y[None] == torch.arange(c, device=dev)[:, None]).reshape(-1)
-        stats = [_per_slot(slot, c * m), _per_slot(slot, c * m, values.reshape(-1)), _per_slot(slot, c * m, hits)]
+        slot = equal_width_bins(values, m, p.dtype) + torch.arange(c, device=dev)[:, None] * m
+        own = slot.gather(0, y[None])[0]  # each voxel hits only its own class: n slots, not C n
+        slot = slot.reshape(-1)
+        stats = [_per_slot(slot, c * m), _per_slot(slot, c * m, values.reshape(-1)), _per_slot(own, c * m)]
         flat = torch.stack(stats, 1).reshape(-1)
         out.update({name: flat for name in classwise})
     classes = torch.arange(0 if include_background else 1, c, device=dev)
