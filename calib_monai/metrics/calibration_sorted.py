@@ -49,10 +49,11 @@ def use_sorted(flag: bool):
 
 
 def _per_slot(slot: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 counts (or sums of ``weights``) per slot: ``bincount``, whose CUDA kernel adds into shared memory when
-    the slots are few (a scatter into a handful of global float64 slots serialises on their atomics)."""
-    weights = None if weights is None else weights.double()
-    return torch.bincount(slot, weights, minlength=size).double()
+    """float64 counts (or sums of ``weights``) per slot: ``bincount``, whose CUDA kernel adds float64 weights into
+    shared memory when the slots are few (a scatter into a handful of global float64 slots serialises on their
+    atomics, and so does its unweighted int64 count: counts are taken as sums of float64 ones, exact to 2**53)."""
+    weights = torch.ones_like(slot, dtype=torch.float64) if weights is None else weights.double()
+    return torch.bincount(slot, weights, minlength=size)
 
 
 def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num_bins: int, threshold) -> torch.Tensor:
