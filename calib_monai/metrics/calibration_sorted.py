@@ -77,9 +77,10 @@ def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num
         order = order[torch.sort(row[order], stable=True).indices]
         row, hit, value = row[order], hits[order].double(), values[order].double()
     k = len(classes)
-    n_k = torch.bincount(row, minlength=k)
-    start = n_k.cumsum(0) - n_k
-    # sorted by class: the bins' sums are differences of prefix sums at the equal-mass edges floor(b n_k / M)
+    # sorted by class: where each class starts (a count of a few classes by bincount serialises on its atomics)
+    bounds = torch.searchsorted(row, torch.arange(k + 1, device=p.device, dtype=row.dtype))
+    start, n_k = bounds[:-1], bounds.diff()
+    # the bins' sums are differences of prefix sums at the equal-mass edges floor(b n_k / M)
     edges = start[:, None] + torch.arange(num_bins + 1, device=p.device) * n_k[:, None] // num_bins
     zero = value.new_zeros(1)
     prefix_v, prefix_t = torch.cat([zero, value.cumsum(0)]), torch.cat([zero, hit.cumsum(0)])
