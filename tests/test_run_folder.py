@@ -93,7 +93,9 @@ def test_calibrate_publishes_one_set_with_a_manifest(calibrated):
         entry = manifest["artifacts"][name]
         assert entry["sha256"] == file_sha256(models / name) and entry["weights_sha256"] == weights
         assert set(entry["versions"]) == {"calib_monai", "monai", "torch"}
-    assert manifest["artifacts"]["calibration.pt"]["settings"]["method"] == "temperature"
+    settings = manifest["artifacts"]["calibration.pt"]["settings"]
+    assert settings["method"] == "temperature"
+    assert (settings["crossfit"], settings["folds"]) == (True, 2)  # how the range was scored: cross-fitting, halves
     assert manifest["artifacts"]["validated_range.json"]["measured_with_sha256"] == {
         "calibration.pt": file_sha256(models / "calibration.pt")
     }

@@ -98,9 +98,11 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
 
 
 def calibrate_settings(fitter: Any) -> dict[str, Any]:
-    """The settings of a calibrate step (``RecalibrationFitter``'s: method, voxels, budgets, seed, split, review rule)
-    that the manifest records as what made its files; attributes it does not have are left out."""
-    names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "split", "review")
+    """The settings of a calibrate step (``RecalibrationFitter``'s: method, voxels, budgets, seed, the scheme that
+    scores the range (cross-fitting and its folds, or the split), review rule) that the manifest records as what made
+    its files; attributes it does not have are left out."""
+    names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "crossfit", "folds")
+    names += ("split", "review")
     settings = {name: getattr(fitter, name) for name in names if hasattr(fitter, name)}
     return json.loads(json.dumps(settings, default=str))
 
