@@ -137,6 +137,30 @@ def test_the_sorted_path_with_fewer_values_than_bins_and_a_class_without_any():
     assert all(v != v for v in empty.values())
 
 
+def test_per_volume_metrics_route_cuda_voxels_through_the_sorted_path(monkeypatch):
+    import calib_monai.metrics.calibration_error as calibration_error
+
+    probs, labels = _case(5)
+    labels[1] = 0  # volume 1 selects no voxel: NaN, by the grid path on any device
+
+    def per_volume() -> dict:
+        out = {}
+        for name in ALL:
+            metric = SegmentationCalibrationMetric(name, foreground="gt")
+            with pytest.warns(UserWarning):
+                metric(probs, labels)
+            out[name] = metric.aggregate("none").numpy()
+        return out
+
+    grid = per_volume()
+    routed = []
+    monkeypatch.setattr(calibration_error, "sorted_path", lambda p: routed.append(p.shape) or True)  # as on CUDA
+    ours = per_volume()
+    assert len(routed) == 3 * len(ALL) and np.isnan(ours["ece"][1])
+    for name in ALL:
+        np.testing.assert_allclose(ours[name], grid[name], rtol=1e-12, atol=1e-15, err_msg=name)
+
+
 def test_per_volume_values_equal_numpy_for_every_metric():
     probs, labels = _case(3)
     for name in ALL:

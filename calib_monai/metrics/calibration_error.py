@@ -112,15 +112,26 @@ def volume_statistics(
     if not isinstance(p, torch.Tensor):
         p, y = as_tensors(p, y)
     p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
-    if sorted_path(p):  # whole-tensor operations: the grid's many small steps are launch- and sync-bound on a GPU
-        y = torch.as_tensor(y, device=p.device)
-        if y.numel() == 0:
-            return torch_volume_statistics(CalibrationAccumulator((metric_name,), p.shape[0]), metric_name, p.device)
-        stats = sorted_statistics(p, y, (metric_name,), num_bins, include_background, threshold)
-        return stats[metric_name].cpu().numpy()
+    y = torch.as_tensor(y, device=p.device)
+    return selected_statistics(p, y, metric_name, num_bins, include_background, threshold).cpu().numpy()
+
+
+def selected_statistics(
+    p: torch.Tensor,
+    y: torch.Tensor,
+    metric_name: str,
+    num_bins: int = 15,
+    include_background: bool = True,
+    threshold: float = 1e-3,
+) -> torch.Tensor:
+    """``volume_statistics`` as a flat float64 tensor on the voxels' device: the sorted path for CUDA voxels
+    (whole-tensor operations; the grid's many small steps are launch- and sync-bound on a GPU), the accumulator's
+    bucket grid otherwise and for an empty selection."""
+    if sorted_path(p) and y.numel():
+        return sorted_statistics(p, y, (metric_name,), num_bins, include_background, threshold)[metric_name]
     acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
-    acc.add(p, torch.as_tensor(y, device=p.device))
-    return torch_volume_statistics(acc, metric_name, p.device).cpu().numpy()
+    acc.add(p, y)
+    return torch_volume_statistics(acc, metric_name, p.device)
 
 
 def torch_volume_statistics(acc: CalibrationAccumulator, metric_name: str, device: torch.device) -> torch.Tensor:

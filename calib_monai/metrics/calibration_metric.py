@@ -21,10 +21,10 @@ from .calibration_error import (
     POOLABLE_METRICS,
     REDUCTIONS,
     _check_options,
-    torch_volume_statistics,
+    selected_statistics,
     value_from_statistics,
 )
-from .calibration_torch import CalibrationAccumulator, first_argmax
+from .calibration_torch import first_argmax
 
 __all__ = ["SegmentationCalibrationMetric"]
 
@@ -132,13 +132,11 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         p, labels, class_dim = prepare_tensors(y_pred, y, "y_pred")
         values, stats, empty = [], [], []
         for b in range(p.shape[0]):
-            acc = CalibrationAccumulator(
-                (self.metric_name,), num_classes, self.num_bins, self.include_background, self.threshold
-            )
-            acc.add(*select_tensor_voxels(p[b], labels[b], self.foreground, "y_pred", class_dim))
-            if acc.count == 0:
+            p_sel, y_sel = select_tensor_voxels(p[b], labels[b], self.foreground, "y_pred", class_dim)
+            if y_sel.numel() == 0:
                 empty.append(b)
-            stats.append(torch_volume_statistics(acc, self.metric_name, p.device))
+            settings = (self.num_bins, self.include_background, self.threshold)
+            stats.append(selected_statistics(p_sel, y_sel, self.metric_name, *settings))
         if empty:
             warn_empty_selection(self.foreground, empty)
         stats_t = torch.stack(stats)
