@@ -33,8 +33,9 @@ _enabled = True
 
 
 def sorted_path(p: torch.Tensor) -> bool:
-    """Whether the voxels of ``p`` take this path: CUDA tensors, unless ``use_sorted(False)``."""
-    return _enabled and p.is_cuda
+    """Whether the voxels of ``p`` take this path: CUDA tensors, unless ``use_sorted(False)`` or deterministic
+    algorithms are asked for (``torch.use_deterministic_algorithms``: CUDA's weighted ``bincount`` has none)."""
+    return _enabled and p.is_cuda and not torch.are_deterministic_algorithms_enabled()
 
 
 @contextlib.contextmanager
