@@ -15,6 +15,7 @@ import torch
 from calib_monai.recalibration import ValidatedRange
 from calib_monai.recalibration.conformal_scores import draw_bound
 from calib_monai.recalibration.fitting import split_volumes
+from calib_monai.recalibration.recalibrate import exact_scheme_hint
 from calib_monai.recalibration.validated_range import read_validated_range
 
 
@@ -112,6 +113,18 @@ def test_the_split_keeps_a_subjects_volumes_on_one_side():
     assert split_volumes(4, crossfit=True, subjects=["p"] * 4).in_sample  # one patient cannot be split
     with pytest.raises(ValueError, match="3 subjects for 4 validation volumes"):
         split_volumes(4, subjects=["a", "b", "c"])
+
+
+def test_the_hint_for_an_exact_bound_names_the_fewest_subjects_a_held_out_split_needs():
+    subjects = [f"p{i // 2}" for i in range(40)]  # 20 patients x 2 frames
+    for alpha, fewest in ((0.1, 17), (0.05, 37)):  # a range of ceil(1 / alpha - 1) = 9 or 19 subjects
+        rule = ValidatedRange([0.5 + 0.01 * i for i in range(40)], alpha=alpha, subjects=subjects)
+        hint = exact_scheme_hint(rule, 0.5)
+        assert f"needs at least {fewest} validation subjects at alpha {alpha:g}" in hint
+        assert "fitted on all 20 subjects" in hint and "approximate" in hint
+        for m, reaches in ((fewest, True), (fewest - 1, False)):  # what split_volumes then leaves for the range
+            held_out = split_volumes(m, 0.5, seed=0).range
+            assert (ValidatedRange([0.5] * len(held_out), alpha=alpha).rank >= 1) is reaches, (alpha, m)
 
 
 def test_k_fold_cross_fitting_scores_every_volume_once_by_a_fit_without_its_subject():
