@@ -55,7 +55,7 @@ from ._inputs import (
 )
 from .calibration_kernel import select_voxels  # the compiled "gt" selection; select_tensor_voxels otherwise
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
-from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics
+from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
 from .calibration_torch import CalibrationAccumulator
 
 __all__ = [
@@ -149,17 +149,14 @@ def torch_volume_statistics(acc: CalibrationAccumulator, metric_name: str, devic
 
 def accumulator_values(acc: CalibrationAccumulator, names: Sequence[str], include_background: bool) -> dict:
     """``{name: value}`` of an accumulator: the statistics come to the host in one transfer (small: bins only)."""
-    adaptive = acc.adaptive_errors()
-    additive = [n for n in names if n not in adaptive]
-    flat = [torch_volume_statistics(acc, n, acc.device) for n in additive]
-    host = torch.cat(flat).cpu().numpy() if flat else np.zeros(0)
-    out, start = {}, 0
-    for name, f in zip(additive, flat):
-        out[name] = value_from_statistics(
-            host[start : start + f.numel()], name, acc.num_bins, acc.num_classes, include_background
-        )
-        start += f.numel()
-    return {name: adaptive[name] if name in adaptive else out[name] for name in names}
+    adaptive = acc.adaptive_errors()  # TACE / ACE once: their refinement serves both
+    stats = {
+        name: torch.tensor([adaptive[name]], dtype=torch.float64, device=acc.device)
+        if name in adaptive
+        else torch_volume_statistics(acc, name, acc.device)
+        for name in names
+    }
+    return statistics_values(stats, acc.num_bins, acc.num_classes, include_background)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -270,8 +267,9 @@ def calibration_errors(
         raise ValueError(f"metrics must name at least one of {CALIBRATION_METRICS}, got {metrics!r}.")
     num_bins = check_positive_int("num_bins", num_bins)
     foreground = check_foreground(foreground)
-    p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
-    if sorted_path(p):  # whole-tensor operations: the grid's many small steps are launch- and sync-bound on a GPU
+    if isinstance(probs, torch.Tensor) and sorted_path(probs):  # whole-tensor operations: the grid's many small
+        # steps are launch- and sync-bound on a GPU
+        p, y, class_dim = prepare_tensors(probs, labels)
         return sorted_errors(p, y, class_dim, names, num_bins, foreground, include_background, threshold)
     acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
     return accumulator_values(acc, names, include_background)

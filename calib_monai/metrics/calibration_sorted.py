@@ -19,7 +19,7 @@ both equal to a float64 brute force. Only the statistics come to the host, in on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from ._inputs import select_tensor_voxels, warn_empty_selection
 from .calibration_numpy import NLL_EPS, threshold_for_dtype, value_from_statistics
 from .calibration_torch import equal_width_bins
 
-__all__ = ["sorted_errors", "sorted_path", "sorted_statistics", "use_sorted"]
+__all__ = ["sorted_errors", "sorted_path", "sorted_statistics", "statistics_values", "use_sorted"]
 
 _enabled = True
 
@@ -154,10 +154,19 @@ def sorted_errors(
         warn_empty_selection(foreground, stacklevel=4)
         return {name: float("nan") for name in names}
     stats = sorted_statistics(p_sel, y_sel, names, num_bins, include_background, threshold)
-    flat = [stats[name] for name in names]
-    host = torch.cat(flat).cpu().numpy()
+    return statistics_values(stats, num_bins, c, include_background)
+
+
+def statistics_values(
+    stats: Mapping[str, torch.Tensor], num_bins: int, num_classes: int, include_background: bool
+) -> dict[str, float]:
+    """``{name: value}`` of flat statistics in ``volume_statistics``' layout, brought to the host in one transfer."""
+    flat = list(stats.values())
+    host = torch.cat(flat).cpu().numpy() if flat else []
     out, start = {}, 0
-    for name, part in zip(names, flat):
-        out[name] = value_from_statistics(host[start : start + part.numel()], name, num_bins, c, include_background)
+    for name, part in zip(stats, flat):
+        out[name] = value_from_statistics(
+            host[start : start + part.numel()], name, num_bins, num_classes, include_background
+        )
         start += part.numel()
     return out

@@ -132,7 +132,7 @@ def exact_scheme_hint(validated: ValidatedRange, split: float = 0.5) -> str:
     false``) scores the range and a case with one fit, and its range must still reach ``k >= 1`` at the rule's
     alpha; the fewest validation subjects for that with ``split`` of them fitting (as ``split_volumes`` splits)."""
     needed, total = validated.volumes_needed, 2
-    while total - min(total - 1, max(1, round(split * total))) < needed:
+    while len(split_volumes(total, split).range) < needed:  # the range split_volumes leaves
         total += 1
     unit = "subjects" if validated.m < validated.n else "volumes"
     return (
