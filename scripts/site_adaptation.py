@@ -11,7 +11,8 @@ Run in the MONAI Label environment (it drives the real server with MONAI Label's
    (``shift``: a multiplicative bias field, gamma 1.5 contrast, in-plane blur, Gaussian noise), labels unchanged;
    ``--pool`` of them go into the datastore (to annotate), ``--held_out`` others are the site's unlabelled images the
    model is scored on.
-3. For each order (``next_sample``: the server's least-confident strategy; ``random``: a seeded draw), a fresh copy
+3. For each order (``typical``: the server's typical-least-confident strategy, Slicer's default; ``next_sample``: its
+   least-confident strategy; ``random``: a seeded draw), a fresh copy
    of the source bundle is served by ``monailabel start_server`` (docs/site.md's command); images are taken in that
    order, their true labels submitted as Slicer does (``label_info`` names), and Train runs after 2, 4 and 8 labels
    (the defaults an annotator gets: 5 epochs, lr 1e-4, 20% held out), each from the weights the last one published.
@@ -44,6 +45,8 @@ from scipy.ndimage import gaussian_filter
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = "ce_dice_hpc"
 KS = (2, 4, 8)
+#: the orders served by Next Sample, by the strategy's name suffix; "random" is a seeded draw (MONAI Label's default)
+STRATEGIES = {"typical": "typical_least_confident", "next_sample": "least_confident"}
 
 
 def shift(image: np.ndarray, seed: int, scale: float = 1.0) -> np.ndarray:
@@ -235,8 +238,8 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
         rng, taken = random.Random(seed), []
         for k in KS:
             while len(taken) < k:
-                if order == "next_sample":
-                    image_id = client.next_sample(f"{BUNDLE}_least_confident", {})["id"]
+                if order in STRATEGIES:
+                    image_id = client.next_sample(f"{BUNDLE}_{STRATEGIES[order]}", {})["id"]
                 else:
                     image_id = rng.choice(sorted(set(truth) - set(taken)))
                 if image_id in taken:
@@ -268,7 +271,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=16)
     parser.add_argument("--held_out", type=int, default=12)
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--orders", default="next_sample,random")
+    parser.add_argument("--orders", default="typical,next_sample,random")
     parser.add_argument("--shift_scale", type=float, default=1.0, help="strength of the site's shift (see shift)")
     parser.add_argument("--seed", type=int, default=0, help="the source model's training seed and the random order's")
     args = parser.parse_args()

@@ -1,32 +1,40 @@
-"""Next sample by calibrated uncertainty: a scoring method that stores each unlabelled image's case quality in the
-datastore, and a strategy that hands out the image the model is least sure of (imports MONAI Label).
+"""Next Sample by calibrated uncertainty: a scoring method that stores each image's case quality and network features
+in the datastore, and strategies that hand out the image to label next (imports MONAI Label).
 
-- ``<bundle>_case_quality`` (scoring): segments every unlabelled image of the datastore with the served bundle and
-  stores its case score (the estimated mean DSC of :func:`calib_monai.metrics.case_quality`, under the served
-  calibration) and review flag in the image's info, ``info["calib_monai"][<bundle>]`` (persisted in the datastore's
-  ``datastore_v2.json``). Images already scored with the same weights are skipped, so scoring again is cheap until a
-  training publishes new weights. MONAI Label runs scoring methods in a subprocess at server start and after each
-  training; ``POST /scoring/<bundle>_case_quality`` runs it on request.
-- ``<bundle>_least_confident`` (strategy, "Next Sample"): the unlabelled image with the lowest stored case score,
-  leaving out images this strategy handed to another annotator within ``recent_s`` seconds (two annotators never get
-  the same image at once); unscored images come after the scored ones, and when every image is taken the one handed
-  out longest ago.
+- ``<bundle>_case_quality`` (scoring): segments every image of the datastore with the served bundle and stores, in
+  the image's info ``info["calib_monai"][<bundle>]`` (persisted in the datastore's ``datastore_v2.json``), its case
+  score (the estimated mean DSC of :func:`calib_monai.metrics.case_quality`, under the served calibration), review
+  flag and pooled bottleneck features (4 significant digits). Labelled images are scored too: the features of
+  every image must come from the same weights. Images already scored with the same weights are skipped, so scoring
+  again is cheap until a training publishes new weights. MONAI Label runs scoring methods in a subprocess at server
+  start and after each training; ``POST /scoring/<bundle>_case_quality`` runs it on request.
+- ``<bundle>_typical_least_confident`` (strategy, "Next Sample"; first, Slicer's default): the least confident of the
+  typical unlabelled images in the largest part of the datastore that no label covers yet
+  (:func:`calib_monai.label.selection.typical_least_confident`).
+- ``<bundle>_least_confident`` (strategy): the unlabelled image with the lowest stored case score.
+
+Both leave out images a strategy handed to another annotator within ``recent_s`` seconds (two annotators never get
+the same image at once); unscored images come after the scored ones, and when every image is taken the one handed
+out longest ago.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
+import numpy as np
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 
+from calib_monai.label.selection import typical_least_confident
 from calib_monai.label.serving import ServedBundle
 from calib_monai.recalibration.stored import file_sha256
 
-__all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident"]
+__all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident", "TypicalLeastConfident"]
 
 logger = logging.getLogger("calib_monai.label")
 INFO_KEY = "calib_monai"  # image info: {INFO_KEY: {bundle: {"case_score", "review", "weights_sha256", "scored_at"}}}
@@ -37,52 +45,65 @@ def stored_score(info: dict[str, Any], bundle: str) -> dict[str, Any]:
 
 
 class CaseQualityScoring(ScoringMethod):
-    """Score the unlabelled images of the datastore with ``served``'s case quality (see the module)."""
+    """Score the images of the datastore with ``served``'s case quality and features (see the module)."""
 
     def __init__(self, served: ServedBundle):
         super().__init__(f"{served.name}: case quality (estimated mean DSC) of each unlabelled image, for Next Sample")
         self.served = served
 
     def __call__(self, request: dict[str, Any], datastore: Datastore) -> dict[str, Any]:
+        """``{image id: case score}`` of the unlabelled images (the labelled ones are scored for their features)."""
         if self.served.weights is None:
             logger.warning(f"{self.served.name}: no weights to score with: {self.served.missing_weights_message()}")
             return {}
         sha = file_sha256(self.served.weights)
-        scores, start = {}, time.time()
-        for image_id in datastore.get_unlabeled_images():
+        unlabelled = datastore.get_unlabeled_images()
+        scores, start, computed = {}, time.time(), 0
+        for image_id in [*unlabelled, *sorted(set(datastore.list_images()) - set(unlabelled))]:
             info = datastore.get_image_info(image_id)
-            known = stored_score(info, self.served.name)
-            if known.get("weights_sha256") == sha and not request.get("force"):
-                scores[image_id] = known.get("case_score")
-                continue
-            try:
-                quality = self.served.predict(datastore.get_image_uri(image_id)).quality or {}
-            except Exception as err:  # one unreadable image must not stop the others; it says why in the info
-                logger.warning(f"{self.served.name}: cannot score {image_id}: {err}")
-                quality = {"case_score": None, "review": {"flag": None, "reasons": [str(err)]}}
-            entry = {
-                "case_score": quality.get("case_score"),
-                "review": (quality.get("review") or {}).get("flag"),
-                "weights_sha256": sha,
-                "scored_at": time.time(),
-            }
-            mine = dict(info.get(INFO_KEY) or {})
-            mine[self.served.name] = entry
-            datastore.update_image_info(image_id, {INFO_KEY: mine})
-            scores[image_id] = entry["case_score"]
-        logger.info(f"{self.served.name}: scored {len(scores)} unlabelled image(s) in {time.time() - start:.1f} s")
+            entry = stored_score(info, self.served.name)
+            if entry.get("weights_sha256") != sha or "features" not in entry or request.get("force"):
+                entry = self._score(datastore, image_id, sha)
+                mine = dict(info.get(INFO_KEY) or {})
+                mine[self.served.name] = entry
+                datastore.update_image_info(image_id, {INFO_KEY: mine})
+                computed += 1
+            if image_id in unlabelled:
+                scores[image_id] = entry.get("case_score")
+        logger.info(
+            f"{self.served.name}: scored {len(scores)} unlabelled image(s) ({computed} image(s) segmented, labelled "
+            f"ones for their features) in {time.time() - start:.1f} s"
+        )
         return scores
+
+    def _score(self, datastore: Datastore, image_id: str, sha: str) -> dict[str, Any]:
+        try:
+            served = self.served.predict(datastore.get_image_uri(image_id))
+            quality, features = served.quality or {}, served.features
+        except Exception as err:  # one unreadable image must not stop the others; it says why in the info
+            logger.warning(f"{self.served.name}: cannot score {image_id}: {err}")
+            quality, features = {"case_score": None, "review": {"flag": None, "reasons": [str(err)]}}, None
+        return {
+            "case_score": quality.get("case_score"),
+            "review": (quality.get("review") or {}).get("flag"),
+            "features": None if features is None else [float(f"{v:.4g}") for v in np.asarray(features).ravel()],
+            "weights_sha256": sha,
+            "scored_at": time.time(),
+        }
 
 
 class LeastConfident(Strategy):
     """The unlabelled image ``bundle`` is least sure of, not one another annotator has just received."""
 
+    suffix = "least_confident"
+    description = "the unlabelled image with the lowest estimated mean DSC (run its scoring first)"
+
     def __init__(self, bundle: str, recent_s: float = 3600.0):
-        super().__init__(f"{bundle}: the unlabelled image with the lowest estimated mean DSC (run its scoring first)")
+        super().__init__(f"{bundle}: {self.description}")
         self.bundle, self.recent_s = bundle, float(recent_s)
 
     def __call__(self, request: dict[str, Any], datastore: Datastore) -> dict[str, Any]:
-        name = request.get("strategy") or f"{self.bundle}_least_confident"
+        name = request.get("strategy") or f"{self.bundle}_{self.suffix}"
         client = request.get("client_id")
         now = time.time()
         ranked = []
@@ -99,5 +120,43 @@ class LeastConfident(Strategy):
             )
         if not ranked:
             return {}
-        taken, _, unscored, score, image_id = min(ranked)
+        free = [r[-1] for r in ranked if not r[0] and not r[2]]
+        chosen = self.choose(free, datastore) if free else None
+        taken, _, unscored, score, image_id = next(r for r in ranked if r[-1] == chosen) if chosen else min(ranked)
         return {"id": image_id, "case_score": None if unscored else score, "taken_by_another": taken}
+
+    def choose(self, free: list[str], datastore: Datastore) -> str | None:
+        """One of the ``free`` (scored, not taken) image ids, or None for the lowest score of all."""
+        return None
+
+
+class TypicalLeastConfident(LeastConfident):
+    """The least confident of the typical unlabelled images in the largest part of the datastore no label covers
+    (:func:`~calib_monai.label.selection.typical_least_confident` on the stored features); the lowest score alone
+    while fewer than two free images have features of the same weights."""
+
+    suffix = "typical_least_confident"
+    description = (
+        "the least confident of the typical unlabelled images in the largest part of the datastore that no label "
+        "covers yet (run its scoring first)"
+    )
+
+    def choose(self, free: list[str], datastore: Datastore) -> str | None:
+        entries = {i: stored_score(datastore.get_image_info(i), self.bundle) for i in free}
+        with_features = {i: e for i, e in entries.items() if e.get("features")}
+        if len(with_features) < 2:
+            return None
+        sha = Counter(e.get("weights_sha256") for e in with_features.values()).most_common(1)[0][0]
+        candidates = [i for i, e in with_features.items() if e.get("weights_sha256") == sha]
+        labelled = [stored_score(datastore.get_image_info(i), self.bundle) for i in datastore.get_labeled_images()]
+        labelled = [e["features"] for e in labelled if e.get("features") and e.get("weights_sha256") == sha]
+        try:
+            index = typical_least_confident(
+                np.array([with_features[i]["case_score"] for i in candidates], dtype=np.float64),
+                np.array([with_features[i]["features"] for i in candidates], dtype=np.float64),
+                np.array(labelled, dtype=np.float64) if labelled else None,
+            )
+        except ValueError as err:  # features of another length or not finite: the lowest score, with why
+            logger.warning(f"{self.bundle}: Next Sample by the lowest case score: {err}")
+            return None
+        return candidates[index]

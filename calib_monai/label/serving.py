@@ -13,6 +13,7 @@ Nothing here imports MONAI Label: it runs (and is tested) in the main environmen
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -30,6 +31,7 @@ from monai.data import MetaTensor
 from calib_monai.bundle import TrainedBundle
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
+from calib_monai.metrics.network_features import BottleneckFeatures
 
 __all__ = [
     "CONFIDENCE_THRESHOLDS",
@@ -67,6 +69,7 @@ class Served:
     confidence_range: tuple[float, float, float] = (0.0, 0.0, 0.0)  # min, mean, max
     quality: dict | None = None  # case quality and review flag (calib_monai.recalibration.CaseQualityd)
     source: dict | None = None  # weights, recalibration and validated range it came from (SHA-256s)
+    features: np.ndarray | None = None  # the network's pooled bottleneck features (None: a network without hooks)
 
 
 def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
@@ -261,12 +264,13 @@ class ServedBundle:
                 raise FileNotFoundError(self.missing_weights_message())
             item = self._preprocess(path)
             self._last = None  # the last volumes are freed before the next inference needs the memory
-            segmentation, confidence, quality = self.bundle.predict_item(item)
+            with _pooled_features(self.bundle.network) as pooled:
+                segmentation, confidence, quality = self.bundle.predict_item(item)
             seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
             summary = confidence_summary(seg_array, conf_array, self.label_names)
             stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
             source = (quality or {}).get("source") or self.bundle.source
-            served = Served(segmentation, confidence, summary, stats, quality, source)
+            served = Served(segmentation, confidence, summary, stats, quality, source, pooled.get("vector"))
             self._last = (key, served)
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served
@@ -289,6 +293,28 @@ class ServedBundle:
         with self._lock:  # the bundle's writers are not thread-safe
             written = self.bundle.write(**{writer: value}, output_dir=self._output_dir, case=case)
         return str(getattr(written, writer))
+
+
+@contextlib.contextmanager
+def _pooled_features(network: torch.nn.Module):
+    """``{"vector": the pooled bottleneck features}`` of the forward passes inside the block (empty when the network
+    takes no hook, e.g. TorchScript, or did not run): what Next Sample compares images by."""
+    pooled: dict = {}
+    try:
+        hook = BottleneckFeatures(network)
+    except ValueError:
+        hook = None
+    if hook is None:
+        yield pooled
+        return
+    with hook:
+        yield pooled
+    try:
+        features = hook.pop()
+    except RuntimeError:
+        return
+    if features.finite:
+        pooled["vector"] = features.vector
 
 
 def _stat(path: Path):
