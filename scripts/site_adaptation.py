@@ -11,8 +11,9 @@ Run in the MONAI Label environment (it drives the real server with MONAI Label's
    (``shift``: a multiplicative bias field, gamma 1.5 contrast, in-plane blur, Gaussian noise), labels unchanged;
    ``--pool`` of them go into the datastore (to annotate), ``--held_out`` others are the site's unlabelled images the
    model is scored on.
-3. For each order (``typical``: the server's typical-least-confident strategy, Slicer's default; ``next_sample``: its
-   least-confident strategy; ``random``: a seeded draw), a fresh copy
+3. For each order (``typiclust``: the server's most-typical strategy, Slicer's default; ``typical``: its
+   typical-least-confident strategy; ``next_sample``: its least-confident strategy; ``random``: a seeded draw,
+   ``--order_seed``), a fresh copy
    of the source bundle is served by ``monailabel start_server`` (docs/site.md's command); images are taken in that
    order, their true labels submitted as Slicer does (``label_info`` names), and Train runs after 2, 4 and 8 labels
    (the defaults an annotator gets: 5 epochs, lr 1e-4, 20% held out), each from the weights the last one published.
@@ -46,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUNDLE = "ce_dice_hpc"
 KS = (2, 4, 8)
 #: the orders served by Next Sample, by the strategy's name suffix; "random" is a seeded draw (MONAI Label's default)
-STRATEGIES = {"typical": "typical_least_confident", "next_sample": "least_confident"}
+STRATEGIES = {"typical": "typical_least_confident", "next_sample": "least_confident", "typiclust": "most_typical"}
 
 
 def shift(image: np.ndarray, seed: int, scale: float = 1.0) -> np.ndarray:
@@ -271,9 +272,10 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=16)
     parser.add_argument("--held_out", type=int, default=12)
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--orders", default="typical,next_sample,random")
+    parser.add_argument("--orders", default="typiclust,typical,next_sample,random")
     parser.add_argument("--shift_scale", type=float, default=1.0, help="strength of the site's shift (see shift)")
     parser.add_argument("--seed", type=int, default=0, help="the source model's training seed and the random order's")
+    parser.add_argument("--order_seed", type=int, default=None, help="the random order's draw (default: --seed)")
     args = parser.parse_args()
     out = args.output_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -282,7 +284,8 @@ def main() -> None:
     pool, held_out = make_site(args, source, out)
     rows = []
     for order in args.orders.split(","):
-        rows += loop(order, source, pool, held_out, out, args.port, args.fine_tune_epochs, args.seed)
+        draw = args.seed if args.order_seed is None else args.order_seed
+        rows += loop(order, source, pool, held_out, out, args.port, args.fine_tune_epochs, draw)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calib_monai.label.selection import kmeans, standardized, typical_least_confident, typicality
+from calib_monai.label.selection import kmeans, next_to_label, standardized, typicality
 
 
 def _pool():
@@ -52,26 +52,42 @@ def test_no_label_yet_takes_the_least_confident_of_the_typical_half_not_the_outl
     scores, features = _pool()
     assert int(np.argmin(scores)) == 9  # what plain least-confident would hand out: the outlier
     # one part (no labels): the typical half is the large group's five, and of them 2 is the least confident
-    assert typical_least_confident(scores, features) == 2
+    assert next_to_label(scores, features, by_score=True) == 2
 
 
 def test_labels_send_the_next_image_to_the_largest_part_without_one_and_never_to_an_outlier():
     scores, features = _pool()
     rest = [i for i in range(10) if i != 2]
     # a label in the large group: the small group is the largest part without one, 6 its least confident
-    assert rest[typical_least_confident(scores[rest], features[rest], features[[2]])] == 6
+    assert rest[next_to_label(scores[rest], features[rest], features[[2]], by_score=True)] == 6
     # both groups covered: the lone outlier is not a part; finer parts of the groups come first
     rest = [i for i in range(10) if i not in (2, 6)]
-    assert rest[typical_least_confident(scores[rest], features[rest], features[[2, 6]])] != 9
+    assert rest[next_to_label(scores[rest], features[rest], features[[2, 6]], by_score=True)] != 9
+
+
+def _most_central(x: np.ndarray) -> int:
+    """Brute force: the row with the smallest mean Euclidean distance to all other rows."""
+    return min(range(len(x)), key=lambda i: sum(np.linalg.norm(x[i] - x[j]) for j in range(len(x)) if j != i))
+
+
+def test_typiclust_takes_the_most_typical_image_of_the_largest_part_without_a_label():
+    scores, features = _pool()
+    # no label: one part, all 10 images; with fewer than 20 others, typicality is the inverse mean distance to all
+    first = _most_central(standardized(features))
+    assert first in range(5) and next_to_label(scores, features) == first  # in the large group, whatever the scores
+    assert next_to_label(scores[::-1], features[::-1]) == 9 - first  # the same image, listed last
+    # a label in the large group: the small group's centre (equidistant from its three others), not the outlier
+    rest = [i for i in range(10) if i != 2]
+    assert rest[next_to_label(scores[rest], features[rest], features[[2]])] == 6
 
 
 def test_unscored_candidates_come_last_and_alike_images_fall_back_to_the_lowest_score():
     scores, features = _pool()
     scores = scores.copy()
     scores[2] = np.nan
-    assert typical_least_confident(scores, features) == 3  # 0.80, the next lowest of the large group
+    assert next_to_label(scores, features, by_score=True) == 3  # 0.80, the next lowest of the large group
     same = np.ones((3, 4))
-    assert typical_least_confident(np.array([0.5, 0.2, 0.9]), same) == 1
+    assert next_to_label(np.array([0.5, 0.2, 0.9]), same, by_score=True) == 1
 
 
 @pytest.mark.parametrize(
@@ -85,4 +101,4 @@ def test_unscored_candidates_come_last_and_alike_images_fall_back_to_the_lowest_
 )
 def test_bad_input_names_what_is_wrong(scores, features, labelled, match):
     with pytest.raises(ValueError, match=match):
-        typical_least_confident(scores, features, labelled)
+        next_to_label(scores, features, labelled)

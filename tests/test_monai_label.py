@@ -58,9 +58,9 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
         assert task["dimension"] == 3
     assert set(info["scoring"]) == {f"{b}_case_quality" for b in (*served, "ce_dice_hpc")}
     bundles = (*served, "ce_dice_hpc")
-    strategies = {f"{b}_{kind}" for b in bundles for kind in ("typical_least_confident", "least_confident")}
-    assert set(info["strategies"]) == strategies
-    assert next(iter(info["strategies"])).endswith("_typical_least_confident")  # first: Slicer's Next Sample default
+    kinds = ("most_typical", "typical_least_confident", "least_confident")
+    assert set(info["strategies"]) == {f"{b}_{kind}" for b in bundles for kind in kinds}
+    assert next(iter(info["strategies"])).endswith("_most_typical")  # first: Slicer's Next Sample default
     assert set(info["trainers"]) == {*served, "ce_dice_hpc"}
 
 

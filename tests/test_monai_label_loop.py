@@ -18,7 +18,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from calib_monai.label.selection import typical_least_confident
+from calib_monai.label.selection import next_to_label
 from conftest import REPO_ROOT
 from label_server import AFFINE, LABEL_ENV, REVIEW_NAMES, _get_json, needs_label_env
 
@@ -130,7 +130,8 @@ def test_next_sample_hands_out_the_least_confident_image_once(server):
     assert _client(server, "next_sample", strategy=f"{BUNDLE}_least_confident", client_id="annotator-a")["id"] == lowest
 
 
-def test_typical_next_sample_follows_the_stored_scores_and_features(server):
+@pytest.mark.parametrize("kind, by_score", [("most_typical", False), ("typical_least_confident", True)])
+def test_typical_next_sample_follows_the_stored_scores_and_features(server, kind, by_score):
     _request_scoring(server, f"{BUNDLE}_case_quality")
     scores = _wait(
         lambda: (s := _scores(server)) and all(v.get("features") for v in s.values()) and s,
@@ -138,17 +139,14 @@ def test_typical_next_sample_follows_the_stored_scores_and_features(server):
     )
     assert len({len(v["features"]) for v in scores.values()}) == 1  # one pooled vector per image, same weights
     ids = sorted(i for i in scores if i not in _labelled(server))
-    expected = ids[
-        typical_least_confident(
-            np.array([scores[i]["case_score"] for i in ids]), np.array([scores[i]["features"] for i in ids])
-        )
-    ]
-    strategy = f"{BUNDLE}_typical_least_confident"
-    first = _client(server, "next_sample", strategy=strategy, client_id="annotator-c")
+    candidates = np.array([scores[i]["case_score"] for i in ids]), np.array([scores[i]["features"] for i in ids])
+    expected = ids[next_to_label(*candidates, by_score=by_score)]
+    strategy = f"{BUNDLE}_{kind}"
+    first = _client(server, "next_sample", strategy=strategy, client_id=f"{kind}-a")
     assert first["id"] == expected and first["case_score"] == pytest.approx(scores[expected]["case_score"])
     # another annotator gets another image; the first one asking again gets its own back
-    assert _client(server, "next_sample", strategy=strategy, client_id="annotator-d")["id"] != expected
-    assert _client(server, "next_sample", strategy=strategy, client_id="annotator-c")["id"] == expected
+    assert _client(server, "next_sample", strategy=strategy, client_id=f"{kind}-b")["id"] != expected
+    assert _client(server, "next_sample", strategy=strategy, client_id=f"{kind}-a")["id"] == expected
 
 
 def _labelled(server) -> set[str]:

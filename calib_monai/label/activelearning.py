@@ -1,5 +1,5 @@
-"""Next Sample by calibrated uncertainty: a scoring method that stores each image's case quality and network features
-in the datastore, and strategies that hand out the image to label next (imports MONAI Label).
+"""Next Sample: a scoring method that stores each image's case quality and network features in the datastore, and
+strategies that hand out the image to label next (imports MONAI Label).
 
 - ``<bundle>_case_quality`` (scoring): segments every image of the datastore with the served bundle and stores, in
   the image's info ``info["calib_monai"][<bundle>]`` (persisted in the datastore's ``datastore_v2.json``), its case
@@ -8,12 +8,14 @@ in the datastore, and strategies that hand out the image to label next (imports 
   every image must come from the same weights. Images already scored with the same weights are skipped, so scoring
   again is cheap until a training publishes new weights. MONAI Label runs scoring methods in a subprocess at server
   start and after each training; ``POST /scoring/<bundle>_case_quality`` runs it on request.
-- ``<bundle>_typical_least_confident`` (strategy, "Next Sample"; first, Slicer's default): the least confident of the
-  typical unlabelled images in the largest part of the datastore that no label covers yet
-  (:func:`calib_monai.label.selection.typical_least_confident`).
+- ``<bundle>_most_typical`` (strategy, "Next Sample"; first, Slicer's default): TypiClust's choice, the most typical
+  unlabelled image in the largest part of the datastore that no label covers yet.
+- ``<bundle>_typical_least_confident`` (strategy): the least confident of the typical unlabelled images of that part.
 - ``<bundle>_least_confident`` (strategy): the unlabelled image with the lowest stored case score.
 
-Both leave out images a strategy handed to another annotator within ``recent_s`` seconds (two annotators never get
+Both typical strategies group the images by their stored features (:func:`calib_monai.label.selection.
+next_to_label`); which order a site gains most from is measured in ``docs/results/site_adaptation``.
+All three leave out images a strategy handed to another annotator within ``recent_s`` seconds (two annotators never get
 the same image at once); unscored images come after the scored ones, and when every image is taken the one handed
 out longest ago.
 """
@@ -30,11 +32,11 @@ from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 
-from calib_monai.label.selection import typical_least_confident
+from calib_monai.label.selection import next_to_label
 from calib_monai.label.serving import ServedBundle
 from calib_monai.recalibration.stored import file_sha256
 
-__all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident", "TypicalLeastConfident"]
+__all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident", "MostTypical", "TypicalLeastConfident"]
 
 logger = logging.getLogger("calib_monai.label")
 INFO_KEY = "calib_monai"  # image info: {INFO_KEY: {bundle: {"case_score", "review", "weights_sha256", "scored_at"}}}
@@ -132,10 +134,11 @@ class LeastConfident(Strategy):
 
 class TypicalLeastConfident(LeastConfident):
     """The least confident of the typical unlabelled images in the largest part of the datastore no label covers
-    (:func:`~calib_monai.label.selection.typical_least_confident` on the stored features); the lowest score alone
+    (:func:`~calib_monai.label.selection.next_to_label` on the stored features); the lowest score alone
     while fewer than two free images have features of the same weights."""
 
     suffix = "typical_least_confident"
+    by_score = True
     description = (
         "the least confident of the typical unlabelled images in the largest part of the datastore that no label "
         "covers yet (run its scoring first)"
@@ -151,12 +154,21 @@ class TypicalLeastConfident(LeastConfident):
         labelled = [stored_score(datastore.get_image_info(i), self.bundle) for i in datastore.get_labeled_images()]
         labelled = [e["features"] for e in labelled if e.get("features") and e.get("weights_sha256") == sha]
         try:
-            index = typical_least_confident(
+            index = next_to_label(
                 np.array([with_features[i]["case_score"] for i in candidates], dtype=np.float64),
                 np.array([with_features[i]["features"] for i in candidates], dtype=np.float64),
                 np.array(labelled, dtype=np.float64) if labelled else None,
+                by_score=self.by_score,
             )
         except ValueError as err:  # features of another length or not finite: the lowest score, with why
             logger.warning(f"{self.bundle}: Next Sample by the lowest case score: {err}")
             return None
         return candidates[index]
+
+
+class MostTypical(TypicalLeastConfident):
+    """TypiClust's own choice: the most typical unlabelled image of the largest part no label covers."""
+
+    suffix = "most_typical"
+    by_score = False
+    description = "the most typical unlabelled image of the largest part of the datastore that no label covers yet"

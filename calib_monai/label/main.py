@@ -10,9 +10,9 @@ Start (in the label environment made by ``bash scripts/setup_label_env.sh``)::
 Every folder of ``<app>/model/`` that holds ``configs/inference.json`` is a served bundle (``--conf models a,b``
 serves only those). Each one gets three infer tasks, ``<bundle>`` (segmentation), ``<bundle>_review`` (each structure's
 confident and uncertain parts as segments) and ``<bundle>_confidence`` (confidence map, type ``others``): see
-``calib_monai.label.infer``; a scoring method ``<bundle>_case_quality`` and the strategies
-``<bundle>_typical_least_confident`` and ``<bundle>_least_confident`` (Next Sample by case quality and features:
-``calib_monai.label.activelearning``); and a train task ``<bundle>`` (fine-tune on the
+``calib_monai.label.infer``; a scoring method ``<bundle>_case_quality`` and the strategies ``<bundle>_most_typical``,
+``<bundle>_typical_least_confident`` and ``<bundle>_least_confident`` (Next Sample by network features and case
+quality: ``calib_monai.label.activelearning``); and a train task ``<bundle>`` (fine-tune on the
 submitted labels, calibrate, serve: ``calib_monai.label.train``). A bundle without ``models/model.pt`` (or
 ``model.ts``) has no infer task in ``GET /info/`` and its requests answer 404 saying which file is missing.
 
@@ -32,7 +32,7 @@ from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelError, MONAILabelException
 
 import calib_monai
-from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident, TypicalLeastConfident
+from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident, MostTypical, TypicalLeastConfident
 from calib_monai.label.fine_tune import check_label
 from calib_monai.label.infer import CONFIDENCE_SUFFIX, REVIEW_SUFFIX, BundleConfidence, BundleReview, BundleSegmentation
 from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
@@ -107,8 +107,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         # not MONAI Label's "random": it answers 500 when every unlabelled image was handed out within the same second
         # (random.choices with all weights 0), which concurrent annotators reach
         strategies = {}
-        for name in self.served:  # the typical one first: Slicer's Next Sample uses the first strategy listed
-            for strategy in (TypicalLeastConfident, LeastConfident):
+        for name in self.served:  # the most typical first: Slicer's Next Sample uses the first strategy listed
+            for strategy in (MostTypical, TypicalLeastConfident, LeastConfident):
                 strategies[f"{name}_{strategy.suffix}"] = strategy(name, self.recent_s)
         return strategies
 

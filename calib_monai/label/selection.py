@@ -1,12 +1,11 @@
 """Which unlabelled image to label next, from each image's case score and pooled network features (NumPy only).
 
-``typical_least_confident``: the least confident of the typical images in the largest part of the pool that no
-submitted label covers yet. It follows TypiClust (Hacohen, Dekel and Weinshall, "Active learning on a budget:
-opposite strategies suit high and low budgets", ICML 2022): with few labels, typical examples teach a model more
-than uncertain ones, which are often outliers; TypiClust clusters the pool into (labels + 1) parts with k-means,
-takes the largest part without a label and, in it, the most typical example (typicality: the inverse of the mean
-distance to the K = 20 nearest neighbours). Here the case score decides inside that part, among its more typical
-half (typicality within the part), so the annotator corrects the model where it is least sure of a case like many
+``next_to_label`` follows TypiClust (Hacohen, Dekel and Weinshall, "Active learning on a budget: opposite strategies
+suit high and low budgets", ICML 2022): with few labels, typical examples teach a model more than uncertain ones,
+which are often outliers. The pool (labelled and unlabelled images) is clustered into labels + 1 parts with k-means
+on standardised features; the largest part without a label is taken and, in it, the most typical image
+(typicality: the inverse of the mean distance to the K = 20 nearest neighbours, here within the part). With
+``by_score`` the case score decides instead, among the part's more typical half: the least confident image like many
 others. A part of one image is an outlier: while the largest part without a label is one image, the pool is split
 finer.
 """
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["kmeans", "squared_distances", "standardized", "typical_least_confident", "typicality"]
+__all__ = ["kmeans", "squared_distances", "standardized", "next_to_label", "typicality"]
 
 MAX_SPLITS = 10  # how many more parts than labels + 1 are tried before every candidate is taken as one part
 
@@ -72,8 +71,12 @@ def typicality(x: np.ndarray, neighbours: int = 20) -> np.ndarray:
         return 1.0 / mean
 
 
-def typical_least_confident(
-    scores: np.ndarray, features: np.ndarray, labelled: np.ndarray | None = None, seed: int = 0
+def next_to_label(
+    scores: np.ndarray,
+    features: np.ndarray,
+    labelled: np.ndarray | None = None,
+    seed: int = 0,
+    by_score: bool = False,
 ) -> int:
     """The index of the candidate to label next (see the module).
 
@@ -82,6 +85,8 @@ def typical_least_confident(
         features: ``(n, d)`` the candidates' pooled network features, all from the weights that scored them.
         labelled: ``(m, d)`` the labelled images' features from the same weights (None or ``m = 0``: none yet).
         seed: the k-means seeding.
+        by_score: the least confident of the part's more typical half; False (default): the part's most typical
+            image, as TypiClust takes it (the scores only break ties).
     """
     scores = np.asarray(scores, dtype=np.float64)
     features = np.asarray(features, dtype=np.float64)
@@ -90,13 +95,13 @@ def typical_least_confident(
     shapes_agree = features.ndim == 2 and len(features) == len(scores) and labelled.shape[1:] == (width,)
     if scores.ndim != 1 or not shapes_agree:
         raise ValueError(
-            f"typical_least_confident: scores {scores.shape}, features {features.shape} and labelled "
+            f"next_to_label: scores {scores.shape}, features {features.shape} and labelled "
             f"{labelled.shape} must be (n,), (n, d) and (m, d)"
         )
     if not len(scores):
-        raise ValueError("typical_least_confident: no candidates")
+        raise ValueError("next_to_label: no candidates")
     if not (np.isfinite(features).all() and np.isfinite(labelled).all()):
-        raise ValueError("typical_least_confident: the features hold NaN or Inf; score the images again")
+        raise ValueError("next_to_label: the features hold NaN or Inf; score the images again")
     order = np.where(np.isnan(scores), np.inf, scores)
     x = standardized(np.concatenate([features, labelled]))
     if x.shape[1] == 0:  # every image alike: the case score alone decides
@@ -112,6 +117,8 @@ def typical_least_confident(
             part = np.flatnonzero(assigned[:n] == open_parts[0])
             break
     typical = typicality(x[part])  # within the part: its dense core, not the pool's centre
-    chosen = part[typical >= np.median(typical)]
     rank = dict(zip(part.tolist(), typical.tolist()))
+    if not by_score:
+        return int(min(part, key=lambda i: (-rank[i], order[i], i)))
+    chosen = part[typical >= np.median(typical)]
     return int(min(chosen, key=lambda i: (order[i], -rank[i], i)))  # equal scores: the more typical first
