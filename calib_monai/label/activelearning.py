@@ -148,6 +148,12 @@ class TypicalLeastConfident(LeastConfident):
         entries = {i: stored_score(datastore.get_image_info(i), self.bundle) for i in free}
         with_features = {i: e for i, e in entries.items() if e.get("features")}
         if len(with_features) < 2:
+            if len(free) > 1:
+                logger.info(
+                    f"{self.bundle}: Next Sample by the lowest case score: {len(free) - len(with_features)} of the "
+                    f"{len(free)} free images have no stored features (a TorchScript model.ts takes no feature hook; "
+                    f"else POST /scoring/{self.bundle}_case_quality scores them)"
+                )
             return None
         sha = Counter(e.get("weights_sha256") for e in with_features.values()).most_common(1)[0][0]
         candidates = [i for i, e in with_features.items() if e.get("weights_sha256") == sha]
