@@ -17,8 +17,9 @@ Run in the MONAI Label environment (it drives the real server with MONAI Label's
    of the source bundle is served by ``monailabel start_server`` (docs/site.md's command); images are taken in that
    order, their true labels submitted as Slicer does (``label_info`` names), and Train runs after 2, 4 and 8 labels
    (the defaults an annotator gets: 5 epochs, lr 1e-4, 20% held out), each from the weights the last one published.
-4. Before and after each Train: mean DSC on the held-out site images and the case-score error, mean |estimated mean
-   DSC - true mean DSC|, with the served weights and calibration (``TrainedBundle.predict``).
+4. Before and after each Train: mean DSC on the held-out site images, the case-score error, mean |estimated mean
+   DSC - true mean DSC|, and how many the review flag marks (true, false, null: "cannot judge"), with the served
+   weights, calibration and validated range (``TrainedBundle.predict``).
 
 Writes ``results.csv`` and ``README.md`` (the table, this command) to ``--output_dir``.
 """
@@ -146,12 +147,14 @@ def make_site(args, source: Path, out: Path) -> tuple[list[tuple[str, Path, Path
     return cases[: args.pool], cases[args.pool :]
 
 
-def dice_and_error(bundle_dir: Path, cases) -> tuple[float, float]:
+def dice_and_error(bundle_dir: Path, cases) -> dict:
+    """Mean DSC of the served segmentations of ``cases``, the case-score error (mean |case score - DSC|) and how many
+    the review flag marked: ``{"mean_dsc", "case_score_error", "flagged", "not_flagged", "flag_null"}``."""
     from calib_monai.bundle import TrainedBundle
 
     bundle = TrainedBundle(bundle_dir, ("inference.json",), {"output_dir": str(bundle_dir / "eval_tmp")}, device="cpu")
     classes = [v for v in bundle.label_names if v > 0]
-    dices, errors = [], []
+    dices, errors, flags = [], [], []
     for _, image, label in cases:
         segmentation, _, quality = bundle.predict(str(image))
         seg = np.asarray(segmentation[0])
@@ -159,7 +162,14 @@ def dice_and_error(bundle_dir: Path, cases) -> tuple[float, float]:
         per = [2 * ((seg == c) & (truth == c)).sum() / max((seg == c).sum() + (truth == c).sum(), 1) for c in classes]
         dices.append(float(np.mean(per)))
         errors.append(abs(float(quality["case_score"]) - dices[-1]))
-    return float(np.mean(dices)), float(np.mean(errors))
+        flags.append(quality["review"]["flag"])
+    return {
+        "mean_dsc": float(np.mean(dices)),
+        "case_score_error": float(np.mean(errors)),
+        "flagged": flags.count(True),
+        "not_flagged": flags.count(False),
+        "flag_null": flags.count(None),
+    }
 
 
 class Server:
@@ -227,8 +237,7 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
     for _, image, _ in pool:
         shutil.copy(image, studies / image.name)
     truth = {name: label for name, _, label in pool}
-    dsc, err = dice_and_error(bundle, held_out)
-    rows = [{"order": order, "labels": 0, "mean_dsc": dsc, "case_score_error": err, "images": ""}]
+    rows = [{"order": order, "labels": 0, **dice_and_error(bundle, held_out), "images": ""}]
     print(rows[-1], flush=True)
     server = Server(app, studies, port, work / "server.log")
     try:
@@ -252,10 +261,7 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
                 time.sleep(5)
             if status["status"] != "DONE":
                 raise SystemExit(f"training after {k} labels: {status['status']}: {status.get('details', [])[-3:]}")
-            dsc, err = dice_and_error(bundle, held_out)
-            rows.append(
-                {"order": order, "labels": k, "mean_dsc": dsc, "case_score_error": err, "images": " ".join(taken)}
-            )
+            rows.append({"order": order, "labels": k, **dice_and_error(bundle, held_out), "images": " ".join(taken)})
             print(rows[-1], flush=True)
     finally:
         server.stop()
@@ -290,8 +296,15 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    table = ["| order | labels | mean DSC (held-out site images) | case-score error |", "|---|---|---|---|"]
-    table += [f"| {r['order']} | {r['labels']} | {r['mean_dsc']:.3f} | {r['case_score_error']:.3f} |" for r in rows]
+    table = [
+        "| order | labels | mean DSC (held-out site images) | case-score error | flagged / not / null |",
+        "|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['order']} | {r['labels']} | {r['mean_dsc']:.3f} | {r['case_score_error']:.3f} | "
+        f"{r['flagged']} / {r['not_flagged']} / {r['flag_null']} |"
+        for r in rows
+    ]
     command = " ".join(shlex.quote(a) for a in [".venv-label/bin/python", "scripts/site_adaptation.py", *sys.argv[1:]])
     (out / "README.md").write_text(
         f"# Adaptation at a simulated site\n\nShift scale {args.shift_scale}; {len(held_out)} held-out site images, "
