@@ -277,6 +277,25 @@ def test_monai_label_serving_checks_the_set_and_keeps_the_one_it_serves(bundle):
     assert "calibration.json" in message and "run calibrate again" in message
 
 
+def test_monai_label_serving_returns_the_pooled_features_next_sample_compares(bundle):
+    from calib_monai.label.serving import ServedBundle
+    from calib_monai.metrics.network_features import BottleneckFeatures
+
+    bundle_dir, images = bundle
+    served = ServedBundle(bundle_dir, device="cpu")
+    served.bundle.parser.update(INFER)
+    first = served.predict(str(images[0]))
+    # the same case through the plain bundle, pooled by a hook of its own: the same vector
+    plain = TrainedBundle(bundle_dir, ("inference.json",), INFER, device="cpu")
+    with BottleneckFeatures(plain.network) as hook:
+        plain.predict(str(images[0]))
+    expected = hook.pop().vector
+    assert first.features.shape == expected.shape and expected.ndim == 1
+    np.testing.assert_allclose(first.features, expected, rtol=1e-12)
+    # another image: other features
+    assert not np.allclose(served.predict(str(images[1])).features, first.features)
+
+
 def test_a_folder_without_manifest_still_refuses_a_range_without_its_calibration(bundle):
     """A folder calibrated before manifests existed: the range records the recalibration it was measured on."""
     bundle_dir, _ = bundle

@@ -39,7 +39,7 @@ from calib_monai.recalibration.stored import file_sha256
 __all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident", "MostTypical", "TypicalLeastConfident"]
 
 logger = logging.getLogger("calib_monai.label")
-INFO_KEY = "calib_monai"  # image info: {INFO_KEY: {bundle: {"case_score", "review", "weights_sha256", "scored_at"}}}
+INFO_KEY = "calib_monai"  # image info: {INFO_KEY: {bundle: {"case_score", "review", "features", "weights_sha256"}}}
 
 
 def stored_score(info: dict[str, Any], bundle: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["kmeans", "squared_distances", "standardized", "next_to_label", "typicality"]
+__all__ = ["kmeans", "next_to_label", "squared_distances", "standardized", "typicality"]
 
 MAX_SPLITS = 10  # how many more parts than labels + 1 are tried before every candidate is taken as one part
 
