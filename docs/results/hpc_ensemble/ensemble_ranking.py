@@ -147,13 +147,16 @@ def main() -> None:
             f"(mean {np.mean([r['true_mean_dice'] for r in mine]):.3f}) | {s['spearman']:.2f} | {s['gap']:.0%} | "
             f"{s['mae']:.3f} | {s['bias']:+.3f} |"
         )
+    mean = {key: np.mean([s[key] for s in single]) for key in ("spearman", "gap", "mae", "bias")}
     lines.append(
-        f"| **one member (mean of {len(members)})** | its true DSC | **{np.mean([s['spearman'] for s in single]):.2f}** "
-        f"| **{np.mean([s['gap'] for s in single]):.0%}** | {np.mean([s['mae'] for s in single]):.3f} | "
-        f"{np.mean([s['bias'] for s in single]):+.3f} |"
+        f"| **one member (mean of {len(members)})** | its true DSC | **{mean['spearman']:.2f}** "
+        f"| **{mean['gap']:.0%}** | {mean['mae']:.3f} | {mean['bias']:+.3f} |"
     )
     vote_true = [e["true_mean_dice"] for e in ensemble]
-    for name, key in (("ensemble: members' pairwise DSC", "pairwise_dice"), ("ensemble: mean case score", "case_score")):
+    for name, key in (
+        ("ensemble: members' pairwise DSC", "pairwise_dice"),
+        ("ensemble: mean case score", "case_score"),
+    ):
         s = scores([e[key] for e in ensemble], vote_true)
         lines.append(
             f"| **{name}** | the vote's true DSC (mean {np.mean(vote_true):.3f}) | **{s['spearman']:.2f}** | "
