@@ -287,3 +287,22 @@ def test_the_served_verdict_on_cuda_is_the_cpus(calibrated):
         assert set(b["review"]["signals"]) == set(a["review"]["signals"]) == {"case_score", "input", "features"}
         for name, signal in a["review"]["signals"].items():
             assert b["review"]["signals"][name]["value"] == pytest.approx(signal["value"], rel=1e-2, abs=1e-3), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (MONAI Label serves on one)")
+def test_the_served_features_on_cuda_are_the_cpus(calibrated):
+    """Next Sample's pooled features, captured while MONAI Label serves on a GPU: a host NumPy vector, equal to the
+    CPU's up to float differences of the convolutions."""
+    from calib_monai.label.serving import ServedBundle
+
+    root, overrides = calibrated
+    settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
+    cpu, gpu = ServedBundle(root / "bundle", device="cpu"), ServedBundle(root / "bundle", device="cuda")
+    for served in (cpu, gpu):
+        served.bundle.parser.update(settings)
+    for image in sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[:2]:
+        on_cpu, on_gpu = cpu.predict(str(image)), gpu.predict(str(image))
+        assert isinstance(on_gpu.features, np.ndarray) and on_gpu.features.shape == on_cpu.features.shape
+        gap = float(np.abs(on_gpu.features - on_cpu.features).max())
+        print(f"{image.name}: max |feature gap| {gap:.1e} over {on_cpu.features.size} features")
+        np.testing.assert_allclose(on_gpu.features, on_cpu.features, rtol=1e-3, atol=1e-4)
