@@ -108,9 +108,9 @@ class LeastConfident(Strategy):
         name = request.get("strategy") or f"{self.bundle}_{self.suffix}"
         client = request.get("client_id")
         now = time.time()
-        ranked = []
+        ranked, infos = [], {}
         for image_id in datastore.get_unlabeled_images():
-            info = datastore.get_image_info(image_id)
+            info = infos[image_id] = datastore.get_image_info(image_id)
             handed = (info.get("strategy") or {}).get(name) or {}
             taken = (
                 bool(handed) and now - float(handed.get("ts", 0)) < self.recent_s and handed.get("client_id") != client
@@ -123,12 +123,13 @@ class LeastConfident(Strategy):
         if not ranked:
             return {}
         free = [r[-1] for r in ranked if not r[0] and not r[2]]
-        chosen = self.choose(free, datastore) if free else None
+        chosen = self.choose(free, infos, datastore) if free else None
         taken, _, unscored, score, image_id = next(r for r in ranked if r[-1] == chosen) if chosen else min(ranked)
         return {"id": image_id, "case_score": None if unscored else score, "taken_by_another": taken}
 
-    def choose(self, free: list[str], datastore: Datastore) -> str | None:
-        """One of the ``free`` (scored, not taken) image ids, or None for the lowest score of all."""
+    def choose(self, free: list[str], infos: dict[str, dict], datastore: Datastore) -> str | None:
+        """One of the ``free`` (scored, not taken) image ids, or None for the lowest score of all; ``infos``: the
+        unlabelled images' info, as read."""
         return None
 
 
@@ -144,8 +145,8 @@ class TypicalLeastConfident(LeastConfident):
         "covers yet (run its scoring first)"
     )
 
-    def choose(self, free: list[str], datastore: Datastore) -> str | None:
-        entries = {i: stored_score(datastore.get_image_info(i), self.bundle) for i in free}
+    def choose(self, free: list[str], infos: dict[str, dict], datastore: Datastore) -> str | None:
+        entries = {i: stored_score(infos[i], self.bundle) for i in free}
         with_features = {i: e for i, e in entries.items() if e.get("features")}
         if len(with_features) < 2:
             if len(free) > 1:
