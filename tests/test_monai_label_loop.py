@@ -128,6 +128,9 @@ def test_next_sample_hands_out_the_least_confident_image_once(server):
     assert second["id"] == min(rest, key=lambda i: rest[i]["case_score"])
     # the first annotator asking again gets its image back (it is still the least confident, and reserved for it)
     assert _client(server, "next_sample", strategy=f"{BUNDLE}_least_confident", client_id="annotator-a")["id"] == lowest
+    # a misspelt strategy: 404 naming the served ones, not MONAI Label's 500
+    refused = _client(server, "next_sample", strategy=f"{BUNDLE}_least_confdent", client_id="annotator-a")["refused"]
+    assert "404" in refused and f"{BUNDLE}_least_confdent" in refused and f"{BUNDLE}_most_typical" in refused
 
 
 @pytest.mark.parametrize("kind, by_score", [("most_typical", False), ("typical_least_confident", True)])

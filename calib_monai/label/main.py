@@ -158,10 +158,15 @@ class CalibMONAILabelApp(MONAILabelApp):
 
     def next_sample(self, request):
         """MONAI Label's Next Sample without its scoring of every image on each click: the scores are kept up to date
-        at start, after each training and on request (``POST /scoring/<bundle>_case_quality``)."""
+        at start, after each training and on request (``POST /scoring/<bundle>_case_quality``). No strategy named:
+        the first listed; an unknown one: 404 naming those served (MONAI Label answers 500)."""
+        strategy = request.get("strategy") or next(iter(self._strategies), None)  # MONAI Label's own: "random"
+        if strategy not in self._strategies:
+            detail = f"no Next Sample strategy {strategy!r} here; strategies: {list(self._strategies)}"
+            raise HTTPException(status_code=404, detail=detail)
         auto, self._auto_update_scoring = self._auto_update_scoring, False
         try:
-            return super().next_sample(request)
+            return super().next_sample({**request, "strategy": strategy})
         finally:
             self._auto_update_scoring = auto
 
