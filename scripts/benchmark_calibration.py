@@ -20,9 +20,10 @@ on the GPU (one line; else "GPU part skipped: no CUDA device").
 Target (issues 11 and 32.1): ECE+CECE+TACE fused at least 10x faster than torchmetrics' ECE and at most 2x the
 memory floor, exact against float64. The compiled CPU kernel (``calib_monai/metrics/calibration_kernel.py``, C
 through ctypes, built once in about a second; ``CALIB_MONAI_KERNEL=0`` switches it off) selects the ground-truth
-foreground and fills ECE's bins and the CECE / TACE bucket histograms in one pass per chunk, reading the labels in
+foreground and fills ECE's bins and the CECE / TACE bucket histograms in one pass over each volume's labels, read in
 their own dtype. Rows "NumPy input" and "uint8 labels" time the fused call from those inputs; "eager torch ops
-(kernel off)" and "torch voxel selection" time it without the kernel, or with torch's selection; "memory floor" is
+(kernel off)" and "selection pass then accumulation pass" time it without the kernel, or with the kernel's two
+passes of before (a selection pass, then a pass over the selected voxels); "memory floor" is
 one read of the probabilities and int64 labels (``aminmax`` / ``amax``). ``--cpu_time True`` (one thread) times each
 call by the thread's CPU time, which other jobs on a busy machine hardly move. The measured figures and the command:
 ``docs/results/benchmarks/calibration_metrics.md``.

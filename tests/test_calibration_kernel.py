@@ -117,3 +117,48 @@ def test_kernel_selection_equals_select_tensor_voxels(label_dtype):
     bad_y[y.nonzero()[0, 0]] = 9
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\] for 4 classes, got \[1, 9\]"):
         kernel.select_voxels(p, bad_y, "gt")
+
+
+def _accumulate(p, y, fused, names=("ece", "cece", "tace")):
+    acc = CalibrationAccumulator(names, num_classes=p.shape[0])
+    if not (fused and kernel.add_volume(acc, p, y)):
+        acc.add(*kernel.select_voxels(p, y, "gt"))
+    return acc
+
+
+@pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int16, torch.int64])
+@pytest.mark.parametrize("slab", [None, 50])
+def test_one_pass_over_a_volume_equals_selecting_then_adding(monkeypatch, label_dtype, slab):
+    # add_volume selects and accumulates in one pass over the labels; the same tables and values as select_voxels
+    # then add, bit for bit: also when the volume is cut into slabs of 50 voxels with a flush of the packed histogram
+    if slab:
+        monkeypatch.setattr(kernel, "PACK_FLUSH", slab)
+    probs, labels = _case(5)
+    p, y = probs[1].reshape(4, -1), labels[1, 0].reshape(-1).to(label_dtype)
+    fused, plain = _accumulate(p, y, True), _accumulate(p, y, False)
+    assert fused.count == plain.count == int((y != 0).sum()) and len(fused.chunks) == (
+        -(-p.shape[1] // slab) if slab else 1
+    )
+    for name in ("ece", "cece"):
+        assert torch.equal(fused.statistics(name), plain.statistics(name))
+    assert fused.adaptive_errors() == plain.adaptive_errors()
+
+
+def test_one_pass_checks_as_the_selection_and_leaves_what_it_cannot_take():
+    probs, labels = _case(5)
+    p, y = probs[1].reshape(4, -1), labels[1, 0].reshape(-1)
+    for bad_p, bad_y in ((p * 3.0, y), (p.clone().index_fill_(1, y.nonzero()[:2, 0], float("nan")), y)):
+        with pytest.raises(ValueError) as expected:
+            kernel.select_voxels(bad_p, bad_y, "gt")
+        with pytest.raises(ValueError) as got:
+            kernel.add_volume(CalibrationAccumulator(("ece", "tace"), 4), bad_p, bad_y)
+        assert str(got.value) == str(expected.value)
+    bad_y = y.clone()
+    bad_y[y.nonzero()[0, 0]] = 9  # a label beyond the tables: an error, no write outside them
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\] for 4 classes, got \[1, 9\]"):
+        kernel.add_volume(CalibrationAccumulator(("ece", "tace"), 4), p, bad_y)
+    # nothing added, the caller's path runs: no foreground (checked whole there), NLL / Brier, float64, 5 classes
+    assert not kernel.add_volume(CalibrationAccumulator(("ece",), 4), p, torch.zeros_like(y))
+    assert not kernel.add_volume(CalibrationAccumulator(("ece", "nll"), 4), p, y)
+    assert not kernel.add_volume(CalibrationAccumulator(("ece",), 4), p.double(), y)
+    assert not kernel.add_volume(CalibrationAccumulator(("ece",), 5), p, y)

@@ -53,7 +53,7 @@ from ._inputs import (
     prepare_tensors,
     warn_empty_selection,
 )
-from .calibration_kernel import select_voxels  # the compiled "gt" selection; select_tensor_voxels otherwise
+from .calibration_kernel import add_volume, select_voxels  # compiled "gt" passes; select_tensor_voxels otherwise
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
 from .calibration_torch import CalibrationAccumulator
@@ -288,8 +288,9 @@ def pooled_accumulator(
     accumulated on its device (warns when nothing is selected); ``accumulator_values`` / ``.statistics`` read it."""
     p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
     acc = CalibrationAccumulator(names, p.shape[1], num_bins, include_background, threshold)
-    for b in range(p.shape[0]):
-        acc.add(*select_voxels(p[b], y[b], foreground, "probs", class_dim))
+    for b in range(p.shape[0]):  # "gt" on float32 CPU volumes: selected and accumulated in one compiled pass
+        if foreground != "gt" or not add_volume(acc, p[b], y[b], "probs", class_dim):
+            acc.add(*select_voxels(p[b], y[b], foreground, "probs", class_dim))
     if acc.count == 0:
         warn_empty_selection(foreground, stacklevel=4)
     return acc

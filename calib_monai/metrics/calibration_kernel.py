@@ -3,7 +3,8 @@
 class's bucket histogram; a second pass (``refine``) gathers the few values of the buckets that need refinement
 (TACE's equal-mass edges and CECE's straddling buckets are only known once the histogram is complete). Same
 statistics as the eager torch ops of ``calibration_torch.py`` (int64 counts, exact bucket sums), no temporaries.
-``select_voxels``: ``select_tensor_voxels``'s "gt" selection and checks in one pass over the labels.
+``select_voxels``: ``select_tensor_voxels``'s "gt" selection and checks in one pass over the labels; ``add_volume``:
+that selection, the checks and the chunk pass together, one pass over a volume's labels (``calibration_errors``).
 
 Why C through ``ctypes`` and not ``torch.compile``: on the project's 2-core CPU, inductor took 44 s to compile the
 chunk pass and ran it 1.3x faster than eager (its scatters become atomic adds); this C compiles in 1 s (no torch
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -26,6 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .calibration_grid import PACK_FLUSH, bucket_grid, edge_tensors
@@ -34,6 +37,7 @@ from .calibration_kernel_source import SOURCE
 __all__ = [
     "LABEL_DTYPES",
     "add_chunk",
+    "add_volume",
     "available",
     "chunk_statistics",
     "enabled",
@@ -76,11 +80,14 @@ def _build() -> ctypes.CDLL:
     lib.calib_chunk.argtypes = [ptr, i64, i64, ptr, ctypes.c_int, i64, ptr, ptr, ptr, ptr, i64, i32, ptr, ptr, ptr]
     lib.calib_chunk.argtypes += [ctypes.c_int, ctypes.c_int]
     lib.calib_chunk.restype = ctypes.c_int
-    lib.calib_refine.argtypes = [ptr, i64, i64, ptr, ctypes.c_int, i64, i32, ptr, i64, ptr, ptr, ptr]
+    lib.calib_refine.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int, i64, i32, ptr, i64, ptr, ptr, ptr]
     lib.calib_refine.restype = i64
     lib.calib_count.argtypes, lib.calib_count.restype = [ptr, ctypes.c_int, i64], i64
     lib.calib_select.argtypes = [ptr, i64, i64, ptr, ctypes.c_int, i64, ptr, ptr, ptr]
     lib.calib_select.restype = None
+    lib.calib_gt.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]
+    lib.calib_gt.argtypes += [i64, i32, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
+    lib.calib_gt.restype = i64
     return lib
 
 
@@ -178,18 +185,13 @@ def select_voxels(
     """``_inputs.select_tensor_voxels`` (same results, checks and messages) with its ``"gt"`` selection of float32
     CPU volumes done by the kernel: one pass over the labels that copies the selected voxels out and finds the
     extremes the checks need, instead of ``flatnonzero``, two gathers and four reductions. Other cases: as before."""
-    from ._inputs import probability_problem, select_tensor_voxels
+    from ._inputs import select_tensor_voxels
 
     selected = select_gt(p, y) if foreground == "gt" else None
     if selected is None:
         return select_tensor_voxels(p, y, foreground, name, class_dim)
     p_sel, y_sel, values = selected
-    c = p.shape[0]
-    problem = probability_problem(name, *values[:4], class_dim)
-    if problem:
-        raise ValueError(problem)
-    if values[4] < 0 or values[5] >= c:
-        raise ValueError(f"labels must lie in [0, {c - 1}] for {c} classes, got [{int(values[4])}, {int(values[5])}].")
+    _check_extremes(values, p.shape[0], name, class_dim)
     return p_sel, y_sel
 
 
@@ -197,8 +199,79 @@ def add_chunk(acc, p: torch.Tensor, y: torch.Tensor) -> None:
     """``CalibrationAccumulator._add_chunk``'s ECE and ``_add_grid``'s statistics of one chunk: the same running
     totals of ``acc``, except bucket 0's sum, accumulated directly (``grid_zero``) instead of as the class total minus
     the other buckets (exact to float64 rounding of values below 2**-octaves, not of the class total)."""
+    ece, grid = _tables(acc, p.device, y.shape[0])
+    if grid is not None:
+        acc.chunks.append((p, y))  # refined by ``refine``
+    chunk_statistics(p, y, ece, grid)
 
-    dev, m, c, totals = p.device, acc.num_bins, acc.num_classes, acc.totals
+
+def add_volume(acc, p: torch.Tensor, y: torch.Tensor, name: str = "probs", class_dim: int = 1) -> bool:
+    """The ``"gt"`` voxels of a volume ``p (C, N)``, ``y (N,)`` selected, checked (``select_voxels``' messages) and
+    added to ``acc`` in one pass over the labels (``calib_gt``) instead of a selection pass and a pass over the
+    selection; the selected values are kept for ``refine``. False (nothing added) when the kernel does not take the
+    volume or it has no foreground: the caller then selects and adds as before (and checks such a volume whole)."""
+    fused = not set(acc.names) - _FUSED_METRICS and acc.num_classes <= 256 and acc.num_bins < 255
+    if acc.kernel is False or not fused or acc.value_dtype not in (None, torch.float32):
+        return False
+    if not available(p, y) or y.dtype not in _LABEL_TYPES or p.shape[0] != acc.num_classes:
+        return False
+    p, y = p.contiguous(), y.contiguous()
+    c, size = p.shape
+    dev, m = p.device, acc.num_bins
+    geometry = bucket_grid("float32", m, acc.octaves)
+    lut = _ece_lut(m, acc.octaves)
+    extremes = torch.empty(6, dtype=torch.float64, device=dev)  # explicit: a torch.device("meta") context is no memory
+    added = 0
+    for start in range(0, size, PACK_FLUSH):  # slabs: the packed histogram stays exact (< PACK_FLUSH voxels)
+        n = min(size, start + PACK_FLUSH) - start
+        ece, grid = _tables(acc, dev, n)
+        e, g = ece or (None,) * 4, grid or (None, None, None)
+        out_p = torch.empty((c, n), dtype=torch.float32, device=dev)
+        out_y = torch.empty(n, dtype=torch.uint8, device=dev)
+        found = _library.calib_gt(
+            p[:, start:].data_ptr(), size, n, c, y[start:].data_ptr(), _LABEL_TYPES[y.dtype], n, out_p.data_ptr(),
+            out_y.data_ptr(), extremes.data_ptr(), m, lut.data_ptr(), *map(_ptr, (e[2], e[3], e[0], e[1])),
+            geometry["size"], geometry["offset"], *map(_ptr, g[:3]), int(ece is not None), int(grid is not None),
+        )  # fmt: skip
+        if found < 0:
+            raise MemoryError("calibration kernel: no memory for its per-lane accumulators")
+        if grid is not None:
+            acc._packed_voxels += found - n  # _tables counted the slab's voxels, at most this many selected
+        if found:
+            _check_extremes(extremes.tolist(), c, name, class_dim)
+            if grid is not None:  # rows of stride n: refined in place, no compacting copy
+                acc.chunks.append((out_p[:, :found], out_y[:found]))
+        added += found
+    if added:
+        acc.count += added
+        acc.value_dtype, acc.device, acc.kernel, acc._refined = torch.float32, dev, True, None
+    return bool(added)
+
+
+_FUSED_METRICS = {"ece", "cece", "tace", "ace", "ml1ace"}  # NLL and Brier take the eager ops over the selection
+
+
+@functools.lru_cache(maxsize=64)
+def _ece_lut(num_bins: int, octaves: int) -> torch.Tensor:
+    """uint8 equal-width bin of each float32 bucket, ``num_bins`` where a bucket straddles an edge."""
+    return torch.as_tensor(bucket_grid("float32", num_bins, octaves)["bins"].astype(np.uint8), device="cpu")
+
+
+def _check_extremes(values: list[float], c: int, name: str, class_dim: int) -> None:
+    """``select_voxels``' checks of the selected voxels from their extremes (min / max value and class sum, label)."""
+    from ._inputs import probability_problem
+
+    problem = probability_problem(name, *values[:4], class_dim)
+    if problem:
+        raise ValueError(problem)
+    if values[4] < 0 or values[5] >= c:
+        raise ValueError(f"labels must lie in [0, {c - 1}] for {c} classes, got [{int(values[4])}, {int(values[5])}].")
+
+
+def _tables(acc, dev: torch.device, voxels: int) -> tuple[tuple | None, tuple | None]:
+    """``acc``'s running ECE and bucket tables for a chunk of up to ``voxels`` voxels, made at the first chunk; the
+    packed histogram is flushed first when the chunk could overflow it."""
+    m, c, totals = acc.num_bins, acc.num_classes, acc.totals
     ece = grid = None
     if "ece" in acc.names:
         if "ece_count" not in totals:
@@ -212,28 +285,31 @@ def add_chunk(acc, p: torch.Tensor, y: torch.Tensor) -> None:
             for name in ("grid_hit", "grid_count", "grid_packed", "grid_low"):
                 totals[name] = torch.zeros(c * size, dtype=torch.int64, device=dev)
             totals["grid_zero"] = torch.zeros(c, dtype=torch.float64, device=dev)
-        if acc._packed_voxels + y.shape[0] > PACK_FLUSH:
+        if acc._packed_voxels + voxels > PACK_FLUSH:
             acc._flush_packed()
-        acc._packed_voxels += y.shape[0]
+        acc._packed_voxels += voxels
         grid = (totals["grid_packed"], totals["grid_hit"], totals["grid_zero"], size, acc.grid["offset"])
-        acc.chunks.append((p, y))  # refined by ``refine``
-    chunk_statistics(p, y, ece, grid)
+    return ece, grid
 
 
 def refine(
     p: torch.Tensor, y: torch.Tensor, lut: torch.Tensor, size: int, offset: int, capacity: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(flat keys int64, values, hits bool)`` of the elements of a chunk whose bucket ``lut`` (bool ``(C*size,)``)
-    marks, class by class and in voxel order; ``capacity`` bounds their number (the marked buckets' counts)."""
+    """``(flat keys int64, values, hits bool)`` of the elements of a chunk (``p``: rows of unit stride) whose bucket
+    ``lut`` (bool ``(C*size,)``) marks, class by class and in voxel order; ``capacity`` bounds their number (the
+    marked buckets' counts)."""
     c, n = p.shape
+    if p.device.type != "cpu" or (n > 1 and p.stride(1) != 1):
+        raise ValueError(f"calibration kernel needs CPU rows of unit stride, got {p.device} {tuple(p.stride())}")
     # explicit device: under a ``torch.device("meta")`` context a bare factory call gives memory-less tensors
     keys = torch.empty(capacity, dtype=torch.int64, device=p.device)
     values = torch.empty(capacity, dtype=p.dtype, device=p.device)
     hits = torch.empty(capacity, dtype=torch.bool, device=p.device)
     lut = lut.contiguous().view(torch.uint8)
     found = _library.calib_refine(
-        _ptr(p),
+        p.data_ptr(),
         n,
+        p.stride(0),
         c,
         _ptr(y),
         _LABEL_TYPES[y.dtype],

@@ -1,6 +1,7 @@
 """The C source of ``calibration_kernel`` (issue 32.1), compiled at first use: kept apart so the Python glue stays
 short. Entry points: ``calib_chunk`` (ECE bins and bucket histograms of a chunk), ``calib_refine`` (the values of
-marked buckets), ``calib_count`` / ``calib_select`` (the "gt" voxel selection with the input checks' extremes)."""
+marked buckets), ``calib_count`` / ``calib_select`` (the "gt" voxel selection with the input checks' extremes),
+``calib_gt`` (the selection, ECE's bins and the bucket histograms of a volume in one pass over its labels)."""
 
 SOURCE = r"""
 #include <math.h>
@@ -102,16 +103,17 @@ static int chunk_##SUFFIX(const float *p, int64_t n, int64_t c, const T *y, int6
     }                                                                                                             \
     return 0;                                                                                                     \
 }                                                                                                                 \
-static int64_t refine_##SUFFIX(const float *p, int64_t n, int64_t c, const T *y, int64_t size, int32_t offset,   \
-                               const uint8_t *lut, int64_t cap, int64_t *keys, float *values, uint8_t *hits) {    \
+static int64_t refine_##SUFFIX(const float *p, int64_t n, int64_t stride, int64_t c, const T *y, int64_t size,  \
+                               int32_t offset, const uint8_t *lut, int64_t cap, int64_t *keys, float *values,     \
+                               uint8_t *hits) {                                                                   \
     const int32_t *bits = (const int32_t *)p;                                                                     \
     int64_t j = 0;                                                                                                \
     for (int64_t k = 0; k < c; ++k) {                                                                             \
         const uint8_t *marks = lut + k * size;                                                                    \
         for (int64_t i = 0; i < n; ++i) {                                                                         \
-            int64_t q = bucket(bits[k * n + i], offset);                                                          \
+            int64_t q = bucket(bits[k * stride + i], offset);                                                     \
             if (!marks[q]) continue;                                                                              \
-            if (j < cap) { keys[j] = k * size + q; values[j] = p[k * n + i]; hits[j] = (int64_t)y[i] == k; }      \
+            if (j < cap) { keys[j] = k * size + q; values[j] = p[k * stride + i]; hits[j] = (int64_t)y[i] == k; } \
             ++j;                                                                                                  \
         }                                                                                                         \
     }                                                                                                             \
@@ -199,14 +201,119 @@ int calib_chunk(const float *p, int64_t n, int64_t c, const void *y, int ytype, 
     }
 }
 
-int64_t calib_refine(const float *p, int64_t n, int64_t c, const void *y, int ytype, int64_t size, int32_t offset,
-                     const uint8_t *lut, int64_t cap, int64_t *keys, float *values, uint8_t *hits) {
+int64_t calib_refine(const float *p, int64_t n, int64_t stride, int64_t c, const void *y, int ytype, int64_t size,
+                     int32_t offset, const uint8_t *lut, int64_t cap, int64_t *keys, float *values, uint8_t *hits) {
+#define REFINE(T, S) refine_##S(p, n, stride, c, (const T *)y, size, offset, lut, cap, keys, values, hits)
     switch (ytype) {
-        case 0: return refine_u8(p, n, c, (const uint8_t *)y, size, offset, lut, cap, keys, values, hits);
-        case 1: return refine_i8(p, n, c, (const int8_t *)y, size, offset, lut, cap, keys, values, hits);
-        case 2: return refine_i16(p, n, c, (const int16_t *)y, size, offset, lut, cap, keys, values, hits);
-        case 3: return refine_i32(p, n, c, (const int32_t *)y, size, offset, lut, cap, keys, values, hits);
-        default: return refine_i64(p, n, c, (const int64_t *)y, size, offset, lut, cap, keys, values, hits);
+        case 0: return REFINE(uint8_t, u8);
+        case 1: return REFINE(int8_t, i8);
+        case 2: return REFINE(int16_t, i16);
+        case 3: return REFINE(int32_t, i32);
+        default: return REFINE(int64_t, i64);
     }
 }
+
+/* "gt" voxels of a volume slab p (C rows of `stride`, voxels [0, size)) in one pass over its labels: each selected
+   voxel's values are copied to out_p (C rows of `cap`, for calib_refine) and its label to out_y (uint8, c <= 256),
+   its top label goes into ECE's bins (bucket -> bin table `ece_lut`, `m` for a bucket that straddles an edge) and
+   its class values into the bucket histograms, as calib_chunk; with the extremes of the input checks. Class values
+   are added voxel by voxel: the histograms' read-modify-write chains of the C classes interleave, with no lanes to
+   merge. A label outside [0, c) or a value outside [0, 1] writes nothing outside the tables (the caller raises). */
+#define GT(T, SUFFIX)                                                                                             \
+static int64_t gt_##SUFFIX(const float *p, int64_t stride, int64_t size, int64_t c, const T *y, int64_t cap,      \
+                           float *out_p, uint8_t *out_y, double *extremes, int64_t m, const uint8_t *ece_lut,     \
+                           const double *lower, const double *upper, int64_t *ece_count, double *ece_sum,        \
+                           int64_t gsize, int32_t offset, int64_t *packed, int64_t *hit, double *zero_sum,       \
+                           int do_ece, int do_grid) {                                                             \
+    float lo = INFINITY, hi = -INFINITY, sum_lo = INFINITY, sum_hi = -INFINITY;                                   \
+    int64_t ylo = INT64_MAX, yhi = INT64_MIN, j = 0, top = gsize - 1;                                             \
+    int nan = 0;                                                                                                  \
+    int64_t *counts = calloc((size_t)(LANES * 2 * m + 1), sizeof(int64_t));                                       \
+    double *sums = calloc((size_t)(LANES * m + 1), sizeof(double)), *z = calloc((size_t)c, sizeof(double));       \
+    if (!counts || !sums || !z) { free(counts); free(sums); free(z); return -1; }                                 \
+    for (int64_t i = 0; i < size; ++i) {                                                                          \
+        if (y[i] == 0) continue;                                                                                  \
+        int64_t t = (int64_t)y[i];                                                                                \
+        ylo = t < ylo ? t : ylo;                                                                                  \
+        yhi = t > yhi ? t : yhi;                                                                                  \
+        float total = 0.0f, conf = -INFINITY;                                                                     \
+        int64_t arg = 0;                                                                                          \
+        for (int64_t k = 0; k < c; ++k) {                                                                         \
+            float v = p[k * stride + i];                                                                          \
+            out_p[k * cap + j] = v;                                                                               \
+            nan |= v != v;                                                                                        \
+            lo = v < lo ? v : lo;                                                                                 \
+            hi = v > hi ? v : hi;                                                                                 \
+            total += v;                                                                                           \
+            int above = v > conf; /* first argmax, as torch.max */                                                \
+            arg = above ? k : arg;                                                                                \
+            conf = above ? v : conf;                                                                              \
+            if (do_grid) {                                                                                        \
+                int32_t w;                                                                                        \
+                memcpy(&w, &v, sizeof w);                                                                         \
+                int64_t q = bucket(w, offset);                                                                    \
+                q = q > top ? top : q; /* above 1 or NaN: raised by the caller */                                 \
+                packed[k * gsize + q] += PACK_ONE + (int64_t)(w & 8191);                                          \
+                z[k] += q == 0 ? (double)v : 0.0;                                                                 \
+                if (k == t) hit[k * gsize + q] += 1;                                                              \
+            }                                                                                                     \
+        }                                                                                                         \
+        sum_lo = total < sum_lo ? total : sum_lo;                                                                 \
+        sum_hi = total > sum_hi ? total : sum_hi;                                                                 \
+        out_y[j] = (uint8_t)t;                                                                                    \
+        if (do_ece && t >= 0 && t < c) {                                                                          \
+            int32_t w;                                                                                            \
+            memcpy(&w, &conf, sizeof w);                                                                          \
+            int64_t q = bucket(w, offset), b;                                                                     \
+            q = q > top ? top : q;                                                                                \
+            if (ece_lut[q] < m) {                                                                                 \
+                b = ece_lut[q];                                                                                   \
+            } else { /* a bucket across a bin edge: calib_chunk's comparison with the edges */                   \
+                double v64 = (double)conf, s = v64 * (double)m, whole = (double)(int64_t)s;                       \
+                double up = s > whole ? whole + 1.0 : whole;                                                      \
+                b = (int64_t)(up < 1.0 ? 1.0 : (up > (double)m ? (double)m : up)) - 1;                            \
+                b -= v64 <= lower[b];                                                                             \
+                b += v64 > upper[b];                                                                              \
+            }                                                                                                     \
+            int64_t l = j & (LANES - 1);                                                                          \
+            counts[l * 2 * m + 2 * b + (arg == t)] += 1;                                                          \
+            sums[l * m + b] += (double)conf;                                                                      \
+        }                                                                                                         \
+        ++j;                                                                                                      \
+    }                                                                                                             \
+    for (int l = 0; l < LANES && do_ece; ++l) {                                                                   \
+        for (int64_t b = 0; b < 2 * m; ++b) ece_count[b] += counts[l * 2 * m + b];                                \
+        for (int64_t b = 0; b < m; ++b) ece_sum[b] += sums[l * m + b];                                            \
+    }                                                                                                             \
+    for (int64_t k = 0; k < c && do_grid; ++k) zero_sum[k] += z[k];                                               \
+    free(counts);                                                                                                 \
+    free(sums);                                                                                                   \
+    free(z);                                                                                                      \
+    if (nan) lo = hi = sum_lo = sum_hi = NAN;                                                                     \
+    extremes[0] = lo; extremes[1] = hi; extremes[2] = sum_lo; extremes[3] = sum_hi;                               \
+    extremes[4] = (double)ylo; extremes[5] = (double)yhi;                                                         \
+    return j;                                                                                                     \
+}
+
+GT(uint8_t, u8)
+GT(int8_t, i8)
+GT(int16_t, i16)
+GT(int32_t, i32)
+GT(int64_t, i64)
+
+int64_t calib_gt(const float *p, int64_t stride, int64_t size, int64_t c, const void *y, int ytype, int64_t cap,
+                 float *out_p, uint8_t *out_y, double *extremes, int64_t m, const uint8_t *ece_lut, const double *lower,
+                 const double *upper, int64_t *ece_count, double *ece_sum, int64_t gsize, int32_t offset,
+                 int64_t *packed, int64_t *hit, double *zero_sum, int do_ece, int do_grid) {
+#define GT_CALL(T, S) gt_##S(p, stride, size, c, (const T *)y, cap, out_p, out_y, extremes, m, ece_lut, lower, upper, \
+                             ece_count, ece_sum, gsize, offset, packed, hit, zero_sum, do_ece, do_grid)
+    switch (ytype) {
+        case 0: return GT_CALL(uint8_t, u8);
+        case 1: return GT_CALL(int8_t, i8);
+        case 2: return GT_CALL(int16_t, i16);
+        case 3: return GT_CALL(int32_t, i32);
+        default: return GT_CALL(int64_t, i64);
+    }
+}
+
 """
