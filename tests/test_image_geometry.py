@@ -1,6 +1,7 @@
 """The input signal's acquisition geometry: the field of view and acquired voxel spacing read through MONAI's own
 loader and spatial transforms (hand-computed), and the review rule flagging an image from another protocol while an
-image of the same protocol, a float's noise off, or one without a geometry is judged as before."""
+image of the same protocol, a float's noise off, or one without a geometry is judged as before; and ghosts seen by the
+spectrum roughness along the phase-encoding axis."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, Orientationd, Resized, Spacingd
 
+from calib_monai.data.site_shift import ghosting
 from calib_monai.metrics.image_statistics import (
     image_geometry,
     image_statistic_names,
@@ -54,7 +56,7 @@ def test_the_geometry_is_the_files_through_resampling_and_reorientation(tmp_path
     # a plain tensor has no geometry: NaN, named so the rule can leave it out
     assert all(math.isnan(v) for v in image_geometry(torch.zeros(1, 4, 4, 2)))
     assert input_statistic_names(1, 3)[-1] == "voxel spacing along axis 2"
-    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 2 + 3 + 3 + 6
+    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 2 + 3 + 3 + 3 + 6
 
 
 def _protocol_images(tmp_path, n, spacing, shape, name, seed=0):
@@ -154,7 +156,7 @@ def test_a_range_from_before_the_geometry_says_so():
 
 def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_name():
     # an older range of a 2-channel 3D bundle names 5 statistics per channel (no roughness, no geometry); a served
-    # case has 8 per channel and 6 geometry ones. Picked by name, not by position: the case's extreme roughness of
+    # case has 11 per channel and 6 geometry ones. Picked by name, not by position: the case's extreme roughness of
     # channel 0 (which a prefix would read as channel 1's mean) is not judged, channel 1's mean intensity is
     old_names = [
         f"channel {c} {n}"
@@ -164,12 +166,37 @@ def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_nam
     g = torch.Generator().manual_seed(0)
     rows = (torch.tensor([0.5, 0.3, 0.2, 0.2, 0.2] * 2) + 0.01 * torch.randn(19, 10, generator=g)).tolist()
     old = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=rows, input_check=True, input_names=old_names)
-    assert old.outdated.startswith("the range was calibrated before the image statistics roughness, field of view,")
-    assert len(input_statistic_names(2, 3)) == 2 * 8 + 6
-    case = [0.5, 0.3, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0] + [0.5, 0.3, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7] + [math.nan] * 6
+    assert old.outdated.startswith(
+        "the range was calibrated before the image statistics roughness, spectrum roughness, field of view,"
+    )
+    assert len(input_statistic_names(2, 3)) == 2 * 11 + 6
+    case = [0.5, 0.3, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0]
+    case += [0.5, 0.3, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [math.nan] * 6
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is False and verdict["signals"]["input"]["value"] < 3
-    case[8] = 0.9  # channel 1's mean intensity, 40 of its spreads away
+    case[11] = 0.9  # channel 1's mean intensity, 40 of its spreads away
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith("image unlike the validation images (channel 1 mean intensity: distance")
+
+
+def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():
+    # 20 smooth images (8 x 8 noise upsampled to 32 x 32, 4 slices): their log power spectra fall smoothly along both
+    # in-plane axes (spectrum roughness 0.41 +- 0.12 and 0.35 +- 0.09). Ghosting scales every 4th k-space line along
+    # axis 0 by 0.1, a dip of log 100 every 4 lines: the last image's roughness along axis 0 goes from 0.42 to 4.5,
+    # about 33 of the others' spreads, while its intensities hardly move; along axis 1 it stays within 2 spreads
+    g = torch.Generator().manual_seed(0)
+    images = []
+    for _ in range(20):
+        field = torch.nn.functional.interpolate(torch.rand(1, 1, 8, 8, generator=g), size=(32, 32), mode="bicubic")
+        images.append(field[0, ..., None].repeat(1, 1, 1, 4) + 0.02 * torch.rand(1, 32, 32, 4, generator=g))
+    ghosted = ghosting(images[-1], intensity=0.9, num_ghosts=4, axis=0)
+    before, after = image_statistics(images[-1])[-3:], image_statistics(ghosted)[-3:]
+    assert after[0] > 10 * before[0] and abs(after[1] - before[1]) < 0.2 and after[2] == before[2] == 0.0
+    names = image_statistic_names(1, 3)
+    stats = [image_statistics(i) for i in images[:-1]]
+    validated = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=stats, input_check=True, input_names=names)
+    assert validated.check({"case_score": 0.81, "classes": {}}, image_statistics(images[-1]))["flag"] is False
+    verdict = validated.check({"case_score": 0.81, "classes": {}}, image_statistics(ghosted))
+    assert verdict["flag"] is True
+    assert verdict["reasons"][0].startswith("image unlike the validation images (spectrum roughness along axis 0:")

@@ -29,7 +29,7 @@ __all__ = [
 # digit, and a 10% change of spacing or field of view is then one spread, not 1e15 of them
 GEOMETRY_TOLERANCE = math.log(1.1)
 _GEOMETRY_PREFIXES = ("field of view", "voxel spacing")
-_AXIS_KINDS = ("sharpness", "roughness")  # image_statistics' per-axis statistics, in their order
+_AXIS_KINDS = ("sharpness", "roughness", "spectrum roughness")  # image_statistics' per-axis statistics, in order
 
 
 def image_statistics(image: Any) -> list[float]:
@@ -37,21 +37,26 @@ def image_statistics(image: Any) -> list[float]:
     mean, the standard deviation, along each spatial axis the sharpness (the mean absolute difference of neighbouring
     voxels over the standard deviation), and along each spatial axis the roughness (the mean absolute second
     difference over the mean absolute first difference: about 1.7 for noise, near 0 along an axis interpolated from
-    fewer samples, as a thick-slice image resampled to thin slices). Each is 0 where it is undefined (a constant
-    channel, an axis of fewer than 3 voxels). The validated range compares them with the validation images': a
-    thicker slice, ringing or spikes change the sharpness and roughness along an axis even where the intensities are
-    rescaled (:func:`image_statistic_names` names them).
+    fewer samples, as a thick-slice image resampled to thin slices), and along each spatial axis the spectrum
+    roughness (the mean absolute second difference of the log power spectrum along the axis, over the frequencies
+    between the first and the last: a natural image's spectrum falls smoothly, while ghosting, which scales every
+    n-th k-space line, and truncation ringing make it jump from line to line). Each is 0 where it is undefined (a
+    constant channel, an axis of fewer than 3 voxels, or of fewer than 3 frequencies with power). The validated range
+    compares them with the validation images': a thicker slice, ringing, spikes or ghosts change these along an axis
+    even where the intensities are rescaled (:func:`image_statistic_names` names them).
 
     >>> import torch
-    >>> image = torch.tensor([[[0.0, 2.0, 4.0, 0.0], [0.0, 2.0, 4.0, 0.0]]])  # 2 x 4: the same row twice
-    >>> # mean 1.5, std sqrt(2.75); along axis 1 steps of 2, 2, 4 (mean 8/3) and second differences 0, 6 (mean 3)
-    >>> [round(v, 4) for v in image_statistics(image)]  # sharpness 8/3 / std; roughness 3 / (8/3)
-    [1.5, 1.6583, 0.0, 1.6081, 0.0, 1.125]
+    >>> image = torch.tensor([[[0.0, 2.0, 4.0, 0.0, 0.0, 0.0]] * 2])  # 2 x 6: the same row twice
+    >>> # mean 1, std sqrt(7 / 3); along axis 1 steps of 2, 2, 4, 0, 0 (mean 8/5), second differences 0, 6, 4, 0
+    >>> # (mean 5/2), and the row's power 28, 12, 4 at frequencies 1, 2, 3: |log 28 - 2 log 12 + log 4| = log(9 / 7)
+    >>> [round(v, 4) for v in image_statistics(image)]  # sharpness 8/5 / std; roughness (5/2) / (8/5)
+    [1.0, 1.5275, 0.0, 1.0474, 0.0, 1.5625, 0.0, 0.2513]
     """
     image = detached_plain_tensor(torch.as_tensor(image)).double()
     flat = image.reshape(image.shape[0], -1)
     std = flat.std(1, correction=0)
     out, roughness, tiny = [flat.mean(1), std], [], torch.finfo(torch.float64).tiny
+    spectra = [_spectrum_roughness(image, axis) for axis in range(1, image.ndim)]
     for axis in range(1, image.ndim):
         first = image.diff(dim=axis)  # the second difference is its difference: one pass less
         step = first.abs().reshape(image.shape[0], -1).mean(1)
@@ -61,7 +66,22 @@ def image_statistics(image: Any) -> list[float]:
             continue
         bend = first.diff(dim=axis).abs_().reshape(image.shape[0], -1).mean(1)
         roughness.append(torch.where(step > 0, bend / step.clamp_min(tiny), torch.zeros_like(step)))
-    return torch.stack(out + roughness, dim=1).reshape(-1).cpu().tolist()
+    return torch.stack(out + roughness + spectra, dim=1).reshape(-1).cpu().tolist()
+
+
+def _spectrum_roughness(image: torch.Tensor, axis: int) -> torch.Tensor:
+    """Per channel, the mean absolute second difference of the log power spectrum along ``axis`` (the power of each
+    frequency summed over the other axes), over the frequencies that have power; 0 with fewer than 3 of them."""
+    if image.shape[axis] < 3:
+        return torch.zeros(image.shape[0], dtype=image.dtype, device=image.device)
+    centred = image - image.mean(dim=axis, keepdim=True)  # frequency 0 out: its power is the mean's, not the texture
+    power = torch.fft.rfft(centred, dim=axis).abs().square().movedim(axis, -1)
+    power = power.reshape(image.shape[0], -1, power.shape[-1]).sum(1)[:, 1:]
+    values = []
+    for row in power:
+        log = row[row > 0].log()
+        values.append(log.diff().diff().abs().mean() if log.numel() >= 3 else log.new_zeros(()))
+    return torch.stack(values)
 
 
 def image_statistic_names(channels: int, spatial_dims: int) -> list[str]:
@@ -130,7 +150,7 @@ def input_statistics(image: Any, geometry: Sequence[float] | None = None) -> lis
 
     >>> import torch
     >>> input_statistics(torch.tensor([[[0.0, 2.0], [0.0, 2.0]]]))  # a plain tensor: no geometry, NaN (left out)
-    [1.0, 1.0, 0.0, 2.0, 0.0, 0.0, nan, nan, nan, nan]
+    [1.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, nan, nan, nan, nan]
     """
     return image_statistics(image) + list(image_geometry(image) if geometry is None else geometry)
 
