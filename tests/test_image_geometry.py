@@ -200,3 +200,16 @@ def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():
     verdict = validated.check({"case_score": 0.81, "classes": {}}, image_statistics(ghosted))
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith("image unlike the validation images (spectrum roughness along axis 0:")
+
+
+def test_the_spectrum_roughness_of_a_large_image_sums_evenly_strided_lines(monkeypatch):
+    # with at most 20 lines per axis, axis 0 of a 12 x 10 x 8 image (80 lines) sums the lines of every 2nd voxel along
+    # axes 1 and 2 (step ceil(sqrt(80 / 20)) = 2): the spectrum roughness of the image[:, :, ::2, ::2]'s 20 lines
+    import calib_monai.metrics.image_statistics as module
+
+    image = torch.rand(1, 12, 10, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    full = image_statistics(image)
+    monkeypatch.setattr(module, "_SPECTRUM_LINES", 20)
+    capped = image_statistics(image)
+    assert capped[-3] == pytest.approx(image_statistics(image[:, :, ::2, ::2])[-3], rel=1e-12)
+    assert capped[-3] != pytest.approx(full[-3], rel=1e-3) and capped[:-3] == full[:-3]
