@@ -6,10 +6,9 @@ statistics as the eager torch ops of ``calibration_torch.py`` (int64 counts, exa
 ``select_voxels``: ``select_tensor_voxels``'s "gt" selection and checks in one pass over the labels; ``add_volume``:
 that selection, the checks and the chunk pass together, one pass over a volume's labels (``calibration_errors``).
 
-Why C through ``ctypes`` and not ``torch.compile``: on the project's 2-core CPU, inductor took 44 s to compile the
-chunk pass and ran it 1.3x faster than eager (its scatters become atomic adds); this C compiles in 1 s (no torch
-headers) and accumulates 3.0x faster than eager, selects 1.5x faster (thread CPU time, 4 volumes of the benchmark).
-Built once per source and compiler into ``$CALIB_MONAI_KERNEL_DIR`` (default ``~/.cache/calib_monai``);
+C through ``ctypes``, not ``torch.compile``: inductor compiles the chunk pass in tens of seconds and turns its scatters
+into atomic adds, while this C needs no torch headers (the figures: ``docs/notes/metrics.md``, "Measurements"). Built
+once per source and compiler into ``$CALIB_MONAI_KERNEL_DIR`` (default ``~/.cache/calib_monai``);
 ``CALIB_MONAI_KERNEL=0`` switches it off. Without a C compiler, or when the build fails, the eager path runs (logged
 once). CPU float32 only: float64, CUDA and meta tensors take the eager path.
 """
