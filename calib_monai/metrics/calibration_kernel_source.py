@@ -20,6 +20,15 @@ static inline int64_t bucket(int32_t w, int32_t offset) {
     return (int64_t)(key < offset ? offset : key) - offset; /* 0: below the grid, or -0.0 */
 }
 
+/* equal-width bin (lo, hi] of a value in [0, 1]: ceil(v m) - 1, corrected by the float edges' tables */
+static inline int64_t equal_width_bin(double v64, int64_t m, const double *lower, const double *upper) {
+    double t = v64 * (double)m, whole = (double)(int64_t)t;
+    double up = t > whole ? whole + 1.0 : whole; /* ceil, t >= 0 */
+    int64_t b = (int64_t)(up < 1.0 ? 1.0 : (up > (double)m ? (double)m : up)) - 1;
+    b -= v64 <= lower[b];
+    return b + (v64 > upper[b]);
+}
+
 /* packed[k * size + q] += count << 40 + low 13 bits; zero_sum[k] += bucket 0's values: class by class, row-wise */
 static int grid_rows(const float *p, int64_t n, int64_t c, int64_t size, int32_t offset, int64_t *packed,
                      double *zero_sum) {
@@ -77,11 +86,8 @@ static int chunk_##SUFFIX(const float *p, int64_t n, int64_t c, const T *y, int6
                 arg = above ? k : arg;                                                                            \
                 conf = above ? v : conf;                                                                          \
             }                                                                                                     \
-            double v64 = (double)conf, t = v64 * (double)m, whole = (double)(int64_t)t;                           \
-            double up = t > whole ? whole + 1.0 : whole; /* ceil, t >= 0 */                                       \
-            int64_t b = (int64_t)(up < 1.0 ? 1.0 : (up > (double)m ? (double)m : up)) - 1;                        \
-            b -= v64 <= lower[b];                                                                                 \
-            b += v64 > upper[b];                                                                                  \
+            double v64 = (double)conf;                                                                            \
+            int64_t b = equal_width_bin(v64, m, lower, upper);                                                    \
             int64_t l = i & (LANES - 1);                                                                          \
             counts[l * 2 * m + 2 * b + (arg == (int64_t)y[i])] += 1;                                              \
             sums[l * m + b] += v64;                                                                               \
@@ -264,17 +270,10 @@ static int64_t gt_##SUFFIX(const float *p, int64_t stride, int64_t size, int64_t
         if (do_ece && t >= 0 && t < c) {                                                                          \
             int32_t w;                                                                                            \
             memcpy(&w, &conf, sizeof w);                                                                          \
-            int64_t q = bucket(w, offset), b;                                                                     \
+            int64_t q = bucket(w, offset);                                                                        \
             q = q > top ? top : q;                                                                                \
-            if (ece_lut[q] < m) {                                                                                 \
-                b = ece_lut[q];                                                                                   \
-            } else { /* a bucket across a bin edge: calib_chunk's comparison with the edges */                   \
-                double v64 = (double)conf, s = v64 * (double)m, whole = (double)(int64_t)s;                       \
-                double up = s > whole ? whole + 1.0 : whole;                                                      \
-                b = (int64_t)(up < 1.0 ? 1.0 : (up > (double)m ? (double)m : up)) - 1;                            \
-                b -= v64 <= lower[b];                                                                             \
-                b += v64 > upper[b];                                                                              \
-            }                                                                                                     \
+            /* the bucket's bin, or for a bucket across a bin edge the comparison with the edges */              \
+            int64_t b = ece_lut[q] < m ? ece_lut[q] : equal_width_bin((double)conf, m, lower, upper);             \
             int64_t l = j & (LANES - 1);                                                                          \
             counts[l * 2 * m + 2 * b + (arg == t)] += 1;                                                          \
             sums[l * m + b] += (double)conf;                                                                      \
