@@ -1,7 +1,7 @@
 """The input signal's acquisition geometry: the field of view and acquired voxel spacing read through MONAI's own
 loader and spatial transforms (hand-computed), and the review rule flagging an image from another protocol while an
-image of the same protocol, a float's noise off, or one without a geometry is judged as before; and ghosts seen by the
-spectrum roughness along the phase-encoding axis."""
+image of the same protocol, a float's noise off, or one without a geometry is judged as before; ghosts seen by the
+spectrum roughness along the phase-encoding axis, and a gamma by the intensity skewness."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_geometry_is_the_files_through_resampling_and_reorientation(tmp_path
     # a plain tensor has no geometry: NaN, named so the rule can leave it out
     assert all(math.isnan(v) for v in image_geometry(torch.zeros(1, 4, 4, 2)))
     assert input_statistic_names(1, 3)[-1] == "voxel spacing along axis 2"
-    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 2 + 3 + 3 + 3 + 6
+    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 3 + 3 + 3 + 3 + 6
 
 
 def _protocol_images(tmp_path, n, spacing, shape, name, seed=0):
@@ -155,9 +155,10 @@ def test_a_range_from_before_the_geometry_says_so():
 
 
 def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_name():
-    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no roughness, no geometry); a served
-    # case has 11 per channel and 6 geometry ones. Picked by name, not by position: the case's extreme roughness of
-    # channel 0 (which a prefix would read as channel 1's mean) is not judged, channel 1's mean intensity is
+    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no skewness, no roughness, no
+    # geometry); a served case has 12 per channel and 6 geometry ones. Picked by name, not by position: the case's
+    # extreme skewness and roughness of channel 0 (which a prefix would read as channel 1's mean) are not judged,
+    # channel 1's mean intensity is
     old_names = [
         f"channel {c} {n}"
         for c in range(2)
@@ -167,14 +168,15 @@ def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_nam
     rows = (torch.tensor([0.5, 0.3, 0.2, 0.2, 0.2] * 2) + 0.01 * torch.randn(19, 10, generator=g)).tolist()
     old = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=rows, input_check=True, input_names=old_names)
     assert old.outdated.startswith(
-        "the range was calibrated before the image statistics roughness, spectrum roughness, field of view,"
+        "the range was calibrated before the image statistics intensity skewness, roughness, spectrum roughness, "
+        "field of view,"
     )
-    assert len(input_statistic_names(2, 3)) == 2 * 11 + 6
-    case = [0.5, 0.3, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0]
-    case += [0.5, 0.3, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [math.nan] * 6
+    assert len(input_statistic_names(2, 3)) == 2 * 12 + 6
+    case = [0.5, 0.3, 0.9, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0]
+    case += [0.5, 0.3, 0.0, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [math.nan] * 6
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is False and verdict["signals"]["input"]["value"] < 3
-    case[11] = 0.9  # channel 1's mean intensity, 40 of its spreads away
+    case[12] = 0.9  # channel 1's mean intensity, 40 of its spreads away
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith("image unlike the validation images (channel 1 mean intensity: distance")
@@ -213,3 +215,60 @@ def test_the_spectrum_roughness_of_a_large_image_sums_evenly_strided_lines(monke
     capped = image_statistics(image)
     assert capped[-3] == pytest.approx(image_statistics(image[:, :, ::2, ::2])[-3], rel=1e-12)
     assert capped[-3] != pytest.approx(full[-3], rel=1e-3) and capped[:-3] == full[:-3]
+
+
+def test_the_intensity_skewness_follows_a_contrast_curve_not_a_rescaling():
+    # the quantile skewness (q90 + q10 - 2 q50) / (q90 - q10) of a + b x is that of x (a > 0), and of -x its negative
+    image = torch.rand(1, 20, 20, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    skew = image_statistics(image)[2]
+    assert image_statistics(3.0 * image + 5.0)[2] == pytest.approx(skew, abs=1e-12)
+    assert image_statistics(-image)[2] == pytest.approx(-skew, abs=1e-12)
+    # uniform values: about 0; x ** 2.2 moves q10, q50, q90 to 0.1 ** 2.2, 0.5 ** 2.2, 0.9 ** 2.2, so about 0.46
+    assert abs(skew) < 0.05
+    assert image_statistics(image**2.2)[2] == pytest.approx(
+        (0.9**2.2 + 0.1**2.2 - 2 * 0.5**2.2) / (0.9**2.2 - 0.1**2.2), abs=0.05
+    )
+
+
+def test_a_gamma_is_seen_by_the_intensity_skewness():
+    # 20 smooth images (16 x 16 noise upsampled to 48 x 48, 4 slices) in [0, 1], each stored with its own gain and
+    # offset (another scanner's scale, which a served image may keep); a gamma of 2.2 (AdjustContrast, the study's
+    # strongest) on the last, before its gain, keeps its mean and spread among the others' and its sharpness and
+    # spectra nearly as they were, but moves its intensity skewness from 0.00 to 0.28, 7 of the others' spreads
+    # (0.04); the rule flags it and names the skewness
+    from calib_monai.data.site_shift import apply_site_shift
+
+    g = torch.Generator().manual_seed(0)
+    images, scales = [], []
+    for _ in range(20):
+        field = torch.nn.functional.interpolate(torch.rand(1, 1, 16, 16, generator=g), size=(48, 48), mode="bicubic")
+        image = field[0, ..., None].repeat(1, 1, 1, 4) + 0.02 * torch.rand(1, 48, 48, 4, generator=g)
+        images.append((image - image.min()) / (image.max() - image.min()))
+        scales.append((0.5 + 1.5 * torch.rand((), generator=g), torch.rand((), generator=g)))
+    darker = apply_site_shift(images[-1], "gamma", "strong", seed=1)  # this seed's draw: gamma 2.2, not 1 / 2.2
+    assert darker.mean() < images[-1].mean()
+    stored = [gain * image + offset for image, (gain, offset) in zip(images + [darker], scales + scales[-1:])]
+    before, after = image_statistics(stored[-2])[2], image_statistics(stored[-1])[2]
+    assert after - before > 0.25
+    names = image_statistic_names(1, 3)
+    stats = [image_statistics(i) for i in stored[:-2]]
+    validated = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=stats, input_check=True, input_names=names)
+    assert validated.check({"case_score": 0.81, "classes": {}}, image_statistics(stored[-2]))["flag"] is False
+    verdict = validated.check({"case_score": 0.81, "classes": {}}, image_statistics(stored[-1]))
+    assert verdict["flag"] is True
+    assert verdict["reasons"][0].startswith("image unlike the validation images (intensity skewness:"), verdict
+
+
+def test_the_intensity_skewness_of_a_large_image_takes_evenly_strided_voxels(monkeypatch):
+    import calib_monai.metrics.image_statistics as module
+
+    image = torch.rand(2, 12, 10, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64) ** 2
+    full = image_statistics(image)
+    monkeypatch.setattr(module, "_QUANTILE_VOXELS", 100)  # 960 voxels per channel: every 10th of the flattened
+    capped = image_statistics(image)
+    per_channel = len(image_statistic_names(1, 3))
+    for c in range(2):
+        flat = image[c].reshape(-1)[::10]
+        q10, q50, q90 = torch.quantile(flat, flat.new_tensor([0.1, 0.5, 0.9]))
+        assert capped[c * per_channel + 2] == pytest.approx(float((q90 + q10 - 2 * q50) / (q90 - q10)), rel=1e-12)
+        assert capped[c * per_channel + 2] != pytest.approx(full[c * per_channel + 2], rel=1e-4)

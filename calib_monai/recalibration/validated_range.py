@@ -13,8 +13,9 @@ more extreme), each measured against the other ``n``:
 
 * the case score (mean estimated DSC), negated (no case score: more extreme than any);
 * (``input_check``) the image: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of the image's
-  statistics (per channel its mean, standard deviation, sharpness, roughness and spectrum roughness along each axis;
-  per axis the log of its field of view and of its acquired voxel spacing, whose ``std_c`` is at least ``log 1.1``:
+  statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and spectrum
+  roughness along each axis; per axis the log of its field of view and of its acquired voxel spacing, whose ``std_c``
+  is at least ``log 1.1``:
   :func:`~calib_monai.metrics.image_statistics.input_statistics`) from the training images' (a fixed reference, up
   to 200 of them through the served preprocessing; without them, from the other ``n`` images');
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
