@@ -57,6 +57,7 @@ from .calibration_kernel import add_volume, select_voxels  # compiled "gt" passe
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
 from .calibration_torch import CalibrationAccumulator
+from .calibration_triton import triton_path, triton_statistics
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -270,6 +271,10 @@ def calibration_errors(
     if isinstance(probs, torch.Tensor) and sorted_path(probs):  # whole-tensor operations: the grid's many small
         # steps are launch- and sync-bound on a GPU
         p, y, class_dim = prepare_tensors(probs, labels)
+        if triton_path(p, y, names, foreground):  # one read of the data in a Triton kernel, two synchronisations
+            stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
+            if stats is not None:
+                return statistics_values(stats, num_bins, p.shape[1], include_background)
         return sorted_errors(p, y, class_dim, names, num_bins, foreground, include_background, threshold)
     acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
     return accumulator_values(acc, names, include_background)

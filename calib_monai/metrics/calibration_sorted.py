@@ -27,7 +27,14 @@ from ._inputs import select_tensor_voxels, warn_empty_selection
 from .calibration_numpy import NLL_EPS, threshold_for_dtype, value_from_statistics
 from .calibration_torch import equal_width_bins
 
-__all__ = ["sorted_errors", "sorted_path", "sorted_statistics", "statistics_values", "use_sorted"]
+__all__ = [
+    "adaptive_error_of_keys",
+    "sorted_errors",
+    "sorted_path",
+    "sorted_statistics",
+    "statistics_values",
+    "use_sorted",
+]
 
 _enabled = True
 
@@ -70,19 +77,25 @@ def _adaptive_error(p: torch.Tensor, y: torch.Tensor, classes: torch.Tensor, num
         values, hits, row = values.reshape(-1), hits.reshape(-1), row.reshape(-1)
     if p.dtype == torch.float32:  # one sort: class above the 31 value bits and the hit bit
         key = (row << 32) | (values.view(torch.int32).long() << 1) | hits.long()
-        key = torch.sort(key).values
-        row, hit = key >> 32, (key & 1).double()
-        value = ((key >> 1) & 0x7FFFFFFF).int().view(torch.float32).double()
-    else:  # float64: 63 value bits, so the class goes in a second stable sort
-        order = torch.sort((values.view(torch.int64) << 1) | hits.long(), stable=True).indices
-        order = order[torch.sort(row[order], stable=True).indices]
-        row, hit, value = row[order], hits[order].double(), values[order].double()
-    k = len(classes)
+        return adaptive_error_of_keys(torch.sort(key).values, len(classes), num_bins)
+    # float64: 63 value bits, so the class goes in a second stable sort
+    order = torch.sort((values.view(torch.int64) << 1) | hits.long(), stable=True).indices
+    order = order[torch.sort(row[order], stable=True).indices]
+    return _adaptive_of_sorted(row[order], hits[order].double(), values[order].double(), len(classes), num_bins)
+
+
+def adaptive_error_of_keys(key: torch.Tensor, k: int, num_bins: int) -> torch.Tensor:
+    """0-d float64 TACE / ACE of sorted float32 keys ``row << 32 | bits(p) << 1 | hit`` of ``k`` classes."""
+    value = ((key >> 1) & 0x7FFFFFFF).int().view(torch.float32).double()
+    return _adaptive_of_sorted(key >> 32, (key & 1).double(), value, k, num_bins)
+
+
+def _adaptive_of_sorted(row: torch.Tensor, hit: torch.Tensor, value: torch.Tensor, k: int, num_bins: int):
     # sorted by class: where each class starts (a count of a few classes by bincount serialises on its atomics)
-    bounds = torch.searchsorted(row, torch.arange(k + 1, device=p.device, dtype=row.dtype))
+    bounds = torch.searchsorted(row, torch.arange(k + 1, device=row.device, dtype=row.dtype))
     start, n_k = bounds[:-1], bounds.diff()
     # the bins' sums are differences of prefix sums at the equal-mass edges floor(b n_k / M)
-    edges = start[:, None] + torch.arange(num_bins + 1, device=p.device) * n_k[:, None] // num_bins
+    edges = start[:, None] + torch.arange(num_bins + 1, device=row.device) * n_k[:, None] // num_bins
     zero = value.new_zeros(1)
     prefix_v, prefix_t = torch.cat([zero, value.cumsum(0)]), torch.cat([zero, hit.cumsum(0)])
     gaps = (prefix_t[edges].diff(dim=1) - prefix_v[edges].diff(dim=1)).abs().sum(1)

@@ -1,0 +1,105 @@
+"""The Triton path of the calibration metrics (``calibration_triton``): the same statistics as the sorted path of the
+selected voxels, for every label dtype, batches, ties, values on the bin edges and at the threshold, and the same
+error messages. It runs on CUDA, or on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before the
+first import); it skips where Triton is not installed (the CPU image: ``torch`` without CUDA brings none)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch bring it)")
+
+from calib_monai.metrics import calibration_errors  # noqa: E402
+from calib_monai.metrics._inputs import select_tensor_voxels  # noqa: E402
+from calib_monai.metrics.calibration_sorted import sorted_statistics  # noqa: E402
+from calib_monai.metrics.calibration_triton import triton_path, triton_statistics, use_triton  # noqa: E402
+
+if torch.cuda.is_available():
+    DEVICE = "cuda"
+elif os.environ.get("TRITON_INTERPRET") == "1":
+    DEVICE = "cpu"
+else:
+    pytest.skip("no CUDA device, and no TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
+
+NAMES = ["ece", "cece", "ml1ace", "tace", "ace"]
+
+
+def _volumes(b, c, n, dtype=torch.uint8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(3 * torch.randn(b, c, n, generator=g), 1)
+    p[0, :, :4] = 0.0
+    p[0, 1, :4] = 1.0  # one-hot voxels: confidence 1, zeros below any threshold
+    p[0, :2, 4:8] = 0.5  # ties between classes 0 and 1: the first index wins
+    p[0, 2:, 4:8] = 0.0
+    edge = [-0.0, 0.2, 0.8] + [0.0] * (c - 3) if c >= 3 else [0.2, 0.8]  # -0.0 keys as 0.0; 0.2 on an edge
+    p[-1, :, 8:12] = torch.tensor(edge)[:, None]
+    y = torch.randint(0, c, (b, n), generator=g)
+    y[0, :12] = torch.arange(12) % c
+    return p.to(DEVICE), y.to(dtype).to(DEVICE)
+
+
+def _reference(p, y, num_bins, include_background, threshold):
+    c = p.shape[1]
+    p_sel, y_sel = select_tensor_voxels(p.transpose(0, 1).reshape(c, -1), y.reshape(-1), "gt")
+    return sorted_statistics(p_sel, y_sel, NAMES, num_bins, include_background, threshold)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_statistics_are_the_sorted_paths(dtype, batch):
+    c = 2 if dtype == torch.bool else 4
+    p, y = _volumes(batch, c, 700, dtype, seed=batch)
+    for include_background in (True, False):
+        for num_bins, threshold in ((15, 1e-3), (5, 0.2), (20, 0.0)):  # 0.2: the threshold on a value
+            got = triton_statistics(p, y, NAMES, num_bins, include_background, threshold)
+            want = _reference(p, y, num_bins, include_background, threshold)
+            for name in NAMES:
+                # the counts exactly; the float64 sums in another order, a few ulps apart
+                torch.testing.assert_close(got[name], want[name], rtol=1e-13, atol=1e-13, msg=name)
+
+
+def test_calibration_errors_take_it_and_give_the_cpus_values():
+    p, y = _volumes(2, 5, 3000, torch.int16)
+    assert triton_path(p, y.reshape(2, -1), NAMES, "gt")
+    with use_triton(False):
+        assert not triton_path(p, y, NAMES, "gt")
+    cpu = calibration_errors(p.cpu(), y.cpu(), NAMES, num_bins=15, foreground="gt", include_background=False)
+    got = calibration_errors(p, y, NAMES, num_bins=15, foreground="gt", include_background=False)
+    assert got == pytest.approx(cpu, rel=1e-12, abs=1e-14)
+
+
+def test_other_inputs_take_the_sorted_path():
+    p, y = _volumes(1, 3, 50)
+    assert not triton_path(p.double(), y, NAMES, "gt")
+    assert not triton_path(p, y, NAMES, "union")
+    assert not triton_path(p, y, ["ece", "nll"], "gt")
+    assert not triton_path(p, y.float(), NAMES, "gt")
+
+
+def test_nothing_selected_is_left_to_the_caller():
+    p, y = _volumes(2, 3, 50)
+    assert triton_statistics(p, torch.zeros_like(y), NAMES, 15, True, 1e-3) is None
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda p, y: p.__setitem__((1, 2, 7), float("nan")),
+        lambda p, y: p.__setitem__((0, 0, 3), 1.5),
+        lambda p, y: p.mul_(3.0),
+        lambda p, y: y.__setitem__((1, 9), 7),
+    ],
+    ids=["nan", "above-1", "logits", "label-range"],
+)
+def test_bad_inputs_get_the_sorted_paths_message(spoil):
+    p, y = _volumes(2, 3, 50, torch.int64)
+    y[:, :] = torch.where(y == 0, 1, y)  # every voxel selected: the spoiled one too
+    spoil(p, y)
+    with pytest.raises(ValueError) as sorted_error:
+        _reference(p, y, 15, True, 1e-3)
+    with pytest.raises(ValueError) as triton_error:
+        triton_statistics(p, y, NAMES, 15, True, 1e-3)
+    assert str(triton_error.value) == str(sorted_error.value)
