@@ -8,8 +8,10 @@ All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spa
 - ``"union"``: voxels that are foreground in the prediction (argmax != 0) or in the ground truth;
 - ``"all"``: every voxel.
 
-Where: one implementation (``calibration_torch.py``), on the inputs' device. Torch tensors are computed where they
-are (CPU or CUDA): the volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
+Where: on the inputs' device, one definition with a path per device: the bucket grid on the CPU
+(``calibration_torch.py``), whole-tensor operations on CUDA (``calibration_sorted.py``) and, where Triton is installed,
+two Triton kernels for ``calibration_errors`` on CUDA (``calibration_triton.py``). Torch tensors are computed where
+they are: the volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
 viewed as CPU tensors (``torch.from_numpy``, no copy of a contiguous array) and take the same path. Counts are
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
 accumulators stop counting at 2**24); the tests hold them equal to a float64 brute force. One bin rule

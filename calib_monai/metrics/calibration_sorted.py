@@ -99,8 +99,8 @@ def _adaptive_of_sorted(row: torch.Tensor, hit: torch.Tensor, value: torch.Tenso
     zero = value.new_zeros(1)
     prefix_v, prefix_t = torch.cat([zero, value.cumsum(0)]), torch.cat([zero, hit.cumsum(0)])
     gaps = (prefix_t[edges].diff(dim=1) - prefix_v[edges].diff(dim=1)).abs().sum(1)
-    present = n_k > 0
-    return (gaps / n_k.clamp(min=1))[present].sum() / present.sum()
+    present = n_k > 0  # a mask by where, not by indexing: indexing by a mask synchronises with the host
+    return torch.where(present, gaps / n_k.clamp(min=1), 0.0).sum() / present.sum()
 
 
 def sorted_statistics(
