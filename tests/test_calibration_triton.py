@@ -15,7 +15,12 @@ pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of to
 from calib_monai.metrics import calibration_errors  # noqa: E402
 from calib_monai.metrics._inputs import select_tensor_voxels  # noqa: E402
 from calib_monai.metrics.calibration_sorted import sorted_statistics  # noqa: E402
-from calib_monai.metrics.calibration_triton import triton_path, triton_statistics, use_triton  # noqa: E402
+from calib_monai.metrics.calibration_triton import (  # noqa: E402
+    triton_errors,
+    triton_path,
+    triton_statistics,
+    use_triton,
+)
 
 if torch.cuda.is_available():
     DEVICE = "cuda"
@@ -61,14 +66,16 @@ def test_the_statistics_are_the_sorted_paths(dtype, batch):
                 torch.testing.assert_close(got[name], want[name], rtol=1e-13, atol=1e-13, msg=name)
 
 
-def test_calibration_errors_take_it_and_give_the_cpus_values():
+def test_the_values_are_the_cpus_and_calibration_errors_take_them_on_cuda():
     p, y = _volumes(2, 5, 3000, torch.int16)
-    assert triton_path(p, y.reshape(2, -1), NAMES, "gt")
+    assert triton_path(p, y, NAMES, "gt")
     with use_triton(False):
-        assert not triton_path(p, y, NAMES, "gt")
+        assert not triton_path(p, y, NAMES, "gt") and triton_errors(p, y, 1, NAMES) is None
     cpu = calibration_errors(p.cpu(), y.cpu(), NAMES, num_bins=15, foreground="gt", include_background=False)
-    got = calibration_errors(p, y, NAMES, num_bins=15, foreground="gt", include_background=False)
-    assert got == pytest.approx(cpu, rel=1e-12, abs=1e-14)
+    got = triton_errors(p, y, 1, NAMES, num_bins=15, foreground="gt", include_background=False)
+    assert list(got) == NAMES and got == pytest.approx(cpu, rel=1e-12, abs=1e-14)
+    if p.is_cuda:  # calibration_errors routes CUDA tensors here (CPU tensors take the bucket grid)
+        assert calibration_errors(p, y, NAMES, num_bins=15, include_background=False) == got
 
 
 def test_other_inputs_take_the_sorted_path():

@@ -8,10 +8,9 @@ All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spa
 - ``"union"``: voxels that are foreground in the prediction (argmax != 0) or in the ground truth;
 - ``"all"``: every voxel.
 
-Where: on the inputs' device, one definition with a path per device: the bucket grid on the CPU
-(``calibration_torch.py``), whole-tensor operations on CUDA (``calibration_sorted.py``) and, where Triton is installed,
-two Triton kernels for ``calibration_errors`` on CUDA (``calibration_triton.py``). Torch tensors are computed where
-they are: the volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
+Where: on the inputs' device, by one definition: the bucket grid on the CPU (``calibration_torch.py``), whole-tensor
+operations on CUDA (``calibration_sorted.py``; ``calibration_triton.py``'s kernels where Triton is installed). The
+volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
 viewed as CPU tensors (``torch.from_numpy``, no copy of a contiguous array) and take the same path. Counts are
 accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
 accumulators stop counting at 2**24); the tests hold them equal to a float64 brute force. One bin rule
@@ -59,7 +58,7 @@ from .calibration_kernel import add_volume, select_voxels  # compiled "gt" passe
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
 from .calibration_torch import CalibrationAccumulator
-from .calibration_triton import triton_path, triton_statistics
+from .calibration_triton import triton_errors
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -272,12 +271,8 @@ def calibration_errors(
     foreground = check_foreground(foreground)
     if isinstance(probs, torch.Tensor) and sorted_path(probs):  # whole-tensor operations: the grid's many small
         # steps are launch- and sync-bound on a GPU
-        p, y, class_dim = prepare_tensors(probs, labels)
-        if triton_path(p, y, names, foreground):  # one read of the data in a Triton kernel, two synchronisations
-            stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
-            if stats is not None:
-                return statistics_values(stats, num_bins, p.shape[1], include_background)
-        return sorted_errors(p, y, class_dim, names, num_bins, foreground, include_background, threshold)
+        args = (*prepare_tensors(probs, labels), names, num_bins, foreground, include_background, threshold)
+        return triton_errors(*args) or sorted_errors(*args)  # Triton kernels where installed: one read of the data
     acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
     return accumulator_values(acc, names, include_background)
 

@@ -24,7 +24,7 @@ import torch
 from ._inputs import probability_problem
 from .calibration_grid import edge_tensors
 from .calibration_numpy import threshold_for_dtype
-from .calibration_sorted import adaptive_error_of_keys
+from .calibration_sorted import adaptive_error_of_keys, statistics_values
 
 try:  # an optional dependency (CUDA builds of torch bring it); the sorted path runs without it
     import triton
@@ -32,7 +32,7 @@ try:  # an optional dependency (CUDA builds of torch bring it); the sorted path 
 except ImportError:  # pragma: no cover - the CPU image has no Triton
     triton = None
 
-__all__ = ["TRITON_METRICS", "available", "triton_path", "triton_statistics", "use_triton"]
+__all__ = ["TRITON_METRICS", "available", "triton_errors", "triton_path", "triton_statistics", "use_triton"]
 
 TRITON_METRICS = frozenset({"ece", "cece", "ml1ace", "tace", "ace"})
 _BLOCK = 256  # voxels per step of a program
@@ -71,6 +71,24 @@ def triton_path(p: torch.Tensor, y: torch.Tensor, names: Sequence[str], foregrou
         and 0 < y.numel() < 2**31 - _KEY_BLOCK
         and p.shape[1] <= 64
     )
+
+
+def triton_errors(
+    p: torch.Tensor,
+    y: torch.Tensor,
+    class_dim: int,
+    names: Sequence[str],
+    num_bins: int = 15,
+    foreground: str = "gt",
+    include_background: bool = True,
+    threshold: float = 1e-3,
+) -> dict[str, float] | None:
+    """``sorted_errors``' ``{name: value}`` of ``p (B, C, N)``, ``y (B, N)`` on this path; None where it does not
+    apply (``triton_path``) or nothing is selected: the caller's path takes them."""
+    if not triton_path(p, y, names, foreground):
+        return None
+    stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
+    return None if stats is None else statistics_values(stats, num_bins, p.shape[1], include_background)
 
 
 def triton_statistics(
