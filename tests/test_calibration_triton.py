@@ -110,3 +110,17 @@ def test_bad_inputs_get_the_sorted_paths_message(spoil):
     with pytest.raises(ValueError) as triton_error:
         triton_statistics(p, y, NAMES, 15, True, 1e-3)
     assert str(triton_error.value) == str(sorted_error.value)
+
+
+def test_a_triton_that_fails_hands_over_to_the_sorted_path_once(monkeypatch):
+    import calib_monai.metrics.calibration_triton as module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C compiler")
+
+    p, y = _volumes(1, 3, 50)
+    monkeypatch.setattr(module, "triton_statistics", broken)
+    with use_triton(True):  # restores the switch the failure turns off
+        with pytest.warns(UserWarning, match="Triton kernels failed .*no C compiler.*sorted path"):
+            assert triton_errors(p, y, 1, NAMES) is None
+        assert not triton_path(p, y, NAMES, "gt")

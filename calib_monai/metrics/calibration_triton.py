@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -85,9 +86,18 @@ def triton_errors(
 ) -> dict[str, float] | None:
     """``sorted_errors``' ``{name: value}`` of ``p (B, C, N)``, ``y (B, N)`` on this path; None where it does not
     apply (``triton_path``) or nothing is selected: the caller's path takes them."""
+    global _enabled
     if not triton_path(p, y, names, foreground):
         return None
-    stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
+    try:
+        stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
+    except ValueError:  # the inputs' checks: the caller's message
+        raise
+    except Exception as error:  # a Triton that cannot build or run its kernels here (no C compiler, an old GPU)
+        _enabled = False
+        message = f"the calibration metrics' Triton kernels failed ({error!r}); they use the sorted path from now"
+        warnings.warn(message, stacklevel=3)
+        return None
     return None if stats is None else statistics_values(stats, num_bins, p.shape[1], include_background)
 
 
