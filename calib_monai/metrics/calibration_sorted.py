@@ -90,7 +90,9 @@ def adaptive_error_of_keys(key: torch.Tensor, k: int, num_bins: int) -> torch.Te
     return _adaptive_of_sorted(key >> 32, (key & 1).double(), value, k, num_bins)
 
 
-def _adaptive_of_sorted(row: torch.Tensor, hit: torch.Tensor, value: torch.Tensor, k: int, num_bins: int):
+def _adaptive_of_sorted(
+    row: torch.Tensor, hit: torch.Tensor, value: torch.Tensor, k: int, num_bins: int
+) -> torch.Tensor:
     # sorted by class: where each class starts (a count of a few classes by bincount serialises on its atomics)
     bounds = torch.searchsorted(row, torch.arange(k + 1, device=row.device, dtype=row.dtype))
     start, n_k = bounds[:-1], bounds.diff()
