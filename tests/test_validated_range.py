@@ -328,23 +328,36 @@ def test_the_volume_interval_is_widened_by_the_factor_fitted_on_validation(tmp_p
 
 
 def test_fixed_references_from_training_images():
-    # input statistics of 3 training images: mean (2, 20), population std (sqrt(2/3), sqrt(200/3))
-    references = fixed_references([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]], None, None)
-    assert (
-        references["input_reference"]["mean"] == pytest.approx([2.0, 20.0]) and references["feature_reference"] is None
-    )
-    assert references["input_reference"]["std"] == pytest.approx([math.sqrt(2 / 3), math.sqrt(200 / 3)])
-    # the input distance is then measured from that fixed reference: an image at (2, 20 + 3 std) is 3 std away
-    std = math.sqrt(200 / 3)
+    # input statistics of 4 training images: mean (2, 20), population std (1, 10); standardised, the corners of a
+    # square, whose covariance is the identity (Ledoit-Wolf shrinks nothing: S = m I), so the precision is too
+    references = fixed_references([[1.0, 10.0], [3.0, 10.0], [1.0, 30.0], [3.0, 30.0]], None, None)
+    reference = references["input_reference"]
+    assert reference["mean"] == pytest.approx([2.0, 20.0]) and references["feature_reference"] is None
+    assert reference["std"] == pytest.approx([1.0, 10.0])
+    assert np.asarray(reference["precision"]) == pytest.approx(np.eye(2), abs=1e-12)
+    # the input distance is then measured from that fixed reference, the intensity statistics together: an image
+    # 3 and 4 spreads off is sqrt(3^2 + 4^2) = 5 away, and statistic 1 takes the larger share (16 of 25)
     validated = ValidatedRange(
         [0.5 + 0.01 * i for i in range(19)],
         inputs=[[2.0, 20.0 + 0.1 * i] for i in range(19)],
         input_check=True,
-        input_reference=references["input_reference"],
+        input_reference=reference,
     )
-    verdict = validated.check(_case(0.6), [2.0, 20.0 + 3 * std])
-    assert verdict["flag"] is True and verdict["signals"]["input"]["value"] == pytest.approx(3.0)
-    assert verdict["reasons"][0].startswith("image unlike the training images (image statistic 1: distance 3.0")
+    verdict = validated.check(_case(0.6), [2.0 + 3.0, 20.0 + 40.0])
+    assert verdict["flag"] is True and verdict["signals"]["input"]["value"] == pytest.approx(5.0)
+    assert verdict["reasons"][0].startswith(
+        "image unlike the training images (image statistic 1 with the other intensity statistics: distance 5.0"
+    )
+    assert not validated.outdated
+    # a range from before the joint distance (no precision) measures each statistic alone, and says so
+    alone = {k: v for k, v in reference.items() if k != "precision"}
+    old = ValidatedRange(validated.scores, inputs=validated.inputs, input_check=True, input_reference=alone)
+    verdict = old.check(_case(0.6), [2.0 + 3.0, 20.0 + 40.0])
+    assert verdict["signals"]["input"]["value"] == pytest.approx(4.0)
+    assert verdict["reasons"][0].startswith("image unlike the training images (image statistic 1: distance 4.0")
+    assert old.outdated.startswith("the range was calibrated before the input signal measured the intensity")
+    with pytest.raises(ValueError, match=r"precision has shape \(3, 3\) for 2 intensity statistics: run calibrate"):
+        ValidatedRange(validated.scores, inputs=validated.inputs, input_reference={**alone, "precision": np.eye(3)})
     # features: Mahalanobis fitted on 40 training vectors; the validation cases' distances stored; a far case
     g = np.random.default_rng(0)
     training, validation = g.normal(size=(40, 5)), g.normal(size=(19, 5))

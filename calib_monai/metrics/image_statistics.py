@@ -22,6 +22,7 @@ __all__ = [
     "image_statistics",
     "input_statistic_names",
     "input_statistics",
+    "is_geometry",
     "statistic_floor",
 ]
 
@@ -196,4 +197,5 @@ def statistic_floor(name: str) -> float:
 
 
 def is_geometry(name: str) -> bool:
+    """Whether the statistic named ``name`` measures the acquisition geometry (field of view, voxel spacing)."""
     return name.startswith(_GEOMETRY_PREFIXES)

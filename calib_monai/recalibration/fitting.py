@@ -328,7 +328,7 @@ def measure_validated_range(
     scored_on = "input grid" if mapped == {True} else "network grid"
     scale, info["volume_interval"] = volume_interval_fit(qualities, truths)
     references = fixed_references(
-        reference_inputs, reference_features, [features[i] for i in chosen] if stored else None
+        reference_inputs, reference_features, [features[i] for i in chosen] if stored else None, input_names=names
     )
     if references.get("why"):
         info["feature_reference_left_out"] = references.pop("why")

@@ -1,6 +1,7 @@
 """The review rule's input signal (:class:`~calib_monai.recalibration.review_rule.ValidatedRange`): how far an image's
-statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, sharpness, roughness, field
-of view and acquired spacing) lie from the training images' or, without them, from the other validation images'."""
+statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, their skewness, sharpness,
+roughness, spectrum roughness, field of view and acquired spacing) lie from the training images' (the intensity
+statistics together, each geometry statistic alone) or, without them, from the other validation images'."""
 
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ class InputSignal:
         have = set(self.named)
         self.missing = [n for n in self.served_names if n not in have]
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
+        #: the training images' precision of the standardised intensity statistics (None: a range from before it, or
+        #: none stored: each statistic alone)
+        precision = (self.reference or {}).get("precision")
+        self.precision = None if precision is None else np.asarray(precision, dtype=np.float64)
+        if self.precision is not None and self.precision.shape != (int((~self.geometry).sum()),) * 2:
+            raise ValueError(
+                f"validated range input_reference precision has shape {self.precision.shape} for "
+                f"{int((~self.geometry).sum())} intensity statistics: run calibrate again"
+            )
 
     def intensities_finite(self) -> bool:
         """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
@@ -79,28 +89,47 @@ class InputSignal:
         return stats, "", (_NO_GEOMETRY if lacking else "")
 
     def distances(self, stats: Sequence[float]) -> tuple[np.ndarray, str]:
-        """The distance of each of the ``n`` validation images and of the case (``stats``, last): the largest over
-        the statistics all of them have (a geometry one lacks is left out), in spreads (standard deviations, at least
-        each statistic's :func:`statistic_floor`) from the training images' (one fixed function, so the ``n + 1``
-        stay exchangeable), else from the other ``n``; and the name of the case's farthest statistic."""
+        """The distance of each of the ``n`` validation images and of the case (``stats``, last), in spreads
+        (standard deviations, at least each statistic's :func:`statistic_floor`) from the training images' (one fixed
+        function, so the ``n + 1`` stay exchangeable), else from the other ``n``; and what lies farthest for the
+        case. With the training images' precision (:func:`~calib_monai.recalibration.references.intensity_precision`)
+        the intensity statistics count together, as a Mahalanobis distance, and each geometry statistic alone;
+        otherwise the largest single statistic over those all of them have (a geometry one lacks is left out)."""
         points = np.vstack([self.rows, np.asarray(stats, dtype=np.float64)[None]])
         names = self.named
         floor = np.maximum([statistic_floor(n) for n in names] or [0.0] * points.shape[1], np.finfo(np.float64).eps)
         if self.reference:  # one fixed reference: every point at once
             mean, std = (np.asarray(self.reference[k], np.float64) for k in ("mean", "std"))
-            z = np.abs(points - mean) / np.maximum(std, floor)
+            signed = (points - mean) / np.maximum(std, floor)
         else:  # each point against the other n
-            z = np.empty_like(points)
+            signed = np.empty_like(points)
             for i in range(len(points)):
                 others = np.delete(points, i, axis=0)
-                z[i] = np.abs(points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
+                signed[i] = (points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
+        z = np.abs(signed)
         measured = np.flatnonzero(np.isfinite(z).all(0))  # the statistics every image (and the reference) has
         farthest = int(measured[np.argmax(z[-1, measured])])
         name = names[farthest] if names else f"image statistic {farthest}"
+        if self.precision is not None:
+            intensity = ~self.geometry
+            d = signed[:, intensity]
+            joint = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", d, self.precision, d), 0.0))
+            geometry = np.intersect1d(measured, np.flatnonzero(self.geometry))
+            alone = z[:, geometry].max(1) if geometry.size else np.zeros(len(points))
+            if joint[-1] >= alone[-1]:  # the case's distance is the intensities': name their largest share
+                share = d[-1] * (self.precision @ d[-1])
+                top = np.flatnonzero(intensity)[int(np.argmax(share))]
+                name = f"{names[top] if names else f'image statistic {top}'} with the other intensity statistics"
+            else:
+                farthest = int(geometry[np.argmax(z[-1, geometry])])
+                name = names[farthest]
+            distance = np.maximum(joint, alone)
+        else:
+            distance = z[:, measured].max(1)
         if is_geometry(name):  # in mm, as a user checks it: the case's and the typical image's
             typical = self.reference["mean"][farthest] if self.reference else points[:-1, farthest].mean()
             name += f" {math.exp(points[-1, farthest]):.3g} mm, typically {math.exp(typical):.3g} mm"
-        return z[:, measured].max(1), name
+        return distance, name
 
 
 def _served_names(names: Sequence[str]) -> list[str]:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.metrics.feature_distance import MahalanobisDistance
-from calib_monai.metrics.image_statistics import input_statistics
+from calib_monai.metrics.feature_distance import MahalanobisDistance, ledoit_wolf_covariance
+from calib_monai.metrics.image_statistics import input_statistics, is_geometry, statistic_floor
 from calib_monai.metrics.network_features import BottleneckFeatures
 
 __all__ = ["fixed_references", "training_references"]
@@ -53,15 +53,20 @@ def fixed_references(
     features: Sequence[np.ndarray] | None,
     validation_features: Sequence[np.ndarray] | None,
     max_dim: int = 16,
+    input_names: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The input and feature signals' fixed references from training images: ``{"input_reference": {"mean", "std",
-    "images"}, "feature_reference": {"distance": the Mahalanobis distance fitted on their pooled features (on
-    ``max_dim`` principal components), "validation": the validation cases' distances under it, "images"}}`` (each
-    None without training images; ``"why"`` when the features could not be fitted)."""
+    "images", "precision"}, "feature_reference": {"distance": the Mahalanobis distance fitted on their pooled
+    features (on ``max_dim`` principal components), "validation": the validation cases' distances under it,
+    "images"}}`` (each None without training images; ``"why"`` when the features could not be fitted; no
+    ``"precision"`` when an intensity statistic is not finite: ``input_names`` tell them from the geometry)."""
     out: dict[str, Any] = {"input_reference": None, "feature_reference": None}
     if inputs is not None and len(inputs) >= 2:
         stats = np.asarray(inputs, dtype=np.float64)
         out["input_reference"] = {"mean": stats.mean(0).tolist(), "std": stats.std(0).tolist(), "images": len(stats)}
+        precision = intensity_precision(stats, input_names)
+        if precision is not None:
+            out["input_reference"]["precision"] = precision.tolist()
     if features is None or validation_features is None or len(features) < 3:
         return out
     try:
@@ -72,3 +77,18 @@ def fixed_references(
         return {**out, "why": f"the training images' features cannot be fitted ({err})"}
     out["feature_reference"] = {"distance": distance.to_dict(), "validation": measured, "images": len(x)}
     return out
+
+
+def intensity_precision(stats: np.ndarray, names: Sequence[str]) -> np.ndarray | None:
+    """The precision (pseudo-inverse of the Ledoit-Wolf covariance) of the training images' intensity statistics
+    (``names`` that are not geometry; all columns when unnamed), each standardised by its spread (at least its
+    :func:`statistic_floor`); None when one of them is not finite. The input signal's joint distance: a gamma moves
+    the mean, the spread and the skewness together, each by less than a single statistic's threshold."""
+    columns = [i for i, name in enumerate(names) if not is_geometry(name)] if names else list(range(stats.shape[1]))
+    values = stats[:, columns]
+    if not columns or not np.isfinite(values).all():
+        return None
+    floor = [statistic_floor(names[i]) if names else 0.0 for i in columns]
+    scale = np.maximum(np.maximum(values.std(0), floor), np.finfo(np.float64).eps)
+    covariance, _ = ledoit_wolf_covariance((values - values.mean(0)) / scale)
+    return np.linalg.pinv(covariance, hermitian=True)

@@ -252,11 +252,17 @@ class ValidatedRange:
     @property
     def outdated(self) -> str:
         """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before some
-        image statistics (the roughness, the geometry) compares the ones it has."""
+        image statistics (the roughness, the geometry) compares the ones it has, one before the joint distance of the
+        intensity statistics compares them one by one."""
         if self.input_check and self._input_signal.missing:
             return (
                 f"the range was calibrated before the image statistics {', '.join(self._input_signal.missing_kinds)}"
                 ": the input signal compares the others only; run the bundle's calibrate step again"
+            )
+        if self.input_check and self.input_reference and self._input_signal.precision is None:
+            return (
+                "the range was calibrated before the input signal measured the intensity statistics together: it "
+                "compares them one by one; run the bundle's calibrate step again"
             )
         if self.subjects is None:
             return (

@@ -12,12 +12,15 @@ The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformi
 more extreme), each measured against the other ``n``:
 
 * the case score (mean estimated DSC), negated (no case score: more extreme than any);
-* (``input_check``) the image: the largest standardised distance ``max_c |f_c - mean_c| / std_c`` of the image's
-  statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and spectrum
-  roughness along each axis; per axis the log of its field of view and of its acquired voxel spacing, whose ``std_c``
-  is at least ``log 1.1``:
-  :func:`~calib_monai.metrics.image_statistics.input_statistics`) from the training images' (a fixed reference, up
-  to 200 of them through the served preprocessing; without them, from the other ``n`` images');
+* (``input_check``) the image: how far its statistics lie from the training images' (a fixed reference, up to 200
+  of them through the served preprocessing; :func:`~calib_monai.metrics.image_statistics.input_statistics`): the
+  intensity statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and
+  spectrum roughness along each axis), standardised ``(f_c - mean_c) / std_c``, together as a Mahalanobis distance
+  under the training images' Ledoit-Wolf precision (a gamma moves several at once, each by less than one alone
+  would need), and per axis the log of its field of view and of its acquired voxel spacing, each alone
+  (``|f_c - mean_c| / std_c``, ``std_c`` at least ``log 1.1``); the larger counts. Without training images, or for
+  a range stored before the precision, the largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images'
+  or the reference's;
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
   bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
   components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
