@@ -197,5 +197,9 @@ def statistic_floor(name: str) -> float:
 
 
 def is_geometry(name: str) -> bool:
-    """Whether the statistic named ``name`` measures the acquisition geometry (field of view, voxel spacing)."""
+    """Whether the statistic named ``name`` measures the acquisition geometry (field of view, voxel spacing).
+
+    >>> is_geometry("field of view along axis 0"), is_geometry("channel 1 intensity skewness")
+    (True, False)
+    """
     return name.startswith(_GEOMETRY_PREFIXES)
