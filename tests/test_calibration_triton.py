@@ -124,3 +124,28 @@ def test_a_triton_that_fails_hands_over_to_the_sorted_path_once(monkeypatch):
         with pytest.warns(UserWarning, match="Triton kernels failed .*no C compiler.*sorted path"):
             assert triton_errors(p, y, 1, NAMES) is None
         assert not triton_path(p, y, NAMES, "gt")
+
+
+@pytest.mark.parametrize("name", ["ece", "cece", "tace", "ml1ace_gt"])
+def test_the_metric_class_takes_it_volume_by_volume(name):
+    from calib_monai.metrics import SegmentationCalibrationMetric
+
+    p, y = _volumes(3, 4, 700, torch.int16)
+    y[1] = 0  # a volume without foreground: NaN and the warning, as on the other paths
+    values = {}
+    for on in (True, False):
+        metric = SegmentationCalibrationMetric(metric_name=name, num_bins=15, foreground="gt", reduction="none")
+        with use_triton(on), pytest.warns(UserWarning, match=r"volume\(s\) \[1\] have no foreground voxels"):
+            metric(p, y[:, None])
+        values[on] = metric.aggregate().cpu()
+    assert torch.isnan(values[True][1]).all() and torch.isnan(values[False][1]).all()
+    torch.testing.assert_close(values[True], values[False], rtol=1e-12, atol=1e-14, equal_nan=True)
+
+
+def test_the_metric_class_names_y_pred_in_its_messages():
+    from calib_monai.metrics import SegmentationCalibrationMetric
+
+    p, y = _volumes(1, 3, 50)
+    y[:, :] = 1
+    with pytest.raises(ValueError, match=r"^y_pred must lie in \[0, 1\]"):
+        SegmentationCalibrationMetric(metric_name="ece", foreground="gt")(p * 3.0, y[:, None])

@@ -33,7 +33,15 @@ try:  # an optional dependency (CUDA builds of torch bring it); the sorted path 
 except ImportError:  # pragma: no cover - the CPU image has no Triton
     triton = None
 
-__all__ = ["TRITON_METRICS", "available", "triton_errors", "triton_path", "triton_statistics", "use_triton"]
+__all__ = [
+    "TRITON_METRICS",
+    "available",
+    "triton_errors",
+    "triton_path",
+    "triton_statistics",
+    "triton_volume_statistics",
+    "use_triton",
+]
 
 TRITON_METRICS = frozenset({"ece", "cece", "ml1ace", "tace", "ace"})
 _BLOCK = 256  # voxels per step of a program
@@ -86,19 +94,44 @@ def triton_errors(
 ) -> dict[str, float] | None:
     """``sorted_errors``' ``{name: value}`` of ``p (B, C, N)``, ``y (B, N)`` on this path; None where it does not
     apply (``triton_path``) or nothing is selected: the caller's path takes them."""
+    stats = _statistics_or_none(p, y, names, foreground, num_bins, include_background, threshold, class_dim)
+    return None if stats is None else statistics_values(stats, num_bins, p.shape[1], include_background)
+
+
+def triton_volume_statistics(
+    p: torch.Tensor,
+    y: torch.Tensor,
+    name: str,
+    foreground: str,
+    num_bins: int,
+    include_background: bool,
+    threshold: float,
+    class_dim: int = 1,
+    input_name: str = "probs",
+) -> torch.Tensor | None:
+    """``selected_statistics`` of one volume ``p (1, C, N)``, ``y (1, N)`` (``volume_statistics``' flat layout) on
+    this path, selected and checked here; None where it does not apply or nothing is selected."""
+    stats = _statistics_or_none(
+        p, y, (name,), foreground, num_bins, include_background, threshold, class_dim, input_name
+    )
+    return None if stats is None else stats[name]
+
+
+def _statistics_or_none(
+    p, y, names, foreground, num_bins, include_background, threshold, class_dim, input_name="probs"
+):
     global _enabled
     if not triton_path(p, y, names, foreground):
         return None
     try:
-        stats = triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim)
+        return triton_statistics(p, y, names, num_bins, include_background, threshold, class_dim, input_name)
     except ValueError:  # the inputs' checks: the caller's message
         raise
     except Exception as error:  # a Triton that cannot build or run its kernels here (no C compiler, an old GPU)
         _enabled = False
         message = f"the calibration metrics' Triton kernels failed ({error!r}); they use the sorted path from now"
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(message, stacklevel=4)
         return None
-    return None if stats is None else statistics_values(stats, num_bins, p.shape[1], include_background)
 
 
 def triton_statistics(
@@ -109,6 +142,7 @@ def triton_statistics(
     include_background: bool,
     threshold: float,
     class_dim: int = 1,
+    input_name: str = "probs",
 ) -> dict[str, torch.Tensor] | None:
     """``sorted_statistics``' ``{name: flat float64 statistics}`` of the ground-truth foreground of ``p (B, C, N)``,
     ``y (B, N)``, checked as ``select_tensor_voxels`` checks (the same messages); None when nothing is selected (the
@@ -134,7 +168,7 @@ def triton_statistics(
         return None
     if nans:
         lo = hi = float("nan")
-    problem = probability_problem("probs", lo, hi, sum_lo, sum_hi, class_dim)
+    problem = probability_problem(input_name, lo, hi, sum_lo, sum_hi, class_dim)
     if problem:
         raise ValueError(problem)
     if ylo < 0 or yhi >= c:
