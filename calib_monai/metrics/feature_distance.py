@@ -47,6 +47,8 @@ __all__ = [
     "conformal_rank",
     "feature_distance_from_dict",
     "ledoit_wolf_covariance",
+    "ledoit_wolf_precision",
+    "mahalanobis",
 ]
 
 
@@ -64,6 +66,25 @@ def ledoit_wolf_covariance(x: np.ndarray) -> tuple[np.ndarray, float]:
     b2 = float((np.sum(np.sum(xc**2, 1) ** 2) - n * np.sum(s**2)) / n**2)
     shrinkage = 0.0 if d2 == 0 else min(max(b2, 0.0), d2) / d2
     return (1 - shrinkage) * s + shrinkage * m * np.eye(p), shrinkage
+
+
+def ledoit_wolf_precision(x: np.ndarray) -> np.ndarray:
+    """The pseudo-inverse of :func:`ledoit_wolf_covariance` of the rows of ``x`` (n, p).
+
+    >>> ledoit_wolf_precision(np.array([[-1.0, -1.0], [1.0, -1.0], [-1.0, 1.0], [1.0, 1.0]]))  # S = I: no shrinkage
+    array([[1., 0.],
+           [0., 1.]])
+    """
+    return np.linalg.pinv(ledoit_wolf_covariance(x)[0], hermitian=True)
+
+
+def mahalanobis(diff: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """``sqrt(d^T P d)`` of each row ``d`` of ``diff`` (n, p) under the precision ``P`` (p, p).
+
+    >>> mahalanobis(np.array([[3.0, 4.0]]), np.eye(2))
+    array([5.])
+    """
+    return np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", diff, precision, diff), 0.0))
 
 
 def conformal_rank(n: int, alpha: float) -> int:
@@ -273,16 +294,11 @@ class MahalanobisDistance(_Distance):
         self.covariance, self.shrinkage = ledoit_wolf_covariance(self.reference)
         self.precision = np.linalg.pinv(self.covariance, hermitian=True)
 
-    @staticmethod
-    def _mahalanobis(diff: np.ndarray, precision: np.ndarray) -> np.ndarray:
-        return np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", diff, precision, diff), 0.0))
-
     def _distances(self, z: np.ndarray) -> np.ndarray:
-        return self._mahalanobis(z - self.center, self.precision)
+        return mahalanobis(z - self.center, self.precision)
 
     def _distances_to(self, reference: np.ndarray, z: np.ndarray) -> np.ndarray:
-        covariance, _ = ledoit_wolf_covariance(reference)
-        return self._mahalanobis(z - reference.mean(0), np.linalg.pinv(covariance, hermitian=True))
+        return mahalanobis(z - reference.mean(0), ledoit_wolf_precision(reference))
 
 
 class KNNDistance(_Distance):

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from calib_monai.metrics.feature_distance import mahalanobis
 from calib_monai.metrics.image_statistics import input_statistic_names, is_geometry, statistic_floor
 
 __all__ = ["InputSignal"]
@@ -113,7 +114,7 @@ class InputSignal:
         if self.precision is not None:
             intensity = ~self.geometry
             d = signed[:, intensity]
-            joint = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", d, self.precision, d), 0.0))
+            joint = mahalanobis(d, self.precision)
             geometry = np.intersect1d(measured, np.flatnonzero(self.geometry))
             alone = z[:, geometry].max(1) if geometry.size else np.zeros(len(points))
             if joint[-1] >= alone[-1]:  # the case's distance is the intensities': name their largest share

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.metrics.feature_distance import MahalanobisDistance, ledoit_wolf_covariance
+from calib_monai.metrics.feature_distance import MahalanobisDistance, ledoit_wolf_precision
 from calib_monai.metrics.image_statistics import input_statistics, is_geometry, statistic_floor
 from calib_monai.metrics.network_features import BottleneckFeatures
 
@@ -90,5 +90,4 @@ def intensity_precision(stats: np.ndarray, names: Sequence[str]) -> np.ndarray |
         return None
     floor = [statistic_floor(names[i]) if names else 0.0 for i in columns]
     scale = np.maximum(np.maximum(values.std(0), floor), np.finfo(np.float64).eps)
-    covariance, _ = ledoit_wolf_covariance((values - values.mean(0)) / scale)
-    return np.linalg.pinv(covariance, hermitian=True)
+    return ledoit_wolf_precision((values - values.mean(0)) / scale)
