@@ -56,7 +56,7 @@ def test_the_geometry_is_the_files_through_resampling_and_reorientation(tmp_path
     # a plain tensor has no geometry: NaN, named so the rule can leave it out
     assert all(math.isnan(v) for v in image_geometry(torch.zeros(1, 4, 4, 2)))
     assert input_statistic_names(1, 3)[-1] == "voxel spacing along axis 2"
-    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 3 + 3 + 3 + 3 + 6
+    assert len(input_statistics(image)) == len(input_statistic_names(1, 3)) == 3 + 3 + 3 + 3 + 3 + 3 + 6
 
 
 def _protocol_images(tmp_path, n, spacing, shape, name, seed=0):
@@ -155,8 +155,8 @@ def test_a_range_from_before_the_geometry_says_so():
 
 
 def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_name():
-    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no skewness, no roughness, no
-    # geometry); a served case has 12 per channel and 6 geometry ones. Picked by name, not by position: the case's
+    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no skewness, no roughness, no shading,
+    # no geometry); a served case has 18 per channel and 6 geometry ones. Picked by name, not by position: the case's
     # extreme skewness and roughness of channel 0 (which a prefix would read as channel 1's mean) are not judged,
     # channel 1's mean intensity is
     old_names = [
@@ -169,14 +169,14 @@ def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_nam
     old = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=rows, input_check=True, input_names=old_names)
     assert old.outdated.startswith(
         "the range was calibrated before the image statistics intensity skewness, roughness, spectrum roughness, "
-        "field of view,"
+        "intensity slope, intensity curvature, field of view,"
     )
-    assert len(input_statistic_names(2, 3)) == 2 * 12 + 6
-    case = [0.5, 0.3, 0.9, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0]
-    case += [0.5, 0.3, 0.0, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [math.nan] * 6
+    assert len(input_statistic_names(2, 3)) == 2 * 18 + 6
+    case = [0.5, 0.3, 0.9, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0] + [90.0] * 6
+    case += [0.5, 0.3, 0.0, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [0.0] * 6 + [math.nan] * 6
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is False and verdict["signals"]["input"]["value"] < 3
-    case[12] = 0.9  # channel 1's mean intensity, 40 of its spreads away
+    case[18] = 0.9  # channel 1's mean intensity, 40 of its spreads away
     verdict = old.check({"case_score": 0.81, "classes": {}}, case)
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith("image unlike the validation images (channel 1 mean intensity: distance")
@@ -193,7 +193,7 @@ def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():
         field = torch.nn.functional.interpolate(torch.rand(1, 1, 8, 8, generator=g), size=(32, 32), mode="bicubic")
         images.append(field[0, ..., None].repeat(1, 1, 1, 4) + 0.02 * torch.rand(1, 32, 32, 4, generator=g))
     ghosted = ghosting(images[-1], intensity=0.9, num_ghosts=4, axis=0)
-    before, after = image_statistics(images[-1])[-3:], image_statistics(ghosted)[-3:]
+    before, after = image_statistics(images[-1])[9:12], image_statistics(ghosted)[9:12]  # the spectrum roughness
     assert after[0] > 10 * before[0] and abs(after[1] - before[1]) < 0.2 and after[2] == before[2] == 0.0
     names = image_statistic_names(1, 3)
     stats = [image_statistics(i) for i in images[:-1]]
@@ -213,8 +213,8 @@ def test_the_spectrum_roughness_of_a_large_image_sums_evenly_strided_lines(monke
     full = image_statistics(image)
     monkeypatch.setattr(module, "_SPECTRUM_LINES", 20)
     capped = image_statistics(image)
-    assert capped[-3] == pytest.approx(image_statistics(image[:, :, ::2, ::2])[-3], rel=1e-12)
-    assert capped[-3] != pytest.approx(full[-3], rel=1e-3) and capped[:-3] == full[:-3]
+    assert capped[9] == pytest.approx(image_statistics(image[:, :, ::2, ::2])[9], rel=1e-12)  # along axis 0
+    assert capped[9] != pytest.approx(full[9], rel=1e-3) and capped[:9] + capped[12:] == full[:9] + full[12:]
 
 
 def test_the_intensity_skewness_follows_a_contrast_curve_not_a_rescaling():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from calib_monai.recalibration import ValidatedRange
-from calib_monai.recalibration.references import fixed_references, intensity_precision
+from calib_monai.recalibration.references import fixed_references, group_precision
 
 NAMES = ["mean intensity", "intensity spread", "field of view along axis 0"]
 
@@ -36,14 +36,14 @@ def _range(training):
 
 def test_the_precision_covers_the_intensities_only():
     training = _training()
-    precision = intensity_precision(training, NAMES)
+    precision = group_precision(training, NAMES)
     assert precision.shape == (2, 2)
     # unnamed columns: all of them
-    assert intensity_precision(training, []).shape == (3, 3)
+    assert group_precision(training, []).shape == (3, 3)
     # a NaN intensity statistic: no joint distance
     spoiled = training.copy()
     spoiled[3, 0] = math.nan
-    assert intensity_precision(spoiled, NAMES) is None
+    assert group_precision(spoiled, NAMES) is None
 
 
 def test_a_joint_move_is_flagged_where_each_statistic_alone_is_ordinary():
@@ -72,3 +72,84 @@ def test_the_geometry_counts_alone_and_in_mm():
     assert verdict["signals"]["input"]["value"] == pytest.approx(
         abs(math.log(180.0) - _training()[:, 2].mean()) / max(_training()[:, 2].std(), math.log(1.1))
     )
+
+
+SHADED = NAMES + ["intensity slope along axis 0", "intensity curvature along axis 0"]
+
+
+def test_the_shading_statistics_count_together_as_their_own_group():
+    # identity precisions and a reference of mean 0 and spread 1: the intensities (3, 4) are 5 away together, the
+    # shading (6, 8) 10, the geometry 2 alone; the largest counts, and the reason names the shading's largest share
+    # (the curvature: 8 * 8 of 100)
+    reference = {"mean": [0.0] * 5, "std": [1.0] * 5, "images": 60, "precision": np.eye(2).tolist()}
+    reference["shading_precision"] = np.eye(2).tolist()
+    validated = ValidatedRange(
+        [0.8 + 0.001 * i for i in range(25)],
+        inputs=np.zeros((25, 5)).tolist(),
+        input_check=True,
+        input_names=SHADED,
+        input_reference=reference,
+    )
+    verdict = validated.check({"case_score": 0.81, "classes": {}}, [3.0, 4.0, 2.0 * math.log(1.1), 6.0, 8.0])
+    assert verdict["signals"]["input"]["value"] == pytest.approx(10.0)
+    assert verdict["reasons"][0].startswith(
+        "image unlike the training images (intensity curvature along axis 0 with the other shading statistics: "
+        "distance 10.0 standard deviations"
+    )
+    assert "the shading statistics together" in validated.describe()
+    # a shading precision of another size is one error line
+    reference["shading_precision"] = np.eye(3).tolist()
+    with pytest.raises(ValueError, match="input_reference shading_precision has shape .3, 3. for 2 shading"):
+        ValidatedRange(
+            [0.8] * 25,
+            inputs=np.zeros((25, 5)).tolist(),
+            input_check=True,
+            input_names=SHADED,
+            input_reference=reference,
+        )
+
+
+def test_a_bias_field_is_seen_by_the_shading_statistics(hippocampus_dir):
+    # real Hippocampus crops, min-max scaled as the bundles scale them: 100 training images (the reference), 25
+    # validation images (the range) and 20 held out, each also under the strongest simulated bias field (MONAI's
+    # RandBiasField, degree 3, coefficients up to 0.2). Measured: the shading statistics take the flagged shaded
+    # images from 4 to 14 of 20 (a range without them: the same statistics less the slopes and curvatures), while
+    # the ordinary held-out images stay unflagged (0 of 20 either way)
+    import nibabel as nib
+    import torch
+
+    from calib_monai.data.site_shift import apply_site_shift
+    from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics, statistic_group
+
+    files = sorted((hippocampus_dir / "imagesTr").glob("hippocampus_*.nii.gz"))[:145]
+
+    def statistics(path, shaded=False, seed=0):
+        x = torch.as_tensor(np.asarray(nib.load(path).dataobj, dtype=np.float32))[None]
+        x = apply_site_shift(x, "bias_field", "strong", seed=seed) if shaded else x
+        return input_statistics((x - x.min()) / (x.max() - x.min()))
+
+    names = input_statistic_names(1, 3)
+    training, validation = [statistics(f) for f in files[:100]], [statistics(f) for f in files[100:125]]
+    ordinary = [statistics(f) for f in files[125:]]
+    shaded = [statistics(f, True, seed) for seed, f in enumerate(files[125:])]
+
+    def flagged(keep):
+        columns = [i for i, n in enumerate(names) if keep(n)]
+        kept = [names[i] for i in columns]
+        pick = lambda rows: [[r[i] for i in columns] for r in rows]  # noqa: E731
+        reference = fixed_references(pick(training), None, None, input_names=kept)["input_reference"]
+        validated = ValidatedRange(
+            [0.8 + 0.001 * i for i in range(25)],
+            inputs=pick(validation),
+            input_check=True,
+            input_names=kept,
+            input_reference=reference,
+        )
+        verdicts = [validated.check({"case_score": 0.812, "classes": {}}, r) for r in pick(ordinary + shaded)]
+        return [v["flag"] for v in verdicts[:20]].count(True), [v["flag"] for v in verdicts[20:]].count(True), verdicts
+
+    ordinary_with, shaded_with, verdicts = flagged(lambda n: True)
+    ordinary_without, shaded_without, _ = flagged(lambda n: statistic_group(n) != "shading")
+    assert ordinary_with <= 2 and ordinary_without <= 2
+    assert shaded_with >= 12 and shaded_without <= 6
+    assert any("with the other shading statistics" in " ".join(v["reasons"]) for v in verdicts[20:])

@@ -16,6 +16,7 @@ from ._inputs import detached_plain_tensor
 
 __all__ = [
     "GEOMETRY_TOLERANCE",
+    "SHADING_TOLERANCE",
     "image_geometry",
     "image_geometry_names",
     "image_statistic_names",
@@ -24,13 +25,19 @@ __all__ = [
     "input_statistics",
     "is_geometry",
     "statistic_floor",
+    "statistic_group",
 ]
 
 # the least spread the rule gives a geometry statistic (log mm): images of one protocol share a spacing to the last
 # digit, and a 10% change of spacing or field of view is then one spread, not 1e15 of them
 GEOMETRY_TOLERANCE = math.log(1.1)
 _GEOMETRY_PREFIXES = ("field of view", "voxel spacing")
-_AXIS_KINDS = ("sharpness", "roughness", "spectrum roughness")  # image_statistics' per-axis statistics, in order
+# the least spread of a shading statistic (in intensity spreads): images of one synthetic ramp share a slope to the
+# sixth digit, and a drift of 1% of the spread across the image is then one spread (real images: 0.05-0.3)
+SHADING_TOLERANCE = 0.01
+# image_statistics' per-axis statistics, in order
+_AXIS_KINDS = ("sharpness", "roughness", "spectrum roughness", "intensity slope", "intensity curvature")
+_SHADING_PREFIXES = ("intensity slope", "intensity curvature")
 # lines along an axis whose power spectra the spectrum roughness sums: every line of a network-sized image (ACDC's
 # 96 x 96 x 10 has 9,216 along its slice axis), an even stride of a CT-sized one (the FFTs cost grows with the lines)
 _SPECTRUM_LINES = 1 << 14
@@ -49,19 +56,22 @@ def image_statistics(image: Any) -> list[float]:
     fewer samples, as a thick-slice image resampled to thin slices), and along each spatial axis the spectrum
     roughness (the mean absolute second difference of the log power spectrum along the axis, over the frequencies
     between the first and the last: a natural image's spectrum falls smoothly, while ghosting, which scales every
-    n-th k-space line, and truncation ringing make it jump from line to line). Each is 0 where it is undefined (a
-    constant channel, an axis of fewer than 3 voxels, or of fewer than 3 frequencies with power). The validated range
-    compares them with the validation images': a thicker slice, ringing, spikes or ghosts change these along an axis
-    even where the intensities are rescaled (:func:`image_statistic_names` names them).
+    n-th k-space line, and truncation ringing make it jump from line to line), and along each spatial axis the
+    intensity slope and curvature (:func:`_shading`: how the mean intensity drifts across the image, as a coil's bias
+    field shades it). Each is 0 where it is undefined (a constant channel, an axis of fewer than 3 voxels, or of fewer
+    than 3 frequencies with power). The validated range compares them with the validation images': a thicker slice,
+    ringing, spikes, ghosts or shading change these along an axis even where the intensities are rescaled
+    (:func:`image_statistic_names` names them).
 
     >>> import torch
     >>> image = torch.tensor([[[0.0, 2.0, 4.0, 0.0, 0.0, 0.0]] * 2])  # 2 x 6: the same row twice
     >>> # mean 1, std sqrt(7 / 3); of the 12 values sorted (eight 0, two 2, two 4) q10 = q50 = 0 and q90 = 2 + 0.9 * 2,
     >>> # so the skewness is 3.8 / 3.8 = 1 (an upper tail far above the median); along axis 1 steps of 2, 2, 4, 0, 0
     >>> # (mean 8/5), second differences 0, 6, 4, 0 (mean 5/2), and the row's power 28, 12, 4 at frequencies 1, 2, 3:
-    >>> # |log 28 - 2 log 12 + log 4| = log(9 / 7)
+    >>> # |log 28 - 2 log 12 + log 4| = log(9 / 7); the row's profile drifts down (slope -5/7 and curvature -1.3393,
+    >>> # over std: _shading's example), the axis of 2 identical rows not at all
     >>> [round(v, 4) for v in image_statistics(image)]  # sharpness 8/5 / std; roughness (5/2) / (8/5)
-    [1.0, 1.5275, 1.0, 0.0, 1.0474, 0.0, 1.5625, 0.0, 0.2513]
+    [1.0, 1.5275, 1.0, 0.0, 1.0474, 0.0, 1.5625, 0.0, 0.2513, 0.0, -0.4676, 0.0, -0.8768]
     """
     image = detached_plain_tensor(torch.as_tensor(image)).double()
     flat = image.reshape(image.shape[0], -1)
@@ -77,7 +87,9 @@ def image_statistics(image: Any) -> list[float]:
             continue
         bend = first.diff(dim=axis).abs_().reshape(image.shape[0], -1).mean(1)
         roughness.append(torch.where(step > 0, bend / step.clamp_min(tiny), torch.zeros_like(step)))
-    return torch.stack(out + roughness + spectra, dim=1).reshape(-1).cpu().tolist()
+    shading = [_shading(image, axis, std) for axis in range(1, image.ndim)]
+    slopes, curvatures = [s for s, _ in shading], [c for _, c in shading]
+    return torch.stack(out + roughness + spectra + slopes + curvatures, dim=1).reshape(-1).cpu().tolist()
 
 
 def _quantile_skewness(flat: torch.Tensor) -> torch.Tensor:
@@ -87,6 +99,33 @@ def _quantile_skewness(flat: torch.Tensor) -> torch.Tensor:
     q10, q50, q90 = torch.quantile(flat[:, ::step], flat.new_tensor([0.1, 0.5, 0.9]), dim=1)
     width = q90 - q10
     return torch.where(width > 0, (q90 + q10 - 2 * q50) / width.clamp_min(torch.finfo(flat.dtype).tiny), 0.0)
+
+
+def _shading(image: torch.Tensor, axis: int, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel, the least-squares coefficients of the first two Legendre polynomials of position ``u`` in [-1, 1]
+    (``u`` and ``(3 u^2 - 1) / 2``, centred) in the mean intensity of each slab across ``axis``, over the channel's
+    ``std``: the slope and the curvature of a smooth intensity drift, which a receive coil's bias field adds and an
+    ``a x + b`` rescaling leaves alone (0 with fewer than 2, resp. 3, voxels along the axis or a constant channel).
+
+    >>> profile = torch.tensor([[[0.0, 0.0, 3.0]]])  # mean 1, std sqrt(2); u = -1, 0, 1
+    >>> # slope (1 + 0 + 2) / 2; the centred curvature basis is 1/2, -1, 1/2: (-1/2 + 1 + 1) / (3/2) = 1
+    >>> [round(float(v), 4) for v in _shading(profile, 2, profile.reshape(1, -1).std(1, correction=0))]
+    [1.0607, 0.7071]
+    """
+    size = image.shape[axis]
+    if size < 2:
+        zero = torch.zeros(image.shape[0], dtype=image.dtype, device=image.device)
+        return zero, zero
+    profile = image.mean(dim=[d for d in range(1, image.ndim) if d != axis])  # (C, size)
+    profile = profile - profile.mean(1, keepdim=True)
+    u = torch.linspace(-1.0, 1.0, size, dtype=image.dtype, device=image.device)
+    coefficients = []
+    for basis in (u, 1.5 * u * u - 0.5):
+        basis = basis - basis.mean()  # u is centred; the quadratic is not (orthogonal to u on the grid by symmetry)
+        norm = basis.square().sum()
+        coefficients.append(profile @ basis / norm if norm > 0 else torch.zeros_like(std))
+    tiny = torch.finfo(image.dtype).tiny
+    return tuple(torch.where(std > 0, c / std.clamp_min(tiny), torch.zeros_like(c)) for c in coefficients)
 
 
 def _spectrum_roughness(image: torch.Tensor, axis: int) -> torch.Tensor:
@@ -176,7 +215,7 @@ def input_statistics(image: Any, geometry: Sequence[float] | None = None) -> lis
 
     >>> import torch
     >>> input_statistics(torch.tensor([[[0.0, 2.0], [0.0, 2.0]]]))  # a plain tensor: no geometry, NaN (left out)
-    [1.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, nan, nan, nan, nan]
+    [1.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, nan, nan, nan, nan]
     """
     return image_statistics(image) + list(image_geometry(image) if geometry is None else geometry)
 
@@ -188,12 +227,29 @@ def input_statistic_names(channels: int, spatial_dims: int) -> list[str]:
 
 def statistic_floor(name: str) -> float:
     """The least spread the rule measures a statistic named ``name`` in: :data:`GEOMETRY_TOLERANCE` for the geometry,
-    0 for the intensities.
+    :data:`SHADING_TOLERANCE` for the shading, 0 for the other intensity statistics.
 
     >>> round(statistic_floor("voxel spacing along axis 2"), 4), statistic_floor("mean intensity")  # log 1.1, none
     (0.0953, 0.0)
     """
-    return GEOMETRY_TOLERANCE if is_geometry(name) else 0.0
+    group = statistic_group(name)
+    return GEOMETRY_TOLERANCE if group == "geometry" else SHADING_TOLERANCE if group == "shading" else 0.0
+
+
+def statistic_group(name: str) -> str:
+    """How the input signal counts the statistic named ``name``: ``"geometry"`` alone, ``"shading"`` (the intensity
+    slopes and curvatures) together with the others of its group, ``"intensity"`` together with the other intensity
+    statistics.
+
+    >>> statistic_group("voxel spacing along axis 2"), statistic_group("channel 1 intensity slope along axis 0")
+    ('geometry', 'shading')
+    >>> statistic_group("intensity skewness")
+    'intensity'
+    """
+    if is_geometry(name):
+        return "geometry"
+    bare = name.split(" ", 2)[2] if name.startswith("channel ") else name
+    return "shading" if bare.startswith(_SHADING_PREFIXES) else "intensity"
 
 
 def is_geometry(name: str) -> bool:

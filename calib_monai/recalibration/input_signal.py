@@ -1,7 +1,8 @@
 """The review rule's input signal (:class:`~calib_monai.recalibration.review_rule.ValidatedRange`): how far an image's
 statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, their skewness, sharpness,
-roughness, spectrum roughness, field of view and acquired spacing) lie from the training images' (the intensity
-statistics together, each geometry statistic alone) or, without them, from the other validation images'."""
+roughness, spectrum roughness, shading, field of view and acquired spacing) lie from the training images' (the
+intensity statistics together, the shading statistics together, each geometry statistic alone) or, without them, from
+the other validation images'."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.metrics.feature_distance import mahalanobis
-from calib_monai.metrics.image_statistics import input_statistic_names, is_geometry, statistic_floor
+from calib_monai.metrics.image_statistics import input_statistic_names, is_geometry, statistic_floor, statistic_group
 
 __all__ = ["InputSignal"]
 
@@ -38,7 +39,8 @@ class InputSignal:
         self.rows = rows if len(self.inputs) else np.zeros((0, len(self.names)))
         width = self.rows.shape[1]
         self.named = list(self.names) if len(self.names) == width else []
-        self.geometry = np.array([is_geometry(n) for n in self.named] or [False] * width, dtype=bool)
+        groups = [statistic_group(n) for n in self.named] or ["intensity"] * width
+        self.geometry = np.array([g == "geometry" for g in groups], dtype=bool)
         #: the statistics a served case has (input_statistic_names of the range's channels and axes) and those of
         #: them this range lacks: it was calibrated by an earlier version, and compares the ones it has
         self.served_names = _served_names(self.named)
@@ -47,13 +49,30 @@ class InputSignal:
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
         #: the training images' precision of the standardised intensity statistics (None: a range from before it, or
         #: none stored: each statistic alone)
-        precision = (self.reference or {}).get("precision")
-        self.precision = None if precision is None else np.asarray(precision, dtype=np.float64)
-        if self.precision is not None and self.precision.shape != (int((~self.geometry).sum()),) * 2:
+        self.precision = self._precision("precision", np.array([g == "intensity" for g in groups], dtype=bool))
+        #: the statistics counted together: (their columns, the precision, what they are called in a reason); the
+        #: shading group without its own precision (a range from before it) counts one by one, as the geometry
+        intensity = np.array([g == "intensity" for g in groups], dtype=bool)
+        self.joint = [(intensity, self.precision, "intensity statistics")]
+        shading = np.array([g == "shading" for g in groups], dtype=bool)
+        shading_precision = self._precision("shading_precision", shading) if self.precision is not None else None
+        if shading_precision is not None:
+            self.joint.append((shading, shading_precision, "shading statistics"))
+        self.alone = self.geometry | (shading if shading_precision is None else False)
+
+    def _precision(self, key: str, columns: np.ndarray) -> np.ndarray | None:
+        """The reference's precision ``key`` of the statistics ``columns``, checked against their number."""
+        stored = (self.reference or {}).get(key)
+        if stored is None:
+            return None
+        precision = np.asarray(stored, dtype=np.float64)
+        if precision.shape != (int(columns.sum()),) * 2:
+            group = "intensity" if key == "precision" else "shading"
             raise ValueError(
-                f"validated range input_reference precision has shape {self.precision.shape} for "
-                f"{int((~self.geometry).sum())} intensity statistics: run calibrate again"
+                f"validated range input_reference {key} has shape {precision.shape} for {int(columns.sum())} "
+                f"{group} statistics: run calibrate again"
             )
+        return precision
 
     def intensities_finite(self) -> bool:
         """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
@@ -93,9 +112,10 @@ class InputSignal:
         """The distance of each of the ``n`` validation images and of the case (``stats``, last), in spreads
         (standard deviations, at least each statistic's :func:`statistic_floor`) from the training images' (one fixed
         function, so the ``n + 1`` stay exchangeable), else from the other ``n``; and what lies farthest for the
-        case. With the training images' precision (:func:`~calib_monai.recalibration.references.intensity_precision`)
-        the intensity statistics count together, as a Mahalanobis distance, and each geometry statistic alone;
-        otherwise the largest single statistic over those all of them have (a geometry one lacks is left out)."""
+        case. With the training images' precisions (:func:`~calib_monai.recalibration.references.group_precision`)
+        the intensity statistics count together, as a Mahalanobis distance, the shading statistics together, and each
+        geometry statistic alone, the largest of these counting; otherwise the largest single statistic over those
+        all of them have (a geometry one lacks is left out)."""
         points = np.vstack([self.rows, np.asarray(stats, dtype=np.float64)[None]])
         names = self.named
         floor = np.maximum([statistic_floor(n) for n in names] or [0.0] * points.shape[1], np.finfo(np.float64).eps)
@@ -112,19 +132,21 @@ class InputSignal:
         farthest = int(measured[np.argmax(z[-1, measured])])
         name = names[farthest] if names else f"image statistic {farthest}"
         if self.precision is not None:
-            intensity = ~self.geometry
-            d = signed[:, intensity]
-            joint = mahalanobis(d, self.precision)
-            geometry = np.intersect1d(measured, np.flatnonzero(self.geometry))
-            alone = z[:, geometry].max(1) if geometry.size else np.zeros(len(points))
-            if joint[-1] >= alone[-1]:  # the case's distance is the intensities': name their largest share
-                share = d[-1] * (self.precision @ d[-1])
-                top = np.flatnonzero(intensity)[int(np.argmax(share))]
-                name = f"{names[top] if names else f'image statistic {top}'} with the other intensity statistics"
-            else:
-                farthest = int(geometry[np.argmax(z[-1, geometry])])
-                name = names[farthest]
-            distance = np.maximum(joint, alone)
+            single = np.intersect1d(measured, np.flatnonzero(self.alone))
+            distance = z[:, single].max(1) if single.size else np.zeros(len(points))
+            if single.size:
+                farthest = int(single[np.argmax(z[-1, single])])
+                name = names[farthest] if names else f"image statistic {farthest}"
+            best = distance[-1] if single.size else -np.inf
+            for columns, precision, group in self.joint:
+                d = signed[:, columns]
+                joint = mahalanobis(d, precision)
+                if joint[-1] >= best:  # the case's distance is this group's: name its largest share
+                    share = d[-1] * (precision @ d[-1])
+                    farthest = int(np.flatnonzero(columns)[int(np.argmax(share))])
+                    name = f"{names[farthest] if names else f'image statistic {farthest}'} with the other {group}"
+                    best = joint[-1]
+                distance = np.maximum(distance, joint)
         else:
             distance = z[:, measured].max(1)
         if is_geometry(name):  # in mm, as a user checks it: the case's and the typical image's

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from calib_monai.metrics.feature_distance import MahalanobisDistance, ledoit_wolf_precision
-from calib_monai.metrics.image_statistics import input_statistics, is_geometry, statistic_floor
+from calib_monai.metrics.image_statistics import input_statistics, statistic_floor, statistic_group
 from calib_monai.metrics.network_features import BottleneckFeatures
 
 __all__ = ["fixed_references", "training_references"]
@@ -56,17 +56,19 @@ def fixed_references(
     input_names: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The input and feature signals' fixed references from training images: ``{"input_reference": {"mean", "std",
-    "images", "precision"}, "feature_reference": {"distance": the Mahalanobis distance fitted on their pooled
-    features (on ``max_dim`` principal components), "validation": the validation cases' distances under it,
-    "images"}}`` (each None without training images; ``"why"`` when the features could not be fitted; no
-    ``"precision"`` when an intensity statistic is not finite: ``input_names`` tell them from the geometry)."""
+    "images", "precision", "shading_precision"}, "feature_reference": {"distance": the Mahalanobis distance fitted
+    on their pooled features (on ``max_dim`` principal components), "validation": the validation cases' distances
+    under it, "images"}}`` (each None without training images; ``"why"`` when the features could not be fitted; no
+    ``"precision"`` (``"shading_precision"``) when an intensity (shading) statistic is not finite or there is none:
+    ``input_names`` tell the groups apart, :func:`~calib_monai.metrics.image_statistics.statistic_group`)."""
     out: dict[str, Any] = {"input_reference": None, "feature_reference": None}
     if inputs is not None and len(inputs) >= 2:
         stats = np.asarray(inputs, dtype=np.float64)
         out["input_reference"] = {"mean": stats.mean(0).tolist(), "std": stats.std(0).tolist(), "images": len(stats)}
-        precision = intensity_precision(stats, input_names)
-        if precision is not None:
-            out["input_reference"]["precision"] = precision.tolist()
+        for group, key in (("intensity", "precision"), ("shading", "shading_precision")):
+            precision = group_precision(stats, input_names, group)
+            if precision is not None:
+                out["input_reference"][key] = precision.tolist()
     if features is None or validation_features is None or len(features) < 3:
         return out
     try:
@@ -79,12 +81,16 @@ def fixed_references(
     return out
 
 
-def intensity_precision(stats: np.ndarray, names: Sequence[str]) -> np.ndarray | None:
-    """The precision (pseudo-inverse of the Ledoit-Wolf covariance) of the training images' intensity statistics
-    (``names`` that are not geometry; all columns when unnamed), each standardised by its spread (at least its
-    :func:`statistic_floor`); None when one of them is not finite. The input signal's joint distance: a gamma moves
-    the mean, the spread and the skewness together, each by less than a single statistic's threshold."""
-    columns = [i for i, name in enumerate(names) if not is_geometry(name)] if names else list(range(stats.shape[1]))
+def group_precision(stats: np.ndarray, names: Sequence[str], group: str = "intensity") -> np.ndarray | None:
+    """The precision (pseudo-inverse of the Ledoit-Wolf covariance) of the training images' statistics of one
+    :func:`~calib_monai.metrics.image_statistics.statistic_group` (``"intensity"``: all columns when unnamed), each
+    standardised by its spread (at least its :func:`statistic_floor`); None when one of them is not finite or the
+    group has none. The input signal's joint distances: a gamma moves the mean, the spread and the skewness together,
+    a bias field the slopes and curvatures along the axes, each by less than a single statistic's threshold."""
+    if names:
+        columns = [i for i, name in enumerate(names) if statistic_group(name) == group]
+    else:
+        columns = list(range(stats.shape[1])) if group == "intensity" else []
     values = stats[:, columns]
     if not columns or not np.isfinite(values).all():
         return None

@@ -45,7 +45,8 @@ def describe_rule(rule: Any) -> str:
     """The rule in words (``ValidatedRange.describe``): what is measured, when a case is flagged and the bound."""
     names = {"case_score": "lowest case score", "input": "largest image-statistic distance"}
     if rule.input_check and rule._input_signal.precision is not None:
-        names["input"] = "image-statistic distance (the intensity statistics together, each geometry one alone)"
+        shading = " the shading statistics together," if len(rule._input_signal.joint) > 1 else ""
+        names["input"] = f"image-statistic distance (the intensity statistics together,{shading} each geometry alone)"
     names["features"] = "largest network-feature (Mahalanobis) distance"
     signals = ", ".join(names[s] for s in rule.signals)
     among = f"the {rule.n + 1}"

@@ -17,10 +17,11 @@ more extreme), each measured against the other ``n``:
   intensity statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and
   spectrum roughness along each axis), standardised ``(f_c - mean_c) / std_c``, together as a Mahalanobis distance
   under the training images' Ledoit-Wolf precision (a gamma moves several at once, each by less than one alone
-  would need), and per axis the log of its field of view and of its acquired voxel spacing, each alone
-  (``|f_c - mean_c| / std_c``, ``std_c`` at least ``log 1.1``); the larger counts. Without training images, or for
-  a range stored before the precision, the largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images'
-  or the reference's;
+  would need); the shading statistics (per channel and axis the slope and curvature of the mean intensity across
+  the image, which a bias field bends) together in the same way, under their own precision; and per axis the log of
+  its field of view and of its acquired voxel spacing, each alone (``|f_c - mean_c| / std_c``, ``std_c`` at least
+  ``log 1.1``); the largest counts. Without training images, or for a range stored before the precision, the
+  largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images' or the reference's;
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
   bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
   components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
