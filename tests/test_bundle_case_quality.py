@@ -77,6 +77,9 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     assert len(record["feature_reference"]["validation"]) == 4
     assert record["info"]["volume_interval"]["pairs"] == 4 * 4 and record["volume_interval_scale"] is None
     assert "too few for 95%" in record["info"]["volume_interval"]["note"]
+    # each scored volume's case score minus the true DSC of its delivered segmentation, summed up
+    error = record["info"]["case_score_error"]
+    assert error["volumes"] == len(error["values"]) == 4 and error["mean"] == pytest.approx(np.mean(error["values"]))
     calibration = json.loads((models / "calibration.json").read_text())
     assert calibration["split"] == split and calibration["volumes"] == 4 and len(calibration["folds"]) == 2
     # local temperature scaling's early stopping and the held-out numbers, named so

@@ -10,9 +10,11 @@ import torch
 from calib_monai.metrics import case_quality
 from calib_monai.recalibration.fitting import (
     ValidationVolume,
+    case_score_error,
     cross_fit,
     measure_validated_range,
     range_features,
+    score_minus_truth,
     split_volumes,
 )
 from calib_monai.recalibration.stored import calibrate_volume
@@ -50,6 +52,29 @@ def test_each_range_volume_is_scored_by_the_fit_that_did_not_see_it():
     with torch.no_grad():
         prob = torch.softmax(calibrate_volume(scorer, volumes[0].logits, volumes[0].image, 2), 0)
     assert validated.scores[0] == pytest.approx(case_quality(prob, class_names=["bg", "a"])["case_score"])
+    # and its error: that score minus the DSC of its argmax (temperatures do not move the argmax: the raw logits')
+    label = volumes[0].label
+    predicted = volumes[0].logits.argmax(0) == 1
+    truth = 2 * float((predicted & (label == 1)).sum()) / float(predicted.sum() + (label == 1).sum())
+    error = validated.info["case_score_error"]
+    assert error["volumes"] == 6 and error["values"][0] == pytest.approx(validated.scores[0] - truth, abs=1e-6)
+    assert error["mean"] == pytest.approx(np.mean(error["values"]), abs=1e-6)
+
+
+def test_the_case_score_error_is_the_score_minus_the_delivered_dsc():
+    # 4 voxels, class 1 true on voxels 1 and 2; the argmax says voxels 1 and 3: DSC 2 * 1 / (2 + 2) = 0.5. A third
+    # class absent from both the label and the argmax is left out of the truth, as of the case score
+    prob = torch.tensor([[0.8, 0.1, 0.6, 0.3], [0.2, 0.9, 0.4, 0.6], [0.0, 0.0, 0.0, 0.1]])
+    label = torch.tensor([0, 1, 1, 0])
+    assert score_minus_truth({"case_score": 0.7}, prob, label) == pytest.approx(0.2)
+    assert np.isnan(score_minus_truth({"case_score": None}, prob, label))
+    summary = case_score_error([0.2, -0.1, float("nan"), 0.05])
+    assert summary["volumes"] == 3 and summary["mean"] == pytest.approx(0.05) and summary["median"] == 0.05
+    assert summary["mean_absolute"] == pytest.approx(0.35 / 3) and (summary["lowest"], summary["highest"]) == (
+        -0.1,
+        0.2,
+    )
+    assert case_score_error([float("nan")]) == {"volumes": 0}
 
 
 def test_the_plain_split_scores_the_range_with_the_served_fit():

@@ -41,6 +41,7 @@ from calib_monai.metrics.calibration_error import ece
 from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
+from calib_monai.metrics.segmentation import segmentation_metrics_per_volume
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
 from calib_monai.recalibration.splits import DEFAULT_FOLDS, Split, split_volumes, subject_names
@@ -282,6 +283,38 @@ def volume_interval_fit(
     return (scale if math.isfinite(scale) else None), record
 
 
+def score_minus_truth(quality: Mapping[str, Any], prob: torch.Tensor, label: torch.Tensor) -> float:
+    """A scored volume's case score minus the true mean DSC of the segmentation it delivers (the argmax of ``prob``
+    ``(C, *spatial)`` against ``label``; a structure absent from both left out, as the case score leaves it); NaN
+    when either is undefined."""
+    prediction = prob.argmax(0).reshape(label.shape)
+    dice = segmentation_metrics_per_volume(
+        prediction[None, None], label[None, None].long(), prob.shape[0], surface_distances=False
+    )["dice"][0]
+    truth = float(np.nanmean(dice)) if np.isfinite(dice).any() else math.nan
+    score = quality.get("case_score")
+    return float(score) - truth if score is not None and math.isfinite(score) else math.nan
+
+
+def case_score_error(values: Sequence[float]) -> dict[str, Any]:
+    """The scored volumes' :func:`score_minus_truth` summed up, ``{"volumes", "mean", "median", "mean_absolute",
+    "lowest", "highest", "values"}`` (NaN left out): how far a case score was from the truth on cases like the
+    served ones. Reported, not subtracted from the served score: on the studies' splits the validation volumes' mean
+    did not predict the test volumes' (``docs/results/level``)."""
+    finite = np.array([float(v) for v in values if math.isfinite(v)])
+    if not finite.size:
+        return {"volumes": 0}
+    return {
+        "volumes": int(finite.size),
+        "mean": float(finite.mean()),
+        "median": float(np.median(finite)),
+        "mean_absolute": float(np.abs(finite).mean()),
+        "lowest": float(finite.min()),
+        "highest": float(finite.max()),
+        "values": [round(float(v), 6) for v in finite],
+    }
+
+
 def measure_validated_range(
     scorers: Sequence[tuple[nn.Module, Sequence[int]]],
     volumes: Sequence[ValidationVolume],
@@ -302,7 +335,7 @@ def measure_validated_range(
     feature signal's fixed reference (None: the validation cases measure each other)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     chosen = sorted(scorer_of)
-    qualities, truths = [], []
+    qualities, truths, errors = [], [], []
     with torch.no_grad():
         for i in chosen:
             v = volumes[i]
@@ -310,6 +343,7 @@ def measure_validated_range(
             prob, label, voxel_ml = v.scored(prob)  # on the input grid, as the served case is scored
             qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
             truths.append((label, voxel_ml))
+            errors.append(score_minus_truth(qualities[-1], prob, label))
     inputs = [input_statistics(volumes[i].image, volumes[i].geometry) for i in chosen]
     image = volumes[chosen[0]].image if chosen else None
     names = input_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
@@ -327,6 +361,7 @@ def measure_validated_range(
         raise ValueError("calibrate: some validation volumes map back to their input grid and others do not")
     scored_on = "input grid" if mapped == {True} else "network grid"
     scale, info["volume_interval"] = volume_interval_fit(qualities, truths)
+    info["case_score_error"] = case_score_error(errors)
     references = fixed_references(
         reference_inputs, reference_features, [features[i] for i in chosen] if stored else None, input_names=names
     )

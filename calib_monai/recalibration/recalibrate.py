@@ -116,6 +116,13 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
     )
     for warning in validated.warnings:
         logger.warning(f"calibrate: validated range: {warning}")
+    error = validated.info.get("case_score_error", {})
+    if error.get("volumes"):
+        logger.info(
+            f"calibrate: case score minus the true mean DSC of the delivered segmentation, over the {error['volumes']}"
+            f" scored validation volumes: {error['mean']:+.3f} on average, {error['lowest']:+.3f} to "
+            f"{error['highest']:+.3f}, {error['mean_absolute']:.3f} mean absolute (info.case_score_error)"
+        )
     interval = validated.info.get("volume_interval", {})
     if validated.volume_interval_scale is not None:
         logger.info(
