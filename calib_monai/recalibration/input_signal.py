@@ -47,14 +47,13 @@ class InputSignal:
         have = set(self.named)
         self.missing = [n for n in self.served_names if n not in have]
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
+        intensity, shading = (np.array([g == kind for g in groups], dtype=bool) for kind in ("intensity", "shading"))
         #: the training images' precision of the standardised intensity statistics (None: a range from before it, or
         #: none stored: each statistic alone)
-        self.precision = self._precision("precision", np.array([g == "intensity" for g in groups], dtype=bool))
+        self.precision = self._precision("precision", intensity)
         #: the statistics counted together: (their columns, the precision, what they are called in a reason); the
         #: shading group without its own precision (a range from before it) counts one by one, as the geometry
-        intensity = np.array([g == "intensity" for g in groups], dtype=bool)
         self.joint = [(intensity, self.precision, "intensity statistics")]
-        shading = np.array([g == "shading" for g in groups], dtype=bool)
         shading_precision = self._precision("shading_precision", shading) if self.precision is not None else None
         if shading_precision is not None:
             self.joint.append((shading, shading_precision, "shading statistics"))
