@@ -149,3 +149,25 @@ def test_the_metric_class_names_y_pred_in_its_messages():
     y[:, :] = 1
     with pytest.raises(ValueError, match=r"^y_pred must lie in \[0, 1\]"):
         SegmentationCalibrationMetric(metric_name="ece", foreground="gt")(p * 3.0, y[:, None])
+
+
+@pytest.mark.parametrize("name", ["ece", "tace"])
+def test_segmentation_calibration_takes_it_volume_by_volume(name, monkeypatch):
+    import calib_monai.metrics.calibration_error as module
+    from calib_monai.metrics import segmentation_calibration
+
+    taken = []
+    original = module.triton_volume_statistics
+    monkeypatch.setattr(module, "triton_volume_statistics", lambda *a: taken.append(original(*a)) or taken[-1])
+    p, y = _volumes(3, 4, 700, torch.int32)
+    y[1] = 0  # no foreground: the caller's path, NaN and the warning
+    values = {}
+    for on in (True, False):
+        with use_triton(on), pytest.warns(UserWarning, match=r"volume\(s\) \[1\] have no foreground voxels"):
+            values[on] = segmentation_calibration(p, y, name, num_bins=15, foreground="gt", reduction="none")
+    assert [t is not None for t in taken] == [True, False, True, False, False, False]  # on: volumes 0 and 2
+    torch.testing.assert_close(torch.as_tensor(values[True]), torch.as_tensor(values[False]), equal_nan=True)
+    with use_triton(True), pytest.warns(UserWarning):
+        assert segmentation_calibration(p, y, name, foreground="gt") == pytest.approx(
+            float(values[False][[0, 2]].mean())
+        )

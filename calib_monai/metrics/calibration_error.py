@@ -10,13 +10,12 @@ All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spa
 
 Where: on the inputs' device, by one definition: the bucket grid on the CPU (``calibration_torch.py``), whole-tensor
 operations on CUDA (``calibration_sorted.py``; ``calibration_triton.py``'s kernels where Triton is installed). The
-volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are
-viewed as CPU tensors (``torch.from_numpy``, no copy of a contiguous array) and take the same path. Counts are
-accumulated in int64 and sums in float64, so the values do not drift however many voxels are pooled (float32
-accumulators stop counting at 2**24); the tests hold them equal to a float64 brute force. One bin rule
-(``calibration_numpy.equal_width_bin_index``): bin k is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the
-probabilities' dtype, so a float32 value equal to float32(k / M) goes to the lower bin, as in MONAI's
-``calibration_binning`` (0 goes to bin 0).
+volume is never copied to the host, only per-bin statistics are. NumPy arrays (and lists) are viewed as CPU tensors
+(``torch.from_numpy``, no copy of a contiguous array) and take the same path. Counts are accumulated in int64 and sums
+in float64, so the values do not drift however many voxels are pooled (float32 accumulators stop counting at 2**24); the
+tests hold them equal to a float64 brute force. One bin rule (``calibration_numpy.equal_width_bin_index``): bin k is
+``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype, so a float32 value equal to float32(k / M)
+goes to the lower bin, as in MONAI's ``calibration_binning`` (0 goes to bin 0).
 
 The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``, ``brier`` and ``calibration_errors`` are
 pooled over all volumes given: the selected voxels of every volume are binned together, which is not the mean over
@@ -26,14 +25,14 @@ Metrics whose paper fixes the voxels, classes and bins are *named* (``METRIC_DEF
 definition, per volume: ``ml1ace`` (Barfoot et al.: every voxel, background excluded, 20 bins, mean over volumes),
 ``cece_all`` (classwise ECE over every voxel, background excluded, 20 bins: MONAI's ``CalibrationErrorMetric``) and
 ``ml1ace_gt`` (mL1-ACE on the ground-truth foreground, background included, 15 bins, comparable with NACL / CRaC's
-foreground metrics). In ``calibration_errors`` (several metrics of one voxel
-selection) the names are the formulas: ``"ml1ace"`` there is mL1-ACE on the voxels its ``foreground`` selects.
+foreground metrics). In ``calibration_errors`` (several metrics of one voxel selection) the names are the formulas:
+``"ml1ace"`` there is mL1-ACE on the voxels its ``foreground`` selects.
 
-Reductions over volumes (``segmentation_calibration``): ``"none"`` (one value per volume), ``"mean"`` (unweighted
-mean over volumes: the papers' tables) and ``"pooled"`` (all selected
-voxels of all volumes binned together). A volume without selected voxels gets NaN (with a ``UserWarning``) and is
-left out of ``"mean"``. Probabilities that are not softmax outputs (logits) raise a ``ValueError`` saying so.
-Sources, the authors' code and the differences from it: ``docs/notes/metrics.md``.
+Reductions over volumes (``segmentation_calibration``): ``"none"`` (one value per volume), ``"mean"`` (unweighted mean
+over volumes: the papers' tables) and ``"pooled"`` (all selected voxels of all volumes binned together). A volume
+without selected voxels gets NaN (with a ``UserWarning``) and is left out of ``"mean"``. Probabilities that are not
+softmax outputs (logits) raise a ``ValueError`` saying so. Sources, the authors' code and the differences from it:
+``docs/notes/metrics.md``.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ from .calibration_kernel import add_volume, select_voxels  # compiled "gt" passe
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
 from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
 from .calibration_torch import CalibrationAccumulator
-from .calibration_triton import triton_errors
+from .calibration_triton import triton_errors, triton_volume_statistics
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -210,24 +209,27 @@ def segmentation_calibration(
     )
     check_option("reduction", reduction, REDUCTIONS)
     p, y, class_dim = prepare_tensors(*as_tensors(probs, labels))
-    parts = [select_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
-    num_classes = p.shape[1]
-    empty = [b for b, (_, yb) in enumerate(parts) if yb.shape[0] == 0]
+    num_classes, settings = p.shape[1], (num_bins, include_background, threshold)
 
     if reduction == "pooled":
-        if len(empty) == len(parts):
+        parts = [select_voxels(p[b], y[b], foreground, "probs", class_dim) for b in range(p.shape[0])]
+        if all(yb.shape[0] == 0 for _, yb in parts):
             warn_empty_selection(foreground)
         acc = CalibrationAccumulator((metric_name,), num_classes, num_bins, include_background, threshold)
         for pb, yb in parts:
             acc.add(pb, yb)
         return accumulator_values(acc, (metric_name,), include_background)[metric_name]
 
-    if empty:
-        warn_empty_selection(foreground, empty if len(parts) > 1 else None)
-    values = []
-    for pb, yb in parts:
-        stats = volume_statistics(pb, yb, metric_name, num_bins, include_background, threshold)
+    values, empty = [], []
+    for b in range(p.shape[0]):  # "gt" on CUDA with Triton: selected, checked and binned in one read
+        fast = triton_volume_statistics(p[b : b + 1], y[b : b + 1], metric_name, foreground, *settings, class_dim)
+        if fast is None:
+            pb, yb = select_voxels(p[b], y[b], foreground, "probs", class_dim)
+            empty += [b] if yb.shape[0] == 0 else []
+        stats = fast.cpu().numpy() if fast is not None else volume_statistics(pb, yb, metric_name, *settings)
         values.append(value_from_statistics(stats, metric_name, num_bins, num_classes, include_background))
+    if empty:
+        warn_empty_selection(foreground, empty if p.shape[0] > 1 else None)
     values = np.array(values)
     if reduction == "none":
         return values
@@ -262,15 +264,13 @@ def calibration_errors(
     >>> {k: round(v, 4) for k, v in values.items()}
     {'ece': 0.25, 'nll': 0.5737, 'brier': 0.39}
     """
-    if isinstance(metrics, str):
-        metrics = (metrics,)
+    metrics = (metrics,) if isinstance(metrics, str) else metrics
     names = [_check_options(m, threshold) for m in metrics]
     if not names:
         raise ValueError(f"metrics must name at least one of {CALIBRATION_METRICS}, got {metrics!r}.")
     num_bins = check_positive_int("num_bins", num_bins)
     foreground = check_foreground(foreground)
-    if isinstance(probs, torch.Tensor) and sorted_path(probs):  # whole-tensor operations: the grid's many small
-        # steps are launch- and sync-bound on a GPU
+    if isinstance(probs, torch.Tensor) and sorted_path(probs):  # whole-tensor ops: the grid's steps bind a GPU
         args = (*prepare_tensors(probs, labels), names, num_bins, foreground, include_background, threshold)
         return triton_errors(*args) or sorted_errors(*args)  # Triton kernels where installed: one read of the data
     acc = pooled_accumulator(probs, labels, names, num_bins, foreground, include_background, threshold)
