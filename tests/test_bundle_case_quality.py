@@ -74,6 +74,8 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     training = len(datalist["training"])
     assert record["input_reference"]["images"] == record["feature_reference"]["images"] == training
     assert len(record["input_reference"]["mean"]) == len(record["inputs"][0]) == len(record["input_names"])
+    # the intensity and the shading statistics each with their own precision (slope and curvature along 3 axes)
+    assert len(record["input_reference"]["shading_precision"]) == 6 and "precision" in record["input_reference"]
     assert len(record["feature_reference"]["validation"]) == 4
     assert record["info"]["volume_interval"]["pairs"] == 4 * 4 and record["volume_interval_scale"] is None
     assert "too few for 95%" in record["info"]["volume_interval"]["note"]
