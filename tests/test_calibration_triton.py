@@ -153,7 +153,7 @@ def test_the_metric_class_names_y_pred_in_its_messages():
 
 @pytest.mark.parametrize("name", ["ece", "tace"])
 def test_segmentation_calibration_takes_it_volume_by_volume(name, monkeypatch):
-    import calib_monai.metrics.calibration_error as module
+    import calib_monai.metrics.calibration_volume as module
     from calib_monai.metrics import segmentation_calibration
 
     taken = []

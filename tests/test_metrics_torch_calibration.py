@@ -138,7 +138,7 @@ def test_the_sorted_path_with_fewer_values_than_bins_and_a_class_without_any():
 
 
 def test_per_volume_metrics_route_cuda_voxels_through_the_sorted_path(monkeypatch):
-    import calib_monai.metrics.calibration_error as calibration_error
+    import calib_monai.metrics.calibration_volume as calibration_volume
 
     probs, labels = _case(5)
     labels[1] = 0  # volume 1 selects no voxel: NaN, by the grid path on any device
@@ -154,7 +154,7 @@ def test_per_volume_metrics_route_cuda_voxels_through_the_sorted_path(monkeypatc
 
     grid = per_volume()
     routed = []
-    monkeypatch.setattr(calibration_error, "sorted_path", lambda p: routed.append(p.shape) or True)  # as on CUDA
+    monkeypatch.setattr(calibration_volume, "sorted_path", lambda p: routed.append(p.shape) or True)  # as on CUDA
     ours = per_volume()
     assert len(routed) == 3 * len(ALL) and np.isnan(ours["ece"][1])
     for name in ALL:

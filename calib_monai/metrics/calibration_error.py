@@ -55,9 +55,10 @@ from ._inputs import (
 )
 from .calibration_kernel import add_volume, select_voxels  # compiled "gt" passes; select_tensor_voxels otherwise
 from .calibration_numpy import equal_width_bin_index, value_from_statistics
-from .calibration_sorted import sorted_errors, sorted_path, sorted_statistics, statistics_values
+from .calibration_sorted import sorted_errors, sorted_path, statistics_values
 from .calibration_torch import CalibrationAccumulator
-from .calibration_triton import triton_errors, triton_volume_statistics
+from .calibration_triton import triton_errors
+from .calibration_volume import per_volume_statistics, torch_volume_statistics, volume_statistics
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -89,63 +90,6 @@ def _check_options(metric_name: Any, threshold: Any, named: bool = False) -> str
     if threshold is not None:
         check_number("threshold", threshold, 0, 1, high_open=True, wanted="a float in [0, 1)")
     return str(metric_name)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Per-volume statistics (values: calibration_numpy.value_from_statistics)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def volume_statistics(
-    p: Any,
-    y: Any,
-    metric_name: str,
-    num_bins: int = 15,
-    include_background: bool = True,
-    threshold: float = 1e-3,
-) -> np.ndarray:
-    """Flat float64 statistics of the selected voxels of one volume (``p (C, n)``, ``y (n,)``, already checked).
-
-    ECE: ``(M * 3)``, CECE: ``(C * M * 3)``, NLL / Brier: ``[count, sum]``; they add up over volumes. TACE / ACE:
-    ``[value]`` (equal-mass bins depend on all the voxels binned together, so they are not additive). Reduced on
-    the tensors' device (NumPy arrays: as CPU tensors); only the statistics come back (as NumPy).
-    """
-    if not isinstance(p, torch.Tensor):
-        p, y = as_tensors(p, y)
-    p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
-    y = torch.as_tensor(y, device=p.device)
-    return selected_statistics(p, y, metric_name, num_bins, include_background, threshold).cpu().numpy()
-
-
-def selected_statistics(
-    p: torch.Tensor,
-    y: torch.Tensor,
-    metric_name: str,
-    num_bins: int = 15,
-    include_background: bool = True,
-    threshold: float = 1e-3,
-) -> torch.Tensor:
-    """``volume_statistics`` as a flat float64 tensor on the voxels' device: the sorted path for CUDA voxels
-    (whole-tensor operations; the grid's many small steps are launch- and sync-bound on a GPU), the accumulator's
-    bucket grid otherwise and for an empty selection."""
-    if sorted_path(p) and y.numel():
-        return sorted_statistics(p, y, (metric_name,), num_bins, include_background, threshold)[metric_name]
-    acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
-    acc.add(p, y)
-    return torch_volume_statistics(acc, metric_name, p.device)
-
-
-def torch_volume_statistics(acc: CalibrationAccumulator, metric_name: str, device: torch.device) -> torch.Tensor:
-    """``volume_statistics`` of an accumulator's voxels as a flat float64 tensor on ``device`` (the voxels'; zeros
-    when empty, which ``value_from_statistics`` turns into NaN; ``[value]`` for TACE / ACE)."""
-    if metric_name in ("tace", "ace"):
-        return torch.tensor([acc.adaptive_errors()[metric_name]], dtype=torch.float64, device=device)
-    stats = acc.statistics(metric_name)
-    if stats is None:
-        classwise = acc.num_classes * acc.num_bins * 3
-        size = {"ece": acc.num_bins * 3, "cece": classwise, "ml1ace": classwise}.get(metric_name, 2)
-        return torch.zeros(size, dtype=torch.float64, device=device)
-    return stats.reshape(-1)
 
 
 def accumulator_values(acc: CalibrationAccumulator, names: Sequence[str], include_background: bool) -> dict:
@@ -220,17 +164,11 @@ def segmentation_calibration(
             acc.add(pb, yb)
         return accumulator_values(acc, (metric_name,), include_background)[metric_name]
 
-    values, empty = [], []
-    for b in range(p.shape[0]):  # "gt" on CUDA with Triton: selected, checked and binned in one read
-        fast = triton_volume_statistics(p[b : b + 1], y[b : b + 1], metric_name, foreground, *settings, class_dim)
-        if fast is None:
-            pb, yb = select_voxels(p[b], y[b], foreground, "probs", class_dim)
-            empty += [b] if yb.shape[0] == 0 else []
-        stats = fast.cpu().numpy() if fast is not None else volume_statistics(pb, yb, metric_name, *settings)
-        values.append(value_from_statistics(stats, metric_name, num_bins, num_classes, include_background))
+    stats, empty = per_volume_statistics(p, y, metric_name, foreground, *settings, class_dim)
     if empty:
         warn_empty_selection(foreground, empty if p.shape[0] > 1 else None)
-    values = np.array(values)
+    stats = torch.stack(stats).cpu().numpy()  # one transfer
+    values = np.array([value_from_statistics(s, metric_name, num_bins, num_classes, include_background) for s in stats])
     if reduction == "none":
         return values
     return float(np.mean(values[~np.isnan(values)])) if (~np.isnan(values)).any() else float("nan")

@@ -14,18 +14,16 @@ from ._inputs import (
     detached_plain_tensor,
     metric_definition,
     prepare_tensors,
-    select_tensor_voxels,
     warn_empty_selection,
 )
 from .calibration_error import (
     POOLABLE_METRICS,
     REDUCTIONS,
     _check_options,
-    selected_statistics,
     value_from_statistics,
 )
 from .calibration_torch import first_argmax
-from .calibration_triton import triton_volume_statistics
+from .calibration_volume import per_volume_statistics
 
 __all__ = ["SegmentationCalibrationMetric"]
 
@@ -131,19 +129,11 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
                 raise ValueError(f"y with {num_classes} channels must be one-hot (0/1 values), got other values.")
             y = first_argmax(y, dim=1)[1][:, None]
         p, labels, class_dim = prepare_tensors(y_pred, y, "y_pred")
-        values, stats, empty = [], [], []
+        values = []
         settings = (self.num_bins, self.include_background, self.threshold)
-        for b in range(p.shape[0]):  # "gt" on CUDA with Triton: selected, checked and binned in one read
-            fast = triton_volume_statistics(
-                p[b : b + 1], labels[b : b + 1], self.metric_name, self.foreground, *settings, class_dim, "y_pred"
-            )
-            if fast is not None:
-                stats.append(fast)
-                continue
-            p_sel, y_sel = select_tensor_voxels(p[b], labels[b], self.foreground, "y_pred", class_dim)
-            if y_sel.numel() == 0:
-                empty.append(b)
-            stats.append(selected_statistics(p_sel, y_sel, self.metric_name, *settings))
+        stats, empty = per_volume_statistics(
+            p, labels, self.metric_name, self.foreground, *settings, class_dim, "y_pred"
+        )
         if empty:
             warn_empty_selection(self.foreground, empty)
         stats_t = torch.stack(stats)
