@@ -30,7 +30,7 @@ from monai.transforms import MapLabelValue
 
 from calib_monai.bundle import TrainedBundle, locate_bundle, read_bundle_config
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS, SITE_SHIFT_STRENGTHS, apply_site_shift
-from calib_monai.metrics import segmentation_metrics_per_volume
+from calib_monai.metrics import label_map_dice
 from calib_monai.recalibration.validated_range import voxel_volume_ml
 from studies.quality_report import ID, write_quality_results
 from studies.runs import calibrate
@@ -87,13 +87,10 @@ def shifted_items(items: Sequence[Mapping], kind: str, strength: str, folder: st
 
 
 def _true_dice(segmentation: torch.Tensor, label: np.ndarray, num_classes: int) -> float:
-    """Mean DSC of the served segmentation against the label (classes absent from both left out: NaN)."""
+    """Mean DSC of the served segmentation against the label (classes absent from the label left out: NaN)."""
     label = torch.as_tensor(label)
-    prediction = torch.as_tensor(segmentation).reshape(label.shape).long()
-    dice = segmentation_metrics_per_volume(
-        prediction[None, None], label[None, None], num_classes, surface_distances=False
-    )["dice"][0]
-    return float(np.nanmean(dice)) if np.isfinite(dice).any() else float("nan")
+    prediction = torch.as_tensor(segmentation).as_subclass(torch.Tensor).reshape(label.shape)
+    return float(label_map_dice(prediction, label, num_classes).nanmean())
 
 
 def _volume_coverage(quality: Mapping, label: np.ndarray, voxel_ml: float) -> float:

@@ -45,5 +45,5 @@ from .failure_detection import (
 from .ranking import friedman_rank, mean_case_rank, rank_methods, sum_rank
 from .reliability import plot_reliability, reliability_diagram_data, save_reliability_diagram
 from .report_table import SegmentationReportTable
-from .segmentation import segmentation_metrics_per_volume
+from .segmentation import label_map_dice, segmentation_metrics_per_volume
 from .segmentation_report import SegmentationReportMetric

@@ -25,7 +25,7 @@ from monai.networks.utils import one_hot
 
 from calib_monai.checks import check_option
 
-__all__ = ["EMPTY_CLASS_CONVENTIONS", "segmentation_metrics_per_volume"]
+__all__ = ["EMPTY_CLASS_CONVENTIONS", "label_map_dice", "segmentation_metrics_per_volume"]
 
 EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
 
@@ -127,3 +127,20 @@ def segmentation_metrics_per_volume(
         for k in distances:
             out[k][gt_absent] = 0.0
     return out
+
+
+def label_map_dice(prediction: torch.Tensor, label: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The DSC of each foreground class ``1..C-1`` of a label map ``prediction`` against ``label`` (integer tensors of
+    one shape), float64 on their device, from their confusion matrix in one pass (no one-hot copies of a volume); NaN
+    for a class absent from the label, as ``segmentation_metrics_per_volume``'s ``empty_class="nan"``.
+
+    >>> dice = label_map_dice(torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0]), num_classes=3)
+    >>> [round(v, 4) for v in dice.tolist()]  # class 1: 2 * 1 / (2 + 1); class 2 in no label: NaN
+    [0.6667, nan]
+    """
+    pred, true = prediction.reshape(-1).long(), label.reshape(-1).to(prediction.device).long()
+    joint = torch.bincount(true * num_classes + pred, minlength=num_classes * num_classes)
+    joint = joint.reshape(num_classes, num_classes)
+    overlap, in_pred, in_true = joint.diagonal(), joint.sum(0), joint.sum(1)
+    dice = 2 * overlap.double() / (in_pred + in_true).double()
+    return torch.where(in_true > 0, dice, torch.nan)[1:]

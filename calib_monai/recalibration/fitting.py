@@ -41,7 +41,7 @@ from calib_monai.metrics.calibration_error import ece
 from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
-from calib_monai.metrics.segmentation import segmentation_metrics_per_volume
+from calib_monai.metrics.segmentation import label_map_dice
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
 from calib_monai.recalibration.splits import DEFAULT_FOLDS, Split, split_volumes, subject_names
@@ -285,13 +285,9 @@ def volume_interval_fit(
 
 def score_minus_truth(quality: Mapping[str, Any], prob: torch.Tensor, label: torch.Tensor) -> float:
     """A scored volume's case score minus the true mean DSC of the segmentation it delivers (the argmax of ``prob``
-    ``(C, *spatial)`` against ``label``; a structure absent from both left out, as the case score leaves it); NaN
-    when either is undefined."""
-    prediction = prob.argmax(0).reshape(label.shape)
-    dice = segmentation_metrics_per_volume(
-        prediction[None, None], label[None, None].long(), prob.shape[0], surface_distances=False
-    )["dice"][0]
-    truth = float(np.nanmean(dice)) if np.isfinite(dice).any() else math.nan
+    ``(C, *spatial)`` against ``label``, as ``evaluating``'s ``DeliveredDiced``: a structure absent from the label
+    left out); NaN when either is undefined."""
+    truth = float(label_map_dice(prob.argmax(0), label, prob.shape[0]).nanmean())
     score = quality.get("case_score")
     return float(score) - truth if score is not None and math.isfinite(score) else math.nan
 

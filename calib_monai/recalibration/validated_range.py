@@ -70,6 +70,7 @@ from calib_monai.metrics.case_quality import case_quality
 from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
+from calib_monai.metrics.segmentation import label_map_dice
 from calib_monai.recalibration.review_rule import ValidatedRange
 from calib_monai.recalibration.stored import file_sha256
 
@@ -297,13 +298,8 @@ class DeliveredDiced(MapTransform):
                     "both must be on the input grid (Invertd the probabilities; keep_input_label true)"
                 )
             classes = prob.shape[0]
-            pred = prob.as_subclass(torch.Tensor).argmax(0).reshape(-1)
-            true = label.as_subclass(torch.Tensor).reshape(-1).long()
-            # the confusion matrix in one pass (no one-hot copies of an input-grid volume)
-            joint = torch.bincount(true * classes + pred, minlength=classes * classes).reshape(classes, classes)
-            overlap, in_pred, in_true = joint.diagonal(), joint.sum(0), joint.sum(1)
-            dice = 2 * overlap.double() / (in_pred + in_true).double()
-            dice = torch.where(in_true > 0, dice, torch.nan)[1:].tolist()  # no truth: NaN (ignore_empty)
+            pred = prob.as_subclass(torch.Tensor).argmax(0)
+            dice = label_map_dice(pred, label.as_subclass(torch.Tensor), classes).tolist()  # no truth: NaN
             names = self.class_names[1:] if self.class_names else [f"class_{c}" for c in range(1, classes)]
             finite = [v for v in dice if v == v]
             delivered = {"mean_dice": sum(finite) / len(finite) if finite else math.nan, "dice": dict(zip(names, dice))}
