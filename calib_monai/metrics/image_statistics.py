@@ -120,10 +120,10 @@ def _shading(image: torch.Tensor, axis: int, std: torch.Tensor) -> tuple[torch.T
     profile = profile - profile.mean(1, keepdim=True)
     u = torch.linspace(-1.0, 1.0, size, dtype=image.dtype, device=image.device)
     coefficients = []
-    for basis in (u, 1.5 * u * u - 0.5):
+    for basis in (u, 1.5 * u * u - 0.5) if size >= 3 else (u,):  # the centred quadratic of 2 points is 0
         basis = basis - basis.mean()  # u is centred; the quadratic is not (orthogonal to u on the grid by symmetry)
-        norm = basis.square().sum()
-        coefficients.append(profile @ basis / norm if norm > 0 else torch.zeros_like(std))
+        coefficients.append(profile @ basis / basis.square().sum())
+    coefficients += [torch.zeros_like(std)] * (2 - len(coefficients))
     tiny = torch.finfo(image.dtype).tiny
     return tuple(torch.where(std > 0, c / std.clamp_min(tiny), torch.zeros_like(c)) for c in coefficients)
 
