@@ -1,5 +1,6 @@
 """The input signal's joint distance: the intensity statistics measured together against the training images'
-(Mahalanobis, Ledoit-Wolf), each geometry statistic alone, and what the reason names."""
+(Mahalanobis, Ledoit-Wolf), each geometry statistic alone, and what the reason names; a thicker slice seen along its
+axis."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
+from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
 from calib_monai.recalibration import ValidatedRange
 from calib_monai.recalibration.references import fixed_references, group_precision
 
@@ -153,3 +156,30 @@ def test_a_bias_field_is_seen_by_the_shading_statistics(hippocampus_dir):
     assert ordinary_with <= 2 and ordinary_without <= 2
     assert shaded_with >= 12 and shaded_without <= 6
     assert any("with the other shading statistics" in " ".join(v["reasons"]) for v in verdicts[20:])
+
+
+def test_a_thicker_slice_is_seen_by_the_sharpness_and_roughness_along_that_axis():
+    # 20 images: an in-plane pattern along 16 slices, with slice noise. The case is the last with every 4 slices
+    # averaged (a 4x thicker slice): its mean and spread barely move (0.538, 0.287 against the others' 0.54 +- 0.03,
+    # 0.286 +- 0.008), its sharpness along axis 2 falls to 0.012 (the others' 0.117 +- 0.004: 30.1 SDs) and its
+    # roughness along axis 2 rises to 2 * 15 / 14 (second differences 2J at the 6 of 14 places beside the 3 jumps J
+    # of 15 steps; the others' noise 1.750 +- 0.013: 30.4 SDs): the reason names the farthest
+    g = torch.Generator().manual_seed(0)
+    images = [
+        torch.rand(1, 12, 12, 1, generator=g).repeat(1, 1, 1, 16) + 0.1 * torch.rand(1, 12, 12, 16, generator=g)
+        for _ in range(20)
+    ]
+    thick = images[-1].reshape(1, 12, 12, 4, 4).mean(-1).repeat_interleave(4, dim=-1)
+    stats = [image_statistics(i) for i in images[:-1]]
+    names = image_statistic_names(1, 3)
+    case = {"case_score": 0.81, "classes": {"a": {"volume": 1.5}}}
+    validated = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=stats, input_check=True, input_names=names)
+    assert validated.check(case, image_statistics(images[-1]))["flag"] is False
+    verdict = validated.check(case, image_statistics(thick))
+    assert verdict["flag"] is True and verdict["reasons"][0].startswith(
+        "image unlike the validation images (roughness along axis 2: distance 30.4 standard deviations"
+    )
+    assert verdict["signals"]["input"]["value"] == pytest.approx((30 / 14 - 1.7496) / 0.012925, rel=1e-3)
+    # read back from its record: the same names
+    again = ValidatedRange(**{k: validated.record()[k] for k in ("scores", "inputs", "input_check", "input_names")})
+    assert again.check(case, image_statistics(thick))["reasons"] == verdict["reasons"]
