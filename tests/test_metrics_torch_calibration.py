@@ -18,6 +18,7 @@ from calib_monai.metrics import (
 from calib_monai.metrics._inputs import prepare_tensors
 from calib_monai.metrics.calibration_sorted import sorted_errors
 from calib_monai.metrics.calibration_torch import CalibrationAccumulator
+from calib_monai.metrics.calibration_triton import use_triton
 
 ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 
@@ -155,7 +156,8 @@ def test_per_volume_metrics_route_cuda_voxels_through_the_sorted_path(monkeypatc
     grid = per_volume()
     routed = []
     monkeypatch.setattr(calibration_volume, "sorted_path", lambda p: routed.append(p.shape) or True)  # as on CUDA
-    ours = per_volume()
+    with use_triton(False):  # the sorted path, not Triton's (which takes CPU tensors under its interpreter)
+        ours = per_volume()
     assert len(routed) == 3 * len(ALL) and np.isnan(ours["ece"][1])
     for name in ALL:
         np.testing.assert_allclose(ours[name], grid[name], rtol=1e-12, atol=1e-15, err_msg=name)
