@@ -127,6 +127,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "crossfit_folds": "@calibration_folds",
                 "network": "@network",
                 "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check, 'review_feature_check')",
+                "review_score_check": "$calib_monai.bundle.as_bool(@review_score_check, 'review_score_check')",
                 # the input and feature signals' fixed reference: the training images through the served chain
                 "reference_images": "$@data.datalist()['training']",
                 # the range scored on each volume's input grid (the label as read), as inferring scores a case

@@ -80,8 +80,8 @@ class RecalibrationFitter:
             fitted on.
         validated_range_path: where to store the validated range (None: not stored).
         label_names: ``{"0": "background", ...}`` (the range's class names).
-        review_alpha, review_volume_factor, review_input_check, review_feature_check: the review rule stored with
-            the range.
+        review_alpha, review_volume_factor, review_input_check, review_feature_check, review_score_check: the
+            review rule stored with the range.
         preprocessing: the validation chain (``@validate#preprocessing``, the served chain with the label). With
             the label as read (``input_label_key``, kept by ``@keep_input_label``), the range's volumes are scored
             on their input grid through its inverse, as ``inferring`` scores a case (else on the network's grid).
@@ -127,6 +127,7 @@ class RecalibrationFitter:
         max_reference: int = 200,
         input_label_key: str = INPUT_LABEL,
         reference_transform: Callable | None = None,
+        review_score_check: bool = REVIEW_DEFAULTS["score_check"],
     ) -> None:
         if reference_transform is not None:  # the name of the previous release, for its calibrate.json files
             warnings.warn(
@@ -158,6 +159,7 @@ class RecalibrationFitter:
             "volume_factor": float(review_volume_factor),
             "input_check": bool(review_input_check),
             "feature_check": bool(review_feature_check),
+            "score_check": bool(review_score_check),
         }
         ValidatedRange([], **self.review)  # the rule's settings are checked now, not after the fit
         split_volumes(2, split, folds=crossfit_folds)  # the share and the folds are checked now, too

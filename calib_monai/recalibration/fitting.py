@@ -72,7 +72,13 @@ RECALIBRATION_DEFAULTS: dict[str, Any] = {
     "crossfit": True,
     "folds": DEFAULT_FOLDS,
 }
-REVIEW_DEFAULTS: dict[str, Any] = {"alpha": 0.05, "volume_factor": 0.0, "input_check": True, "feature_check": True}
+REVIEW_DEFAULTS: dict[str, Any] = {
+    "alpha": 0.05,
+    "volume_factor": 0.0,
+    "input_check": True,
+    "feature_check": True,
+    "score_check": True,
+}
 HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping
 
 
@@ -325,7 +331,8 @@ def measure_validated_range(
 ) -> ValidatedRange:
     """The validated range of the scored volumes (in volume order), each scored with its fold's recalibration (as
     inference scores a case: :func:`cross_fit`'s scorers); ``review``: ``alpha``, ``volume_factor``,
-    ``input_check``, ``feature_check``; ``features``: each volume's pooled network features (None: none);
+    ``input_check``, ``feature_check``, ``score_check``; ``features``: each volume's pooled network features (None:
+    none);
     ``reference_inputs``: the image statistics of training images, the input signal's fixed reference (None: the
     validation images measure each other); ``reference_features``: the training images' pooled features, the
     feature signal's fixed reference (None: the validation cases measure each other)."""

@@ -55,7 +55,7 @@ def recalibrate(
             ``in_channels``, ``voxels``, ``max_voxels``, ``max_slices``, ``steps``, ``seed`` (also the split's).
         split, crossfit, folds: which volumes fit and which measure (:func:`~calib_monai.recalibration.fitting.
             split_volumes`).
-        review: the review rule's ``alpha``, ``volume_factor``, ``input_check``, ``feature_check``
+        review: the review rule's ``alpha``, ``volume_factor``, ``input_check``, ``feature_check``, ``score_check``
             (``REVIEW_DEFAULTS`` when None).
         features: each volume's pooled network features (None: the feature signal has none).
         references: the training images' ``(image statistics, pooled features)``, the fixed references of the

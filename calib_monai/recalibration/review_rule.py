@@ -64,6 +64,8 @@ class ValidatedRange:
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
     # each volume's subject (patient); []: each its own; None: not recorded (a range from before subjects)
     subjects: list[str] | None = field(default_factory=list)
+    # whether the lowest case score is one of the flag's signals (a range from before this setting: it was)
+    score_check: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -78,6 +80,9 @@ class ValidatedRange:
         self.alpha, self.volume_factor = float(self.alpha), float(self.volume_factor)
         self.scored_on = check_option("validated range scored_on", self.scored_on, ("input grid", "network grid"))
         self.input_check, self.feature_check = bool(self.input_check), bool(self.feature_check)
+        self.score_check = bool(self.score_check)
+        if not (self.score_check or self.input_check or self.feature_check):
+            raise ValueError("validated range: no signal judges a case: turn on review_score_check or another check")
         reference = self.input_reference
         if reference is not None and not (
             len(reference.get("mean", [])) == len(reference.get("std", [])) == len((self.inputs or [[]])[0])
@@ -147,6 +152,7 @@ class ValidatedRange:
         feature_reference: dict[str, Any] | None = None,
         scored_on: str = "input grid",
         subjects: Sequence[str] = (),
+        score_check: bool = True,
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
@@ -174,6 +180,7 @@ class ValidatedRange:
             feature_reference,
             scored_on,
             [str(s) for s in subjects],
+            score_check,
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
@@ -195,7 +202,8 @@ class ValidatedRange:
     @property
     def signals(self) -> list[str]:
         """The signals the combined rule ranks (a case may leave one out, with the reason)."""
-        return ["case_score", *(["input"] if self.input_check else []), *(["features"] if self.feature_check else [])]
+        chosen = (("case_score", self.score_check), ("input", self.input_check), ("features", self.feature_check))
+        return [name for name, on in chosen if on]
 
     @property
     def rank(self) -> int:
@@ -301,9 +309,11 @@ class ValidatedRange:
         ``beyond``: its standardised distance beyond the others), "left_out", "validation_volumes", "bound",
         "alpha"}``."""
         values, left_out, unknown, farthest = signal_values(self, quality, image_statistics, features, features_missing)
+        if not values and not unknown:  # the case score is off and the case left every other signal out
+            unknown.append("cannot judge: no signal measured the case (" + "; ".join(left_out) + ")")
         ranks = {name: competition_ranks(a) for name, a in values.items()}
         z = {name: standardised(a) for name, a in values.items()}
-        combined = np.max(np.stack(list(z.values())), axis=0)
+        combined = np.max(np.stack([*z.values(), np.full(self.n + 1, -np.inf)]), axis=0)
         # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties, within
         # float noise, against the case); with one volume per subject, its rank among the n + 1
         most = np.full(self.m, -np.inf)
@@ -317,14 +327,14 @@ class ValidatedRange:
             }
             for name in values
         }
-        signals["case_score"]["value"] = _finite_or_none(float(quality["case_score"]))
+        signals.get("case_score", {})["value"] = _finite_or_none(float(quality["case_score"]))  # not its negation
         reasons = []
-        if k >= 1 and case_rank <= k:
+        if k >= 1 and values and case_rank <= k:
             shifted = [name for name in z if z[name][-1] == combined[-1]]
             reasons += [review_reason(self, name, signals[name], farthest) for name in shifted]
             if {"input", "features"} & set(shifted):  # once, after the signals that saw the shift
                 reasons[-1] += NOT_VOUCHED
-        elif k >= 1 and self.score_problem:
+        elif k >= 1 and self.score_check and self.score_problem:
             unknown.append(self.score_problem)
         if self.volume_factor:
             for name, volumes in self.volumes.items():
@@ -371,6 +381,7 @@ class ValidatedRange:
             "feature_reference": self.feature_reference,
             "scored_on": self.scored_on,
             "subjects": self.subjects,
+            "score_check": self.score_check,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,

@@ -20,9 +20,10 @@ def signal_values(
 ) -> tuple[dict[str, np.ndarray], list[str], list[str], str]:
     """The ``n + 1`` nonconformities (larger: more extreme; the case last) of each signal that judges; the
     reasons of the signals left out; the reasons the case cannot be judged; the case's farthest image statistic."""
-    score = float(quality["case_score"])
-    values = {"case_score": -np.array([*rule.scores, score], dtype=np.float64)}
-    values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
+    values = {}
+    if rule.score_check:
+        values["case_score"] = -np.array([*rule.scores, float(quality["case_score"])], dtype=np.float64)
+        values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
     left_out, unknown, farthest = [], [], ""
     if rule.input_check:
         measured = rule._input_signal

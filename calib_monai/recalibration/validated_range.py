@@ -11,7 +11,7 @@ The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformi
 (the ``n`` validation volumes and the new case) each signal ``j`` gives each case a nonconformity ``a_j`` (larger:
 more extreme), each measured against the other ``n``:
 
-* the case score (mean estimated DSC), negated (no case score: more extreme than any);
+* (``score_check``) the case score (mean estimated DSC), negated (no case score: more extreme than any);
 * (``input_check``) the image: how far its statistics lie from the training images' (a fixed reference, up to 200
   of them through the served preprocessing; :func:`~calib_monai.metrics.image_statistics.input_statistics`): the
   intensity statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and
@@ -125,7 +125,7 @@ def read_validated_range(
         return None, why
     fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info", "scored_on")}
     optional = ("inputs", "input_check", "features", "feature_check", "input_names", "volume_interval_scale")
-    optional += ("input_reference", "feature_reference", "subjects")
+    optional += ("input_reference", "feature_reference", "subjects", "score_check")
     fields.update({k: record[k] for k in optional if k in record})
     fields.setdefault("subjects", None)  # not recorded: unknown (outdated says so), not "each its own"
     try:
