@@ -40,11 +40,11 @@ from studies.study import StudySetup, command_line_overrides
 __all__ = ["COMMANDS", "run"]
 
 
-def _run(study, name: str, setup: StudySetup, *args: Any) -> str:
+def _run(study, name: str, setup: StudySetup, *args: Any, **kwargs: Any) -> str:
     """Run a study with the command line that started it (for its README); return its results folder."""
     program = os.path.basename(sys.argv[0])
     program = "python scripts/experiments.py" if program == "experiments.py" else program  # or calib-monai
-    study(setup, *args, command=f"{program} {shlex.join(sys.argv[1:])}")
+    study(setup, *args, command=f"{program} {shlex.join(sys.argv[1:])}", **kwargs)
     return str(setup.study_dir(name))
 
 
@@ -122,12 +122,15 @@ def quality(
     other_overrides: dict | str | None = None,
     shifts: Sequence[str] = SITE_SHIFT_KINDS,
     strengths: Sequence[str] = ("mild", "strong"),
+    calibrate_overrides: dict | str | None = None,
     **setup: Any,
 ) -> str:
     """The served verdict: every method x seed trained, recalibrated by the bundle's ``calibrate`` and served
     through ``inference.json`` on the test images, each site shift at each strength and ``other_dataset``'s images
-    (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one test set for every seed."""
+    (``other_dir``, with its bundle ``other_overrides``); ``--split_seed 0`` keeps one test set for every seed;
+    ``calibrate_overrides``: settings of the ``calibrate`` step only (e.g. ``'{"review_score_check": false}'``)."""
     other_overrides = command_line_overrides(other_overrides, "--other_overrides")
+    calibrate_overrides = command_line_overrides(calibrate_overrides, "--calibrate_overrides")
     return _run(
         quality_study,
         "quality",
@@ -139,6 +142,7 @@ def quality(
         other_overrides or {},
         shifts,
         strengths,
+        calibrate_settings=calibrate_overrides or {},
     )
 
 

@@ -161,10 +161,11 @@ def quality_study(
     shifts: Sequence[str] = SITE_SHIFT_KINDS,
     strengths: Sequence[str] = ("mild", "strong"),
     command: str = "",
+    calibrate_settings: Mapping[str, Any] | None = None,
 ) -> str:
     """Train (or reuse) and ``calibrate`` ``methods`` x ``seeds``, serve the test images, each of ``shifts`` at each
     of ``strengths`` and ``other_dataset``'s test images; write ``<results_dir>/quality`` (tables, per-volume
-    records and the README with the command)."""
+    records and the README with the command). ``calibrate_settings``: the ``calibrate`` step's own settings."""
     methods = setup.check_methods(methods)
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
     unknown = [s for s in strengths if s not in SITE_SHIFT_STRENGTHS] + [k for k in shifts if k not in SITE_SHIFT_KINDS]
@@ -188,7 +189,7 @@ def quality_study(
             spec = seeded.spec(method)
             specs.append(spec)
             seeded.trained(method)
-            models = calibrate(spec)
+            models = calibrate(spec, calibrate_settings)
             served_test = [item["image"] for item in json.loads((models / "datalist.json").read_text())["test"]]
             if sorted(served_test) != sorted(item["image"] for item in test):
                 raise ValueError(

@@ -17,6 +17,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = ["RunSpec", "bundle_config_files", "calibrate", "environment_versions"
 
 logger = logging.getLogger(__name__)
 RECORD = "run.json"
+CALIBRATED = "calibrated.json"  # the settings of the last calibrate that finished: {"settings": {...}}
 
 
 def bundle_config_files(bundle: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -76,9 +78,16 @@ class RunSpec:
     def snapshot_path(self, epoch: int) -> Path:
         return self.models_dir / f"epoch_{epoch:03d}.pt"
 
-    def command(self, epochs: int | None = None, run_id: str = "training", configs: tuple[str, ...] = ()) -> list[str]:
+    def command(
+        self,
+        epochs: int | None = None,
+        run_id: str = "training",
+        configs: tuple[str, ...] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         """The training command (``epochs``: stop at that epoch instead, for a snapshot), or the bundle's ``run_id``
-        (e.g. ``"calibrate"``) on the run's settings with the further ``configs`` (``("calibrate.json",)``)."""
+        (e.g. ``"calibrate"``) on the run's settings with the further ``configs`` (``("calibrate.json",)``) and
+        settings ``extra`` (that step's own, e.g. ``{"review_score_check": False}``)."""
         files = bundle_config_files(self.bundle, (*self.extra_configs, *configs))
         cmd = [
             sys.executable,
@@ -91,7 +100,7 @@ class RunSpec:
             "--output_dir",
             str(self.models_dir),
         ]
-        overrides = dict(self.overrides, **({} if epochs is None else {"epochs": int(epochs)}))
+        overrides = dict(self.overrides, **({} if epochs is None else {"epochs": int(epochs)}), **(extra or {}))
         for key, value in overrides.items():  # Python literals: python-fire reads JSON's false as the string 'false'
             cmd += [f"--{key}", value if isinstance(value, str) else repr(value)]
         return cmd
@@ -212,22 +221,26 @@ def train(spec: RunSpec) -> dict[str, Any]:
     return record
 
 
-def calibrate(spec: RunSpec) -> Path:
-    """Run the bundle's own ``calibrate`` on the finished run ``spec`` (its settings, ``configs/calibrate.json``)
-    unless its recalibration is newer than its weights and than the bundle's config files, and its range is one the
-    served chain applies and not ``outdated``; its log goes to ``<run>/calibrate.log``. Returns the ``models`` folder
-    (``calibration.pt``, ``validated_range.json``, ``manifest.json``); a RuntimeError names the log when the command
-    fails."""
+def calibrate(spec: RunSpec, settings: Mapping[str, Any] | None = None) -> Path:
+    """Run the bundle's own ``calibrate`` on the finished run ``spec`` (its settings, ``configs/calibrate.json``,
+    then ``settings``: calibrate's own, e.g. ``{"review_score_check": False}``) unless its recalibration is newer than
+    its weights and than the bundle's config files, was made with the same ``settings`` (``<run>/calibrated.json``),
+    and its range is one the served chain applies and not ``outdated``; its log goes to ``<run>/calibrate.log``.
+    Returns the ``models`` folder (``calibration.pt``, ``validated_range.json``, ``manifest.json``); a RuntimeError
+    names the log when the command fails."""
+    settings = dict(settings or {})
+    made_with = Path(spec.run_dir) / CALIBRATED
+    recorded = json.loads(made_with.read_text()).get("settings", {}) if made_with.is_file() else {}
     models = spec.models_dir
     published = models / "validated_range.json"
     configs = bundle_config_files(spec.bundle, (*spec.extra_configs, "calibrate.json"))
     made_from = max([(models / "model.pt").stat().st_mtime] + [Path(f).stat().st_mtime for f in configs])
     fresh = published.is_file() and published.stat().st_mtime >= made_from
     applied = read_validated_range(published, models / "model.pt")[0] if fresh else None
-    if applied is not None and not applied.outdated:  # one the served chain applies, measuring what it measures now
+    if applied is not None and not applied.outdated and recorded == settings:  # served as made, measuring as now
         logger.info("reusing the recalibration of %s", spec.run_dir)
         return models
-    command = spec.command(run_id="calibrate", configs=("calibrate.json",))
+    command = spec.command(run_id="calibrate", configs=("calibrate.json",), extra=settings)
     log_path = Path(spec.run_dir) / "calibrate.log"
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(command)}\n")
@@ -238,4 +251,5 @@ def calibrate(spec: RunSpec) -> Path:
         raise RuntimeError(
             f"calibrate {spec.bundle} in {spec.run_dir} failed (exit {code}); {log_path}:\n" + "\n".join(tail)
         )
+    _write_json(made_with, {"settings": settings})
     return models

@@ -37,6 +37,9 @@ def _record(case, condition, dice, est, flag, strength=""):
     }
 
 
+NO_SCORE = {"review_score_check": False}
+
+
 def test_condition_figures_by_hand():
     nan = float("nan")
     records = [
@@ -130,6 +133,14 @@ def test_quality_study_end_to_end_through_the_served_chain(tmp_path):
     assert mine["reasons"] == "; ".join(served["review"]["reasons"])
     readme = (out / "README.md").read_text()
     assert "Against issue 29's targets" in readme and "data split of seed 0" in readme
+    # calibrate's own settings: a range made with others is made again, then reused while they stay
+    quality_study(setup, ["ce_dice"], [0], shifts=["gamma"], strengths=["strong"], calibrate_settings=NO_SCORE)
+    runs = [line for line in (run / "calibrate.log").read_text().splitlines() if line.startswith("$ ")]
+    assert len(runs) == 2 and runs[-1].endswith("--review_score_check False")
+    assert json.loads((models / "validated_range.json").read_text())["signals"] == ["input", "features"]
+    assert json.loads((run / "calibrated.json").read_text()) == {"settings": NO_SCORE}
+    quality_study(setup, ["ce_dice"], [0], shifts=["gamma"], strengths=["strong"], calibrate_settings=NO_SCORE)
+    assert (run / "calibrate.log").read_text().count("\n$ ") == 2
 
 
 def test_the_verdict_against_the_targets_by_hand():
