@@ -221,7 +221,7 @@ four; the served calibration is fitted on all of them, so the range is approxima
 `--calibration_crossfit false` for a plain split, `--calibration_split` its share) and is the validated range
 (`models/validated_range.json`, with its case scores, image statistics and network features): `inferring` ranks a case
 among the validation volumes by case score, intensities and network features (each a robust z-score, their largest
-combined) and flags it for review when it is among the `k = floor(review_alpha (m + 1))` most extreme of the `m`
+combined; `--review_score_check false` leaves the case score out of the flag) and flags it for review when it is among the `k = floor(review_alpha (m + 1))` most extreme of the `m`
 validation subjects, each by its most extreme volume (a subject is a patient: the datalist's `subject`, so ACDC's two
 frames of a patient count once; elsewhere each volume is its own), and `evaluating` writes the same flag (`review_flag`,
 `review_reasons`) beside the true DSC in `eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)`
