@@ -221,10 +221,11 @@ four; the served calibration is fitted on all of them, so the range is approxima
 `--calibration_crossfit false` for a plain split, `--calibration_split` its share) and is the validated range
 (`models/validated_range.json`, with its case scores, image statistics and network features): `inferring` ranks a case
 among the validation volumes by case score, intensities and network features (each a robust z-score, their largest
-combined; `--review_score_check false` leaves the case score out of the flag) and flags it for review when it is among the `k = floor(review_alpha (m + 1))` most extreme of the `m`
-validation subjects, each by its most extreme volume (a subject is a patient: the datalist's `subject`, so ACDC's two
-frames of a patient count once; elsewhere each volume is its own), and `evaluating` writes the same flag (`review_flag`,
-`review_reasons`) beside the true DSC in `eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)`
+combined; `--review_score_check false` leaves the case score out of the flag) and flags it for review when it is
+among the `k = floor(review_alpha (m + 1))` most extreme of the `m` validation subjects, each by its most extreme
+volume (a subject is a patient: the datalist's `subject`, so ACDC's two frames of a patient count once; elsewhere
+each volume is its own), and `evaluating` writes the same flag (`review_flag`, `review_reasons`) beside the true DSC
+in `eval/metrics.csv`. The range states its false-flag bound `k / (m + 1)`
 (`bound`); with fewer than `1 / review_alpha - 1` subjects it cannot flag and says so (flag null, with the case's rank).
 `evaluating`, `inferring`, `export` and MONAI Label apply the calibration before the softmax (the argmax on the
 network's grid is unchanged; mapped back to the image's grid, a few boundary voxels can move), as long as it was fitted

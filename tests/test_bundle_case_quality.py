@@ -82,6 +82,9 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     # each scored volume's case score minus the true DSC of its delivered segmentation, summed up
     error = record["info"]["case_score_error"]
     assert error["volumes"] == len(error["values"]) == 4 and error["mean"] == pytest.approx(np.mean(error["values"]))
+    # what a case must lie beyond to be flagged (k = 1: the most extreme of the 4 validation volumes)
+    bar = record["info"]["flag_bar"]
+    assert bar["signal"] in record["signals"] and bar["z"] == max(v for v in bar["largest"].values() if v is not None)
     calibration = json.loads((models / "calibration.json").read_text())
     assert calibration["split"] == split and calibration["volumes"] == 4 and len(calibration["folds"]) == 2
     # local temperature scaling's early stopping and the held-out numbers, named so

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from calib_monai.recalibration import ValidatedRange
+from calib_monai.recalibration.review_reasons import describe_bar
+from calib_monai.recalibration.review_signals import signal_bar
 from calib_monai.recalibration.validated_range import read_validated_range
 
 NAMES = ["mean intensity"]
@@ -65,3 +67,25 @@ def test_no_signal_at_all_is_refused_and_a_case_no_signal_measures_is_not_judged
     verdict = _range(False).check(_case(0.5)[0])  # no image statistics given: the input signal leaves it out
     assert verdict["flag"] is None
     assert verdict["reasons"][0].startswith("cannot judge: no signal measured the case (image intensities left out")
+
+
+def test_the_bar_names_the_signal_and_volume_that_set_it():
+    # with the case score counted, the hard volume (the 19th, index 18) sets the bar some 86 MADs out, and the words
+    # say how to let the image judge without it; without the case score, the most extreme image does: an end of the
+    # evenly spaced 0.0..1.8, under 2 MADs beyond the other images' distances
+    bar = signal_bar(_range(True))
+    assert bar["signal"] == "case_score" and bar["volume"] == 18 and bar["subject"] is None and bar["z"] > 80
+    assert 1 < bar["largest"]["input"] < 2
+    words = describe_bar(bar, _range(True).signals)
+    assert words.startswith("the flag's bar is validation volume 18 by its case score, ")
+    assert words.endswith(
+        "--review_score_check false lets the image and the features judge without it (docs/results/score_check)"
+    )
+    bar = signal_bar(_range(False))
+    assert (
+        bar["signal"] == "input"
+        and bar["volume"] in (0, 18)
+        and bar["z"] == signal_bar(_range(True))["largest"]["input"]
+    )
+    assert "case_score" not in bar["largest"] and "review_score_check" not in describe_bar(bar, ["input"])
+    assert signal_bar(ValidatedRange([0.8] * 5)) is None  # 5 volumes at alpha 0.05: k = 0, no bar

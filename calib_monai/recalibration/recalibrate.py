@@ -21,6 +21,8 @@ from calib_monai.recalibration.fitting import (
     measure_validated_range,
     split_volumes,
 )
+from calib_monai.recalibration.review_reasons import describe_bar
+from calib_monai.recalibration.review_signals import signal_bar
 from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.recalibration.validated_range import ValidatedRange
 
@@ -97,6 +99,7 @@ def recalibrate(
     )
     if review["feature_check"] and features is None:
         validated.info["features_left_out"] = features_left_out or "no network features were collected"
+    validated.info["flag_bar"] = signal_bar(validated)
     publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
         module, output_path, weights, validated, validated_range_path, settings=settings, **stats
     )
@@ -116,6 +119,9 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
     )
     for warning in validated.warnings:
         logger.warning(f"calibrate: validated range: {warning}")
+    bar = validated.info.get("flag_bar")
+    if bar:
+        logger.info(f"calibrate: {describe_bar(bar, validated.signals)}")
     error = validated.info.get("case_score_error", {})
     if error.get("volumes"):
         logger.info(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NOT_VOUCHED", "describe_rule", "review_reason"]
+__all__ = ["NOT_VOUCHED", "describe_bar", "describe_rule", "review_reason"]
 
 #: Appended once to a flag by the image or the features: no validation volume measured how right the estimate is there.
 NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
@@ -65,3 +65,24 @@ def describe_rule(rule: Any) -> str:
         f"{words}: an ordinary case is flagged with probability at most {rule.bound:.1%} at {rule._units()} (on "
         f"average over validation draws; below {rule.draw_bound:.1%} for 90% of them)"
     )
+
+
+_SIGNAL_WORDS = {"case_score": "case score", "input": "image statistics", "features": "network features"}
+
+
+def describe_bar(bar: Mapping[str, Any], signals: list[str]) -> str:
+    """``review_signals.signal_bar`` in words, with the way out when the case score sets the bar."""
+    beyond = "beyond any finite z" if bar["z"] is None else f"{bar['z']:.1f} MADs beyond the others"
+    largest = [f"{_SIGNAL_WORDS[n]} {v:.1f}" for n, v in bar["largest"].items() if n != bar["signal"] and v is not None]
+    others = f" (the others' largest: {', '.join(largest)})" if largest else ""
+    who = f"validation subject {bar['subject']}" if bar["subject"] else f"validation volume {bar['volume']}"
+    words = (
+        f"the flag's bar is {who} by its {_SIGNAL_WORDS[bar['signal']]}, {beyond}"
+        f"{others}: a case is flagged only beyond it"
+    )
+    if bar["signal"] == "case_score" and len(signals) > 1:
+        words += (
+            "; where a shift is expected and many subjects validate, --review_score_check false lets the image and "
+            "the features judge without it (docs/results/score_check)"
+        )
+    return words

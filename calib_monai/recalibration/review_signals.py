@@ -1,6 +1,6 @@
 """The nonconformities a :class:`~calib_monai.recalibration.review_rule.ValidatedRange` ranks a case by: per signal
 (case score, image statistics, network features) the ``n + 1`` values of the validation volumes and the case, and why
-a signal is left out or the case cannot be judged."""
+a signal is left out or the case cannot be judged; which signal sets the flag's bar."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "signal_values"]
+from .conformal_scores import standardised
+
+__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "signal_bar", "signal_values"]
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
@@ -57,3 +59,36 @@ def signal_values(
             else:
                 values["features"] = rule._distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
     return values, left_out, unknown, farthest
+
+
+def signal_bar(rule: Any) -> dict[str, Any] | None:
+    """What a case must lie beyond to be flagged: the ``k``-th most extreme validation subject by the signals the
+    rule counts, each validation volume measured against the others and a typical case (each signal's validation
+    median): ``{"signal", "volume", "subject", "z", "largest": {signal: its largest z}}``, None when it cannot
+    flag. With ``k = 1`` the signal with the heaviest validation tail sets the bar for all of them."""
+    if rule.rank < 1:
+        return None
+    finite = [s for s in rule.scores if s == s]
+    typical = {"case_score": float(np.median(finite)) if finite else float("nan"), "classes": {}}
+    inputs = list(np.median(np.asarray(rule.inputs, dtype=np.float64), 0)) if rule.inputs else None
+    features = np.asarray(rule.features["mean"], dtype=np.float64) if rule.features else None
+    values = signal_values(rule, typical, inputs, features, "")[0]
+    if not values:
+        return None
+    z = {name: standardised(v)[:-1] for name, v in values.items()}
+    combined = np.max(np.stack(list(z.values())), axis=0)
+    most = np.full(rule.m, -np.inf)
+    np.maximum.at(most, rule._subject_of, combined)
+    subject = int(np.argsort(-most, kind="stable")[rule.rank - 1])
+    volume = max(np.flatnonzero(rule._subject_of == subject), key=lambda i: combined[i])
+    return {
+        "signal": next(name for name in z if z[name][volume] == combined[volume]),
+        "volume": int(volume),  # in the range's order
+        "subject": rule.subjects[volume] if rule.subjects else None,
+        "z": _rounded(combined[volume]),
+        "largest": {name: _rounded(np.max(v)) for name, v in z.items()},
+    }
+
+
+def _rounded(value: float) -> float | None:  # JSON has no infinity: a volume without a case score is beyond any
+    return round(float(value), 2) if np.isfinite(value) else None
