@@ -13,13 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository
 
 from calib_monai.recalibration import load_validated_range  # noqa: E402
-from calib_monai.recalibration.conformal_scores import standardised  # noqa: E402
-from calib_monai.recalibration.review_signals import signal_values  # noqa: E402
+from calib_monai.recalibration.review_signals import signal_bar  # noqa: E402
 
 
 def main(runs: str) -> None:
@@ -27,20 +24,12 @@ def main(runs: str) -> None:
     print("|---|---|---|---|---|---|")
     for path in sorted(Path(runs).glob("seed*/*/models/validated_range.json")):
         rule = load_validated_range(path, path.parent / "model.pt")
-        rule.score_check = True  # measure the case score's tail whether or not the flag counts it
-        typical = {"case_score": float(np.nanmedian(rule.scores)), "classes": {}}
-        inputs = list(np.median(np.asarray(rule.inputs), 0)) if rule.inputs else None
-        features = np.asarray(rule.features["mean"]) if rule.features else None
-        values = signal_values(rule, typical, inputs, features, "")[0]
-        z = {name: standardised(v)[:-1] for name, v in values.items()}
-        largest = {name: f"{float(np.max(v)):.1f}" for name, v in z.items()}
-        counted = [name for name in load_validated_range(path, path.parent / "model.pt").signals if name in z]
-        most = np.full(rule.m, -np.inf)
-        np.maximum.at(most, rule._subject_of, np.max(np.stack([z[n] for n in counted]), 0))
-        bar = np.sort(most)[::-1][rule.rank - 1] if rule.rank else float("nan")
-        cells = [largest.get(n, "-") for n in ("case_score", "input", "features")]
+        bar = signal_bar(rule)  # by the signals the flag counts
+        rule.score_check = True  # the case score's tail too, whether or not the flag counts it
+        largest = signal_bar(rule)["largest"]
+        cells = [f"{largest[n]:.1f}" if n in largest else "-" for n in ("case_score", "input", "features")]
         run = f"{path.parents[2].name} {path.parents[1].name}"
-        print(f"| {run} | {'+'.join(counted)} | {' | '.join(cells)} | {bar:.1f} |")
+        print(f"| {run} | {'+'.join(bar['largest'])} | {' | '.join(cells)} | {bar['z']:.1f} |")
 
 
 if __name__ == "__main__":
