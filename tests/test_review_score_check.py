@@ -77,7 +77,8 @@ def test_the_bar_names_the_signal_and_volume_that_set_it():
     assert bar["signal"] == "case_score" and bar["volume"] == 18 and bar["subject"] is None and bar["z"] > 80
     assert 1 < bar["largest"]["input"] < 2
     words = describe_bar(bar, _range(True).signals)
-    assert words.startswith("the flag's bar is validation volume 18 by its case score, ")
+    assert words.startswith("the flag's bar is validation volume 19 of 19 (in the validation list's order) by its ")
+    assert "by its case score, 8" in words  # some 86 MADs
     assert words.endswith(
         "--review_score_check false lets the image and the features judge without it (docs/results/score_check)"
     )

@@ -75,7 +75,9 @@ def describe_bar(bar: Mapping[str, Any], signals: list[str]) -> str:
     beyond = "beyond any finite z" if bar["z"] is None else f"{bar['z']:.1f} MADs beyond the others"
     largest = [f"{_SIGNAL_WORDS[n]} {v:.1f}" for n, v in bar["largest"].items() if n != bar["signal"] and v is not None]
     others = f" (the others' largest: {', '.join(largest)})" if largest else ""
-    who = f"validation subject {bar['subject']}" if bar["subject"] else f"validation volume {bar['volume']}"
+    who = f"validation subject {bar['subject']}"
+    if not bar["subject"]:
+        who = f"validation volume {bar['volume'] + 1} of {bar['volumes']} (in the validation list's order)"
     words = (
         f"the flag's bar is {who} by its {_SIGNAL_WORDS[bar['signal']]}, {beyond}"
         f"{others}: a case is flagged only beyond it"

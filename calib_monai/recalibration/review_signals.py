@@ -64,8 +64,8 @@ def signal_values(
 def signal_bar(rule: Any) -> dict[str, Any] | None:
     """What a case must lie beyond to be flagged: the ``k``-th most extreme validation subject by the signals the
     rule counts, each validation volume measured against the others and a typical case (each signal's validation
-    median): ``{"signal", "volume", "subject", "z", "largest": {signal: its largest z}}``, None when it cannot
-    flag. With ``k = 1`` the signal with the heaviest validation tail sets the bar for all of them."""
+    median): ``{"signal", "volume", "volumes", "subject", "z", "largest": {signal: its largest z}}``, None when it
+    cannot flag. With ``k = 1`` the signal with the heaviest validation tail sets the bar for all of them."""
     if rule.rank < 1:
         return None
     finite = [s for s in rule.scores if s == s]
@@ -83,7 +83,8 @@ def signal_bar(rule: Any) -> dict[str, Any] | None:
     volume = max(np.flatnonzero(rule._subject_of == subject), key=lambda i: combined[i])
     return {
         "signal": next(name for name in z if z[name][volume] == combined[volume]),
-        "volume": int(volume),  # in the range's order
+        "volume": int(volume),  # in the range's order, the validation list's
+        "volumes": rule.n,
         "subject": rule.subjects[volume] if rule.subjects else None,
         "z": _rounded(combined[volume]),
         "largest": {name: _rounded(np.max(v)) for name, v in z.items()},
