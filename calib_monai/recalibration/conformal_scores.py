@@ -8,7 +8,16 @@ import math
 
 import numpy as np
 
-__all__ = ["TIE_TOLERANCE", "at_least", "competition_ranks", "draw_bound", "flag_rank", "standardised"]
+__all__ = [
+    "TIE_TOLERANCE",
+    "at_least",
+    "combined_scores",
+    "competition_ranks",
+    "draw_bound",
+    "flag_rank",
+    "standardised",
+    "subject_maxima",
+]
 
 #: Two nonconformities this close (relative; absolute below 1) are a tie. The same image measured twice on a GPU
 #: differs in the 12th digit (float sums in another order), which must not move its rank past a validation volume
@@ -54,6 +63,20 @@ def standardised(nonconformity: np.ndarray) -> np.ndarray:
             scale = float(others.std())
         out[i] = (a[i] - median) / (scale if scale > 0 else 1e-12)
     return out
+
+
+def combined_scores(values: dict[str, np.ndarray], size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Each signal's :func:`standardised` nonconformities of the ``size`` cases and the combined score, their
+    largest per case (``-inf`` where no signal judges)."""
+    z = {name: standardised(a) for name, a in values.items()}
+    return z, np.max(np.stack([*z.values(), np.full(size, -np.inf)]), axis=0)
+
+
+def subject_maxima(combined: np.ndarray, subject_of: np.ndarray, m: int) -> np.ndarray:
+    """Each of the ``m`` subjects' most extreme ``combined`` score over its volumes (``subject_of``: each volume's)."""
+    most = np.full(m, -np.inf)
+    np.maximum.at(most, subject_of, combined)
+    return most
 
 
 def draw_bound(k: int, m: int, confidence: float = 0.9) -> float:

@@ -19,10 +19,12 @@ from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.recalibration.conformal_scores import (
     at_least,
+    combined_scores,
     competition_ranks,
     draw_bound,
     flag_rank,
     standardised,
+    subject_maxima,
 )
 from calib_monai.recalibration.input_signal import InputSignal
 from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, review_reason
@@ -312,22 +314,19 @@ class ValidatedRange:
         if not values and not unknown:  # the case score is off and the case left every other signal out
             unknown.append("cannot judge: no signal measured the case (" + "; ".join(left_out) + ")")
         ranks = {name: competition_ranks(a) for name, a in values.items()}
-        z = {name: standardised(a) for name, a in values.items()}
-        combined = np.max(np.stack([*z.values(), np.full(self.n + 1, -np.inf)]), axis=0)
+        z, combined = combined_scores(values, self.n + 1)
         # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties, within
         # float noise, against the case); with one volume per subject, its rank among the n + 1
-        most = np.full(self.m, -np.inf)
-        np.maximum.at(most, self._subject_of, combined[:-1])
+        most = subject_maxima(combined[:-1], self._subject_of, self.m)
         case_rank, k = 1 + int(at_least(most, combined[-1]).sum()), self.rank
         signals = {
             name: {
-                "value": _finite_or_none(float(values[name][-1])),
+                "value": _finite_or_none(float(-values[name][-1] if name == "case_score" else values[name][-1])),
                 "rank": int(ranks[name][-1]),
                 "beyond": _finite_or_none(round(float(z[name][-1]), 2)),
             }
             for name in values
         }
-        signals.get("case_score", {})["value"] = _finite_or_none(float(quality["case_score"]))  # not its negation
         reasons = []
         if k >= 1 and values and case_rank <= k:
             shifted = [name for name in z if z[name][-1] == combined[-1]]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .conformal_scores import standardised
+from .conformal_scores import combined_scores, subject_maxima
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "signal_bar", "signal_values"]
 
@@ -75,10 +75,9 @@ def signal_bar(rule: Any) -> dict[str, Any] | None:
     values = signal_values(rule, typical, inputs, features, "")[0]
     if not values:
         return None
-    z = {name: standardised(v)[:-1] for name, v in values.items()}
-    combined = np.max(np.stack(list(z.values())), axis=0)
-    most = np.full(rule.m, -np.inf)
-    np.maximum.at(most, rule._subject_of, combined)
+    z, combined = combined_scores(values, rule.n + 1)
+    z, combined = {name: v[:-1] for name, v in z.items()}, combined[:-1]  # the validation volumes, not the typical case
+    most = subject_maxima(combined, rule._subject_of, rule.m)
     subject = int(np.argsort(-most, kind="stable")[rule.rank - 1])
     volume = max(np.flatnonzero(rule._subject_of == subject), key=lambda i: combined[i])
     return {
