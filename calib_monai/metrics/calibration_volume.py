@@ -35,7 +35,6 @@ def volume_statistics(
     """
     if not isinstance(p, torch.Tensor):
         p, y = as_tensors(p, y)
-    p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
     y = torch.as_tensor(y, device=p.device)
     return selected_statistics(p, y, metric_name, num_bins, include_background, threshold).cpu().numpy()
 
@@ -60,7 +59,6 @@ def per_volume_statistics(
         if fast is None:
             pb, yb = select_voxels(p[b], y[b], foreground, name, class_dim)
             empty += [b] if yb.shape[0] == 0 else []
-            pb = pb.float() if pb.dtype in (torch.float16, torch.bfloat16) else pb
             fast = selected_statistics(pb, yb, metric_name, *settings)
         stats.append(fast)
     return stats, empty
@@ -76,7 +74,8 @@ def selected_statistics(
 ) -> torch.Tensor:
     """``volume_statistics`` as a flat float64 tensor on the voxels' device: the sorted path for CUDA voxels
     (whole-tensor operations; the grid's many small steps are launch- and sync-bound on a GPU), the accumulator's
-    bucket grid otherwise and for an empty selection."""
+    bucket grid otherwise and for an empty selection; half-precision values binned as float32."""
+    p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
     if sorted_path(p) and y.numel():
         return sorted_statistics(p, y, (metric_name,), num_bins, include_background, threshold)[metric_name]
     acc = CalibrationAccumulator((metric_name,), p.shape[0], num_bins, include_background, threshold)
