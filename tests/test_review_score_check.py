@@ -90,3 +90,14 @@ def test_the_bar_names_the_signal_and_volume_that_set_it():
     )
     assert "case_score" not in bar["largest"] and "review_score_check" not in describe_bar(bar, ["input"])
     assert signal_bar(ValidatedRange([0.8] * 5)) is None  # 5 volumes at alpha 0.05: k = 0, no bar
+
+
+def test_a_missing_case_score_is_warned_about_only_while_it_is_counted():
+    # 2 of 19 validation volumes predicted no structure (NaN): a gap in the counted signal, nothing to warn about
+    # when the flag judges by the image alone
+    scores = [0.80 + 0.001 * i for i in range(17)] + [float("nan")] * 2
+    inputs = [[0.1 * i] for i in range(19)]
+    kwargs = {"inputs": inputs, "input_check": True, "input_names": NAMES}
+    counted = ValidatedRange(scores, **kwargs).warnings
+    assert counted == ["2 of 19 validation volumes have no case score (no structure predicted)"]
+    assert ValidatedRange(scores, score_check=False, **kwargs).warnings == []

@@ -254,7 +254,7 @@ class ValidatedRange:
             out.append(f"the feature signal is left out: {why}")
         if self.outdated:
             out.append(self.outdated)
-        missing = sum(1 for s in self.scores if s != s)
+        missing = sum(1 for s in self.scores if s != s) if self.score_check else 0  # only a counted score matters
         if 0 < missing < self.n:
             out.append(f"{missing} of {self.n} validation volumes have no case score (no structure predicted)")
         return out
