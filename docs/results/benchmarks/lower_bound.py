@@ -96,11 +96,12 @@ double class_bins(const float *p, const uint8_t *y, int64_t n, int64_t cap, int6
 def build() -> ctypes.CDLL:
     from calib_monai.metrics.calibration_kernel import _FLAGS  # the kernel's own flags: a like-for-like floor
 
-    folder = Path(tempfile.mkdtemp(prefix="lower_bound_"))
-    (folder / "lb.c").write_text(SOURCE)
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, *_FLAGS, str(folder / "lb.c"), "-o", str(folder / "lb.so")], check=True)
-    lib = ctypes.CDLL(str(folder / "lb.so"))
+    with tempfile.TemporaryDirectory(prefix="lower_bound_") as folder:  # the loaded library outlives its file
+        source, library = Path(folder) / "lb.c", Path(folder) / "lb.so"
+        source.write_text(SOURCE)
+        subprocess.run([cc, *_FLAGS, str(source), "-o", str(library)], check=True)
+        lib = ctypes.CDLL(str(library))
     lib.gather.restype = ctypes.c_int64
     lib.top_label.restype = lib.class_bins.restype = ctypes.c_double
     return lib
