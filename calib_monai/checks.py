@@ -27,9 +27,11 @@ import torch
 from monai.utils import damerau_levenshtein_distance
 
 __all__ = [
+    "PROBABILITY_ROUNDING",
     "check_number",
     "check_option",
     "check_positive_int",
+    "clip_probability_rounding",
     "is_real_number",
     "is_whole_number",
     "nearest_option",
@@ -169,3 +171,33 @@ def check_positive_int(name: str, value: Any) -> int:
     ValueError: num_bins must be an integer >= 1, got True.
     """
     return check_number(name, value, 1, integer=True)
+
+
+#: How far float arithmetic may carry a probability outside [0, 1]: a softmax mapped back to the image's grid by
+#: linear interpolation (weights summing to 1 in float32) reaches 1 + 1.2e-7; a value further out is not rounding.
+PROBABILITY_ROUNDING = 1e-6
+
+
+def clip_probability_rounding(prob: torch.Tensor, name: str = "probabilities") -> torch.Tensor:
+    """``prob`` with values within :data:`PROBABILITY_ROUNDING` of [0, 1] clipped into it, in place (float rounding
+    where the probabilities are made, so that the checks downstream stay exact); values further out (or NaN) are a
+    ValueError naming ``name`` and the values seen. One reduction on ``prob``'s device and one read-back of 2
+    numbers; an empty or integer tensor is returned as it is.
+
+    >>> clip_probability_rounding(torch.tensor([1.0 + 1e-7, 0.0, -1e-8])).tolist()
+    [1.0, 0.0, 0.0]
+    >>> clip_probability_rounding(torch.tensor([2.0, -1.0]), "pred")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: pred must lie in [0, 1] (within float rounding, 1e-06), but they hold values in [-1, 2]: ...
+    """
+    if not prob.is_floating_point() or not prob.numel() or prob.device.type == "meta":
+        return prob
+    lo, hi = (float(v) for v in torch.stack(torch.aminmax(prob)).double().tolist())
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -PROBABILITY_ROUNDING or hi > 1 + PROBABILITY_ROUNDING:
+        raise ValueError(
+            f"{name} must lie in [0, 1] (within float rounding, {PROBABILITY_ROUNDING:g}), but they hold values in "
+            f"[{lo:.9g}, {hi:.9g}]: they are not probabilities (logits, or a spline interpolation that overshoots)."
+        )
+    if lo < 0 or hi > 1:
+        prob.clamp_(0.0, 1.0)
+    return prob

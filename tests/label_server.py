@@ -4,8 +4,9 @@ folder built in a temporary folder, one per test session, and the HTTP helpers t
 
 Served bundles: ``nacl_flare`` trained for one epoch on tiny phantoms (``models/model.pt``), the same weights as
 TorchScript only (``nacl_flare_ts``), with a calibration of temperature 100 and a validated range
-(``nacl_flare_calibrated``), ``ce_dice_hpc`` without weights, and ``loop_flare`` (the same weights, calibrated by the
-bundle's own calibrate step) for the annotation loop's tests, which train it. The datastore (``--studies``) holds
+(``nacl_flare_calibrated``), ``ce_dice_hpc`` without weights, ``loop_flare`` (the same weights, calibrated by the
+bundle's own calibrate step) for the annotation loop's tests, which train it, and ``confident_flare`` (the weights'
+output layer scaled up, calibrated by the calibrate step) for the full-size CT. The datastore (``--studies``) holds
 four unlabelled phantom volumes.
 """
 
@@ -31,7 +32,7 @@ import torch
 
 from calib_monai.export import load_bundle_network
 from calib_monai.recalibration import TemperatureScaling, ValidatedRange, save_calibration
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, free_port, make_confident
 
 LABEL_ENV = REPO_ROOT / ".venv-label"
 LABEL_NAMES = {0: "background", 1: "liver", 2: "kidney", 3: "spleen", 4: "pancreas"}
@@ -49,6 +50,7 @@ REVIEW_NAMES = {
 }
 # input stored with flipped x/y (an LPS-like affine) and 4 x 4 x 10 mm voxels: the outputs must be on this grid
 SHAPE = (40, 36, 10)
+FULL_SIZE, FULL_SPACING = (512, 512, 200), (0.8, 0.8, 2.5)
 AFFINE = np.array([[-4.0, 0, 0, 80], [0, -4.0, 0, 70], [0, 0, 10.0, -50], [0, 0, 0, 1]])
 TINY = [
     "--epochs",
@@ -93,6 +95,10 @@ def _write_images(folder: Path) -> dict[str, Path]:
     nib.save(nib.Nifti1Image(np.stack([image, image], -1), AFFINE), str(paths["four"]))  # 4D, 2 channels
     paths["corrupt"].write_bytes(np.random.default_rng(0).bytes(4096))  # not gzip, not NIfTI
     paths["truncated"].write_bytes(paths["case"].read_bytes()[:3000])  # valid header, data cut off
+    # a full-size CT at another spacing than the bundle's
+    image, _, affine = generate_phantom(seed=7, index=0, shape=FULL_SIZE, spacing=FULL_SPACING)
+    paths["full_size"] = folder / "full_size.nii.gz"
+    nib.save(nib.Nifti1Image(image, affine), str(paths["full_size"]))
     return paths
 
 
@@ -159,6 +165,32 @@ def served_folder(tmp_path_factory):
             str(loop / "models"),
             "--data#cache_dir",
             str(root / "phantoms"),
+        ],
+        cwd=root,
+    )
+    # confident_flare: the same weights with the output layer scaled up (a confident network: exact ones in its
+    # softmax), calibrated by the bundle's calibrate step; it serves the full-size CT
+    confident = app / "model" / "confident_flare"
+    shutil.copytree(bundle / "configs", confident / "configs")
+    (confident / "models").mkdir()
+    shutil.copy(bundle / "models" / "model.pt", confident / "models" / "model.pt")
+    make_confident(confident / "models" / "model.pt")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "monai.bundle",
+            "run",
+            "calibrate",
+            "--config_file",
+            json.dumps([str(confident / "configs" / "train.json"), str(confident / "configs" / "calibrate.json")]),
+            *TINY[2:],
+            "--output_dir",
+            str(confident / "models"),
+            "--data#cache_dir",
+            str(root / "phantoms"),
+            "--calibration_method",
+            "temperature",
         ],
         cwd=root,
     )

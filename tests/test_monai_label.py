@@ -21,6 +21,8 @@ from calib_monai.label import InputError, ServedBundle, confidence_summary
 from conftest import REPO_ROOT
 from label_server import (
     AFFINE,
+    FULL_SIZE,
+    FULL_SPACING,
     LABEL_NAMES,
     REVIEW_NAMES,
     SHAPE,
@@ -43,7 +45,7 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
     info = _get_json(f"{server['url']}/info/")
     models = info["models"]
     # ce_dice_hpc has no weights: not offered
-    served = ("loop_flare", "nacl_flare", "nacl_flare_calibrated", "nacl_flare_ts")
+    served = ("confident_flare", "loop_flare", "nacl_flare", "nacl_flare_calibrated", "nacl_flare_ts")
     assert sorted(models) == sorted(f"{b}{s}" for b in served for s in ("", "_confidence", "_review"))
     assert models["nacl_flare"]["type"] == "segmentation"
     assert models["nacl_flare_confidence"]["type"] == "others"
@@ -146,6 +148,20 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
     reason = review["reasons"][0]
     assert review["flag"] is True and "is among the lowest" in reason and "lowest validation score is 0.990" in reason
     assert "far beyond the others, which barely vary" in reason  # the 19 validation scores are all 0.990
+
+
+@needs_label_env
+def test_a_full_size_ct_is_served_by_a_confident_calibrated_bundle(server, tmp_path):
+    # 512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm: the probabilities mapped back hold exact ones, whose float32
+    # interpolation rounds above 1 (the served chain clips the rounding where it makes them)
+    status, kind, body = _infer(server, "confident_flare", server["images"]["full_size"])
+    assert status == 200, body[:2000]
+    parts = _multipart(kind, body)
+    segmentation = _nifti(parts["image"], tmp_path / "s.nii.gz")
+    assert segmentation.shape == FULL_SIZE
+    np.testing.assert_allclose(segmentation.header.get_zooms(), FULL_SPACING, rtol=1e-6)
+    quality = json.loads(parts["params"])["quality"]
+    assert 0 <= quality["case_score"] <= 1
 
 
 @needs_label_env

@@ -20,6 +20,7 @@ from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
 from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
+    ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
     InputGrid,
     image_datalist,
@@ -65,6 +66,7 @@ __all__ = [
     "FLARE_LAYOUTS",
     "ChannelFirstd",
     "CheckedLoadImaged",
+    "ClipProbabilityRoundingd",
     "ConfidenceAndSegmentationd",
     "CropAroundForegroundd",
     "MSDDataset",

@@ -25,10 +25,12 @@ from calib_monai.bundle.outputs import (
     write_case_quality,
     write_durably,
 )
+from calib_monai.checks import clip_probability_rounding
 from calib_monai.data.layouts import NIFTI_SUFFIXES
 
 __all__ = [
     "CaseNamed",
+    "ClipProbabilityRoundingd",
     "ConfidenceAndSegmentationd",
     "CheckOutputFolderd",
     "GridNibabelWriter",
@@ -157,9 +159,22 @@ class InputGrid:
         self._invert = Invertd("x", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True)
 
     def __call__(self, tensor: torch.Tensor) -> MetaTensor:
-        """``tensor`` ``(C, *spatial)`` on the network's grid, on the input grid (with its affine)."""
+        """Probabilities ``tensor`` ``(C, *spatial)`` on the network's grid, on the input grid (with its affine; the
+        interpolation's float rounding clipped into [0, 1], as ``segmentation_and_confidence`` does)."""
         tensor = tensor if isinstance(tensor, MetaTensor) else MetaTensor(tensor)  # Invertd skips a plain tensor
-        return self._invert({"x": tensor, "image": self.reference})["x"]
+        return clip_probability_rounding(self._invert({"x": tensor, "image": self.reference})["x"])
+
+
+class ClipProbabilityRoundingd(MapTransform):
+    """Clip the float rounding of probabilities under ``keys`` into [0, 1] where they are made (``Invertd``'s
+    interpolation of a softmax reaches 1 + 1.2e-7), so that the exact checks of the case quality and the metrics
+    downstream accept them; values further out are an error (:func:`calib_monai.checks.clip_probability_rounding`)."""
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = clip_probability_rounding(d[key], f"the probabilities {key!r} mapped back to the input grid")
+        return d
 
 
 class CaseNamed(MapTransform):
@@ -329,6 +344,7 @@ def segmentation_and_confidence(
         [
             Activationsd("pred", softmax=True),
             Invertd("pred", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True),
+            ClipProbabilityRoundingd("pred"),
             ConfidenceAndSegmentationd("pred"),
             *quality,  # after: it scores the case with the segmentation and confidence just taken
             CaseNamed(keys),

@@ -17,7 +17,7 @@ import torch
 from monai.utils import deprecated
 
 from calib_monai import __version__
-from calib_monai.checks import check_option, check_positive_int
+from calib_monai.checks import PROBABILITY_ROUNDING, check_option, check_positive_int
 
 __all__ = [
     "FOREGROUND_MODES",
@@ -119,9 +119,11 @@ def probability_problem(
         return f"{name} must hold finite softmax probabilities, got NaN or infinite values (range [{lo}, {hi}])."
     if lo < 0.0 or hi > 1.0:
         bad = lo if lo < 0.0 else hi
+        if -PROBABILITY_ROUNDING <= lo and hi <= 1.0 + PROBABILITY_ROUNDING:  # float rounding, not logits
+            fix = "clip them into [0, 1] where they are made (calib_monai.checks.clip_probability_rounding)"
         return (
             f"{name} must lie in [0, 1] (softmax probabilities over the class dimension {class_dim}), but it "
-            f"holds the value {bad:.6g} (values seen in [{lo:.6g}, {hi:.6g}]); {fix}."
+            f"holds the value {bad:.9g} (values seen in [{lo:.9g}, {hi:.9g}]); {fix}."
         )
     bad = sum_hi if sum_hi - 1.0 >= 1.0 - sum_lo else sum_lo
     if abs(bad - 1.0) > tolerance:

@@ -18,6 +18,7 @@ import numpy as np
 from nibabel.orientations import io_orientation
 
 from calib_monai.atomic import copy_atomically, save_atomically
+from calib_monai.checks import PROBABILITY_ROUNDING
 from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
 from calib_monai.recalibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 
@@ -174,8 +175,16 @@ def _read_label(path: Path, reorient: bool = False) -> tuple[np.ndarray, np.ndar
 
 def _check(probabilities: np.ndarray, label: np.ndarray, case: CaseFiles) -> np.ndarray:
     """Finite, non-negative, channels summing to 1 (renormalised within ``SUM_TOLERANCE``), labels in [0, C)."""
-    if not np.isfinite(probabilities).all() or probabilities.min() < 0:
-        raise ValueError(f"{case.probabilities} holds negative or non-finite values: probabilities expected")
+    if not np.isfinite(probabilities).all():
+        raise ValueError(f"{case.probabilities} holds NaN or infinite values: softmax probabilities expected")
+    lowest = float(probabilities.min())
+    if lowest < -PROBABILITY_ROUNDING:
+        raise ValueError(
+            f"{case.probabilities} holds negative values (down to {lowest:.9g}): softmax probabilities expected "
+            "(not logits; a map resampled with a spline overshoots: resample probabilities linearly)"
+        )
+    if lowest < 0:  # float rounding of the tool that made them
+        probabilities = np.maximum(probabilities, 0)
     total = probabilities.sum(0)
     if np.abs(total - 1).max() > SUM_TOLERANCE:
         raise ValueError(

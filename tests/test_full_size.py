@@ -1,0 +1,121 @@
+"""A full-size CT (512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm, another spacing than the bundle's) through nacl_flare's
+``inferring`` with each recalibration method, and the float rounding of probabilities clipped where they are made.
+
+A confident network (a trained one whose output layer is scaled up, as a well-trained network is) gives exact ones
+after the softmax; ``Invertd``'s float32 interpolation back to the image's grid turns some into 1 + 1.2e-7, which
+the case quality's exact check refused ("it looks like logits") before the clip.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from monai.data import MetaTensor
+from monai.transforms import Compose, Invertd, Spacingd
+
+from calib_monai.checks import PROBABILITY_ROUNDING, clip_probability_rounding
+from calib_monai.data import ClipProbabilityRoundingd, InputGrid
+from calib_monai.data.phantoms import generate_phantom
+from conftest import REPO_ROOT, make_confident, run_bundle_workflow
+
+CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
+TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
+FULL_SHAPE, FULL_SPACING = (512, 512, 200), (0.8, 0.8, 2.5)
+METHODS = ("temperature", "local_temperature")
+
+
+# ---------------------------------------------------------------------------------------------- the clip, by hand
+
+
+def test_rounding_is_clipped_and_anything_further_is_refused():
+    prob = torch.tensor([[1.0 + 1.2e-7, -1e-8, 0.5], [0.0, 1.0, 0.5]])
+    out = clip_probability_rounding(prob)
+    assert out is prob  # in place
+    assert out.tolist() == [[1.0, 0.0, 0.5], [0.0, 1.0, 0.5]]
+    for bad, seen in ((1.0 + 10 * PROBABILITY_ROUNDING, r"\[0.5, 1.0000100\d\]"), (-0.5, r"\[-0.5, 0.5\]")):
+        with pytest.raises(ValueError, match=rf"^the map must lie in \[0, 1\].* values in {seen}: they are not"):
+            clip_probability_rounding(torch.tensor([bad, 0.5]), "the map")
+    with pytest.raises(ValueError, match=r"values in \[nan, nan\]"):
+        clip_probability_rounding(torch.tensor([float("nan"), 0.5]))
+    labels = torch.tensor([0, 2, 1])
+    assert clip_probability_rounding(labels) is labels  # integers: nothing to clip
+
+
+def _resampled_softmax():
+    """A float32 ``Spacingd`` as the bundles' (0.8 x 0.8 x 2.5 mm to 3.2 x 3.2 x 12 mm) and a confident softmax on its
+    grid: class 0 certain (exactly 1.0 in float32) in most voxels."""
+    affine = torch.tensor([[0.8, 0, 0, -204.0], [0, 0.8, 0, -190.0], [0, 0, 2.5, -250.0], [0, 0, 0, 1]]).double()
+    preprocessing = Compose([Spacingd("image", pixdim=(3.2, 3.2, 12.0), mode="bilinear", dtype=torch.float32)])
+    image = preprocessing({"image": MetaTensor(torch.rand(1, 64, 64, 50), affine=affine)})["image"]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.zeros(3, *image.shape[1:])
+    logits[0] = 14 + 4 * torch.randn(image.shape[1:], generator=g)
+    logits[1] = 2 * torch.randn(image.shape[1:], generator=g)
+    prob = MetaTensor(torch.softmax(logits, 0), meta=image.meta)
+    prob.applied_operations = image.applied_operations
+    return preprocessing, image, prob
+
+
+def test_the_interpolation_back_exceeds_one_and_the_served_chain_clips_it():
+    preprocessing, image, prob = _resampled_softmax()
+    assert (prob == 1).any()
+    back = Invertd("pred", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True)
+    raw = back({"pred": prob.clone(), "image": image})["pred"]
+    assert raw.max() > 1  # float32 rounding: this is what the served chain meets
+    assert float(raw.max()) - 1 <= PROBABILITY_ROUNDING
+    clipped = ClipProbabilityRoundingd("pred")({"pred": raw.clone()})["pred"]
+    assert float(clipped.max()) == 1.0 and float(clipped.min()) >= 0.0
+    np.testing.assert_array_equal(clipped.numpy(), raw.clamp(0, 1).numpy())  # only the rounding moved
+    mapped = InputGrid(preprocessing, image)(prob.clone())  # the calibrate step's map to the input grid
+    assert mapped.shape == raw.shape and float(mapped.max()) == 1.0
+
+
+# ------------------------------------------------------------------------------------- a full-size CT, served
+
+
+@pytest.fixture(scope="module")
+def confident_bundle(tmp_path_factory):
+    """nacl_flare trained for 2 epochs on tiny phantoms with its output layer scaled up (a confident network)."""
+    root = tmp_path_factory.mktemp("full_size")
+    overrides = {**TINY, "output_dir": str(root / "models"), "data#cache_dir": str(root / "phantoms")}
+    run_bundle_workflow(CONFIGS, ["train.json"], "run", epochs=2, **overrides)
+    make_confident(root / "models" / "model.pt")
+    image, _, affine = generate_phantom(7, 0, shape=FULL_SHAPE, spacing=FULL_SPACING)
+    (root / "ct").mkdir()
+    nib.save(nib.Nifti1Image(image, affine), str(root / "ct" / "FullCT_0000.nii.gz"))
+    return root, overrides
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_full_size_ct_is_served_with_each_recalibration(confident_bundle, method):
+    root, overrides = confident_bundle
+    models = root / f"models_{method}"
+    shutil.copytree(root / "models", models, ignore=shutil.ignore_patterns("calibration.*", "validated_range.json"))
+    settings = {**overrides, "output_dir": str(models)}
+    run_bundle_workflow(CONFIGS, ["train.json", "calibrate.json"], "calibrate", **settings, calibration_method=method)
+    assert json.loads((models / "calibration.json").read_text())["method"] == method
+    out = root / f"inference_{method}"
+    inference = {k: v for k, v in overrides.items() if k != "output_dir"}
+    run_bundle_workflow(
+        CONFIGS,
+        ["train.json", "inference.json"],
+        "inferring",
+        **inference,
+        model_path=str(models / "model.pt"),
+        output_dir=str(out),
+        dataset_dir=str(root / "ct"),
+    )
+    segmentation = nib.load(str(out / "FullCT_0000_seg.nii.gz"))
+    confidence = np.asarray(nib.load(str(out / "FullCT_0000_conf.nii.gz")).dataobj)
+    assert segmentation.shape == confidence.shape == FULL_SHAPE
+    np.testing.assert_allclose(segmentation.header.get_zooms(), FULL_SPACING, rtol=1e-6)
+    assert confidence.max() <= 1.0 and confidence.min() >= 1 / 5 - 1e-6  # the top of 5 probabilities
+    with open(out / "quality.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["case"] == "FullCT_0000" and 0 <= float(row["case_score"]) <= 1
