@@ -23,6 +23,7 @@ from calib_monai.recalibration import (
 from calib_monai.recalibration.conformal_scores import competition_ranks
 from calib_monai.recalibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
 from calib_monai.recalibration.references import fixed_references
+from calib_monai.recalibration.review_reasons import NO_CASE_SCORE
 from calib_monai.recalibration.review_signals import signal_values
 from calib_monai.recalibration.validated_range import read_validated_range
 
@@ -58,10 +59,12 @@ def test_review_rule_by_hand():
     assert by_volume.bound == pytest.approx(1 / 20 + 2 / 20)
     with pytest.raises(ValueError, match="alpha"):
         ValidatedRange([0.5], alpha=1.5)
-    # a quality straight from the probabilities: all background, so no structure is predicted: no score, flagged
+    # a quality straight from the probabilities: all background, so no structure is predicted: no score, and the
+    # case score cannot judge it (null, never a silent no)
     prob = torch.zeros(2, 4, 4)
     prob[0], prob[1] = 0.99, 0.01
-    assert review_case(case_quality(prob, class_names=["bg", "a"]), validated)["review"]["flag"] is True
+    review = review_case(case_quality(prob, class_names=["bg", "a"]), validated)["review"]
+    assert review["flag"] is None and review["reasons"] == [NO_CASE_SCORE]
 
 
 def test_the_combined_score_by_hand():
@@ -174,8 +177,8 @@ def test_what_cannot_be_judged_is_never_a_silent_no():
     assert (
         empty.check(_case(0.7))["flag"] is None and "none of the 21 validation" in empty.check(_case(0.7))["reasons"][0]
     )
-    # a case without a score is flagged
-    assert ValidatedRange([0.5 + 0.01 * i for i in range(19)]).check(_case(float("nan")))["flag"] is True
+    # a case without a score cannot be judged by it
+    assert ValidatedRange([0.5 + 0.01 * i for i in range(19)]).check(_case(float("nan")))["flag"] is None
     # the input signal with one validation image, or without the case's statistics: left out, said so
     one = ValidatedRange([0.5 + 0.01 * i for i in range(19)], inputs=[[0.2, 0.1]] * 19, input_check=True)
     two = ValidatedRange(one.scores, inputs=[[0.2 + 0.01 * i, 0.1] for i in range(19)], input_check=True)

@@ -19,13 +19,17 @@ For one volume's class probabilities ``p (C, *spatial)`` (softmax, 2D or 3D) and
 
   **Absent structures** follow the convention of the true DSC (:func:`~calib_monai.metrics.segmentation.
   segmentation_metrics_per_volume`, ``empty_class``): a class that is *absent* from the case, i.e. predicted
-  nowhere and expected on less than half a voxel (``sum_v p_k(v) < 0.5``: the expected label size rounds to 0
-  voxels; for the small, spread probabilities of an absent class the label is then more likely empty than not,
-  ``P(y_k empty) = prod_v (1 - p_k(v)) ~ exp(-sum_v p_k(v)) > 0.6``), gets NaN with ``empty_class="nan"`` (the
-  default, as the true DSC of a class absent from the label: left out of the case score as from ``mean_dice``), and
-  1 with ``empty_class="papers"`` (DSC 1 for a class absent from both label and prediction). A class predicted
-  nowhere but expected on half a voxel or more gets 0 (its expected DSC with an empty prediction, the label being
-  more likely not empty).
+  nowhere and given less than ``ABSENT_PROBABILITY = 0.1`` at every voxel (``max_v p_k(v) < 0.1``), gets NaN with
+  ``empty_class="nan"`` (the default, as the true DSC of a class absent from the label: left out of the case score
+  as from ``mean_dice``), and 1 with ``empty_class="papers"`` (DSC 1 for a class absent from both label and
+  prediction). A class predicted nowhere but given 0.1 or more somewhere gets 0 (its DSC if it is there: the
+  prediction misses it). Why the largest probability rather than the expected size ``sum_v p_k(v)``: the chance
+  that the structure is there is at least its probability at any voxel, which does not grow with the volume; the
+  sum does (a leak of 1e-6 per voxel sums to 6.5 voxels over 256 x 256 x 100 and made an absent structure a missed
+  one, estimate 0). Why 0.1: a structure the argmax misses keeps the probability of its core (0.2 to 0.5 where the
+  model hesitates), softmax leaks stay orders of magnitude below; and a missed structure taken for absent would
+  leave the case score high, silently, while an absent one taken for missed lowers it (the case is looked at). A
+  structure whose place the model spreads thin, below 0.1 at every voxel, counts as absent.
 * **volume**: expected volume ``sum_v p_k(v)`` (voxels, times the voxel volume), with an interval **assuming
   independent voxels**: the 95% interval of the Poisson-binomial count, ``mean +- 1.96 s sqrt(sum_v p_k (1 - p_k))``
   (normal approximation, clipped at 0; ``s = volume_interval_scale``, 1 by default); and the volume of the
@@ -65,7 +69,7 @@ from ._inputs import detached_plain_tensor, probability_problem
 from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
 
 __all__ = [
-    "ABSENT_VOXELS",
+    "ABSENT_PROBABILITY",
     "CASE_SCORE",
     "EMPTY_CLASS_CONVENTIONS",
     "case_quality",
@@ -81,8 +85,9 @@ __all__ = [
 #: The name of the case score in reports and outputs.
 CASE_SCORE = "est_mean_dice"
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
-#: A class predicted nowhere whose expected size ``sum_v p_k(v)`` is below this many voxels is absent (module doc).
-ABSENT_VOXELS = 0.5
+#: A class predicted nowhere whose largest probability ``max_v p_k(v)`` is below this is absent (module doc): unlike
+#: its expected size, that does not grow with the volume; a missed structure's core stays above it, leaks far below.
+ABSENT_PROBABILITY = 0.1
 #: What the estimated DSC of an absent class is, as ``segmentation_metrics_per_volume``'s ``empty_class``.
 EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
 
@@ -150,10 +155,11 @@ def _class_sums(
     argmax: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per class ``(C,)`` float64, from a few passes over the volume and no copy of it per class: the voxels predicted
-    as the class (``count``), the sum of its probability (``expected``) and of its square (``square``), the sum of
-    its probability where it is predicted (``overlap``) and, given the voxels' ``confidence`` (``max_c p``; equal to
-    that probability when ``label`` is the ``argmax``), its sum (``confidence``) and, with ``threshold``, the count
-    below it (``low``) over the voxels predicted as the class. On the input's device, with no read-back."""
+    as the class (``count``), the sum of its probability (``expected``), its largest (``largest``), the sum of its
+    square (``square``) and of it where the class is predicted (``overlap``) and, given the voxels' ``confidence``
+    (``max_c p``; equal to that probability when ``label`` is the ``argmax``), its sum (``confidence``) and, with
+    ``threshold``, the count below it (``low``) over the voxels predicted as the class. On the input's device, with
+    no read-back."""
     classes, f64 = prob.shape[0], torch.float64
     flat, labels = prob.reshape(classes, -1), label.reshape(-1).long()
 
@@ -165,6 +171,7 @@ def _class_sums(
     sums = {
         "count": per_class(torch.ones((), dtype=f64, device=prob.device).expand(labels.shape)),
         "expected": flat.sum(1, dtype=f64),
+        "largest": flat.amax(1).to(f64) if flat.shape[1] else torch.zeros(classes, dtype=f64, device=prob.device),
         "square": torch.stack([torch.dot(q, q) for q in (p.to(f64) for p in flat)]),  # exact: one class at a time
         "overlap": per_class(own),
     }
@@ -178,7 +185,8 @@ def _class_sums(
 
 def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> torch.Tensor:
     """Estimated DSC of each foreground class, ``(C - 1,)`` float64 on ``prob``'s device (see the module); an absent
-    class (predicted nowhere, ``sum_v p_k(v) < 0.5``) gets NaN (``empty_class="nan"``) or 1 (``"papers"``).
+    class (predicted nowhere, ``max_v p_k(v) < ABSENT_PROBABILITY``) gets NaN (``empty_class="nan"``) or 1
+    (``"papers"``).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -199,7 +207,7 @@ def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
     predicted, expected, overlap = sums["count"][1:], sums["expected"][1:], sums["overlap"][1:]
     size = predicted + expected
     est = 2 * overlap / size.clamp_min(torch.finfo(torch.float64).tiny)  # 0 when predicted nowhere
-    absent = (predicted == 0) & (expected < ABSENT_VOXELS)
+    absent = (predicted == 0) & (sums["largest"][1:] < ABSENT_PROBABILITY)  # whatever the volume's size
     return torch.where(absent, torch.nan if empty_class == "nan" else 1.0, est)
 
 

@@ -7,10 +7,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NOT_VOUCHED", "describe_bar", "describe_rule", "review_reason"]
+__all__ = ["NOT_VOUCHED", "NO_CASE_SCORE", "describe_bar", "describe_rule", "missing_scores", "review_reason"]
 
 #: Appended once to a flag by the image or the features: no validation volume measured how right the estimate is there.
 NOT_VOUCHED = "; the estimated DSC is not vouched for on such a case"
+#: Why a case without a case score (every structure absent) is not judged by it.
+NO_CASE_SCORE = "cannot judge the case score: the case has none (the model finds none of the structures)"
+
+
+def missing_scores(missing: int, volumes: int) -> str:
+    """The warning of a range whose case-score signal lacks ``missing`` of its ``volumes`` validation scores."""
+    return (
+        f"{missing} of {volumes} validation volumes have no case score (no structure predicted): the case score ranks "
+        "them below every case, so they keep no low-scoring case from being flagged"
+    )
 
 
 def _shown(value: float | None, spec: str) -> str:  # None: a distance past any float (stored as null)
@@ -26,8 +36,6 @@ def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str
     beyond = "" if z is None else f", {z:.1f} MADs beyond the others" if abs(z) <= 1000 else ""
     beyond = ", far beyond the others, which barely vary" if z is not None and abs(z) > 1000 else beyond
     if name == "case_score":
-        if value is None:
-            return "no case score (the model predicts none of the structures and gives them no probability)"
         finite = [s for s in rule.scores if s == s]
         lowest = f"; the lowest validation score is {min(finite):.3f}" if finite else ""
         return f"estimated mean DSC {value:.3f} is among the lowest (rank {rank} of {of}{beyond}{lowest})"

@@ -27,8 +27,8 @@ from calib_monai.recalibration.conformal_scores import (
     subject_maxima,
 )
 from calib_monai.recalibration.input_signal import InputSignal
-from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, review_reason
-from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, signal_values
+from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
+from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, score_problem, signal_values
 from calib_monai.recalibration.stored import file_sha256
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
@@ -256,7 +256,7 @@ class ValidatedRange:
             out.append(self.outdated)
         missing = sum(1 for s in self.scores if s != s) if self.score_check else 0  # only a counted score matters
         if 0 < missing < self.n:
-            out.append(f"{missing} of {self.n} validation volumes have no case score (no structure predicted)")
+            out.append(missing_scores(missing, self.n))
         return out
 
     @property
@@ -279,22 +279,6 @@ class ValidatedRange:
                 "the range was calibrated before it recorded each volume's subject: its bound counts volumes, which "
                 "overstates the guarantee when a patient has several (ACDC's two frames); run the bundle's calibrate "
                 "step again"
-            )
-        return ""
-
-    @property
-    def score_problem(self) -> str:
-        """Why the case score cannot tell cases apart ("" when it can)."""
-        finite = [s for s in self.scores if s == s]
-        if not finite:
-            return (
-                f"cannot judge the case score: none of the {self.n} validation volumes has one (the model predicts "
-                f"no structure on any of them); check the model and run calibrate again"
-            )
-        if self.n > 1 and len(finite) == self.n and max(finite) == min(finite):
-            return (
-                f"cannot judge the case score: all {self.n} validation volumes scored exactly {finite[0]:.3f} (a "
-                "collapsed model?); check the model and run calibrate again"
             )
         return ""
 
@@ -333,8 +317,8 @@ class ValidatedRange:
             reasons += [review_reason(self, name, signals[name], farthest) for name in shifted]
             if {"input", "features"} & set(shifted):  # once, after the signals that saw the shift
                 reasons[-1] += NOT_VOUCHED
-        elif k >= 1 and self.score_check and self.score_problem:
-            unknown.append(self.score_problem)
+        elif k >= 1 and self.score_check and score_problem(self.scores) not in ("", *unknown):
+            unknown.append(score_problem(self.scores))
         if self.volume_factor:
             for name, volumes in self.volumes.items():
                 volume = float(quality["classes"].get(name, {}).get("volume", float("nan")))

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from .conformal_scores import combined_scores, subject_maxima
+from .review_reasons import NO_CASE_SCORE
 
-__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "signal_bar", "signal_values"]
+__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
@@ -22,11 +23,20 @@ def signal_values(
 ) -> tuple[dict[str, np.ndarray], list[str], list[str], str]:
     """The ``n + 1`` nonconformities (larger: more extreme; the case last) of each signal that judges; the
     reasons of the signals left out; the reasons the case cannot be judged; the case's farthest image statistic."""
-    values = {}
+    values, left_out, unknown, farthest = {}, [], [], ""
     if rule.score_check:
-        values["case_score"] = -np.array([*rule.scores, float(quality["case_score"])], dtype=np.float64)
-        values["case_score"][np.isnan(values["case_score"])] = np.inf  # no case score: the most extreme
-    left_out, unknown, farthest = [], [], ""
+        case_score = quality["case_score"]  # NaN or null: no structure found
+        scores = np.array([*rule.scores, np.nan if case_score is None else case_score], dtype=np.float64)
+        if np.isnan(scores[:-1]).all():
+            unknown.append(score_problem(rule.scores))  # nothing to rank the case against
+        else:
+            # a volume without a case score (a validation volume or the case) ranks below every other by it: one
+            # rule for all n + 1 keeps the combined score symmetric, so the bound k / (m + 1) holds as stated.
+            # Ranked above every other, one such validation volume would outrank every case (with k = 1 none could
+            # be flagged); removed from this signal, it would leave m - 1 subjects under the rank and bound of m.
+            values["case_score"] = np.where(np.isnan(scores), -np.inf, -scores)
+            if np.isnan(scores[-1]):
+                unknown.append(NO_CASE_SCORE)
     if rule.input_check:
         measured = rule._input_signal
         if len(rule.inputs) < MIN_INPUT_IMAGES or not measured.intensities_finite():
@@ -61,6 +71,22 @@ def signal_values(
     return values, left_out, unknown, farthest
 
 
+def score_problem(scores: Sequence[float]) -> str:
+    """Why the validation volumes' case ``scores`` cannot tell cases apart ("" when they can)."""
+    finite = [s for s in scores if s == s]
+    if not finite:
+        return (
+            f"cannot judge the case score: none of the {len(scores)} validation volumes has one (the model predicts "
+            "no structure on any of them); check the model and run calibrate again"
+        )
+    if len(scores) > 1 and len(finite) == len(scores) and max(finite) == min(finite):
+        return (
+            f"cannot judge the case score: all {len(scores)} validation volumes scored exactly {finite[0]:.3f} (a "
+            "collapsed model?); check the model and run calibrate again"
+        )
+    return ""
+
+
 def signal_bar(rule: Any) -> dict[str, Any] | None:
     """What a case must lie beyond to be flagged: the ``k``-th most extreme validation subject by the signals the
     rule counts, each validation volume measured against the others and a typical case (each signal's validation
@@ -90,5 +116,5 @@ def signal_bar(rule: Any) -> dict[str, Any] | None:
     }
 
 
-def _rounded(value: float) -> float | None:  # JSON has no infinity: a volume without a case score is beyond any
+def _rounded(value: float) -> float | None:  # JSON has no infinity: a distance past any float, or nothing measured
     return round(float(value), 2) if np.isfinite(value) else None
