@@ -27,6 +27,14 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             # next to the weights, as the calibrate step writes it
             "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
             **case_quality_keys(),
+            # the site monitor of this deployment: site.json beside the outputs ("" switches it off)
+            "site_dir": "@output_dir",
+            "site_monitor": {
+                "_target_": "calib_monai.review.SiteMonitord",
+                "keys": "quality",
+                "site_dir": "@site_dir",
+                "case_quality": "@case_quality",
+            },
             "batch_size": 16,
             # no data set: the component lists the images to segment and holds the data set's settings
             "data": data_component(dataset, dataset_dir=None, output_dir="@output_dir", roi_size="@roi_size"),
@@ -49,7 +57,8 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "transforms": [
                     FLOAT_PRED,  # fp16 logits under amp
                     calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
-                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality)",
+                    "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality, "
+                    "@site_monitor)",
                 ],
             },
             "handlers": [

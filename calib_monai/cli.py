@@ -7,6 +7,8 @@ Example::
     calib-monai export --help
     calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
     calib-monai calibrate-probabilities preds/ labelsTr/ report/ --fit_predictions val/ --fit_labels labelsTr/
+    calib-monai site show /path/to/deployment      # the site monitor's state: cases, value, alarm, evidence
+    calib-monai site reset /path/to/deployment     # clear it (after re-validating at the site)
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def main() -> None:
 
     ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
     ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``calibrate-probabilities``:
-    :func:`calib_monai.recalibration.calibrate_probabilities`. (The studies are not part of the installed package:
+    :func:`calib_monai.recalibration.calibrate_probabilities`; ``site show`` / ``site reset``:
+    :func:`calib_monai.review.show_site` / :func:`calib_monai.review.reset_site` (the site monitor's ``site.json``).
+    (The studies are not part of the installed package:
     ``python scripts/experiments.py`` in the repository.)
 
     An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
@@ -62,9 +66,15 @@ def main() -> None:
 
     from calib_monai.export import export_bundle
     from calib_monai.recalibration.external import calibrate_probabilities
+    from calib_monai.review.site_monitor import reset_site, show_site
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    commands = {"export": export_bundle, "slicer": slicer, "calibrate-probabilities": calibrate_probabilities}
+    commands = {
+        "export": export_bundle,
+        "slicer": slicer,
+        "calibrate-probabilities": calibrate_probabilities,
+        "site": {"show": show_site, "reset": reset_site},
+    }
     try:
         fire.Fire(commands, name="calib-monai")  # fire prints the returned dict of written paths
     except Exception as err:  # one line, not a traceback; fire's own usage errors exit 2 before reaching here

@@ -151,6 +151,20 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
 
 
 @needs_label_env
+def test_the_site_monitor_beside_the_datastore_counts_an_image_once_and_info_shows_it(server):
+    for _ in range(2):  # the same image twice: one case of the stream
+        status, kind, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"])
+        assert status == 200, body[:2000]
+    site = json.loads(_multipart(kind, body)["params"])["quality"]["site"]
+    folder = server["root"] / "studies" / "calib_monai_site" / "nacl_flare_calibrated"
+    assert site["monitored"] is True and site["file"] == str(folder / "site.json") and site["cases"] >= 1
+    shown = _get_json(f"{server['url']}/info/")["calib_monai_site"]
+    assert shown["nacl_flare_calibrated"]["cases"] == site["cases"]
+    assert shown["nacl_flare_calibrated"]["alarm"] is site["alarm"]
+    assert shown["nacl_flare"]["cases"] == 0  # no recalibration, so no range applies: nothing is counted
+
+
+@needs_label_env
 def test_a_full_size_ct_is_served_by_a_confident_calibrated_bundle(server, tmp_path):
     # 512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm: the probabilities mapped back hold exact ones, whose float32
     # interpolation rounds above 1 (the served chain clips the rounding where it makes them)

@@ -74,11 +74,12 @@ def _write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def source_descrip(source: Mapping[str, Any] | None) -> str:
-    """The source in 80 bytes (the NIfTI ``descrip``): ``calib_monai w=<12 hex> c=<12 hex|none> r=<...|none>``."""
+    """The source in 80 bytes (the NIfTI ``descrip``): ``calib_monai w=<12 hex> c=<12 hex|none> r=<...|none>``, and
+    `` site=ALARM`` once the deployment's site monitor has alarmed (``source["site_alarm"]``)."""
     if not source:
         return ""
     parts = [f"{key}={short_sha(source.get(name)) or 'none'}" for name, key in zip(SOURCE_COLUMNS, "wcr")]
-    return "calib_monai " + " ".join(parts)
+    return "calib_monai " + " ".join(parts) + (" site=ALARM" if source.get("site_alarm") else "")
 
 
 def _source_of_row(row: Mapping[str, Any]) -> tuple:

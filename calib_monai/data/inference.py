@@ -316,7 +316,10 @@ class SaveCaseQualityd(MapTransform, OutputWriter):
 
 
 def segmentation_and_confidence(
-    preprocessing: Compose, output_dir: str | os.PathLike, case_quality: MapTransform | None = None
+    preprocessing: Compose,
+    output_dir: str | os.PathLike,
+    case_quality: MapTransform | None = None,
+    site_monitor: MapTransform | None = None,
 ) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
@@ -327,7 +330,9 @@ def segmentation_and_confidence(
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
     file's name without extension. With ``case_quality`` (``calib_monai.recalibration.CaseQualityd`` on ``"pred"``)
     each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
-    volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for.
+    volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for. With
+    ``site_monitor`` (``calib_monai.review.SiteMonitord``) each case also feeds the deployment's site monitor, and
+    after its alarm every case's outputs say so.
     """
     keys = ("segmentation", "confidence")
     save = {
@@ -349,6 +354,7 @@ def segmentation_and_confidence(
             *quality,  # after: it scores the case with the segmentation and confidence just taken
             CaseNamed(keys),
             RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
+            *([] if site_monitor is None or case_quality is None else [site_monitor]),
             CheckOutputFolderd(output_dir),
             SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
             SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from fastapi import HTTPException
 from monailabel.interfaces.app import MONAILabelApp
@@ -36,7 +37,7 @@ from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident,
 from calib_monai.label.fine_tune import check_label
 from calib_monai.label.infer import CONFIDENCE_SUFFIX, REVIEW_SUFFIX, BundleConfidence, BundleReview, BundleSegmentation
 from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
-from calib_monai.label.serving import InputError, ServedBundle, find_bundles
+from calib_monai.label.serving import SITE_FOLDER, InputError, ServedBundle, find_bundles
 from calib_monai.label.train import BundleTrainer
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class CalibMONAILabelApp(MONAILabelApp):
             )
         if not names:
             logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
-        self.served = {name: ServedBundle(found[name]) for name in names}
+        # one site monitor per served bundle, beside the datastore's images (the deployment); else in the app folder
+        site_root = Path(studies) / SITE_FOLDER if os.path.isdir(studies) else Path(app_dir) / SITE_FOLDER
+        self.served = {name: ServedBundle(found[name], site_dir=site_root / name) for name in names}
         self.recent_s = float(conf.get("recent_s", 3600))
         check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
         check_label_route(self.check_label)  # a label training would refuse is refused when it is submitted
@@ -86,6 +89,12 @@ class CalibMONAILabelApp(MONAILabelApp):
             description="Calibrated segmentation: labels and their confidence",
             version=calib_monai.__version__,
         )
+
+    def info(self):
+        """MONAI Label's app info, and each served bundle's site monitor (cases seen, alarm and its message)."""
+        meta = super().info()
+        meta["calib_monai_site"] = {name: served.site_status() for name, served in self.served.items()}
+        return meta
 
     def init_infers(self):
         tasks = {}

@@ -32,10 +32,12 @@ from calib_monai.bundle import TrainedBundle
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
 from calib_monai.metrics.network_features import BottleneckFeatures
+from calib_monai.review import SITE_FILE, SiteStateError, show_site
 
 __all__ = [
     "CONFIDENCE_THRESHOLDS",
     "InputError",
+    "SITE_FOLDER",
     "Served",
     "ServedBundle",
     "confidence_summary",
@@ -47,6 +49,8 @@ __all__ = [
 logger = logging.getLogger("calib_monai.label")
 
 CONFIDENCE_THRESHOLDS = (0.5, 0.8)
+#: The folder, in the datastore's, of each served bundle's site monitor: ``<studies>/calib_monai_site/<bundle>/``.
+SITE_FOLDER = "calib_monai_site"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
 
@@ -144,14 +148,19 @@ class ServedBundle:
     Args:
         bundle_dir: the bundle folder (holding ``configs/inference.json``); its name names the served model.
         device: ``"cpu"``, ``"cuda"``...; defaults to the config's ``device`` (CUDA when available).
+        site_dir: the folder of this deployment's site monitor (``site.json``): every served case feeds it, and after
+            its alarm every answer carries it (``quality["site"]``, the review flag); None: no monitor.
     """
 
-    def __init__(self, bundle_dir: str | os.PathLike, device: str | None = None):
+    def __init__(
+        self, bundle_dir: str | os.PathLike, device: str | None = None, site_dir: str | os.PathLike | None = None
+    ):
         # outputs go straight into the temporary folder, under names unique to each request, so nothing is left
         # behind once MONAI Label has removed the file it sent (a folder of ours would outlive the server: uvicorn
         # ends on the re-raised SIGTERM, without atexit)
         self._output_dir = tempfile.gettempdir()
         self._device = device
+        self.site_dir = os.fspath(site_dir) if site_dir else ""  # "": no site monitor
         self.bundle_dir = Path(bundle_dir)
         self.bundle = self._load()
         self.name = self.bundle_dir.name
@@ -163,9 +172,8 @@ class ServedBundle:
     def _load(self) -> TrainedBundle:
         """The bundle as its files are now; its set is checked when the network is built (the first request)."""
         self._stamp = self.files_stamp()
-        return TrainedBundle(
-            self.bundle_dir, ("inference.json",), {"output_dir": self._output_dir}, device=self._device
-        )
+        overrides = {"output_dir": self._output_dir, "site_dir": self.site_dir}
+        return TrainedBundle(self.bundle_dir, ("inference.json",), overrides, device=self._device)
 
     def files_stamp(self) -> tuple:
         """(name, size, mtime) of the files that decide the output: the weights, the calibration, the validated
@@ -192,6 +200,17 @@ class ServedBundle:
             self.bundle = bundle
             self._last = None
             logger.info(f"{self.name}: new weights or calibration in {self.bundle_dir / 'models'}: serving them")
+
+    def site_status(self) -> dict:
+        """The site monitor's state (``calib_monai.review.show_site``'s answer; an unusable state: its error line)."""
+        if not self.site_dir:
+            return {"monitored": False, "why": "no site folder"}
+        if not (Path(self.site_dir) / SITE_FILE).is_file():
+            return {"monitored": True, "file": str(Path(self.site_dir) / SITE_FILE), "cases": 0, "alarm": False}
+        try:
+            return {"monitored": True, **show_site(self.site_dir)}
+        except SiteStateError as err:
+            return {"monitored": True, "error": str(err)}
 
     @property
     def source(self) -> dict | None:
