@@ -11,8 +11,8 @@ The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformi
 (the ``n`` validation volumes and the new case) each signal ``j`` gives each case a nonconformity ``a_j`` (larger:
 more extreme), each measured against the other ``n``:
 
-* (``score_check``) the case score (mean estimated DSC), negated (a volume without one, validation volume or case, ranks below
-  every other by it; a case without one cannot be judged by it);
+* (``score_check``) the case score (mean estimated DSC), negated (a volume without one, validation volume or case,
+  ranks below every other by it; a case without one cannot be judged by it);
 * (``input_check``) the image: how far its statistics lie from the training images' (a fixed reference, up to 200
   of them through the served preprocessing; :func:`~calib_monai.metrics.image_statistics.input_statistics`): the
   intensity statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and
