@@ -29,7 +29,7 @@ __all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_qua
 
 CALIBRATION_PATH = "$@output_dir + '/calibration.pt'"
 VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
-#: The review rule (calib_monai.recalibration.validated_range): measure the case and the n validation volumes by case
+#: The review rule (calib_monai.review.validated_range): measure the case and the n validation volumes by case
 #: score, image (intensities, sharpness, geometry) and network features as robust z-scores, take each one's largest and
 #: flag the case among the k = floor(alpha (m + 1)) most extreme of the m validation subjects (one full-conformal rule,
 #: bound k / (m + 1) <= alpha; a subject is a patient, ACDC's two frames of one are one);
@@ -43,7 +43,7 @@ def case_quality_keys() -> dict[str, Any]:
     return {
         "validated_range_path": "$os.path.join(os.path.dirname(@model_path), 'validated_range.json')",
         "case_quality": {
-            "_target_": "calib_monai.recalibration.CaseQualityd",
+            "_target_": "calib_monai.review.CaseQualityd",
             "keys": "pred",
             "validated_range": "@validated_range_path",
             "weights": "@model_path",

@@ -270,7 +270,7 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
                 "@case_quality",
                 # the true DSC of the segmentation inferring delivers (argmax on the input grid), beside the estimate
                 {
-                    "_target_": "calib_monai.recalibration.DeliveredDiced",
+                    "_target_": "calib_monai.review.DeliveredDiced",
                     "keys": "prob_input",
                     "label_key": "input_label",
                     "label_names": "@label_names",

@@ -49,7 +49,7 @@ def _run(variant: str, args, queue) -> None:
     from monai.transforms import Invertd
 
     from calib_monai.metrics.case_quality import case_quality
-    from calib_monai.recalibration.validated_range import voxel_volume_ml
+    from calib_monai.review.validated_range import voxel_volume_ml
 
     torch.set_num_threads(args.threads)
     chain, image, logits = _inputs(tuple(args.shape), tuple(args.spacing), args.classes)

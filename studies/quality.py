@@ -31,7 +31,7 @@ from monai.transforms import MapLabelValue
 from calib_monai.bundle import TrainedBundle, locate_bundle, read_bundle_config
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS, SITE_SHIFT_STRENGTHS, apply_site_shift
 from calib_monai.metrics import label_map_dice
-from calib_monai.recalibration.validated_range import voxel_volume_ml
+from calib_monai.review.validated_range import voxel_volume_ml
 from studies.quality_report import ID, write_quality_results
 from studies.runs import calibrate
 from studies.study import StudySetup

@@ -21,7 +21,7 @@ from studies.study import StudySetup, load_targets, write_csv, write_table
 __all__ = ["ID", "condition_rows", "verdict_lines", "write_quality_results"]
 
 ID = "in-distribution"
-#: the first words of the reason each signal gives (calib_monai.recalibration.review_rule)
+#: the first words of the reason each signal gives (calib_monai.review.rule)
 SIGNAL_REASONS = {"case_score": "estimated mean DSC", "input": "image unlike", "features": "features unlike"}
 
 

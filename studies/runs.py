@@ -32,7 +32,7 @@ from calib_monai.bundle import (
     read_weights_file,
     weights_state_dict,
 )
-from calib_monai.recalibration.validated_range import read_validated_range
+from calib_monai.review.validated_range import read_validated_range
 
 __all__ = ["RunSpec", "bundle_config_files", "calibrate", "environment_versions", "read_record", "train"]
 

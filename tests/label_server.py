@@ -31,7 +31,8 @@ import pytest
 import torch
 
 from calib_monai.export import load_bundle_network
-from calib_monai.recalibration import TemperatureScaling, ValidatedRange, save_calibration
+from calib_monai.recalibration import TemperatureScaling, save_calibration
+from calib_monai.review import ValidatedRange
 from conftest import REPO_ROOT, free_port, make_confident
 
 LABEL_ENV = REPO_ROOT / ".venv-label"

@@ -16,7 +16,7 @@ from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
 from calib_monai.data.flare import FLARE22_TO_FLARE
-from calib_monai.recalibration import load_validated_range
+from calib_monai.review import load_validated_range
 from conftest import REPO_ROOT, run_bundle_workflow
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")

@@ -292,7 +292,7 @@ def test_the_serving_paths_argmax_and_confidence_give_the_same_quality():
 
 def test_case_qualityd_reuses_only_the_argmax_and_confidence_taken_of_its_own_probabilities():
     from calib_monai.data.inference import ConfidenceAndSegmentationd
-    from calib_monai.recalibration import CaseQualityd
+    from calib_monai.review import CaseQualityd
 
     g = torch.Generator().manual_seed(1)
     prob = torch.softmax(3 * torch.randn(3, 6, 5, 4, generator=g), dim=0)

@@ -102,7 +102,8 @@ def test_recalibrate_is_a_plain_function_no_engine_needed(tmp_path):
     # what the calibrate step's handler calls: the same fit and range as cross_fit + measure_validated_range, published
     import json
 
-    from calib_monai.recalibration import load_validated_range, recalibrate
+    from calib_monai.recalibration import recalibrate
+    from calib_monai.review import load_validated_range
 
     volumes = _volumes(6)
     weights = tmp_path / "model.pt"

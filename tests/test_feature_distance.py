@@ -1,6 +1,6 @@
-"""Feature distances: Ledoit-Wolf shrinkage against the formula written out per case, the conformal rank on
-hand-worked sets, leave-one-out distances refitted by hand, JSON round trips, and the bottleneck hook on real MONAI
-networks (shapes, and the pooled mean equal to the mean over every slice and position)."""
+"""Feature distances: Ledoit-Wolf shrinkage against the formula written out per case, the full-conformal distances
+on a hand-worked set and their ranks uniform for exchangeable cases, JSON round trips, and the bottleneck hook on real
+MONAI networks (shapes, and the pooled mean equal to the mean over every slice and position)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from monai.inferers import SliceInferer
 
 from calib_monai.metrics.feature_distance import (
     BottleneckFeatures,
-    KNNDistance,
     MahalanobisDistance,
     bottleneck_module_name,
-    conformal_rank,
     feature_distance_from_dict,
     ledoit_wolf_covariance,
 )
@@ -65,58 +63,20 @@ def test_mahalanobis_equals_hand_computed_distance_without_projection():
         assert model.distance(v) == pytest.approx(math.sqrt(diff @ np.linalg.solve(cov, diff)), rel=1e-9)
 
 
-def test_conformal_rank_and_threshold_hand_worked():
-    # n = 9: k = ceil(0.9 * 10) = 9, ceil(0.8 * 10) = 8, ceil(0.7 * 10) = 7 (0.7 * 10 is 7.000000000000001 in floats),
-    # ceil(0.95 * 10) = 10 > 9: no finite threshold
-    assert [conformal_rank(9, a) for a in (0.1, 0.2, 0.3, 0.05)] == [9, 8, 7, 10]
-    assert conformal_rank(19, 0.05) == 19 and conformal_rank(39, 0.05) == 38
-    model = MahalanobisDistance(alpha=0.2)
-    model.reference = np.zeros((9, 1))
-    model.loo_distances = [5.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0]
-    assert model.threshold == 8.0  # the 8th smallest
-    model.alpha = 0.05
-    assert model.threshold == math.inf
-
-
-def test_leave_one_out_distances_are_refits_without_the_case():
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(8, 40))  # 40 features > max_dim: projected
-    for cls in (MahalanobisDistance, KNNDistance):
-        model = cls(max_dim=4).fit(x)
-        assert model.components.shape == (4, 40) and model.reference.shape == (8, 4)
-        for i in (0, 5):
-            alone = cls(max_dim=4)
-            alone._fit_model(np.delete(x, i, axis=0))
-            assert model.loo_distances[i] == pytest.approx(alone.distance(x[i]), rel=1e-12)
-
-
-def test_knn_distance_hand_worked():
-    # L2-normalised 2D vectors at angles 0, 90, 180 degrees; the query at 45 degrees: nearest two at distance
-    # |e^{i 45} - e^{i 0}| = 2 sin(22.5 deg), the third at 2 sin(67.5 deg)
-    x = np.array([[2.0, 0.0], [0.0, 3.0], [-1.0, 0.0]])
-    q = np.array([1.0, 1.0])
-    assert KNNDistance(max_dim=2, k=1).fit(x).distance(q) == pytest.approx(2 * math.sin(math.radians(22.5)))
-    assert KNNDistance(max_dim=2, k=2).fit(x).distance(q) == pytest.approx(2 * math.sin(math.radians(22.5)))
-    with pytest.raises(ValueError, match="k: 3 neighbours asked, 2 validation cases"):
-        KNNDistance(max_dim=2, k=3).fit(x)
-
-
-def test_json_round_trip_and_verdicts():
+def test_json_round_trip():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(25, 256))
     queries = np.stack([x[0] + 0.1, x.mean(0), x[3] * 5])
-    for model in (MahalanobisDistance(alpha=0.1).fit(x), KNNDistance(alpha=0.1, k=2).fit(x)):
-        record = json.loads(json.dumps(model.to_dict()))
-        assert len(record["components"]) == 16 and len(record["reference"]) == 25
-        back = feature_distance_from_dict(record)
-        np.testing.assert_allclose(back.distance(queries), model.distance(queries), rtol=1e-12)
-        assert back.threshold == model.threshold == sorted(model.loo_distances)[conformal_rank(25, 0.1) - 1]
-        far = model.judge(x[3] * 5)
-        assert far["flag"] is True and "validation cases" in far["reason"]
-        assert model.judge(x.mean(0))["flag"] is False
-        nan = model.judge(np.full(256, np.nan))
-        assert nan["flag"] is None and "256 of 256 features are NaN" in nan["reason"]
-        assert np.isnan(model.distance(np.stack([x[0], np.full(256, np.inf)]))[1])
+    model = MahalanobisDistance().fit(x)
+    record = json.loads(json.dumps(model.to_dict()))
+    assert len(record["components"]) == 16 and len(record["reference"]) == 25
+    back = feature_distance_from_dict(record)
+    np.testing.assert_allclose(back.distance(queries), model.distance(queries), rtol=1e-12)
+    np.testing.assert_allclose(back.conformal_distances(x[3] * 5), model.conformal_distances(x[3] * 5), rtol=1e-12)
+    assert np.isnan(model.distance(np.stack([x[0], np.full(256, np.inf)]))[1])
+    # a range stored before the split-conformal threshold went: its alpha and leave-one-out distances are not read
+    older = feature_distance_from_dict({**record, "alpha": 0.05, "loo_distances": [1.0] * 25})
+    np.testing.assert_allclose(older.distance(queries), model.distance(queries), rtol=1e-12)
 
 
 def test_bad_inputs_name_the_argument():
@@ -127,11 +87,11 @@ def test_bad_inputs_name_the_argument():
         MahalanobisDistance().fit(x[:2])
     with pytest.raises(ValueError, match="all 5 feature vectors are equal"):
         MahalanobisDistance().fit(np.ones((5, 3)))
-    with pytest.raises(ValueError, match="alpha must be in"):
-        MahalanobisDistance(alpha=1.5)
+    with pytest.raises(ValueError, match="max_dim must be >= 1"):
+        MahalanobisDistance(max_dim=0)
     with pytest.raises(ValueError, match="expected 3 features"):
         MahalanobisDistance().fit(x).distance(np.zeros(4))
-    with pytest.raises(ValueError, match="method 'gauss' is not one of"):
+    with pytest.raises(ValueError, match="method 'gauss' is not 'mahalanobis'"):
         feature_distance_from_dict({"method": "gauss"})
 
 
@@ -190,7 +150,7 @@ def test_unsupported_backbones_and_torchscript():
         BottleneckFeatures(backbone("unet", 2, 1, 3), module_name="nope")
 
 
-def test_full_conformal_distances_and_p_value_hand_worked():
+def test_full_conformal_distances_hand_worked():
     # 1D (no projection, Ledoit-Wolf shrinkage 0 in one dimension): d = |x - mean| / sqrt(var), var with divisor n.
     # validation 0, 2, 4; new case 10: each point against the other three
     model = MahalanobisDistance(max_dim=1).fit([[0.0], [2.0], [4.0]])
@@ -202,20 +162,22 @@ def test_full_conformal_distances_and_p_value_hand_worked():
     expected = [dist(0, [2, 4, 10]), dist(2, [0, 4, 10]), dist(4, [0, 2, 10]), dist(10, [0, 2, 4])]
     np.testing.assert_allclose(model.conformal_distances([10.0]), expected, rtol=1e-12)
     assert expected[-1] == pytest.approx(8 / math.sqrt(8 / 3))  # the largest of the four
-    assert model.conformal_p_value([10.0]) == 0.25  # only itself is >= its distance: 1 / (n + 1)
-    assert model.conformal_p_value([2.0]) == 1.0  # at the mean: every distance is >= 0
+    at_mean = model.conformal_distances([2.0])
+    assert (at_mean >= at_mean[-1]).all()  # at the mean: every distance is >= the case's
     with pytest.raises(ValueError, match="features: expected 1 finite features"):
         model.conformal_distances([np.nan])
 
 
-def test_full_conformal_p_values_are_uniform_for_exchangeable_cases():
-    # the p-value of a case drawn like the validation cases: P(p <= j / (n + 1)) = j / (n + 1) over the draws
+def test_full_conformal_ranks_are_uniform_for_exchangeable_cases():
+    # the rank p = #{d_j >= d_case} / (n + 1) of a case drawn like the validation cases: P(p <= j / (n + 1)) =
+    # j / (n + 1) over the draws
     # (the projection is part of the fit, so compare on low-dimensional features, no projection)
     rng = np.random.default_rng(5)
     n, draws = 9, 400
     p_values = []
     for _ in range(draws):
         x = rng.normal(size=(n + 1, 3))
-        p_values.append(MahalanobisDistance(max_dim=3).fit(x[:n]).conformal_p_value(x[n]))
+        distances = MahalanobisDistance(max_dim=3).fit(x[:n]).conformal_distances(x[n])
+        p_values.append(float((distances >= distances[-1]).mean()))
     share = np.mean(np.asarray(p_values) <= 0.2)  # 2 / 10
     assert abs(share - 0.2) < 4 * math.sqrt(0.2 * 0.8 / draws)

@@ -21,7 +21,7 @@ from calib_monai.metrics.image_statistics import (
     input_statistic_names,
     input_statistics,
 )
-from calib_monai.recalibration import ValidatedRange
+from calib_monai.review import ValidatedRange
 
 
 def _read(path, pixdim=(2.0, 2.0, -1), size=(48, 48, -1)):

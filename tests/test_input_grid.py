@@ -16,9 +16,9 @@ from monai.transforms import Compose, EnsureTyped, Orientationd, Resized
 
 from calib_monai.data import InputGrid, KeepInputLabeld
 from calib_monai.metrics.report_table import served_verdict
-from calib_monai.recalibration import DeliveredDiced, ValidatedRange
 from calib_monai.recalibration.fitting import ValidationVolume
-from calib_monai.recalibration.validated_range import read_validated_range
+from calib_monai.review import DeliveredDiced, ValidatedRange
+from calib_monai.review.validated_range import read_validated_range
 
 
 def _volume(shape=(12, 10, 3), seed=0) -> dict:

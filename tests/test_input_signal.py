@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
-from calib_monai.recalibration import ValidatedRange
 from calib_monai.recalibration.references import fixed_references, group_precision
+from calib_monai.review import ValidatedRange
 
 NAMES = ["mean intensity", "intensity spread", "field of view along axis 0"]
 

@@ -41,7 +41,7 @@ def test_an_old_module_name_warns_and_names_the_new(old, new):
 
 def test_the_old_names_give_the_same_objects():
     old = importlib.import_module("calib_monai.calibration")
-    assert old.ValidatedRange is recalibration.ValidatedRange and old.CaseQualityd is recalibration.CaseQualityd
+    assert old.recalibrate is recalibration.recalibrate and old.CalibrateLogitsd is recalibration.CalibrateLogitsd
     assert importlib.import_module("calib_monai.calibration.fitting") is fitting
     assert importlib.import_module("calib_monai.metrics.calibration").ece is calibration_error.ece
 

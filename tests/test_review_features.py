@@ -10,7 +10,7 @@ from monai.networks.nets import UNet
 
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.network_features import BottleneckFeatures
-from calib_monai.recalibration import CaseQualityd, ValidatedRange
+from calib_monai.review import CaseQualityd, ValidatedRange
 
 
 def _network() -> UNet:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calib_monai.recalibration import ValidatedRange
-from calib_monai.recalibration.review_reasons import NO_CASE_SCORE, missing_scores
-from calib_monai.recalibration.review_signals import score_problem
+from calib_monai.review import ValidatedRange
+from calib_monai.review.reasons import NO_CASE_SCORE, missing_scores
+from calib_monai.review.signals import score_problem
 
 NAN = float("nan")
 NAMES = ["mean intensity"]

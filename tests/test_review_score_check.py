@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from calib_monai.recalibration import ValidatedRange
-from calib_monai.recalibration.review_reasons import describe_bar, missing_scores
-from calib_monai.recalibration.review_signals import signal_bar
-from calib_monai.recalibration.validated_range import read_validated_range
+from calib_monai.review import ValidatedRange
+from calib_monai.review.reasons import describe_bar, missing_scores
+from calib_monai.review.signals import signal_bar
+from calib_monai.review.validated_range import read_validated_range
 
 NAMES = ["mean intensity"]
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.recalibration import ValidatedRange
-from calib_monai.recalibration.conformal_scores import draw_bound
 from calib_monai.recalibration.fitting import split_volumes
 from calib_monai.recalibration.recalibrate import exact_scheme_hint
-from calib_monai.recalibration.validated_range import read_validated_range
+from calib_monai.review import ValidatedRange
+from calib_monai.review.conformal import draw_bound
+from calib_monai.review.validated_range import read_validated_range
 
 
 def _case(score: float) -> dict:

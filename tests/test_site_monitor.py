@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binom
 
-from calib_monai.recalibration.conformal_scores import competition_ranks
 from calib_monai.review import SITE_FILE, SiteMartingale, SiteMonitor, SiteStateError, reference_bounds
+from calib_monai.review.conformal import competition_ranks
 from calib_monai.review.site_monitor import reset_site, show_site
 
 REPO = Path(__file__).resolve().parents[1]

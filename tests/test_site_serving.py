@@ -20,8 +20,8 @@ import torch
 
 from calib_monai.bundle.outputs import SOURCE_META
 from calib_monai.data.phantoms import generate_phantom
-from calib_monai.recalibration import CaseQualityd, TemperatureScaling, ValidatedRange, save_calibration
-from calib_monai.review import SITE_FILE, SiteMartingale, SiteMonitord
+from calib_monai.recalibration import TemperatureScaling, save_calibration
+from calib_monai.review import SITE_FILE, CaseQualityd, SiteMartingale, SiteMonitord, ValidatedRange
 from conftest import REPO_ROOT, run_bundle_workflow
 
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"

@@ -12,20 +12,15 @@ import torch
 
 from calib_monai.metrics import case_quality
 from calib_monai.metrics.feature_distance import MahalanobisDistance
-from calib_monai.recalibration import (
-    CaseQualityd,
-    LocalTemperatureScaling,
-    ValidatedRange,
-    load_validated_range,
-    review_case,
-    review_rule,
-)
-from calib_monai.recalibration.conformal_scores import competition_ranks
+from calib_monai.recalibration import LocalTemperatureScaling
 from calib_monai.recalibration.fitting import ValidationVolume, split_volumes, volume_interval_fit
 from calib_monai.recalibration.references import fixed_references
-from calib_monai.recalibration.review_reasons import NO_CASE_SCORE
-from calib_monai.recalibration.review_signals import signal_values
-from calib_monai.recalibration.validated_range import read_validated_range
+from calib_monai.review import CaseQualityd, ValidatedRange, load_validated_range, review_case
+from calib_monai.review import rule as review_rule
+from calib_monai.review.conformal import competition_ranks
+from calib_monai.review.reasons import NO_CASE_SCORE
+from calib_monai.review.signals import signal_values
+from calib_monai.review.validated_range import read_validated_range
 
 
 def _case(score: float) -> dict:
@@ -111,7 +106,7 @@ def test_too_few_validation_volumes_cannot_judge():
 
 def _feature_range(rng, n: int, alpha: float, dim: int = 6) -> tuple[ValidatedRange, np.ndarray]:
     points = rng.normal(size=(n + 1, dim))
-    distance = MahalanobisDistance(alpha, max_dim=dim).fit(points[:n])
+    distance = MahalanobisDistance(max_dim=dim).fit(points[:n])
     scores, inputs = rng.uniform(size=n + 1), rng.normal(size=(n + 1, 2))
     validated = ValidatedRange(
         list(scores[:n]),

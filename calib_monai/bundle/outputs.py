@@ -33,6 +33,7 @@ __all__ = [
     "OutputFiles",
     "OutputWriter",
     "Prediction",
+    "SOURCE_KEY",
     "SOURCE_META",
     "check_output_folder",
     "source_descrip",
@@ -51,6 +52,7 @@ OUTPUT_EXT = ".nii.gz"
 QUALITY_POSTFIX = "quality.json"  # <case>_quality.json
 QUALITY_TABLE = "quality.csv"  # one row per case of the folder
 SOURCE_META = "calib_monai_source"  # the meta data key of an output image's source (written to the header)
+SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibration", "validated_range_sha256": "range"}
 
 
@@ -115,7 +117,7 @@ class Prediction(NamedTuple):
 
     segmentation: Any  # (1, *spatial) uint8 MetaTensor on the input's grid
     confidence: Any  # (1, *spatial) float32 MetaTensor, the max softmax probability
-    quality: dict | None = None  # case quality and review flag (calib_monai.recalibration.CaseQualityd), if configured
+    quality: dict | None = None  # case quality and review flag (calib_monai.review.CaseQualityd), if configured
 
 
 class OutputFiles(NamedTuple):

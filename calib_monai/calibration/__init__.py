@@ -4,17 +4,13 @@
 from calib_monai._renamed import alias_package
 
 _SUBMODULES = [
-    "conformal_scores",
     "external",
     "fitting",
-    "input_signal",
     "local_temperature",
     "nnunet_files",
     "readers",
     "references",
-    "review_rule",
     "stored",
     "temperature",
-    "validated_range",
 ]
 alias_package(__name__, "calib_monai.recalibration", _SUBMODULES, globals())

@@ -17,6 +17,7 @@ from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveI
 from calib_monai.bundle.manifest import NOT_APPLICABLE
 from calib_monai.bundle.outputs import (
     OUTPUT_POSTFIXES,
+    SOURCE_KEY,
     SOURCE_META,
     OutputWriter,
     check_output_folder,
@@ -43,7 +44,6 @@ __all__ = [
     "segmentation_and_confidence",
 ]
 
-SOURCE_KEY = "calib_monai_source"  # as calib_monai.recalibration.stored.SOURCE_KEY (CalibrateLogitsd puts it there)
 IMAGE_FOLDERS = ("imagesTs", "imagesTr", "images", "TestImg", "TrainingImg", "ValidationImg")
 
 
@@ -328,7 +328,7 @@ def segmentation_and_confidence(
     (max probability) -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's
     affine; a PNG's outputs are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
-    file's name without extension. With ``case_quality`` (``calib_monai.recalibration.CaseQualityd`` on ``"pred"``)
+    file's name without extension. With ``case_quality`` (``calib_monai.review.CaseQualityd`` on ``"pred"``)
     each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
     volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for. With
     ``site_monitor`` (``calib_monai.review.SiteMonitord``) each case also feeds the deployment's site monitor, and

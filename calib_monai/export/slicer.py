@@ -185,7 +185,7 @@ def write_slicer_files(
         case: file name stem.
         low_confidence: voxels with ``confidence < low_confidence`` (compared in float32, as stored) form the
             segment "low confidence" (its own layer, so it overlaps the organs).
-        quality: the case's quality and review flag (``calib_monai.recalibration.CaseQualityd``), put into the
+        quality: the case's quality and review flag (``calib_monai.review.CaseQualityd``), put into the
             segmentation's header and segment tags and written as ``<case>_quality.json``.
 
     Returns:

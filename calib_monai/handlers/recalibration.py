@@ -24,7 +24,7 @@ from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.references import training_references
 from calib_monai.recalibration.stored import calibrate_settings
 from calib_monai.recalibration.temperature import VOXEL_CHOICES
-from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
+from calib_monai.review.validated_range import ValidatedRange, voxel_volume_ml
 
 __all__ = ["RecalibrationFitter", "CalibrationFitter"]
 
@@ -57,7 +57,7 @@ class RecalibrationFitter:
     With ``validated_range_path``, the range's volumes are scored (:func:`calib_monai.metrics.case_quality`) and
     their case scores, volumes, image statistics and (``network`` given, ``review_feature_check``) pooled bottleneck
     features, captured by a :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook while the
-    evaluator runs (one volume per batch), stored there (:class:`calib_monai.recalibration.validated_range.
+    evaluator runs (one volume per batch), stored there (:class:`calib_monai.review.validated_range.
     ValidatedRange`, rule ``review_alpha`` / ``review_volume_factor`` / ``review_input_check`` /
     ``review_feature_check``, with its false-flag bound): the range inference flags against. A volume whose
     evaluator item (or batch item) has a ``"subject"`` (the data component's ``subject_of``: ACDC's patient) is

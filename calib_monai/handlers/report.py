@@ -38,7 +38,7 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
     dicts): ``prob_key`` softmax probabilities ``(C, *spatial)``, ``pred_key`` the one-hot or label-map prediction,
     ``label_key`` the ground truth, the voxel spacing from the affine of ``"image"``, the case name from its meta
     data (``filename_or_obj``) and, when there, the review verdict ``quality_key``'s ``"review"``
-    (``calib_monai.recalibration.CaseQualityd``, the transform ``inferring`` runs). At the end of the epoch, with
+    (``calib_monai.review.CaseQualityd``, the transform ``inferring`` runs). At the end of the epoch, with
     the volumes of all ranks gathered:
 
     * ``engine.state.metrics[name]``: ``{column: mean over volumes}`` (non-finite entries left out) and the

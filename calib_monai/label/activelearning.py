@@ -32,9 +32,9 @@ from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 
+from calib_monai.bundle.manifest import file_sha256
 from calib_monai.label.selection import next_to_label
 from calib_monai.label.serving import ServedBundle
-from calib_monai.recalibration.stored import file_sha256
 
 __all__ = ["INFO_KEY", "CaseQualityScoring", "LeastConfident", "MostTypical", "TypicalLeastConfident"]
 

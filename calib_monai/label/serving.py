@@ -71,7 +71,7 @@ class Served:
     confidence: MetaTensor  # float32 max softmax probability
     summary: dict = field(default_factory=dict)
     confidence_range: tuple[float, float, float] = (0.0, 0.0, 0.0)  # min, mean, max
-    quality: dict | None = None  # case quality and review flag (calib_monai.recalibration.CaseQualityd)
+    quality: dict | None = None  # case quality and review flag (calib_monai.review.CaseQualityd)
     source: dict | None = None  # weights, recalibration and validated range it came from (SHA-256s)
     features: np.ndarray | None = None  # the network's pooled bottleneck features (None: a network without hooks)
 

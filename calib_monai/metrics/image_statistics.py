@@ -1,7 +1,7 @@
 """What the review rule's input signal measures of an image, without a label: where its intensities sit, how sharp it
 is along each axis (:func:`image_statistics`), and how it was acquired, its field of view and voxel spacing in mm
 (:func:`image_geometry`). :func:`input_statistics` is the vector the validated range stores for each validation image
-and compares a served case with (:mod:`calib_monai.recalibration.validated_range`)."""
+and compares a served case with (:mod:`calib_monai.review.validated_range`)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ from calib_monai.recalibration.references import fixed_references
 from calib_monai.recalibration.splits import DEFAULT_FOLDS, Split, split_volumes, subject_names
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
-from calib_monai.recalibration.validated_range import ValidatedRange, voxel_volume_ml
+from calib_monai.review.validated_range import ValidatedRange, voxel_volume_ml
 
 __all__ = [
     "RECALIBRATION_DEFAULTS",
@@ -254,7 +254,7 @@ def cross_fit(
     return module, stats, scorers
 
 
-def range_features(features: Sequence[np.ndarray | None], alpha: float = 0.05) -> tuple[dict[str, Any] | None, str]:
+def range_features(features: Sequence[np.ndarray | None]) -> tuple[dict[str, Any] | None, str]:
     """The :class:`~calib_monai.metrics.feature_distance.MahalanobisDistance` of the range volumes' pooled features,
     stored whole (no projection: the rule projects the validation and new case's vectors together), as
     ``(to_dict(), "")``, or ``(None, why not)``: a volume without features, NaN features, fewer than 3 volumes."""
@@ -263,7 +263,7 @@ def range_features(features: Sequence[np.ndarray | None], alpha: float = 0.05) -
         return None, f"{missing} of {len(features)} validation volumes have no network features"
     try:
         x = np.stack([np.asarray(f, dtype=np.float64).reshape(-1) for f in features])
-        return MahalanobisDistance(alpha, max_dim=x.shape[1]).fit(x).to_dict(), ""
+        return MahalanobisDistance(max_dim=x.shape[1]).fit(x).to_dict(), ""
     except ValueError as err:
         return None, f"the validation features cannot be fitted ({err})"
 
@@ -354,7 +354,7 @@ def measure_validated_range(
     stored = None
     if review.get("feature_check"):
         given = [None] * len(chosen) if features is None else [features[i] for i in chosen]
-        stored, why = range_features(given, review.get("alpha", 0.05))
+        stored, why = range_features(given)
         if why:
             info["features_left_out"] = why
     if split.in_sample:

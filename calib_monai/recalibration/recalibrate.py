@@ -21,10 +21,10 @@ from calib_monai.recalibration.fitting import (
     measure_validated_range,
     split_volumes,
 )
-from calib_monai.recalibration.review_reasons import describe_bar
-from calib_monai.recalibration.review_signals import signal_bar
 from calib_monai.recalibration.stored import publish_calibration
-from calib_monai.recalibration.validated_range import ValidatedRange
+from calib_monai.review.reasons import describe_bar
+from calib_monai.review.signals import signal_bar
+from calib_monai.review.validated_range import ValidatedRange
 
 __all__ = ["describe_fit", "exact_scheme_hint", "recalibrate"]
 

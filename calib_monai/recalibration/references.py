@@ -1,7 +1,7 @@
 """The fixed references of the review rule's input and feature signals: the statistics and pooled bottleneck features
 of training images through the served chain, fitted once before any validation or served case is seen, so that the
 validation volumes and a served case are measured by one function and stay exchangeable
-(:mod:`calib_monai.recalibration.validated_range`). Up to ``max_images`` training images, evenly spaced."""
+(:mod:`calib_monai.review.validated_range`). Up to ``max_images`` training images, evenly spaced."""
 
 from __future__ import annotations
 

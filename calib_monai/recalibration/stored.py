@@ -35,6 +35,7 @@ from calib_monai.bundle.manifest import (
     publish_artifacts,
     read_artifact_set,
 )
+from calib_monai.bundle.outputs import SOURCE_KEY
 from calib_monai.bundle.weights import read_weights_file
 
 from .local_temperature import LocalTemperatureScaling
@@ -45,12 +46,10 @@ __all__ = [
     "CalibrateLogitsd",
     "CalibratedNetwork",
     "NOT_APPLICABLE",
-    "SOURCE_KEY",
     "Uncalibrated",
     "calibrate_settings",
     "calibrate_volume",
     "calibration_set",
-    "file_sha256",
     "load_calibration",
     "publish_calibration",
     "save_calibration",
@@ -58,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 CALIBRATION_FILE = "calibration.pt"
-SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 METHODS = {"temperature": TemperatureScaling, "local_temperature": LocalTemperatureScaling}
 
 
@@ -117,7 +115,7 @@ def publish_calibration(
     **info: Any,
 ) -> Path:
     """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
-    ``validated_range`` measured with it (a :class:`~calib_monai.recalibration.ValidatedRange`, at ``range_path``,
+    ``validated_range`` measured with it (a :class:`~calib_monai.review.ValidatedRange`, at ``range_path``,
     default ``<models>/validated_range.json``) as one set of ``weights``: the files under temporary names, then
     renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
     an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate

@@ -3,7 +3,7 @@ its cases rank among the most extreme of the validation subjects more often than
 alone is flagged only when it passes the most extreme validation subject, so at a new site most cases may rank 1
 while few are flagged; the stream shows it.
 
-Each served case gets from :meth:`calib_monai.recalibration.ValidatedRange.check` each signal's rank (case score,
+Each served case gets from :meth:`calib_monai.review.ValidatedRange.check` each signal's rank (case score,
 input, features: ``signals[name]["rank"]``; 1 = most extreme) and the combined rank among the ``m + 1`` subjects.
 The monitor bets, for each signal ``s`` the range judges by and each ``k`` (1 by default), on ``E_sk = {rank_s <= k}``.
 

@@ -15,8 +15,7 @@ import torch
 from monai.config import KeysCollection
 from monai.transforms import MapTransform
 
-from calib_monai.bundle.outputs import SOURCE_META
-from calib_monai.recalibration.stored import SOURCE_KEY
+from calib_monai.bundle.outputs import SOURCE_KEY, SOURCE_META
 from calib_monai.review.site_martingale import DEFAULT_DELTA
 from calib_monai.review.site_monitor import SiteMonitor
 
@@ -37,7 +36,7 @@ def image_content_hash(image: torch.Tensor) -> str:
 class SiteMonitord(MapTransform):
     """Record each served case in ``<site_dir>/site.json`` and say the site's state in its answer.
 
-    Runs after :class:`~calib_monai.recalibration.CaseQualityd` (``case_quality``: its validated range gives the
+    Runs after :class:`~calib_monai.review.CaseQualityd` (``case_quality``: its validated range gives the
     signals and the number of validation subjects) and after the source of the outputs is recorded (``source_key``:
     the weights' and the range's SHA-256s name the state). A case the range did not rank (no range, no recalibration)
     is not counted, and ``quality["site"]`` says why. After an alarm every case is flagged, the alarm's message

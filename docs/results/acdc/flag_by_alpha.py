@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from calib_monai.recalibration.conformal_scores import draw_bound, flag_rank
+from calib_monai.review.conformal import draw_bound, flag_rank
 
 ALPHAS = (0.05, 0.1)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository
 
-from calib_monai.recalibration import load_validated_range  # noqa: E402
-from calib_monai.recalibration.review_signals import signal_bar  # noqa: E402
+from calib_monai.review import load_validated_range
+from calib_monai.review.signals import signal_bar  # noqa: E402
 
 
 def main(runs: str) -> None:

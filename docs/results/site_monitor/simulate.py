@@ -4,7 +4,7 @@ Each validation subject and each served case gets three nonconformities, as ``Va
 case score's (a skewed level), the input signal's (a distance in 3 image statistics) and the feature signal's (a
 distance in 8 features). A shifted case's input signal lies ``shift`` of its standard deviations further out (its
 feature signal half as far). Ranks are the package's: ``combined_scores``, ``subject_maxima`` and ``at_least`` of
-``calib_monai.recalibration.conformal_scores`` (the case in the robust standardisation of the m + 1, full-conformal);
+``calib_monai.review.conformal`` (the case in the robust standardisation of the m + 1, full-conformal);
 ``batch_ranks`` takes the same steps for many cases at once and is checked equal to them on every setting.
 
 Measured: (a) the alarm rate of in-distribution streams over reference draws, (b) the share of references whose
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binom, chi, gamma
 
-from calib_monai.recalibration.conformal_scores import at_least, combined_scores, competition_ranks, subject_maxima
+from calib_monai.review.conformal import at_least, combined_scores, competition_ranks, subject_maxima
 from calib_monai.review import BETS, REFERENCE_SHARE, SiteMartingale
 from calib_monai.review.site_monitor import summarise
 

@@ -1,4 +1,4 @@
-"""The nonconformities a :class:`~calib_monai.recalibration.review_rule.ValidatedRange` ranks a case by: per signal
+"""The nonconformities a :class:`~calib_monai.review.rule.ValidatedRange` ranks a case by: per signal
 (case score, image statistics, network features) the ``n + 1`` values of the validation volumes and the case, and why
 a signal is left out or the case cannot be judged; which signal sets the flag's bar."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .conformal_scores import combined_scores, subject_maxima
-from .review_reasons import NO_CASE_SCORE
+from .conformal import combined_scores, subject_maxima
+from .reasons import NO_CASE_SCORE
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
 
@@ -38,7 +38,7 @@ def signal_values(
             if np.isnan(scores[-1]):
                 unknown.append(NO_CASE_SCORE)
     if rule.input_check:
-        measured = rule._input_signal
+        measured = rule.input_signal
         if len(rule.inputs) < MIN_INPUT_IMAGES or not measured.intensities_finite():
             left_out.append("image intensities left out: the range holds fewer than 2 usable validation images")
         elif image_statistics is None:
@@ -51,23 +51,23 @@ def signal_values(
                 left_out += [note] if note else []
                 values["input"], farthest = measured.distances(stats)
     if rule.feature_check:
-        if rule._distance is None:
+        if rule.feature_distance is None:
             left_out.append(f"network features left out: {rule.info.get('features_left_out', 'none stored')}")
         elif features is None:
             left_out.append(f"network features left out: {missing or 'none were captured for the case'}")
         else:
             vector = np.asarray(features, dtype=np.float64).reshape(-1)
-            if vector.size != len(rule._distance.mean) or not np.isfinite(vector).all():
+            if vector.size != len(rule.feature_distance.mean) or not np.isfinite(vector).all():
                 bad = int((~np.isfinite(vector)).sum())
                 unknown.append(
                     f"cannot judge: the network features ({vector.size} values, {bad} NaN or infinite) are "
-                    f"not comparable with the validation cases' ({len(rule._distance.mean)})"
+                    f"not comparable with the validation cases' ({len(rule.feature_distance.mean)})"
                 )
-            elif rule._reference_distance is not None:  # one fixed function of the training features
+            elif rule.reference_distance is not None:  # one fixed function of the training features
                 validation = np.asarray(rule.feature_reference["validation"], dtype=np.float64)
-                values["features"] = np.append(validation, rule._reference_distance.distance(vector))
+                values["features"] = np.append(validation, rule.reference_distance.distance(vector))
             else:
-                values["features"] = rule._distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
+                values["features"] = rule.feature_distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
     return values, left_out, unknown, farthest
 
 
@@ -103,9 +103,9 @@ def signal_bar(rule: Any) -> dict[str, Any] | None:
         return None
     z, combined = combined_scores(values, rule.n + 1)
     z, combined = {name: v[:-1] for name, v in z.items()}, combined[:-1]  # the validation volumes, not the typical case
-    most = subject_maxima(combined, rule._subject_of, rule.m)
+    most = subject_maxima(combined, rule.subject_of, rule.m)
     subject = int(np.argsort(-most, kind="stable")[rule.rank - 1])
-    volume = max(np.flatnonzero(rule._subject_of == subject), key=lambda i: combined[i])
+    volume = max(np.flatnonzero(rule.subject_of == subject), key=lambda i: combined[i])
     return {
         "signal": next(name for name in z if z[name][volume] == combined[volume]),
         "volume": int(volume),  # in the range's order, the validation list's

@@ -1,4 +1,4 @@
-"""The review rule's input signal (:class:`~calib_monai.recalibration.review_rule.ValidatedRange`): how far an image's
+"""The review rule's input signal (:class:`~calib_monai.review.rule.ValidatedRange`): how far an image's
 statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, their skewness, sharpness,
 roughness, spectrum roughness, shading, field of view and acquired spacing) lie from the training images' (the
 intensity statistics together, the shading statistics together, each geometry statistic alone) or, without them, from

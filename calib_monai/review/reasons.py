@@ -1,6 +1,6 @@
-"""The words of a review flag: one reason per signal that flagged the case (:class:`~calib_monai.recalibration.
-review_rule.ValidatedRange` ``check``), as users read them in ``<case>_quality.json``, the log, MONAI Label's answer
-and the Slicer files."""
+"""The words of a review flag: one reason per signal that flagged the case (:class:`~calib_monai.review.rule.
+ValidatedRange` ``check``), as users read them in ``<case>_quality.json``, the log, MONAI Label's answer and the
+Slicer files."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _shown(value: float | None, spec: str) -> str:  # None: a distance past any 
 
 def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str = "") -> str:
     """The reason a flag gives for ``signal`` (one entry of ``ValidatedRange.check``'s ``signals``) of ``rule``, a
-    :class:`~calib_monai.recalibration.review_rule.ValidatedRange`: what was extreme, how far, and its rank."""
+    :class:`~calib_monai.review.rule.ValidatedRange`: what was extreme, how far, and its rank."""
     rank, value = signal["rank"], signal["value"]
     of = f"{rule.n + 1} volumes" if rule.m < rule.n else rule.n + 1  # a signal ranks volumes, the flag subjects
     z = signal["beyond"]  # beyond 1000: the others barely vary (a scale near 0), a count of MADs means nothing
@@ -52,8 +52,8 @@ def review_reason(rule: Any, name: str, signal: Mapping[str, Any], farthest: str
 def describe_rule(rule: Any) -> str:
     """The rule in words (``ValidatedRange.describe``): what is measured, when a case is flagged and the bound."""
     names = {"case_score": "lowest case score", "input": "largest image-statistic distance"}
-    if rule.input_check and rule._input_signal.precision is not None:
-        shading = " the shading statistics together," if len(rule._input_signal.joint) > 1 else ""
+    if rule.input_check and rule.input_signal.precision is not None:
+        shading = " the shading statistics together," if len(rule.input_signal.joint) > 1 else ""
         names["input"] = f"image-statistic distance (the intensity statistics together,{shading} each geometry alone)"
     names["features"] = "largest network-feature (Mahalanobis) distance"
     signals = ", ".join(names[s] for s in rule.signals)
@@ -68,9 +68,9 @@ def describe_rule(rule: Any) -> str:
     if rule.volume_factor:
         words += f", or its expected volume of a class is outside the validated range widened {rule.volume_factor}x"
     if rule.rank == 0:
-        return f"{words}: {rule._too_few()}"
+        return f"{words}: {rule.too_few_reason}"
     return (
-        f"{words}: an ordinary case is flagged with probability at most {rule.bound:.1%} at {rule._units()} (on "
+        f"{words}: an ordinary case is flagged with probability at most {rule.bound:.1%} at {rule.counted_as} (on "
         f"average over validation draws; below {rule.draw_bound:.1%} for 90% of them)"
     )
 
@@ -79,7 +79,7 @@ _SIGNAL_WORDS = {"case_score": "case score", "input": "image statistics", "featu
 
 
 def describe_bar(bar: Mapping[str, Any], signals: list[str]) -> str:
-    """``review_signals.signal_bar`` in words, with the way out when the case score sets the bar."""
+    """``signals.signal_bar`` in words, with the way out when the case score sets the bar."""
     beyond = "beyond any finite z" if bar["z"] is None else f"{bar['z']:.1f} MADs beyond the others"
     largest = [f"{_SIGNAL_WORDS[n]} {v:.1f}" for n, v in bar["largest"].items() if n != bar["signal"] and v is not None]
     others = f" (the others' largest: {', '.join(largest)})" if largest else ""

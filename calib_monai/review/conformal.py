@@ -1,4 +1,4 @@
-"""The two steps that put the review rule's signals on one scale (:mod:`calib_monai.recalibration.review_rule`): each
+"""The two steps that put the review rule's signals on one scale (:mod:`calib_monai.review.rule`): each
 case's rank among the ``n + 1`` and its robust distance beyond the others, both symmetric functions of the ``n + 1``
 so that exchangeable cases keep the full-conformal guarantee."""
 

@@ -67,13 +67,13 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
+from calib_monai.bundle.manifest import file_sha256
 from calib_monai.metrics.case_quality import case_quality
 from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 from calib_monai.metrics.segmentation import label_map_dice
-from calib_monai.recalibration.review_rule import ValidatedRange
-from calib_monai.recalibration.stored import file_sha256
+from calib_monai.review.rule import ValidatedRange
 
 __all__ = [
     "VALIDATED_RANGE_FILE",

@@ -1,6 +1,6 @@
 """The review rule of a validated range (:class:`ValidatedRange`): one full-conformal rule over one combined
 nonconformity score of the case and the validation volumes, its alpha and false-flag bound, and what it cannot
-judge. :mod:`calib_monai.recalibration.validated_range` stores it and flags cases against it; its docstring states the
+judge. :mod:`calib_monai.review.validated_range` stores it and flags cases against it; its docstring states the
 rule and the guarantee."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from calib_monai.atomic import write_json_atomically
+from calib_monai.bundle.manifest import file_sha256
 from calib_monai.checks import check_option
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
-from calib_monai.recalibration.conformal_scores import (
+from calib_monai.review.conformal import (
     at_least,
     combined_scores,
     competition_ranks,
@@ -26,10 +27,9 @@ from calib_monai.recalibration.conformal_scores import (
     standardised,
     subject_maxima,
 )
-from calib_monai.recalibration.input_signal import InputSignal
-from calib_monai.recalibration.review_reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
-from calib_monai.recalibration.review_signals import FEATURE_DIM, MIN_INPUT_IMAGES, score_problem, signal_values
-from calib_monai.recalibration.stored import file_sha256
+from calib_monai.review.input_signal import InputSignal
+from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
+from calib_monai.review.signals import FEATURE_DIM, MIN_INPUT_IMAGES, score_problem, signal_values
 
 __all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
@@ -47,7 +47,9 @@ def _finite_or_none(value: float) -> float | None:
 @dataclass
 class ValidatedRange:
     """The validation cases' case scores (NaN: no structure predicted), per-class expected volumes (mL), image
-    statistics and network features, and the flag rule's settings."""
+    statistics and network features, and the flag rule's settings. Built from them once, for the signals to read:
+    ``subject_of`` (each volume's subject index), ``input_signal`` (:class:`InputSignal`), ``feature_distance`` and
+    ``reference_distance`` (the fitted ``features`` and ``feature_reference`` distances, or None)."""
 
     scores: list[float]
     volumes: dict[str, list[float]] = field(default_factory=dict)
@@ -94,7 +96,7 @@ class ValidatedRange:
                 f"{len(reference.get('std', []))} standard deviations for {len((self.inputs or [[]])[0])} image "
                 "statistics: run calibrate again"
             )
-        self._reference_distance = None
+        self.reference_distance = None
         if self.feature_reference is not None:
             validation = self.feature_reference.get("validation", [])
             if len(validation) != len(self.scores) or "distance" not in self.feature_reference:
@@ -102,7 +104,7 @@ class ValidatedRange:
                     f"validated range feature_reference: {len(validation)} validation distances for "
                     f"{len(self.scores)} scores: run calibrate again"
                 )
-            self._reference_distance = feature_distance_from_dict(self.feature_reference["distance"])
+            self.reference_distance = feature_distance_from_dict(self.feature_reference["distance"])
         scale = self.volume_interval_scale
         if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0):
             raise ValueError(
@@ -123,18 +125,18 @@ class ValidatedRange:
             )
         # the exchangeable units: each volume's subject index (volumes of one patient are not exchangeable cases)
         names = self.subjects or [str(i) for i in range(len(self.scores))]
-        self._subject_of = np.unique(names, return_inverse=True)[1].reshape(-1) if names else np.zeros(0, int)
+        self.subject_of = np.unique(names, return_inverse=True)[1].reshape(-1) if names else np.zeros(0, int)
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
-        self._input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
+        self.input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
         if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
             raise ValueError(
                 f"validated range: {len(self.inputs)} image statistics (inputs) for {len(self.scores)} scores: "
                 "each validation volume needs both"
             )
-        self._distance = feature_distance_from_dict(self.features) if self.features else None
-        if self._distance is not None and len(self._distance.reference) != len(self.scores):
+        self.feature_distance = feature_distance_from_dict(self.features) if self.features else None
+        if self.feature_distance is not None and len(self.feature_distance.reference) != len(self.scores):
             raise ValueError(
-                f"validated range: features of {len(self._distance.reference)} volumes for {len(self.scores)} "
+                f"validated range: features of {len(self.feature_distance.reference)} volumes for {len(self.scores)} "
                 "scores: each validation volume needs both"
             )
 
@@ -194,9 +196,11 @@ class ValidatedRange:
     def m(self) -> int:
         """The number of validation subjects (patients): the exchangeable units the guarantee counts (``n`` when each
         volume is its own subject; ACDC's two frames of a patient are one)."""
-        return int(self._subject_of.max()) + 1 if self.n else 0
+        return int(self.subject_of.max()) + 1 if self.n else 0
 
-    def _units(self) -> str:
+    @property
+    def counted_as(self) -> str:
+        """What the guarantee counts, in words: ``m = 5 validation subjects (10 volumes)`` or ``n = 10 ...``."""
         if self.m < self.n:
             return f"m = {self.m} validation subjects ({self.n} volumes)"
         return f"n = {self.n} validation volumes"
@@ -235,21 +239,23 @@ class ValidatedRange:
         """The fewest validation subjects with ``k >= 1`` at this alpha: ``ceil(1 / alpha - 1)``."""
         return math.ceil(1 / self.alpha - 1 - 1e-9)
 
-    def _too_few(self) -> str:
+    @property
+    def too_few_reason(self) -> str:
+        """Why the rule cannot flag at this alpha with these validation subjects, and what it needs."""
         unit = "subjects" if self.m < self.n else "volumes"
         needs = f"needs at least {self.volumes_needed} {unit} (or review_alpha >= {1 / (self.m + 1):.3g})"
-        return f"cannot judge at alpha = {self.alpha:g} with {self._units()}: {needs}"
+        return f"cannot judge at alpha = {self.alpha:g} with {self.counted_as}: {needs}"
 
     @property
     def warnings(self) -> list[str]:
         out = []
         if self.rank == 0:
-            out.append(self._too_few() + "; every case gets the flag null with its rank")
+            out.append(self.too_few_reason + "; every case gets the flag null with its rank")
         elif self.bound > self.alpha:
             out.append(f"the volume rule raises the false-flag bound to {self.bound:.1%}, above alpha {self.alpha:g}")
         if self.input_check and len(self.inputs) < MIN_INPUT_IMAGES:
             out.append(f"the input signal is left out: {len(self.inputs)} validation image(s), it needs 2")
-        if self.feature_check and self._distance is None:
+        if self.feature_check and self.feature_distance is None:
             why = self.info.get("features_left_out", "no validation features stored")
             out.append(f"the feature signal is left out: {why}")
         if self.outdated:
@@ -264,12 +270,12 @@ class ValidatedRange:
         """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before some
         image statistics (the roughness, the geometry) compares the ones it has, one before the joint distance of the
         intensity statistics compares them one by one."""
-        if self.input_check and self._input_signal.missing:
+        if self.input_check and self.input_signal.missing:
             return (
-                f"the range was calibrated before the image statistics {', '.join(self._input_signal.missing_kinds)}"
+                f"the range was calibrated before the image statistics {', '.join(self.input_signal.missing_kinds)}"
                 ": the input signal compares the others only; run the bundle's calibrate step again"
             )
-        if self.input_check and self.input_reference and self._input_signal.precision is None:
+        if self.input_check and self.input_reference and self.input_signal.precision is None:
             return (
                 "the range was calibrated before the input signal measured the intensity statistics together: it "
                 "compares them one by one; run the bundle's calibrate step again"
@@ -301,7 +307,7 @@ class ValidatedRange:
         z, combined = combined_scores(values, self.n + 1)
         # the case's rank among the m + 1 subjects, each validation subject by its most extreme volume (ties, within
         # float noise, against the case); with one volume per subject, its rank among the n + 1
-        most = subject_maxima(combined[:-1], self._subject_of, self.m)
+        most = subject_maxima(combined[:-1], self.subject_of, self.m)
         case_rank, k = 1 + int(at_least(most, combined[-1]).sum()), self.rank
         signals = {
             name: {
@@ -326,7 +332,7 @@ class ValidatedRange:
                 if volume == volume and not low <= volume <= high:
                     reasons.append(f"{name} volume {volume:.3g} mL is outside the validated {low:.3g}-{high:.3g} mL")
         if k == 0 and not reasons:
-            unknown.append(f"{self._too_few()}; the case is ranked {case_rank} of {self.m + 1}")
+            unknown.append(f"{self.too_few_reason}; the case is ranked {case_rank} of {self.m + 1}")
         flag = True if reasons else (None if unknown else False)
         if flag is True:
             reasons += unknown
