@@ -103,6 +103,22 @@ def _write_images(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def _copy_weights(bundle: Path, folder: Path) -> Path:
+    """A bundle folder with ``bundle``'s configs and weights."""
+    shutil.copytree(bundle / "configs", folder / "configs")
+    (folder / "models").mkdir()
+    shutil.copy(bundle / "models" / "model.pt", folder / "models" / "model.pt")
+    return folder
+
+
+def _calibrate(folder: Path, root: Path, *options: str) -> None:
+    """The bundle's own calibrate step on the tiny phantoms, as a user runs it."""
+    configs = json.dumps([str(folder / "configs" / "train.json"), str(folder / "configs" / "calibrate.json")])
+    command = [sys.executable, "-m", "monai.bundle", "run", "calibrate", "--config_file", configs, *TINY[2:]]
+    command += ["--output_dir", str(folder / "models"), "--data#cache_dir", str(root / "phantoms"), *options]
+    _run(command, cwd=root)
+
+
 @pytest.fixture(scope="session")
 def served_folder(tmp_path_factory):
     """The app folder (main.py linked), its model/ folder, test images and the reference ``inferring`` outputs."""
@@ -148,53 +164,13 @@ def served_folder(tmp_path_factory):
         calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt"
     )
     # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
-    loop = app / "model" / "loop_flare"
-    shutil.copytree(bundle / "configs", loop / "configs")
-    (loop / "models").mkdir()
-    shutil.copy(bundle / "models" / "model.pt", loop / "models" / "model.pt")
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "monai.bundle",
-            "run",
-            "calibrate",
-            "--config_file",
-            json.dumps([str(loop / "configs" / "train.json"), str(loop / "configs" / "calibrate.json")]),
-            *TINY[2:],
-            "--output_dir",
-            str(loop / "models"),
-            "--data#cache_dir",
-            str(root / "phantoms"),
-        ],
-        cwd=root,
-    )
+    loop = _copy_weights(bundle, app / "model" / "loop_flare")
+    _calibrate(loop, root)
     # confident_flare: the same weights with the output layer scaled up (a confident network: exact ones in its
     # softmax), calibrated by the bundle's calibrate step; it serves the full-size CT
-    confident = app / "model" / "confident_flare"
-    shutil.copytree(bundle / "configs", confident / "configs")
-    (confident / "models").mkdir()
-    shutil.copy(bundle / "models" / "model.pt", confident / "models" / "model.pt")
+    confident = _copy_weights(bundle, app / "model" / "confident_flare")
     make_confident(confident / "models" / "model.pt")
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "monai.bundle",
-            "run",
-            "calibrate",
-            "--config_file",
-            json.dumps([str(confident / "configs" / "train.json"), str(confident / "configs" / "calibrate.json")]),
-            *TINY[2:],
-            "--output_dir",
-            str(confident / "models"),
-            "--data#cache_dir",
-            str(root / "phantoms"),
-            "--calibration_method",
-            "temperature",
-        ],
-        cwd=root,
-    )
+    _calibrate(confident, root, "--calibration_method", "temperature")
     images = _write_images(root)
     (root / "studies").mkdir()
     for index in range(4):  # the datastore: unlabelled phantoms of different shapes

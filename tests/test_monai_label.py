@@ -145,7 +145,8 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
     np.testing.assert_array_equal(served, expected.segmentation[0].numpy())
     # its stored validated range flags the case for review, with the reason
     review = json.loads(parts["params"])["quality"]["review"]
-    reason = review["reasons"][0]
+    # (the first reason may be the site monitor's alarm: every image this tiny model segments ranks below the range)
+    reason = next(r for r in review["reasons"] if "is among the lowest" in r)
     assert review["flag"] is True and "is among the lowest" in reason and "lowest validation score is 0.990" in reason
     assert "far beyond the others, which barely vary" in reason  # the 19 validation scores are all 0.990
 

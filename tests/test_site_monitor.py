@@ -5,6 +5,7 @@ its two promises: rare false alarms over reference draws, an early alarm at a sh
 from __future__ import annotations
 
 import json
+import logging
 import math
 import multiprocessing
 import subprocess
@@ -17,7 +18,7 @@ from scipy.stats import beta, binom
 
 from calib_monai.review import SITE_FILE, SiteMartingale, SiteMonitor, SiteStateError, reference_bounds
 from calib_monai.review.conformal import competition_ranks
-from calib_monai.review.site_monitor import reset_site, show_site
+from calib_monai.review.site_monitor import ARCHIVE_FOLDER, reset_site, show_site
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS, RANGE = "a1" * 32, "b2" * 32
@@ -103,7 +104,7 @@ def test_the_alarm_its_evidence_and_message_stay_until_reset(tmp_path):
     assert monitor.status()["cases"] == 0 and not monitor.observe("new", 1, {"input": 1})["alarm"]
 
 
-def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path):
+def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path, caplog):
     path = tmp_path / SITE_FILE
     path.write_text("{cut off")
     with pytest.raises(SiteStateError, match="corrupt") as err:
@@ -118,14 +119,21 @@ def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path):
         _monitor(tmp_path)
     assert str(path) in str(err.value) and "site reset" in str(err.value)
     path.write_text(json.dumps(state))
-    with pytest.raises(SiteStateError) as err:
-        _monitor(tmp_path, weights="c3" * 32)
-    line = str(err.value)
-    assert "a1a1a1a1a1a1" in line and "c3c3c3c3c3c3" in line and "b2b2b2b2b2b2" in line and "site reset" in line
-    with pytest.raises(SiteStateError, match="belongs to weights"):
-        _monitor(tmp_path, range_sha="d4" * 32)
     with pytest.raises(SiteStateError, match="other monitor settings .delta 0.01 -> 0.05"):
         _monitor(tmp_path, delta=0.05)
+    # other weights (a retrained model): the record is archived whole, said in the log, and a new stream starts
+    with caplog.at_level(logging.WARNING, logger="calib_monai"):
+        retrained = _monitor(tmp_path, weights="c3" * 32)
+    archived = tmp_path / ARCHIVE_FOLDER / f"site_{'a1' * 6}_{'b2' * 6}.json"
+    assert json.loads(archived.read_text()) == state and not path.exists() and retrained.status()["cases"] == 0
+    (line,) = [r.getMessage() for r in caplog.records if "new site record" in r.getMessage()]
+    assert (
+        "a1a1a1a1a1a1" in line and "c3c3c3c3c3c3" in line and "(1 cases, alarm: no)" in line and str(archived) in line
+    )
+    retrained.observe("h2", 1, {"input": 1})
+    _monitor(tmp_path, range_sha="d4" * 32)  # and another range: a second archive beside the first
+    assert (tmp_path / ARCHIVE_FOLDER / f"site_{'c3' * 6}_{'b2' * 6}.json").is_file()
+    path.write_text(json.dumps(state))
     path.write_text(json.dumps({**state, "cases": [{"hash": "h", "rank": "one", "signal_ranks": {}}]}))
     with pytest.raises(SiteStateError, match="corrupt"):
         show_site(tmp_path)

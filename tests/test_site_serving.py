@@ -22,6 +22,7 @@ from calib_monai.bundle.outputs import SOURCE_META
 from calib_monai.data.phantoms import generate_phantom
 from calib_monai.recalibration import TemperatureScaling, save_calibration
 from calib_monai.review import SITE_FILE, CaseQualityd, SiteMartingale, SiteMonitord, ValidatedRange
+from calib_monai.review.site_monitor import ARCHIVE_FOLDER
 from conftest import REPO_ROOT, run_bundle_workflow
 
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
@@ -163,7 +164,7 @@ def test_inferring_alarms_at_a_site_and_every_answer_after_says_so(site_bundle, 
     assert not (out / SITE_FILE).exists()
 
 
-def test_a_corrupt_or_foreign_site_state_is_one_error_line(site_bundle, tmp_path):
+def test_a_corrupt_state_is_one_error_line_and_another_models_is_archived(site_bundle, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / SITE_FILE).write_text("{not json")
@@ -174,8 +175,9 @@ def test_a_corrupt_or_foreign_site_state_is_one_error_line(site_bundle, tmp_path
     shutil.rmtree(out)
     _infer(site_bundle, out)
     state = json.loads((out / SITE_FILE).read_text())
-    state["weights_sha256"] = "0" * 64  # a state of other weights
+    state["weights_sha256"] = "0" * 64  # a record of other weights (a model trained since): archived, a new one starts
     (out / SITE_FILE).write_text(json.dumps(state))
-    with pytest.raises(Exception) as info:
-        _infer(site_bundle, out)
-    assert "belongs to weights 000000000000" in _messages(info.value)
+    _infer(site_bundle, out)
+    archived = json.loads((out / ARCHIVE_FOLDER / f"site_{'0' * 12}_{state['range_sha256'][:12]}.json").read_text())
+    assert archived == state
+    assert len(json.loads((out / SITE_FILE).read_text())["cases"]) == len(state["cases"])  # the same images, anew

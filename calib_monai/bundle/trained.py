@@ -94,7 +94,8 @@ class TrainedBundle:
         bundle_dir: the bundle folder (holding ``configs/`` and ``models/``).
         config_files: config names under ``configs/`` (or paths), read in order: ``("inference.json",)`` to predict,
             ``("train.json", "demo.json")`` for the network and inferer of a training run.
-        overrides: config ids and values set after ``bundle_root`` (``{"output_dir": ..., "data#spacing": ...}``).
+        overrides: config ids and values set after ``bundle_root`` (``{"output_dir": ..., "data#spacing": ...}``);
+            ``site_dir`` defaults to ``""`` (no site monitor: ``predict`` writes nothing), a deployment names its own.
         device: where the network runs; defaults to the config's ``device`` (CUDA when available), else the CPU.
         weights: the weights file; defaults to ``models/model.pt``, else ``models/model.ts``. A ``.ts`` file is
             TorchScript; any other is a state_dict, plain, ``module.``-prefixed or ``{"model": ...}``
@@ -127,6 +128,8 @@ class TrainedBundle:
             overrides["device"] = str(device)
         if weights is not None:  # inference.json's calibration sits next to, and is checked against, model_path
             overrides.setdefault("model_path", os.fspath(weights))
+        if "site_dir" not in overrides:  # predict is in memory: no site monitor unless a deployment names its folder
+            overrides["site_dir"] = ""
         self.parser = read_bundle_config(self.bundle_dir, self.config_paths, overrides)
         self._weights = Path(weights) if weights is not None else None
         self.key_in_ckpt = key_in_ckpt

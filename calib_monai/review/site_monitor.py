@@ -46,12 +46,15 @@ The combined rank is stored, not bet on.
 State: ``<folder>/site.json`` (written atomically; each read-modify-write under an OS lock on
 ``<folder>/site.json.lock``, so servers sharing a folder lose no case), naming the weights' and the validated range's
 sha256. The martingale is recomputed from the ordered cases stored there: a restart or a second process gives the
-same answer. ``calib-monai site show <folder>`` / ``calib-monai site reset <folder>``.
+same answer. New weights or a new range (MONAI Label's Train, a new ``calibrate``) start a new record; the previous
+one moves to ``<folder>/site_archive/``, said in the log. ``calib-monai site show <folder>`` / ``calib-monai site
+reset <folder>``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -66,10 +69,22 @@ from calib_monai.atomic import ensure_folder, write_error, write_json_atomically
 from calib_monai.checks import check_number
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
 
-__all__ = ["FORMAT_VERSION", "SITE_FILE", "SiteMonitor", "SiteStateError", "read_state", "reset_site", "show_site"]
+__all__ = [
+    "ARCHIVE_FOLDER",
+    "FORMAT_VERSION",
+    "SITE_FILE",
+    "SiteMonitor",
+    "SiteStateError",
+    "read_state",
+    "reset_site",
+    "show_site",
+]
 
 SITE_FILE = "site.json"
+#: Where the records of earlier models go, beside ``site.json``: ``site_<weights12>_<range12>.json``.
+ARCHIVE_FOLDER = "site_archive"
 FORMAT_VERSION = 1
+logger = logging.getLogger("calib_monai")
 LOCK_TIMEOUT_S = 60.0  # a read-modify-write takes milliseconds: a longer wait means a hung holder
 
 
@@ -245,19 +260,19 @@ class SiteMonitor:
         self.weights_sha256, self.range_sha256 = str(weights_sha256), str(range_sha256)
         ks = (k,) if isinstance(k, (int, np.integer)) else tuple(k)
         self.test = SiteMartingale(m, tuple(str(s) for s in signals), delta, tuple(int(v) for v in ks))
-        self._read()  # a file of other weights, another range or other settings: refused at start, not at case 1
+        with _locked(self.lock_path):
+            self._read()  # another model's record is archived now, not at the first case
 
     def _read(self) -> dict[str, Any] | None:
+        """The stream of these weights and range (None: none yet). A record of other weights or another range (a
+        retrained or recalibrated model) is archived (:meth:`_archive`) and a new stream starts; a record of these
+        with other monitor settings is refused: a test changed midway is no test. Call under the lock."""
         state = read_state(self.path)
         if state is None:
             return None
         if (state["weights_sha256"], state["range_sha256"]) != (self.weights_sha256, self.range_sha256):
-            raise SiteStateError(
-                f"site state {self.path} belongs to weights {state['weights_sha256'][:12]} and validated range "
-                f"{state['range_sha256'][:12]}, this server serves weights {self.weights_sha256[:12]} and range "
-                f"{self.range_sha256[:12]}: a new model or range starts a new site record; clear it with "
-                f"{_reset_fix(self.folder)}"
-            )
+            self._archive(state)
+            return None
         ours = self.test.settings()
         theirs = {key: state[key] for key in ours}
         if theirs != ours:
@@ -267,6 +282,28 @@ class SiteMonitor:
                 f"is no test; serve with its settings, or clear it with {_reset_fix(self.folder)}"
             )
         return state
+
+    def _archive(self, state: dict[str, Any]) -> Path:
+        """Move another model's record to ``<folder>/site_archive/`` (written whole first), saying so in the log."""
+        name = f"site_{state['weights_sha256'][:12]}_{state['range_sha256'][:12]}"
+        target, index = self.folder / ARCHIVE_FOLDER / f"{name}.json", 1
+        while target.exists():
+            index += 1
+            target = target.with_name(f"{name}_{index}.json")
+        ensure_folder(target.parent, "cannot archive the site record: its folder")
+        write_json_atomically(target, state)
+        try:
+            self.path.unlink()
+        except OSError as err:
+            raise write_error(self.path, err) from err
+        before = summarise(state, target)
+        logger.warning(
+            f"site monitor: {self.path} recorded weights {state['weights_sha256'][:12]} and validated range "
+            f"{state['range_sha256'][:12]} ({before['cases']} cases, alarm: {'yes' if before['alarm'] else 'no'}); "
+            f"these are weights {self.weights_sha256[:12]} and range {self.range_sha256[:12]}: a new model or range "
+            f"starts a new site record; the previous one is kept as {target}"
+        )
+        return target
 
     def observe(self, case_hash: str, rank: int, signal_ranks: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Record a served case (``case_hash``: its image content's hash; ``rank``: ``check``'s rank among the m + 1;
@@ -292,7 +329,8 @@ class SiteMonitor:
 
     def status(self) -> dict[str, Any]:
         """The stream's state as stored (nothing recorded)."""
-        return summarise(self._read(), self.path)
+        with _locked(self.lock_path):
+            return summarise(self._read(), self.path)
 
     def reset(self) -> dict[str, Any]:
         """Clear the state (the next case starts a new stream)."""
