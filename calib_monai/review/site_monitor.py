@@ -85,6 +85,8 @@ SITE_FILE = "site.json"
 ARCHIVE_FOLDER = "site_archive"
 FORMAT_VERSION = 1
 logger = logging.getLogger("calib_monai")
+#: How the alarm's message names a signal (``ValidatedRange.signals``).
+SIGNAL_WORDS = {"case_score": "estimated DSC (case score)", "input": "image statistics", "features": "network features"}
 LOCK_TIMEOUT_S = 60.0  # a read-modify-write takes milliseconds: a longer wait means a hung holder
 
 
@@ -219,7 +221,8 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         }
         where = "beyond every validation volume" if k == 1 else f"among the {k} most extreme of the validation volumes"
         message = (
-            f"site alarm ({path}): {hits[moved]} of the first {alarm_at} cases served here lay {where} on the {moved} "
+            f"site alarm ({path}): {hits[moved]} of the first {alarm_at} cases served here lay {where} by the "
+            f"{SIGNAL_WORDS.get(moved, moved)} "
             f"signal (evidence {evidence['value']:.0f} >= {test.threshold:.0f}; cases like the validation ones raise "
             f"this alarm at most {test.delta:.0%} of the time): the case score's level is not vouched for at this "
             "site; label the typical cases MONAI Label's Next Sample offers, then Train, or run "
