@@ -225,9 +225,9 @@ def calibrate(spec: RunSpec, settings: Mapping[str, Any] | None = None) -> Path:
     """Run the bundle's own ``calibrate`` on the finished run ``spec`` (its settings, ``configs/calibrate.json``,
     then ``settings``: calibrate's own, e.g. ``{"review_score_check": False}``) unless its recalibration is newer than
     its weights and than the bundle's config files, was made with the same ``settings`` (``<run>/calibrated.json``),
-    and its range is one the served chain applies and not ``outdated``; its log goes to ``<run>/calibrate.log``.
-    Returns the ``models`` folder (``calibration.pt``, ``validated_range.json``, ``manifest.json``); a RuntimeError
-    names the log when the command fails."""
+    and its range is one the served chain reads (one an older calibrate wrote is refused, so made again); its log goes
+    to ``<run>/calibrate.log``. Returns the ``models`` folder (``calibration.pt``, ``validated_range.json``,
+    ``manifest.json``); a RuntimeError names the log when the command fails."""
     settings = dict(settings or {})
     made_with = Path(spec.run_dir) / CALIBRATED
     recorded = json.loads(made_with.read_text()).get("settings", {}) if made_with.is_file() else {}
@@ -236,8 +236,11 @@ def calibrate(spec: RunSpec, settings: Mapping[str, Any] | None = None) -> Path:
     configs = bundle_config_files(spec.bundle, (*spec.extra_configs, "calibrate.json"))
     made_from = max([(models / "model.pt").stat().st_mtime] + [Path(f).stat().st_mtime for f in configs])
     fresh = published.is_file() and published.stat().st_mtime >= made_from
-    applied = read_validated_range(published, models / "model.pt")[0] if fresh else None
-    if applied is not None and not applied.outdated and recorded == settings:  # served as made, measuring as now
+    try:
+        applied = read_validated_range(published, models / "model.pt")[0] if fresh else None
+    except ValueError:  # not a range the served chain reads (an older calibrate's): made again below
+        applied = None
+    if applied is not None and recorded == settings:  # served as made, measuring as now
         logger.info("reusing the recalibration of %s", spec.run_dir)
         return models
     command = spec.command(run_id="calibrate", configs=("calibrate.json",), extra=settings)

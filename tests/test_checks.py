@@ -100,10 +100,3 @@ def test_counts(value):
 def test_counts_refused(value):
     with pytest.raises(ValueError, match=rf"^num_bins must be an integer >= 1, got {re.escape(repr(value))}\.$"):
         check_positive_int("num_bins", value)
-
-
-def test_the_metrics_check_num_bins_still_works_and_warns():
-    from calib_monai.metrics import check_num_bins
-
-    with pytest.warns(FutureWarning, match="check_positive_int"):
-        assert check_num_bins(15) == 15

@@ -74,9 +74,11 @@ def test_json_round_trip():
     np.testing.assert_allclose(back.distance(queries), model.distance(queries), rtol=1e-12)
     np.testing.assert_allclose(back.conformal_distances(x[3] * 5), model.conformal_distances(x[3] * 5), rtol=1e-12)
     assert np.isnan(model.distance(np.stack([x[0], np.full(256, np.inf)]))[1])
-    # a range stored before the split-conformal threshold went: its alpha and leave-one-out distances are not read
-    older = feature_distance_from_dict({**record, "alpha": 0.05, "loo_distances": [1.0] * 25})
-    np.testing.assert_allclose(older.distance(queries), model.distance(queries), rtol=1e-12)
+    # a record without one of to_dict's keys is refused in one line naming them
+    with pytest.raises(
+        ValueError, match=r"^the stored feature distance lacks \['max_dim'\]: store it with to_dict\(\)$"
+    ):
+        feature_distance_from_dict({k: v for k, v in record.items() if k != "max_dim"})
 
 
 def test_bad_inputs_name_the_argument():

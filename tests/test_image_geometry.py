@@ -5,6 +5,7 @@ spectrum roughness along the phase-encoding axis, and a gamma by the intensity s
 
 from __future__ import annotations
 
+import json
 import math
 
 import nibabel as nib
@@ -21,7 +22,7 @@ from calib_monai.metrics.image_statistics import (
     input_statistic_names,
     input_statistics,
 )
-from calib_monai.review import ValidatedRange
+from calib_monai.review import ValidatedRange, read_validated_range
 
 
 def _read(path, pixdim=(2.0, 2.0, -1), size=(48, 48, -1)):
@@ -121,21 +122,19 @@ def test_an_image_of_another_protocol_is_flagged_by_its_geometry(tmp_path):
     assert fixed.check({"case_score": 0.81, "classes": {}}, noisy)["flag"] is False
 
 
-def test_a_range_calibrated_before_the_geometry_still_judges_the_intensities():
-    # an older validated_range.json stores only the intensity statistics: the case's geometry is left off the end
+def test_a_range_whose_statistics_differ_from_the_cases_cannot_judge():
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(1, 8, 8, 4, generator=g) for _ in range(20)]
-    old = ValidatedRange(
+    validated = ValidatedRange(
         [0.8 + 0.001 * i for i in range(19)],
-        inputs=[image_statistics(i) for i in images[:-1]],
+        inputs=[input_statistics(i) for i in images[:-1]],
         input_check=True,
-        input_names=image_statistic_names(1, 3),
+        input_names=input_statistic_names(1, 3),
     )
-    case = input_statistics(images[-1])  # 8 intensity statistics and 6 (NaN) geometry ones
-    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
-    assert verdict["flag"] is False and verdict["signals"]["input"]["rank"] >= 1
-    # a range whose statistics are neither named in the case's nor the same cannot judge: null, with the reason
-    assert old.check({"case_score": 0.81, "classes": {}}, case[:3])["flag"] is None
+    case = input_statistics(images[-1])
+    assert validated.check({"case_score": 0.81, "classes": {}}, case)["flag"] is False
+    # a case whose statistics are not the range's (another number) cannot judge: null, with the reason
+    assert validated.check({"case_score": 0.81, "classes": {}}, case[:3])["flag"] is None
 
 
 @pytest.mark.parametrize("spatial", [(8, 8), (8, 8, 4)])
@@ -143,43 +142,23 @@ def test_the_geometry_of_a_plain_tensor_is_unknown_in_2d_and_3d(spatial):
     assert len(image_geometry(torch.zeros(1, *spatial))) == 2 * len(spatial)
 
 
-def test_a_range_from_before_the_geometry_says_so():
-    stats = [image_statistics(torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(i))) for i in range(3)]
-    old = ValidatedRange([0.8, 0.7, 0.9], inputs=stats, input_check=True, input_names=image_statistic_names(1, 3))
-    assert old.outdated.startswith(
-        "the range was calibrated before the image statistics field of view, voxel spacing: "
-    )
-    assert old.outdated in old.warnings
-    new = ValidatedRange([0.8, 0.7, 0.9], inputs=[s + [0.0] * 6 for s in stats], input_check=True)
-    assert new.outdated == "" and not ValidatedRange([0.8, 0.7, 0.9]).outdated
-
-
-def test_a_range_from_before_the_roughness_compares_the_statistics_it_has_by_name():
-    # an older range of a 2-channel 3D bundle names 5 statistics per channel (no skewness, no roughness, no shading,
-    # no geometry); a served case has 18 per channel and 6 geometry ones. Picked by name, not by position: the case's
-    # extreme skewness and roughness of channel 0 (which a prefix would read as channel 1's mean) are not judged,
-    # channel 1's mean intensity is
-    old_names = [
-        f"channel {c} {n}"
-        for c in range(2)
-        for n in ("mean intensity", "intensity spread", *(f"sharpness along axis {a}" for a in range(3)))
-    ]
-    g = torch.Generator().manual_seed(0)
-    rows = (torch.tensor([0.5, 0.3, 0.2, 0.2, 0.2] * 2) + 0.01 * torch.randn(19, 10, generator=g)).tolist()
-    old = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=rows, input_check=True, input_names=old_names)
-    assert old.outdated.startswith(
-        "the range was calibrated before the image statistics intensity skewness, roughness, spectrum roughness, "
-        "intensity slope, intensity curvature, field of view,"
-    )
-    assert len(input_statistic_names(2, 3)) == 2 * 18 + 6
-    case = [0.5, 0.3, 0.9, 0.2, 0.2, 0.2, 90.0, 90.0, 90.0, 90.0, 90.0, 90.0] + [90.0] * 6
-    case += [0.5, 0.3, 0.0, 0.2, 0.2, 0.2, 1.7, 1.7, 1.7, 0.1, 0.1, 0.1] + [0.0] * 6 + [math.nan] * 6
-    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
-    assert verdict["flag"] is False and verdict["signals"]["input"]["value"] < 3
-    case[18] = 0.9  # channel 1's mean intensity, 40 of its spreads away
-    verdict = old.check({"case_score": 0.81, "classes": {}}, case)
-    assert verdict["flag"] is True
-    assert verdict["reasons"][0].startswith("image unlike the validation images (channel 1 mean intensity: distance")
+def test_a_stored_range_without_statistics_a_served_case_has_is_refused_in_one_line(tmp_path):
+    # an older validated_range.json named fewer statistics (no geometry): refused, naming the file, what it lacks and
+    # the fix
+    stats = [input_statistics(torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(i))) for i in range(3)]
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"weights")
+    stored = ValidatedRange([0.8, 0.7, 0.9], inputs=stats, input_check=True, input_names=input_statistic_names(1, 3))
+    path = stored.save(tmp_path / "validated_range.json", weights)
+    assert read_validated_range(path, weights)[1] == ""
+    record = json.loads(path.read_text())
+    record.update(inputs=[s[:-6] for s in stats], input_names=image_statistic_names(1, 3))
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError) as error:
+        read_validated_range(path, weights)
+    message = str(error.value)
+    assert message.startswith(f"{path} lacks the image statistics field of view, voxel spacing a served case has")
+    assert message.endswith("run the bundle's calibrate step again") and "\n" not in message
 
 
 def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():
@@ -195,11 +174,11 @@ def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():
     ghosted = ghosting(images[-1], intensity=0.9, num_ghosts=4, axis=0)
     before, after = image_statistics(images[-1])[9:12], image_statistics(ghosted)[9:12]  # the spectrum roughness
     assert after[0] > 10 * before[0] and abs(after[1] - before[1]) < 0.2 and after[2] == before[2] == 0.0
-    names = image_statistic_names(1, 3)
-    stats = [image_statistics(i) for i in images[:-1]]
+    names = input_statistic_names(1, 3)
+    stats = [input_statistics(i) for i in images[:-1]]
     validated = ValidatedRange([0.8 + 0.001 * i for i in range(19)], inputs=stats, input_check=True, input_names=names)
-    assert validated.check({"case_score": 0.81, "classes": {}}, image_statistics(images[-1]))["flag"] is False
-    verdict = validated.check({"case_score": 0.81, "classes": {}}, image_statistics(ghosted))
+    assert validated.check({"case_score": 0.81, "classes": {}}, input_statistics(images[-1]))["flag"] is False
+    verdict = validated.check({"case_score": 0.81, "classes": {}}, input_statistics(ghosted))
     assert verdict["flag"] is True
     assert verdict["reasons"][0].startswith("image unlike the validation images (spectrum roughness along axis 0:")
 

@@ -144,8 +144,9 @@ def test_a_2d_image_resized_in_plane_maps_back_to_its_pixels():
     assert tuple(scored.shape) == (2, 30, 20, 1) and tuple(label.shape) == (30, 20, 1) and voxel_ml == 1e-3
 
 
-def test_a_range_from_an_older_calibrate_is_not_applied(tmp_path):
-    """A validated_range.json without ``scored_on`` was measured on the network's grid: no flags, and why."""
+def test_a_range_from_an_older_calibrate_is_refused_in_one_line(tmp_path):
+    """A validated_range.json without ``scored_on`` (an older calibrate's): a one-line error naming the file, the
+    missing field and the fix."""
     weights = tmp_path / "model.pt"
     weights.write_bytes(b"weights")
     ValidatedRange([0.9] * 19).save(tmp_path / "validated_range.json", weights)
@@ -153,8 +154,11 @@ def test_a_range_from_an_older_calibrate_is_not_applied(tmp_path):
     record = json.loads((tmp_path / "validated_range.json").read_text())
     del record["scored_on"]
     (tmp_path / "validated_range.json").write_text(json.dumps(record))
-    validated, why = read_validated_range(tmp_path, weights)
-    assert validated is None and "older calibrate, on the network's grid" in why and "calibrate step again" in why
+    with pytest.raises(ValueError) as error:
+        read_validated_range(tmp_path, weights)
+    message = str(error.value)
+    assert str(tmp_path / "validated_range.json") in message and "'scored_on'" in message and "\n" not in message
+    assert message.endswith("delete it and run the bundle's calibrate step again")
     record["scored_on"] = "grid"  # nor one that names no grid
     (tmp_path / "validated_range.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="validated_range.json: validated range scored_on must be one of"):
@@ -168,12 +172,3 @@ def test_delivered_dice_takes_a_cpu_label_beside_gpu_probabilities():
     on_cpu = DeliveredDiced("prob")({"prob": prob, "input_label": label})["quality"]["delivered"]
     on_gpu = DeliveredDiced("prob")({"prob": prob.cuda(), "input_label": label})["quality"]["delivered"]
     assert on_gpu["mean_dice"] == pytest.approx(on_cpu["mean_dice"])
-
-
-def test_the_previous_name_of_the_fitters_preprocessing_still_works_with_a_warning(tmp_path):
-    from calib_monai.handlers import RecalibrationFitter
-
-    chain = Compose([])
-    with pytest.warns(FutureWarning, match="reference_transform=...\\) is deprecated: pass preprocessing="):
-        fitter = RecalibrationFitter(tmp_path / "c.pt", tmp_path / "model.pt", num_classes=3, reference_transform=chain)
-    assert fitter.preprocessing is chain

@@ -49,16 +49,18 @@ def test_a_hard_validation_volume_sets_the_bar_only_while_the_case_score_is_a_si
     assert "lowest case score" not in without.describe() and "lowest case score" in with_score.describe()
 
 
-def test_the_setting_is_stored_and_a_range_from_before_it_keeps_the_case_score(tmp_path):
+def test_the_setting_is_stored_and_a_range_without_it_is_refused(tmp_path):
     weights = tmp_path / "model.pt"
     weights.write_bytes(b"weights")
     path = _range(False).save(tmp_path / "validated_range.json", weights)
     record = json.loads(path.read_text())
     assert record["score_check"] is False and record["signals"] == ["input"]
     assert read_validated_range(path, weights)[0].score_check is False
-    del record["score_check"]  # written before the setting existed: the case score was a signal
+    del record["score_check"]  # an older layout: refused, naming the file, the field and the fix
     path.write_text(json.dumps(record))
-    assert read_validated_range(path, weights)[0].signals == ["case_score", "input"]
+    with pytest.raises(ValueError, match=r"lacks \['score_check'\] .*run the bundle's calibrate step again$") as error:
+        read_validated_range(path, weights)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
 def test_no_signal_at_all_is_refused_and_a_case_no_signal_measures_is_not_judged():

@@ -144,22 +144,27 @@ def test_k_fold_cross_fitting_scores_every_volume_once_by_a_fit_without_its_subj
         split_volumes(6, crossfit=True, folds=1)
 
 
-def test_a_stored_range_keeps_its_subjects_and_one_from_before_them_says_so(tmp_path):
+def test_a_stored_range_keeps_its_subjects_and_one_without_them_is_refused(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({}, weights)
     scores = [0.5 + 0.02 * i for i in range(20)]
     subjects = [f"p{i // 2}" for i in range(20)]
     path = ValidatedRange(scores, alpha=0.1, subjects=subjects).save(tmp_path / "validated_range.json", weights)
     loaded, why = read_validated_range(path, weights)
-    assert why == "" and loaded.subjects == subjects and loaded.m == 10 and loaded.outdated == ""
+    assert why == "" and loaded.subjects == subjects and loaded.m == 10
     record = json.loads(Path(path).read_text())
-    del record["subjects"]  # a range calibrated before subjects were recorded
+    del record["subjects"]  # an older layout: refused in one line naming the file, the field and the fix
     path.write_text(json.dumps(record))
-    old = read_validated_range(path, weights)[0]
-    assert old.subjects is None and old.m == 20  # read as it was measured: by volume
-    assert "before it recorded each volume's subject" in old.outdated and old.outdated in old.warnings
-    # a hand-edited file: a string is not read as one subject per character, a short list is not padded
-    for bad, words in (("p0p1", "must be a list of one name per validation volume, got str"), (["p0"], "1 subjects")):
+    with pytest.raises(ValueError, match=r"lacks \['subjects'\] .*run the bundle's calibrate step again$") as error:
+        read_validated_range(path, weights)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+    # a hand-edited file: a string is not read as one subject per character, a short list is not padded, null is
+    # not "unknown"
+    for bad, words in (
+        ("p0p1", "must be a list of one name per validation volume, got str"),
+        (["p0"], "1 subjects"),
+        (None, "must be a list of one name per validation volume, got NoneType"),
+    ):
         record["subjects"] = bad
         path.write_text(json.dumps(record))
         with pytest.raises(ValueError, match=words) as error:

@@ -319,14 +319,12 @@ def test_fixed_references_from_training_images():
     assert verdict["reasons"][0].startswith(
         "image unlike the training images (image statistic 1 with the other intensity statistics: distance 5.0"
     )
-    assert not validated.outdated
-    # a range from before the joint distance (no precision) measures each statistic alone, and says so
+    # without a precision (a statistic not finite on the training images) each statistic counts alone
     alone = {k: v for k, v in reference.items() if k != "precision"}
     old = ValidatedRange(validated.scores, inputs=validated.inputs, input_check=True, input_reference=alone)
     verdict = old.check(_case(0.6), [2.0 + 3.0, 20.0 + 40.0])
     assert verdict["signals"]["input"]["value"] == pytest.approx(4.0)
     assert verdict["reasons"][0].startswith("image unlike the training images (image statistic 1: distance 4.0")
-    assert old.outdated.startswith("the range was calibrated before the input signal measured the intensity")
     with pytest.raises(ValueError, match=r"precision has shape \(3, 3\) for 2 intensity statistics: run calibrate"):
         ValidatedRange(validated.scores, inputs=validated.inputs, input_reference={**alone, "precision": np.eye(3)})
     # features: Mahalanobis fitted on 40 training vectors; the validation cases' distances stored; a far case

@@ -111,9 +111,9 @@ def load_network_weights(network, source, map_location="cpu", strict: bool = Tru
 
     Every reader of ``model.pt`` goes through here (bundle ``evaluate.json``/``inference.json`` via
     ``calib_monai.handlers.NetworkWeightsLoader``; ``TrainedBundle``, and through it the export, MONAI Label serving
-    and the experiment evaluation), so a file from an older multi-GPU run still loads with ``strict=True``. Weights
-    of another network (other keys or shapes) raise a ``WeightsFileError`` naming the file (``name``, default the
-    path given), how many tensors differ, an example of each kind, and the fix.
+    and the experiment evaluation), so a file saved from a DDP or DataParallel network loads with ``strict=True``.
+    Weights of another network (other keys or shapes) raise a ``WeightsFileError`` naming the file (``name``, default
+    the path given), how many tensors differ, an example of each kind, and the fix.
     """
     name = name or (str(source) if isinstance(source, (str, os.PathLike)) else "the state_dict")
     state = weights_state_dict(source, map_location)

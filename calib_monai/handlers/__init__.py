@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from .alm import ALMUpdateHandler
-from .calibration_error import SegmentationCalibration, SegmentationCalibrationError
+from .calibration_error import SegmentationCalibrationError
 from .checkpoint import TrainingCheckpoint
 from .history import EpochSnapshots, ValidationHistory
-from .recalibration import CalibrationFitter, RecalibrationFitter
+from .recalibration import RecalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler
 from .report_saver import SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state

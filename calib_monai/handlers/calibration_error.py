@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from monai.handlers import IgniteMetricHandler
-from monai.utils import deprecated
 
-from calib_monai import __version__ as VERSION
 from calib_monai.metrics.calibration_metric import SegmentationCalibrationMetric
 
-__all__ = ["SegmentationCalibrationError", "SegmentationCalibration"]
+__all__ = ["SegmentationCalibrationError"]
 
 
 class SegmentationCalibrationError(IgniteMetricHandler):
@@ -63,13 +61,3 @@ class SegmentationCalibrationError(IgniteMetricHandler):
             threshold=threshold,
         )
         super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)
-
-
-@deprecated(
-    since="0.1.0",
-    removed="0.3.0",
-    msg_suffix="Use SegmentationCalibrationError, the same handler.",
-    version_val=VERSION,
-)
-class SegmentationCalibration(SegmentationCalibrationError):
-    """Deprecated name of :class:`SegmentationCalibrationError`."""

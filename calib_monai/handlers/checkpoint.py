@@ -153,8 +153,7 @@ class TrainingCheckpoint:
     :class:`OutputFolderLock` on ``save_dir``: a second training into the same folder is an error naming the first.
 
     Attach it after the handlers whose state it saves (bundle configs list it after them). A DDP network is unwrapped:
-    the file holds the plain network's keys, so a multi-GPU run resumes on one GPU and vice versa (``module.``-prefixed
-    files of older runs are still read).
+    the file holds the plain network's keys, so a multi-GPU run resumes on one GPU and vice versa.
 
     Why not MONAI's ``CheckpointSaver``/``CheckpointLoader`` (which unwrap DDP too)? The interval checkpoints are named
     by epoch (``checkpoint_epoch=N.pt``; a fixed name exists only for the final and the key-metric files), while
@@ -220,9 +219,7 @@ class TrainingCheckpoint:
     def _check_settings(self, checkpoint: dict[str, Any], fix: str) -> None:
         """The checkpoint's settings against this run's: an error listing the differences, or (allowed) a log line
         and the command's learning rate."""
-        recorded = checkpoint.get("settings")
-        if not isinstance(recorded, dict):
-            return  # written before the settings were stored
+        recorded = checkpoint["settings"]
         differences = settings_differences(recorded, self._settings())
         if not differences:
             return
@@ -281,20 +278,17 @@ class TrainingCheckpoint:
         )
         if missing:
             raise ValueError(f"{self.latest_path} is not a checkpoint of this training (it lacks {missing}): {fix}")
+        # what save_latest writes beside the objects: a file without them was written by an older calib_monai
+        older = [key for key in ("settings", "rng") if not isinstance(checkpoint.get(key), dict)]
+        if older:
+            raise ValueError(f"{self.latest_path} lacks {older} (written by an older calib_monai): {fix}")
         self._check_settings(checkpoint, fix)
-        # a file written by an older multi-GPU run holds "module."-prefixed network keys
         load_network_weights(
             objects.pop("network"), weights_state_dict(checkpoint["network"]), name=f"{self.latest_path} (its network)"
         )
         Checkpoint.load_objects(to_load=objects, checkpoint=checkpoint)
         self._apply_lr()
-        if "rng" in checkpoint:
-            restore_rng_state(checkpoint["rng"], engine.state.dataloader)
-        else:
-            self.logger.warning(
-                f"{self.latest_path} holds no random-number state (written by an older version): the "
-                "resumed run shuffles differently from an uninterrupted one"
-            )
+        restore_rng_state(checkpoint["rng"], engine.state.dataloader)
         # the command line may ask for more (or fewer) epochs than the stopped run had
         engine.state.max_epochs = max_epochs
         if engine.state.epoch >= max_epochs:

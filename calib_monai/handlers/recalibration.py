@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
-from monai.utils import deprecated
 
-from calib_monai import __version__ as VERSION
 from calib_monai.data.inference import InputGrid
 from calib_monai.data.preprocessing import INPUT_LABEL
 from calib_monai.metrics.image_statistics import image_geometry
@@ -26,7 +23,7 @@ from calib_monai.recalibration.stored import calibrate_settings
 from calib_monai.recalibration.temperature import VOXEL_CHOICES
 from calib_monai.review.validated_range import ValidatedRange, voxel_volume_ml
 
-__all__ = ["RecalibrationFitter", "CalibrationFitter"]
+__all__ = ["RecalibrationFitter"]
 
 logger = logging.getLogger("calib_monai")
 METHODS = ("temperature", "local_temperature")
@@ -91,7 +88,6 @@ class RecalibrationFitter:
             fixed references (None: the validation volumes measure each other).
         logits_key, label_key, image_key: keys of the evaluator's decollated outputs (logits before any softmax).
         input_label_key: key of the label as read in the evaluator's items (``KeepInputLabeld``).
-        reference_transform: the previous name of ``preprocessing`` (deprecated).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
 
@@ -126,17 +122,8 @@ class RecalibrationFitter:
         reference_inferer: Callable | None = None,
         max_reference: int = 200,
         input_label_key: str = INPUT_LABEL,
-        reference_transform: Callable | None = None,
         review_score_check: bool = REVIEW_DEFAULTS["score_check"],
     ) -> None:
-        if reference_transform is not None:  # the name of the previous release, for its calibrate.json files
-            warnings.warn(
-                "RecalibrationFitter(reference_transform=...) is deprecated: pass "
-                "preprocessing=@validate#preprocessing",
-                FutureWarning,
-                stacklevel=2,
-            )
-            preprocessing = preprocessing if preprocessing is not None else reference_transform
         if voxels not in VOXEL_CHOICES:
             raise ValueError(f"calibrate voxels must be one of {VOXEL_CHOICES}, got {voxels!r}")
         self.voxels = voxels
@@ -271,10 +258,3 @@ class RecalibrationFitter:
             f"calibrate: the input and feature signals' reference: {len(stats)} of {len(items)} training images"
         )
         return (stats if self.review["input_check"] else None), features
-
-
-@deprecated(
-    since="0.1.0", removed="0.3.0", msg_suffix="Use RecalibrationFitter, the same handler.", version_val=VERSION
-)
-class CalibrationFitter(RecalibrationFitter):
-    """Deprecated name of :class:`RecalibrationFitter`."""

@@ -8,7 +8,6 @@ and the report's ``summary.json`` columns are the *mean over volumes* of per-vol
 papers by default: per volume over every voxel, background excluded, 20 bins, then the mean over volumes.
 """
 
-from ._inputs import check_num_bins  # deprecated: calib_monai.checks.check_positive_int
 from .calibration_error import (
     CALIBRATION_METRICS,
     METRIC_DEFINITIONS,

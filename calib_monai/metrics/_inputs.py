@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.utils import deprecated
 
-from calib_monai import __version__
 from calib_monai.checks import PROBABILITY_ROUNDING, check_option, check_positive_int
 
 __all__ = [
@@ -24,7 +22,6 @@ __all__ = [
     "METRIC_DEFINITIONS",
     "as_tensors",
     "check_foreground",
-    "check_num_bins",
     "detached_plain_tensor",
     "flat_nonzero",
     "metric_definition",
@@ -47,17 +44,6 @@ def detached_plain_tensor(x: torch.Tensor) -> torch.Tensor:
     would slow every following op); no copy. The losses' ``plain_tensor`` keeps the graph instead."""
     x = x.detach()
     return x.as_tensor() if hasattr(x, "as_tensor") else x
-
-
-@deprecated(
-    since="0.1.0",
-    removed="0.3.0",
-    msg_suffix="Use calib_monai.checks.check_positive_int('num_bins', n).",
-    version_val=__version__,
-)
-def check_num_bins(num_bins: Any) -> int:
-    """Deprecated: :func:`calib_monai.checks.check_positive_int` ``("num_bins", num_bins)``."""
-    return check_positive_int("num_bins", num_bins)
 
 
 def check_foreground(foreground: Any) -> str:

@@ -1,4 +1,4 @@
-"""A compiled CPU kernel for ``CalibrationAccumulator`` (issue 32.1): one pass over a chunk of selected voxels
+"""A compiled CPU kernel for ``CalibrationAccumulator``: one pass over a chunk of selected voxels
 ``p (C, n)`` float32 and labels ``y (n,)`` read in their own integer dtype gives ECE's bin counts and sums and every
 class's bucket histogram; a second pass (``refine``) gathers the few values of the buckets that need refinement
 (TACE's equal-mass edges and CECE's straddling buckets are only known once the histogram is complete). Same

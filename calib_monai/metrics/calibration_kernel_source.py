@@ -1,4 +1,4 @@
-"""The C source of ``calibration_kernel`` (issue 32.1), compiled at first use: kept apart so the Python glue stays
+"""The C source of ``calibration_kernel``, compiled at first use: kept apart so the Python glue stays
 short. Entry points: ``calib_chunk`` (ECE bins and bucket histograms of a chunk), ``calib_refine`` (the values of
 marked buckets), ``calib_count`` / ``calib_select`` (the "gt" voxel selection with the input checks' extremes),
 ``calib_gt`` (the selection, ECE's bins and the bucket histograms of a volume in one pass over its labels)."""

@@ -145,7 +145,7 @@ class CalibrationAccumulator:
         self.count += n
         self.value_dtype, self.device = p.dtype, dev
         self._refined = None
-        # --- issue 32.1: ECE and the bucket histograms in one compiled pass (calibration_kernel), eager otherwise
+        # --- ECE and the bucket histograms in one compiled pass (calibration_kernel), eager otherwise
         if self.kernel is None:
             self.kernel = _kernel.available(p, y)
         if self.kernel:
@@ -301,7 +301,7 @@ class CalibrationAccumulator:
             if self.classwise:
                 lut[:, torch.as_tensor(grid["straddle"], device=dev)] = True
             parts = []
-            if self.kernel:  # issue 32.1: gathered by calibration_kernel, at most the marked buckets' counts
+            if self.kernel:  # gathered by calibration_kernel, at most the marked buckets' counts
                 capacity = int(self.totals["grid_count"][lut.view(-1)].sum())
                 parts = [_kernel.refine(p, y, lut, grid["size"], grid["offset"], capacity) for p, y in self.chunks]
             for p, y in self.chunks if not self.kernel else ():

@@ -185,9 +185,11 @@ class MahalanobisDistance:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> MahalanobisDistance:
-        """The distance :meth:`to_dict` stored (a record's other keys, e.g. an older range's ``alpha`` and
-        ``loo_distances``, are not read)."""
-        self = cls(record.get("max_dim", 16))
+        """The distance :meth:`to_dict` stored; a record without one of its keys is refused in one line."""
+        missing = [k for k in ("max_dim", "mean", "components", "reference") if k not in record]
+        if missing:
+            raise ValueError(f"the stored feature distance lacks {missing}: store it with to_dict()")
+        self = cls(record["max_dim"])
         self.mean = np.asarray(record["mean"], dtype=np.float64)
         self.components = None if record["components"] is None else np.asarray(record["components"], dtype=np.float64)
         self.reference = np.asarray(record["reference"], dtype=np.float64).reshape(

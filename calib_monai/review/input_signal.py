@@ -41,18 +41,19 @@ class InputSignal:
         self.named = list(self.names) if len(self.names) == width else []
         groups = [statistic_group(n) for n in self.named] or ["intensity"] * width
         self.geometry = np.array([g == "geometry" for g in groups], dtype=bool)
-        #: the statistics a served case has (input_statistic_names of the range's channels and axes) and those of
-        #: them this range lacks: it was calibrated by an earlier version, and compares the ones it has
-        self.served_names = _served_names(self.named)
+        #: what a served case measures (input_statistic_names of the range's channels and axes) that these names
+        #: lack, once each ("field of view", ...): a stored range lacking one is refused when read
         have = set(self.named)
-        self.missing = [n for n in self.served_names if n not in have]
+        missing = [n for n in _served_names(self.named) if n not in have]
+        kinds = [n.split(" along axis")[0].removeprefix("channel ").lstrip("0123456789 ") for n in missing]
+        self.missing_kinds = list(dict.fromkeys(kinds))
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
         intensity, shading = (np.array([g == kind for g in groups], dtype=bool) for kind in ("intensity", "shading"))
-        #: the training images' precision of the standardised intensity statistics (None: a range from before it, or
-        #: none stored: each statistic alone)
+        #: the training images' precision of the standardised intensity statistics (None: none stored, as when a
+        #: statistic is not finite on them: each statistic alone)
         self.precision = self._precision("precision", intensity)
         #: the statistics counted together: (their columns, the precision, what they are called in a reason); the
-        #: shading group without its own precision (a range from before it) counts one by one, as the geometry
+        #: shading group without its own precision counts one by one, as the geometry
         self.joint = [(intensity, self.precision, "intensity statistics")]
         shading_precision = self._precision("shading_precision", shading) if self.precision is not None else None
         if shading_precision is not None:
@@ -77,20 +78,10 @@ class InputSignal:
         """Whether every validation image has all its intensity statistics (a geometry may be unknown)."""
         return bool(np.isfinite(self.rows[:, ~self.geometry]).all())
 
-    @property
-    def missing_kinds(self) -> list[str]:
-        """What :attr:`missing` measures, once each (``["roughness", "field of view"]``)."""
-        kinds = [n.split(" along axis")[0].removeprefix("channel ").lstrip("0123456789 ") for n in self.missing]
-        return list(dict.fromkeys(kinds))
-
     def comparable(self, stats: Sequence[float]) -> tuple[list[float], str, str]:
         """The case's statistics as the validation images' were measured, why they cannot be compared ("" when they
-        can), and a note on a part left out: a range from an earlier version compares the statistics it has (by
-        name); a geometry the case lacks (NaN: no ``original_affine``) is left out."""
+        can), and a note on a part left out: a geometry the case lacks (NaN: no ``original_affine``) is left out."""
         stats, width = [float(v) for v in stats], self.rows.shape[1]
-        if self.missing and len(stats) == len(self.served_names):
-            where = {name: i for i, name in enumerate(self.served_names)}
-            stats = [stats[where[name]] for name in self.named]
         if len(stats) != width:
             return (
                 stats,

@@ -66,10 +66,8 @@ class ValidatedRange:
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
     feature_reference: dict[str, Any] | None = None
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
-    # each volume's subject (patient); []: each its own; None: not recorded (a range from before subjects)
-    subjects: list[str] | None = field(default_factory=list)
-    # whether the lowest case score is one of the flag's signals (a range from before this setting: it was)
-    score_check: bool = True
+    subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
+    score_check: bool = True  # whether the lowest case score is one of the flag's signals
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -112,12 +110,12 @@ class ValidatedRange:
                 "calibrate again"
             )
         self.scores = [_number(s) for s in self.scores]
-        if self.subjects is not None and not isinstance(self.subjects, (list, tuple)):
+        if not isinstance(self.subjects, (list, tuple)):
             raise ValueError(
                 f"validated range subjects must be a list of one name per validation volume, got "
                 f"{type(self.subjects).__name__} {self.subjects!r:.40}: run calibrate again"
             )
-        self.subjects = None if self.subjects is None else [str(s) for s in self.subjects]
+        self.subjects = [str(s) for s in self.subjects]
         if self.subjects and len(self.subjects) != len(self.scores):
             raise ValueError(
                 f"validated range: {len(self.subjects)} subjects for {len(self.scores)} scores: each validation "
@@ -258,35 +256,10 @@ class ValidatedRange:
         if self.feature_check and self.feature_distance is None:
             why = self.info.get("features_left_out", "no validation features stored")
             out.append(f"the feature signal is left out: {why}")
-        if self.outdated:
-            out.append(self.outdated)
         missing = sum(1 for s in self.scores if s != s) if self.score_check else 0  # only a counted score matters
         if 0 < missing < self.n:
             out.append(missing_scores(missing, self.n))
         return out
-
-    @property
-    def outdated(self) -> str:
-        """What this range lacks that the served chain measures now ("" when nothing): a range calibrated before some
-        image statistics (the roughness, the geometry) compares the ones it has, one before the joint distance of the
-        intensity statistics compares them one by one."""
-        if self.input_check and self.input_signal.missing:
-            return (
-                f"the range was calibrated before the image statistics {', '.join(self.input_signal.missing_kinds)}"
-                ": the input signal compares the others only; run the bundle's calibrate step again"
-            )
-        if self.input_check and self.input_reference and self.input_signal.precision is None:
-            return (
-                "the range was calibrated before the input signal measured the intensity statistics together: it "
-                "compares them one by one; run the bundle's calibrate step again"
-            )
-        if self.subjects is None:
-            return (
-                "the range was calibrated before it recorded each volume's subject: its bound counts volumes, which "
-                "overstates the guarantee when a patient has several (ACDC's two frames); run the bundle's calibrate "
-                "step again"
-            )
-        return ""
 
     def check(
         self,

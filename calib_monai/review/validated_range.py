@@ -21,8 +21,8 @@ more extreme), each measured against the other ``n``:
   would need); the shading statistics (per channel and axis the slope and curvature of the mean intensity across
   the image, which a bias field bends) together in the same way, under their own precision; and per axis the log of
   its field of view and of its acquired voxel spacing, each alone (``|f_c - mean_c| / std_c``, ``std_c`` at least
-  ``log 1.1``); the largest counts. Without training images, or for a range stored before the precision, the
-  largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images' or the reference's;
+  ``log 1.1``); the largest counts. Without training images, or without a precision (a statistic not finite on
+  them), the largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images' or the reference's;
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
   bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
   components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
@@ -88,6 +88,25 @@ __all__ = [
 logger = logging.getLogger("calib_monai")
 VALIDATED_RANGE_FILE = "validated_range.json"
 _FIX = "delete it and run the bundle's calibrate step again"
+# what ValidatedRange.save writes and read_validated_range needs, beside the derived rule, bound and warnings
+_FIELDS = (
+    "scores",
+    "volumes",
+    "alpha",
+    "volume_factor",
+    "info",
+    "scored_on",
+    "inputs",
+    "input_check",
+    "features",
+    "feature_check",
+    "input_names",
+    "volume_interval_scale",
+    "input_reference",
+    "feature_reference",
+    "subjects",
+    "score_check",
+)
 
 
 def read_validated_range(
@@ -110,6 +129,9 @@ def read_validated_range(
     missing = [k for k in ("scores", "volumes", "alpha", "volume_factor", "info") if k not in record]
     if missing:
         raise ValueError(f"{path} lacks {missing}: not a validated range of calib_monai; {_FIX}")
+    missing = [k for k in _FIELDS if k not in record]
+    if missing:  # every field is written by ValidatedRange.save: a file without one was written by an older calibrate
+        raise ValueError(f"{path} lacks {missing} (written by an older calib_monai): {_FIX}")
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
         why = (
             f"{path} was measured with other weights than {weights} (the model was trained again since): no review "
@@ -117,22 +139,17 @@ def read_validated_range(
         )
         logger.warning(why)
         return None, why
-    if "scored_on" not in record:  # before the served score moved to the input grid: its numbers are another grid's
-        why = (
-            f"{path} was measured by an older calibrate, on the network's grid, while the case is now scored on its "
-            "input grid: no review flags; run the bundle's calibrate step again"
-        )
-        logger.warning(why)
-        return None, why
-    fields = {k: record[k] for k in ("scores", "volumes", "alpha", "volume_factor", "info", "scored_on")}
-    optional = ("inputs", "input_check", "features", "feature_check", "input_names", "volume_interval_scale")
-    optional += ("input_reference", "feature_reference", "subjects", "score_check")
-    fields.update({k: record[k] for k in optional if k in record})
-    fields.setdefault("subjects", None)  # not recorded: unknown (outdated says so), not "each its own"
+    fields = {k: record[k] for k in _FIELDS}
     try:
-        return ValidatedRange(**fields), ""
+        validated = ValidatedRange(**fields)
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{path}: {err}; {_FIX}") from err
+    if validated.input_signal.missing_kinds:
+        raise ValueError(
+            f"{path} lacks the image statistics {', '.join(validated.input_signal.missing_kinds)} a served case has "
+            f"(written by an older calib_monai): {_FIX}"
+        )
+    return validated, ""
 
 
 def load_validated_range(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ValidatedRange | None:

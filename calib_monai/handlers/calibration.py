@@ -1,6 +1,0 @@
-"""Deprecated: renamed :mod:`calib_monai.handlers.calibration_error` (``SegmentationCalibrationError``). Removed in
-0.3.0."""
-
-from calib_monai._renamed import alias_module
-
-alias_module(__name__, "calib_monai.handlers.calibration_error", globals())
