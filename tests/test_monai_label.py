@@ -166,6 +166,26 @@ def test_the_site_monitor_beside_the_datastore_counts_an_image_once_and_info_sho
 
 
 @needs_label_env
+def test_a_corrupt_site_state_is_a_503_naming_the_fix_and_a_reset_serves_again(server, tmp_path):
+    from calib_monai.data.phantoms import generate_phantom
+    from calib_monai.review import reset_site
+
+    folder = server["root"] / "studies" / "calib_monai_site" / "nacl_flare_calibrated"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "site.json").write_text("{oops")
+    image, _, _ = generate_phantom(seed=12, index=0, shape=SHAPE, spacing=(4.0, 4.0, 10.0))
+    path = tmp_path / "unseen.nii.gz"  # content no earlier request sent: the chain runs
+    nib.save(nib.Nifti1Image(image, AFFINE), str(path))
+    status, _, body = _infer(server, "nacl_flare_calibrated", path)
+    detail = json.loads(body)["detail"]
+    assert status == 503 and f"site state {folder / 'site.json'} is corrupt" in detail
+    assert f"calib-monai site reset {folder}" in detail
+    reset_site(folder)  # the fix it names
+    status, _, body = _infer(server, "nacl_flare_calibrated", path)
+    assert status == 200, body[:2000]
+
+
+@needs_label_env
 def test_a_full_size_ct_is_served_by_a_confident_calibrated_bundle(server, tmp_path):
     # 512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm: the probabilities mapped back hold exact ones, whose float32
     # interpolation rounds above 1 (the served chain clips the rounding where it makes them)

@@ -284,7 +284,13 @@ class ServedBundle:
             item = self._preprocess(path)
             self._last = None  # the last volumes are freed before the next inference needs the memory
             with _pooled_features(self.bundle.network) as pooled:
-                segmentation, confidence, quality = self.bundle.predict_item(item)
+                try:
+                    segmentation, confidence, quality = self.bundle.predict_item(item)
+                except RuntimeError as err:  # MONAI wraps a transform's error: a site state the admin must clear
+                    site_error = _site_state_error(err)
+                    if site_error is None:
+                        raise
+                    raise InputError(str(site_error), status=503) from err
             seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
             summary = confidence_summary(seg_array, conf_array, self.label_names)
             stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
@@ -334,6 +340,13 @@ def _pooled_features(network: torch.nn.Module):
         return
     if features.finite:
         pooled["vector"] = features.vector
+
+
+def _site_state_error(err: BaseException | None) -> SiteStateError | None:
+    """The ``SiteStateError`` behind MONAI's ``RuntimeError("applying transform ...")`` wrappers, if any."""
+    while err is not None and not isinstance(err, SiteStateError):
+        err = err.__cause__ or err.__context__
+    return err
 
 
 def _stat(path: Path):
