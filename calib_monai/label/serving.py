@@ -32,7 +32,7 @@ from calib_monai.bundle import TrainedBundle
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
 from calib_monai.metrics.network_features import BottleneckFeatures
-from calib_monai.review import SITE_FILE, SiteStateError, show_site
+from calib_monai.review.site_monitor import SITE_FILE, SiteStateError, read_state, summarise
 
 __all__ = [
     "CONFIDENCE_THRESHOLDS",
@@ -202,13 +202,13 @@ class ServedBundle:
             logger.info(f"{self.name}: new weights or calibration in {self.bundle_dir / 'models'}: serving them")
 
     def site_status(self) -> dict:
-        """The site monitor's state (``calib_monai.review.show_site``'s answer; an unusable state: its error line)."""
+        """The site monitor's state (``review.site_monitor.summarise``: none yet reads as 0 cases; an unusable state:
+        its error line)."""
         if not self.site_dir:
             return {"monitored": False, "why": "no site folder"}
-        if not (Path(self.site_dir) / SITE_FILE).is_file():
-            return {"monitored": True, "file": str(Path(self.site_dir) / SITE_FILE), "cases": 0, "alarm": False}
+        path = Path(self.site_dir) / SITE_FILE
         try:
-            return {"monitored": True, **show_site(self.site_dir)}
+            return {"monitored": True, **summarise(read_state(path), path)}
         except SiteStateError as err:
             return {"monitored": True, "error": str(err)}
 

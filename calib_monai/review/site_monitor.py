@@ -78,6 +78,7 @@ __all__ = [
     "read_state",
     "reset_site",
     "show_site",
+    "summarise",
 ]
 
 SITE_FILE = "site.json"
