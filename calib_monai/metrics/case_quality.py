@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from calib_monai.checks import check_number, check_option
 
-from ._inputs import detached_plain_tensor, probability_problem
+from .calibration import detached_plain_tensor, probability_problem
 from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
 
 __all__ = [
