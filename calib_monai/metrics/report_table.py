@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from calib_monai.atomic import save_atomically, write_text_atomically
+from calib_monai.defaults import NUM_BINS
 
 from .calibration import save_reliability_diagram
 from .case_quality import CASE_SCORE
@@ -116,7 +117,7 @@ class SegmentationReportTable:
     def __init__(
         self,
         label_names: dict[str, str] | None = None,
-        num_bins: int = 15,
+        num_bins: int = NUM_BINS,
         empty_class: str = "nan",
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,

@@ -26,6 +26,7 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option, check_positive_int
+from calib_monai.defaults import NUM_BINS
 
 from .calibration import (
     calibration_errors,
@@ -107,7 +108,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     def __init__(
         self,
         label_names: dict[str, str],
-        num_bins: int = 15,
+        num_bins: int = NUM_BINS,
         empty_class: str = "nan",
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
