@@ -154,9 +154,7 @@ def site_study(
 ) -> str:
     """Serve (through :func:`~studies.quality.quality_study`, reusing its trained and calibrated runs) and write
     ``<results_dir>/site``: the rank histograms, the monitor's alarms and the README with the command."""
-    quality_study(
-        setup, methods, seeds, other_dataset, other_dir, other_overrides, shifts, strengths, command=command
-    )
+    quality_study(setup, methods, seeds, other_dataset, other_dir, other_overrides, shifts, strengths, command=command)
     records = read_records(setup.study_dir("quality") / "per_volume.csv.gz")
     return write_site_results(setup, records, orders, command, seeds)
 
