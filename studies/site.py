@@ -12,7 +12,8 @@ and reads each served case's per-signal rank among the ``n + 1`` volumes (``rank
 - **the monitor's false alarms**: :class:`~calib_monai.review.site_martingale.SiteMartingale` (the one the served
   monitor runs, with the range's ``m`` and signals) over ``orders`` random orders of the ordinary test volumes;
 - **its detection delay**: the cases to its first alarm over random orders of each shifted stream, beside the
-  stream's mean estimate minus its truth (a stream the monitor does not see must not be answered too high).
+  stream's mean estimate minus its truth, and the same over the answers that carry no warning (served before the
+  alarm, not flagged): a stream the monitor does not see must not be answered too high.
 """
 
 from __future__ import annotations
@@ -114,15 +115,21 @@ def alarm_rows(
     keys = ("method", "seed", "condition", "strength")
     for (method, run_seed, condition, strength), group in _groups(records, keys).items():
         test, cases = _martingale(group, delta)
-        rng = np.random.default_rng(seed)
-        delays = []
-        for _ in range(orders):
-            order = rng.permutation(len(cases))
-            delays.append(test.first_alarm(test.log_values([cases[i] for i in order])))
-        alarmed = [d for d in delays if d is not None]
         estimate = np.array([float(r["est_mean_dice"] or "nan") for r in group])
         truth = np.array([float(r.get("mean_dice") or "nan") for r in group])
-        both = np.isfinite(estimate) & np.isfinite(truth)
+        error = np.where(np.isfinite(estimate) & np.isfinite(truth), estimate - truth, np.nan)
+        both = np.isfinite(error)
+        flagged = np.array([r.get("flag") in ("1.0", "1", "True") for r in group])
+        rng = np.random.default_rng(seed)
+        delays, unwarned = [], []
+        for _ in range(orders):
+            order = rng.permutation(len(cases))
+            delay = test.first_alarm(test.log_values([cases[i] for i in order]))
+            delays.append(delay)
+            # the answers that carry no word of warning: before the alarm (the alarm's own case says so) and not flagged
+            silent = [i for i in order[: len(order) if delay is None else delay - 1] if not flagged[i]]
+            unwarned += [error[i] for i in silent if both[i]]
+        alarmed = [d for d in delays if d is not None]
         rows.append(
             {
                 "method": method,
@@ -134,7 +141,11 @@ def alarm_rows(
                 "orders_alarmed": f"{len(alarmed)}/{orders}",
                 "median_cases_to_alarm": float(np.median(alarmed)) if alarmed else "never",
                 "fewest_possible": test.fewest_cases(),
-                "estimate_minus_truth": round(float((estimate - truth)[both].mean()), 3) if both.any() else "n/a",
+                "estimate_minus_truth": round(float(error[both].mean()), 3) if both.any() else "n/a",
+                # over the orders: the unwarned answers' mean estimate minus truth, and how many of them are above the
+                # truth by more than 0.03
+                "unwarned_minus_truth": round(float(np.mean(unwarned)), 3) if unwarned else "n/a",
+                "unwarned_over_0.03": round(float(np.mean(np.array(unwarned) > 0.03)), 3) if unwarned else "n/a",
             }
         )
     return rows

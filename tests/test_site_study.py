@@ -3,8 +3,6 @@ and the monitor replayed over random orders (an alarm exactly where the served m
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from scipy.stats import beta
 
@@ -59,6 +57,10 @@ def test_the_monitor_replay_alarms_where_its_arithmetic_says():
     gamma = rows["gamma (strong)"]
     assert gamma["orders_alarmed"] == "20/20" and gamma["median_cases_to_alarm"] == by_hand
     assert gamma["estimate_minus_truth"] == pytest.approx(0.1)
+    # the cases served before the alarm carry no warning (none is flagged): each 0.1 above its truth
+    assert gamma["unwarned_minus_truth"] == pytest.approx(0.1) and gamma["unwarned_over_0.03"] == 1.0
+    flagged = [{**r, "flag": "1.0"} for r in shifted]  # every case flagged: no answer is silent
+    assert alarm_rows(flagged, orders=3)[0]["unwarned_minus_truth"] == "n/a"
     # 40 ordinary cases with 3 rank-1 cases over the two signals never reach 200
     assert rows[ID]["orders_alarmed"] == "0/20" and rows[ID]["median_cases_to_alarm"] == "never"
-    assert not math.isnan(rows[ID]["estimate_minus_truth"])
+    assert rows[ID]["estimate_minus_truth"] == 0.0 and rows[ID]["unwarned_over_0.03"] == 0.0
