@@ -52,6 +52,7 @@ __all__ = [
     "resize",
     "to_float32",
     "to_ras",
+    "window",
 ]
 
 IMAGE, LABEL = "image", "label"
@@ -239,6 +240,19 @@ def resize(spatial_size: str) -> dict[str, Any]:
         "spatial_size": spatial_size,
         "mode": ["trilinear", "nearest"],
         "anti_aliasing": [True, False],
+    }
+
+
+def window() -> dict[str, Any]:
+    """The component's CT ``window`` (low, high) in HU scaled to [0, 1] with clipping."""
+    return {
+        "_target_": "ScaleIntensityRanged",
+        "keys": IMAGE,
+        "a_min": "$@data.window[0]",
+        "a_max": "$@data.window[1]",
+        "b_min": 0.0,
+        "b_max": 1.0,
+        "clip": True,
     }
 
 
