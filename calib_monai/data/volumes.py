@@ -58,16 +58,15 @@ class VolumeSegmentationData:
     (a bundle gives its config's), else the one the component builds from its list (``preprocessing(subset)``).
 
     A subclass is a ``data_component`` too. It declares its constructor arguments as fields after the base's (its
-    ``roi_size`` default: ``facts.roi_size``; ``split``, ``spacing``, ``crop_foreground`` where they are arguments,
-    else class attributes), checks them in ``__post_init__`` before calling the base's, and sets ``source``,
-    ``facts`` (``DatasetFacts``: classes, channels, default ``roi_size``; or overrides ``label_names``),
-    ``layouts`` (the folder layouts its errors list), ``preprocessing_steps`` (reading the component as ``@data``),
-    ``preprocessing_args`` (the arguments the steps read, written with their defaults into the bundles' ``data``
-    section) and ``_read_cases`` (the data set folder -> ``root`` and the list of ``{"image", "label"}`` paths; an
-    image may be a list of paths, one per modality, stacked as channels), or overrides ``_read_dataset``. It may
-    override ``raw_label_values`` (label values the files may hold before remapping), ``_label_convention``,
-    ``_split_cases`` (e.g. by patient) and ``_datalist_info``; with ``drop_empty_training_slices = True`` it trains
-    on the slices with foreground only.
+    ``roi_size`` default: ``facts.roi_size``; ``split``, ``spacing``, ``crop_foreground`` below), checks them in
+    ``__post_init__`` before calling the base's, and sets ``source``, ``facts`` (``DatasetFacts``: classes, channels,
+    default ``roi_size``; or overrides ``label_names``), ``layouts`` (the folder layouts its errors list),
+    ``preprocessing_steps`` (reading the component as ``@data``), ``preprocessing_args`` (the arguments the steps
+    read, written with their defaults into the bundles' ``data`` section) and ``_read_cases`` (the data set folder ->
+    ``root`` and the list of ``{"image", "label"}`` paths; an image may be a list of paths, one per modality, stacked
+    as channels), or overrides ``_read_dataset``. It may override ``raw_label_values`` (label values the files may
+    hold before remapping), ``_label_convention``, ``_split_cases`` (e.g. by patient) and ``_datalist_info``; with
+    ``drop_empty_training_slices = True`` it trains on the slices with foreground only.
 
     A component built with ``dataset_dir=None`` has no data set (``root`` None, ``_dataset_root()`` None): it
     serves ``inference_preprocessing`` (bundle ``inference.json``) without reading the disk, and ``datalist`` and
@@ -83,9 +82,9 @@ class VolumeSegmentationData:
             uncached volumes are slow, see ``SliceDataset``).
         num_workers: threads ``CacheDataset`` uses to preprocess.
 
-    Class attributes a subclass may make fields (constructor arguments):
-        spacing: voxel spacing (mm) to resample to, or None to keep the data's (default None).
+    Settings a subclass declares, as fields (constructor arguments) or class attributes:
         split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
+        spacing: voxel spacing (mm) to resample to, or None to keep the data's (default None).
         crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
             image centre; default False).
     """
