@@ -157,13 +157,8 @@ class BraTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": list(BRATS_MODALITIES),
-                "source": "BraTS",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels(list(BRATS_MODALITIES), "BraTS"),
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
 

@@ -126,13 +126,8 @@ class MRBrainS(VolumeSegmentationData):
         """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
         return [
             *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": "$@data.channel_names",
-                "source": "MRBrainS18",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels("$@data.channel_names", "MRBrainS18"),
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
 

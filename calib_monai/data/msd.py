@@ -90,14 +90,8 @@ class MSDDataset(VolumeSegmentationData):
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": "$@data.channel_names",
-                "source": "$@data.task",
-                "_disabled_": "$@data.channel_names is None",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels("$@data.channel_names", "$@data.task", disabled="$@data.channel_names is None"),
+            steps.scale_to_unit(),
             steps.crop_around_label(disabled="$not @data.crop_foreground"),
             steps.pad_or_crop(),
         ]

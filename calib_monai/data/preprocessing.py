@@ -34,6 +34,7 @@ __all__ = [
     "PHASES",
     "TRAINING",
     "channel_first",
+    "check_channels",
     "check_labels",
     "compose",
     "compose_config",
@@ -50,6 +51,7 @@ __all__ = [
     "phase_transforms",
     "resample",
     "resize",
+    "scale_to_unit",
     "to_float32",
     "to_ras",
     "window",
@@ -241,6 +243,17 @@ def resize(spatial_size: str) -> dict[str, Any]:
         "mode": ["trilinear", "nearest"],
         "anti_aliasing": [True, False],
     }
+
+
+def check_channels(names: Sequence[str] | str, source: str, disabled: str | None = None) -> dict[str, Any]:
+    """The image's channel count against ``names`` (``CheckChannelsd``: modality files stacked as channels)."""
+    step = {"_target_": "calib_monai.data.CheckChannelsd", "key": IMAGE, "names": names, "source": source}
+    return {**step, **({"_disabled_": disabled} if disabled else {})}
+
+
+def scale_to_unit() -> dict[str, Any]:
+    """Intensities to [0, 1] by the component's ``intensity`` rule (``ScaleIntensityToUnitd``)."""
+    return {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": IMAGE, "intensity": "$@data.intensity"}
 
 
 def window() -> dict[str, Any]:

@@ -107,7 +107,7 @@ class PROMISE12(VolumeSegmentationData):
                 "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
                 "_disabled_": f"${in_plane} is None",
             },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
 
