@@ -17,7 +17,7 @@ from calib_monai.recalibration.fitting import (
     score_minus_truth,
     split_volumes,
 )
-from calib_monai.recalibration.stored import calibrate_volume
+from calib_monai.recalibration.stored import calibrate_volume, load_calibrations
 
 
 def _volumes(n: int) -> list[ValidationVolume]:
@@ -83,7 +83,8 @@ def test_the_plain_split_scores_the_range_with_the_served_fit():
     module, stats, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
     assert scorers == [(module, split.range)] and stats["volumes"] == 3 and "folds" not in stats
     review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": False}
-    assert measure_validated_range(scorers, volumes, split, review).n == 3
+    plain = measure_validated_range(scorers, volumes, split, review)
+    assert plain.n == 3 and plain.score_folds == []  # one function scores the range and a served case
 
 
 def test_the_range_features_are_stored_whole_or_left_out_with_why():
@@ -121,6 +122,10 @@ def test_recalibrate_is_a_plain_function_no_engine_needed(tmp_path):
     assert validated.scores == expected.scores and validated.n == 6
     stored = load_validated_range(tmp_path / "validated_range.json", weights)
     assert stored.scores == pytest.approx(expected.scores)
+    # the fold recalibrations that scored the range are stored with the served one, and each volume's fold named
+    served, folds = load_calibrations(tmp_path / "calibration.pt", weights)
+    assert [float(f.temperature) for f in folds] == [float(m.temperature) for m, _ in scorers]
+    assert stored.score_folds == [next(j for j, (_, scored) in enumerate(scorers) if i in scored) for i in range(6)]
     assert json.loads((tmp_path / "calibration.json").read_text())["method"] == "temperature"
     # without a range path: the calibration alone, no range
     assert recalibrate(volumes, tmp_path / "alone" / "calibration.pt", weights, fit)[2] is None

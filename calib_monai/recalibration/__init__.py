@@ -12,7 +12,9 @@ from calib_monai.recalibration.stored import (
     CalibrateLogitsd,
     Uncalibrated,
     calibrate_volume,
+    case_score_offsets,
     load_calibration,
+    load_calibrations,
     save_calibration,
 )
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
@@ -27,8 +29,10 @@ __all__ = [
     "calibrate_probabilities",
     "calibration_voxels",
     "calibrate_volume",
+    "case_score_offsets",
     "fit_temperature",
     "load_calibration",
+    "load_calibrations",
     "recalibrate",
     "sample_voxels",
     "save_calibration",

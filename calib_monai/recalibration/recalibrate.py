@@ -100,8 +100,9 @@ def recalibrate(
     if review["feature_check"] and features is None:
         validated.info["features_left_out"] = features_left_out or "no network features were collected"
     validated.info["flag_bar"] = signal_bar(validated)
+    folds = [scorer for scorer, _ in scorers] if split_of.crossfit else []  # they score a served case too
     publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
-        module, output_path, weights, validated, validated_range_path, settings=settings, **stats
+        module, output_path, weights, validated, validated_range_path, settings=settings, fold_modules=folds, **stats
     )
     _log_range(validated, split_of.crossfit, validated_range_path)
     if split_of.crossfit and validated.rank >= 1:
@@ -149,8 +150,9 @@ def exact_scheme_hint(validated: ValidatedRange, split: float = 0.5) -> str:
         total += 1
     unit = "subjects" if validated.m < validated.n else "volumes"
     return (
-        f"the bound {validated.bound:.1%} is approximate: the range is scored by the cross-fitted folds and a case by "
-        f"the recalibration fitted on all {validated.m} {unit} (the gap is measured in docs/results/acdc_val20); "
+        f"the bound {validated.bound:.1%} is approximate: the range is scored by the cross-fitted folds (a case's "
+        "score is compared as each fold scores it) and a case is served by the recalibration fitted on all "
+        f"{validated.m} {unit} (the gap is measured in docs/results/acdc_val20); "
         f"--calibration_crossfit false scores both with one fit, which makes it exact and needs at least {total} "
         f"validation {unit} at alpha {validated.alpha:g} (calibration_split {split:g})"
     )

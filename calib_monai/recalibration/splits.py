@@ -49,8 +49,9 @@ class Split:
 
 CROSSFIT_NOTE = (
     "approximate: each range volume is scored by a recalibration fitted on the other folds of the validation volumes, "
-    "a served case by the one fitted on all of them (cross-conformal, Vovk 2015; jackknife+, Barber et al. 2021): "
-    "the whole validation set sets the threshold, at the cost of exact exchangeability"
+    "and a served case's case score is compared with it as that fold scores the case (cross-conformal, Vovk 2015; "
+    "jackknife+, Barber et al. 2021): the whole validation set sets the threshold, at the cost of exact "
+    "exchangeability"
 )
 
 

@@ -3,8 +3,10 @@ probabilities: ``evaluate`` and ``inference`` (the :class:`CalibrateLogitsd` tra
 exported ``segmentation_confidence`` modules and MONAI Label (through ``inference.json``).
 
 ``<models>/calibration.pt`` holds the method, the module's ``state_dict``, what it was fitted on and the SHA-256 of
-the ``model.pt`` it was fitted for; a calibration is never applied to other weights (a retrained bundle must be
-calibrated again). ``<models>/calibration.json`` repeats the same facts for people to read.
+the ``model.pt`` it was fitted for (with cross-fitting also each fold's ``state_dict``, ``fold_state_dicts``: the
+recalibrations that scored the validated range, so a served case is also scored by them, ``case_score_offsets``);
+a calibration is never applied to other weights (a retrained bundle must be calibrated again).
+``<models>/calibration.json`` repeats the same facts for people to read.
 
 ``calibrate`` publishes them with the validated range as one set (:func:`publish_calibration`, through
 ``calib_monai.bundle.manifest``: ``<models>/manifest.json`` last), and every reader here checks the set against the
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,8 @@ from calib_monai.bundle.manifest import (
 )
 from calib_monai.bundle.outputs import SOURCE_KEY
 from calib_monai.bundle.weights import read_weights_file
+from calib_monai.metrics.case_quality import estimated_dice
+from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
 from .local_temperature import LocalTemperatureScaling
 from .temperature import TemperatureScaling
@@ -49,8 +53,10 @@ __all__ = [
     "Uncalibrated",
     "calibrate_settings",
     "calibrate_volume",
+    "case_score_offsets",
     "calibration_set",
     "load_calibration",
+    "load_calibrations",
     "publish_calibration",
     "save_calibration",
 ]
@@ -112,6 +118,7 @@ def publish_calibration(
     validated_range: Any = None,
     range_path: str | os.PathLike | None = None,
     settings: Mapping[str, Any] | None = None,
+    fold_modules: Sequence[nn.Module] = (),
     **info: Any,
 ) -> Path:
     """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
@@ -119,11 +126,14 @@ def publish_calibration(
     default ``<models>/validated_range.json``) as one set of ``weights``: the files under temporary names, then
     renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
     an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate
-    step's method, voxels, seed, review rule); ``info``: the fit statistics, as :func:`save_calibration`."""
+    step's method, voxels, seed, review rule); ``info``: the fit statistics, as :func:`save_calibration`.
+    ``fold_modules``: the cross-fitted recalibrations (of ``module``'s class) that scored the range, in the order of its
+    ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``."""
     path = Path(path)
     record = _record(module, weights, **info)
+    stored = {**record, "state_dict": module.state_dict(), "fold_state_dicts": [f.state_dict() for f in fold_modules]}
     writers = {
-        path.name: lambda tmp: torch.save({**record, "state_dict": module.state_dict()}, tmp),
+        path.name: lambda tmp: torch.save(stored, tmp),
         path.with_suffix(".json").name: lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2) + "\n"),
     }
     if validated_range is not None:
@@ -153,6 +163,23 @@ def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None 
     ``ArtifactSetError`` names them and the fix. Without a manifest (a folder written before it existed), with
     ``weights`` (the network's weights file), a calibration fitted for other weights is not applied: a warning says
     so and None is returned."""
+    return load_calibrations(path, weights)[0]
+
+
+def load_calibrations(
+    path: str | os.PathLike, weights: str | os.PathLike | None = None
+) -> tuple[nn.Module | None, list[nn.Module]]:
+    """:func:`load_calibration`'s module and the cross-fitted recalibrations stored with it (``fold_state_dicts``),
+    in the order of the validated range's ``score_folds``; [] when one recalibration scored the range and serves (a
+    plain split), or when none is applied."""
+    record = _read(path, weights)
+    if record is None:
+        return None, []
+    return _built(record, record["state_dict"]), [_built(record, s) for s in record.get("fold_state_dicts", [])]
+
+
+def _read(path: str | os.PathLike, weights: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The checked record of :func:`load_calibration` (None: none applies)."""
     if is_raw_request(path):
         return None
     path = Path(path)
@@ -167,8 +194,8 @@ def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None 
     fix = "delete it and run the bundle's calibrate step again"
     record = read_weights_file(path, what="a calibration file of calib_monai", fix=fix)  # names what is wrong
     try:
-        method = record["method"]
-        cls = METHODS[method]
+        if record["method"] not in METHODS:
+            raise KeyError(record["method"])
     except Exception as err:
         raise ValueError(
             f"{path} is not a calibration file of calib_monai ({type(err).__name__}: {err}); {fix}"
@@ -179,11 +206,15 @@ def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None 
             "not applied; run the bundle's calibrate step again"
         )
         return None
-    if cls is TemperatureScaling:
+    return record
+
+
+def _built(record: Mapping[str, Any], state_dict: Mapping[str, Any]) -> nn.Module:
+    if METHODS[record["method"]] is TemperatureScaling:
         module: nn.Module = TemperatureScaling(record["temperature"])
     else:
         module = LocalTemperatureScaling(record["num_classes"], record["in_channels"], record["hidden"])
-    module.load_state_dict(record["state_dict"])
+    module.load_state_dict(state_dict)
     return module.eval()
 
 
@@ -211,6 +242,21 @@ def calibrate_volume(
     return calibration(slices, images).movedim(0, axis)
 
 
+def case_score_offsets(
+    served: torch.Tensor, folds: Sequence[nn.Module], logits: torch.Tensor, image: torch.Tensor, spatial_dim: int = 2
+) -> list[float]:
+    """Per fold ``j``, ``t_full - t_j``: the case score (mean estimated DSC) of the served recalibration's logits
+    ``served`` minus that of fold ``j``'s recalibration of the raw ``logits``, both on the network's grid (cheap: no
+    mapping back). The validated range's volume ``i`` was scored by fold ``j(i)``; the review rule compares it with
+    the served score less ``t_full - t_j(i)``, the case as fold ``j(i)`` would have scored it (cross-conformal)."""
+
+    def score(z: torch.Tensor) -> float:
+        return float(estimated_dice(torch.softmax(z.float(), dim=0)).nanmean())
+
+    full = score(served)
+    return [full - score(calibrate_volume(f, logits, image, spatial_dim)) for f in folds]
+
+
 class CalibrateLogitsd(MapTransform):
     """Calibrate a volume's logits under ``keys`` (before the softmax); optionally keep the uncalibrated softmax.
 
@@ -226,6 +272,9 @@ class CalibrateLogitsd(MapTransform):
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
         source_key: where each item gets the source of its outputs (weights, recalibration and validated range,
             SHA-256s: ``ArtifactSet.source``), for the files that record it; None with a module given.
+
+    A stored calibration with cross-fitted folds (:func:`load_calibrations`) also gives each item
+    ``data["case_score_offsets"]`` (:func:`case_score_offsets`), which ``CaseQualityd`` passes to the review rule.
     """
 
     def __init__(
@@ -240,11 +289,11 @@ class CalibrateLogitsd(MapTransform):
         source_key: str = SOURCE_KEY,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
-        self.source = None
+        self.source, self.folds = None, []
         if is_raw_request(calibration) or isinstance(calibration, (str, os.PathLike)):
             raw = is_raw_request(calibration)
             artifacts = None if raw and weights is None else calibration_set(calibration, weights)
-            calibration = None if raw else load_calibration(calibration, weights)
+            calibration, self.folds = (None, []) if raw else load_calibrations(calibration, weights)
             if artifacts is not None:
                 if calibration is None:  # none asked for, none stored, or (no manifest) one for other weights
                     artifacts.calibration = artifacts.validated_range = None
@@ -265,6 +314,10 @@ class CalibrateLogitsd(MapTransform):
                 with torch.no_grad():
                     module = self.calibration.to(logits.device)
                     d[key] = calibrate_volume(module, logits, d.get(self.image_key), self.spatial_dim)
+                    if self.folds:
+                        folds = [f.to(logits.device) for f in self.folds]
+                        image = d.get(self.image_key)
+                        d[CASE_SCORE_OFFSETS] = case_score_offsets(d[key], folds, logits, image, self.spatial_dim)
         if self.source is not None and self.source_key:
             d[self.source_key] = dict(self.source)
         return d

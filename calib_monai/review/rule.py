@@ -68,6 +68,9 @@ class ValidatedRange:
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
     subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
     score_check: bool = True  # whether the lowest case score is one of the flag's signals
+    # the cross-fitted fold that scored each volume ([]: one recalibration scored them all and serves): a case is
+    # compared with volume i as fold score_folds[i] scores it (signals.CASE_SCORE_OFFSETS)
+    score_folds: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -116,6 +119,12 @@ class ValidatedRange:
                 f"{type(self.subjects).__name__} {self.subjects!r:.40}: run calibrate again"
             )
         self.subjects = [str(s) for s in self.subjects]
+        self.score_folds = [int(j) for j in self.score_folds]
+        if self.score_folds and (len(self.score_folds) != len(self.scores) or min(self.score_folds) < 0):
+            raise ValueError(
+                f"validated range score_folds: {len(self.score_folds)} fold indices (lowest {min(self.score_folds)}) "
+                f"for {len(self.scores)} scores: each validation volume needs its fold, from 0; run calibrate again"
+            )
         if self.subjects and len(self.subjects) != len(self.scores):
             raise ValueError(
                 f"validated range: {len(self.subjects)} subjects for {len(self.scores)} scores: each validation "
@@ -155,6 +164,7 @@ class ValidatedRange:
         scored_on: str = "input grid",
         subjects: Sequence[str] = (),
         score_check: bool = True,
+        score_folds: Sequence[int] = (),
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
@@ -183,6 +193,7 @@ class ValidatedRange:
             scored_on,
             [str(s) for s in subjects],
             score_check,
+            [int(j) for j in score_folds],
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
@@ -344,6 +355,7 @@ class ValidatedRange:
             "scored_on": self.scored_on,
             "subjects": self.subjects,
             "score_check": self.score_check,
+            "score_folds": self.score_folds,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,

@@ -12,10 +12,12 @@ import numpy as np
 from .conformal import combined_scores, subject_maxima
 from .reasons import NO_CASE_SCORE
 
-__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
+__all__ = ["CASE_SCORE_OFFSETS", "FEATURE_DIM", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
 FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
+# the case's t_full - t_j per cross-fitted fold j (CalibrateLogitsd puts them in the item, CaseQualityd in the quality)
+CASE_SCORE_OFFSETS = "case_score_offsets"
 
 
 def signal_values(
@@ -27,9 +29,14 @@ def signal_values(
     if rule.score_check:
         case_score = quality["case_score"]  # NaN or null: no structure found
         scores = np.array([*rule.scores, np.nan if case_score is None else case_score], dtype=np.float64)
-        if np.isnan(scores[:-1]).all():
+        offsets = quality.get(CASE_SCORE_OFFSETS)
+        if rule.score_folds and (offsets is None or len(offsets) != max(rule.score_folds) + 1):
+            unknown.append(_no_offsets(rule, offsets))
+        elif np.isnan(scores[:-1]).all():
             unknown.append(score_problem(rule.scores))  # nothing to rank the case against
         else:
+            if rule.score_folds:  # volume i against the case as its fold j(i) scored it: s_i vs t_full - offset_j(i)
+                scores[:-1] += np.nan_to_num(np.asarray(offsets, dtype=np.float64))[rule.score_folds]
             # a volume without a case score (a validation volume or the case) ranks below every other by it: one
             # rule for all n + 1 keeps the combined score symmetric, so the bound k / (m + 1) holds as stated.
             # Ranked above every other, one such validation volume would outrank every case (with k = 1 none could
@@ -71,6 +78,16 @@ def signal_values(
     return values, left_out, unknown, farthest
 
 
+def _no_offsets(rule: Any, offsets: Any) -> str:
+    folds = max(rule.score_folds) + 1
+    given = "none" if offsets is None else len(offsets)
+    return (
+        f"cannot judge the case score: the validated range was scored by {folds} cross-fitted recalibrations and the "
+        f"case's {CASE_SCORE_OFFSETS} under them are {given}; serve it through CalibrateLogitsd with the stored "
+        "calibration.pt (or run the bundle's calibrate step again)"
+    )
+
+
 def score_problem(scores: Sequence[float]) -> str:
     """Why the validation volumes' case ``scores`` cannot tell cases apart ("" when they can)."""
     finite = [s for s in scores if s == s]
@@ -96,6 +113,8 @@ def signal_bar(rule: Any) -> dict[str, Any] | None:
         return None
     finite = [s for s in rule.scores if s == s]
     typical = {"case_score": float(np.median(finite)) if finite else float("nan"), "classes": {}}
+    if rule.score_folds:  # a typical case scored alike by every fold
+        typical[CASE_SCORE_OFFSETS] = [0.0] * (max(rule.score_folds) + 1)
     inputs = list(np.median(np.asarray(rule.inputs, dtype=np.float64), 0)) if rule.inputs else None
     features = np.asarray(rule.features["mean"], dtype=np.float64) if rule.features else None
     values = signal_values(rule, typical, inputs, features, "")[0]

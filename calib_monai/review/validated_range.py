@@ -43,9 +43,12 @@ per-signal rank ``min_j R_j``: ranks saturate at 1, so with ``k = 1`` each signa
 ``T = 1`` and a case would be flagged only when it is the most extreme in every signal; the z-score keeps how far
 beyond the others a case lies, so a case far out in one signal outranks the validation volume that is merely the
 lowest of a tight bunch. With cross-fitting (halves by subject) the validation scores come from the two half-fits
-and a served case from the fit on all validation volumes, so the exchangeability is approximate (``calibration.json``
-says so). When ``m < 1 / alpha - 1`` then ``k = 0``: the rule cannot flag at that alpha and every case gets the
-flag ``None`` with its rank and the number of subjects needed (raise ``review_alpha`` or validate on more). A signal
+(``score_folds``: which scored each) and the served case score from the fit on all validation volumes; the case
+score signal compares volume ``i`` with the served score ``t`` less ``t - t_j(i)``, the case's score under fold
+``j(i)`` (``case_score_offsets``, taken on the network's grid), so each comparison is between scores of one
+function (cross-conformal); the exchangeability is approximate (``calibration.json`` says so). When
+``m < 1 / alpha - 1`` then ``k = 0``: the rule cannot flag at that alpha and every case gets the flag ``None``
+with its rank and the number of subjects needed (raise ``review_alpha`` or validate on more). A signal
 that has nothing to judge (no image statistics, a TorchScript network without feature hook) is left out with the
 reason in ``review.left_out``; NaN features or statistics give the flag ``None`` with the reason. With
 ``volume_factor`` > 0 a class's expected volume outside the validation volumes' range widened by it
@@ -74,6 +77,7 @@ from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 from calib_monai.metrics.segmentation import label_map_dice
 from calib_monai.review.rule import ValidatedRange
+from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
 __all__ = [
     "VALIDATED_RANGE_FILE",
@@ -106,6 +110,7 @@ _FIELDS = (
     "feature_reference",
     "subjects",
     "score_check",
+    "score_folds",
 )
 
 
@@ -257,6 +262,8 @@ class CaseQualityd(MapTransform):
                 volume_interval_scale=self._volume_interval_scale,
                 confidence=confidence,
             )
+            if d.get(CASE_SCORE_OFFSETS) is not None:  # the case as each cross-fitted fold scores it (CalibrateLogitsd)
+                quality[CASE_SCORE_OFFSETS] = [float(o) for o in d[CASE_SCORE_OFFSETS]]
             stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
             validated, missing = self.validated_range, self.missing

@@ -1,0 +1,103 @@
+"""Cross-conformal case scores: a served case is also scored by each cross-fitted fold's recalibration, and the
+review rule compares validation volume i (scored by fold j(i)) with the case as fold j(i) scores it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from calib_monai.recalibration import TemperatureScaling
+from calib_monai.recalibration.stored import (
+    CalibrateLogitsd,
+    case_score_offsets,
+    load_calibrations,
+    publish_calibration,
+)
+from calib_monai.review import ValidatedRange, read_validated_range
+
+# two classes, four voxels in one slice; logit differences +-ln 3: at temperature T class 1's probability on its
+# two predicted voxels is p = 3^(1/T) / (1 + 3^(1/T)) and 1 - p on the other two, so its estimated DSC is
+# 2 * 2p / (2 + 2) = p: 0.75 at T = 1 (the full fit), sqrt 3 / (1 + sqrt 3) at T = 2 (fold 0), 0.9 at T = 0.5 (fold 1)
+LOGITS = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, -1.0, -1.0]]).mul(math.log(3)).reshape(2, 2, 2, 1)
+IMAGE = torch.zeros(1, 2, 2, 1)
+T_FULL, T_FOLD0, T_FOLD1 = 0.75, math.sqrt(3) / (1 + math.sqrt(3)), 0.9
+FULL, FOLDS = TemperatureScaling(1.0), [TemperatureScaling(2.0), TemperatureScaling(0.5)]
+
+
+def test_the_offset_is_the_full_fits_score_minus_each_folds():
+    with torch.no_grad():
+        offsets = case_score_offsets(FULL(LOGITS), FOLDS, LOGITS, IMAGE, spatial_dim=2)
+    assert offsets == pytest.approx([T_FULL - T_FOLD0, T_FULL - T_FOLD1])  # [0.1160, -0.15]
+
+
+def _range(**kwargs) -> ValidatedRange:
+    # volumes 0-2 scored by fold 0, 3-5 by fold 1; alpha 0.2 with 6 volumes: k = 1
+    scores = [0.65, 0.75, 0.80, 0.50, 0.52, 0.70]
+    return ValidatedRange(scores, alpha=0.2, **kwargs)
+
+
+def _case(score: float, offsets: list[float] | None) -> dict:
+    quality = {"case_score": score, "classes": {}}
+    return quality if offsets is None else {**quality, "case_score_offsets": offsets}
+
+
+def test_each_volume_is_compared_with_the_case_as_its_fold_scores_it():
+    # the case serves 0.60; fold 0 scores it 0.70 (offset -0.10), fold 1 0.55 (offset +0.05). Counted by hand, the
+    # volumes at or below the case under their own fold: fold 0's 0.65 < 0.70, fold 1's 0.50 and 0.52 < 0.55: rank 4
+    # of 7. Against the served score alone (the scores of another function) it would be 0.50 and 0.52: rank 3; with
+    # the folds swapped, fold 1's two only: rank 3
+    folded = _range(score_folds=[0, 0, 0, 1, 1, 1])
+    verdict = folded.check(_case(0.60, [-0.10, 0.05]))
+    assert verdict["signals"]["case_score"]["rank"] == 4 and verdict["rank"] == 4
+    assert verdict["signals"]["case_score"]["value"] == pytest.approx(0.60)  # the served score, as users see it
+    assert (
+        _range().check(_case(0.60, [-0.10, 0.05]))["signals"]["case_score"]["rank"] == 3
+    )  # one function: offsets unused
+    swapped = _range(score_folds=[1, 1, 1, 0, 0, 0])
+    assert swapped.check(_case(0.60, [-0.10, 0.05]))["signals"]["case_score"]["rank"] == 3
+    # the case lowest under every fold: rank 1 and flagged (k = 1)
+    low = folded.check(_case(0.45, [-0.10, 0.05]))
+    assert low["signals"]["case_score"]["rank"] == 1 and low["flag"] is True
+
+
+def test_a_case_without_its_fold_scores_cannot_be_judged_by_the_case_score():
+    folded = _range(score_folds=[0, 0, 0, 1, 1, 1])
+    for offsets in (None, [0.1]):
+        verdict = folded.check(_case(0.10, offsets))
+        assert verdict["flag"] is None and "case_score" not in verdict["signals"]
+        assert "cross-fitted recalibrations" in verdict["reasons"][0] and "CalibrateLogitsd" in verdict["reasons"][0]
+    bad = pytest.raises(ValueError, ValidatedRange, [0.5, 0.6], score_folds=[0])
+    assert "score_folds" in str(bad.value) and "run calibrate again" in str(bad.value)
+
+
+def test_calibrate_stores_the_folds_and_serving_applies_them(tmp_path):
+    weights = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1)}, weights)
+    validated = _range(score_folds=[0, 0, 0, 1, 1, 1])
+    publish_calibration(FULL, tmp_path / "calibration.pt", weights, validated, fold_modules=FOLDS)
+    served, folds = load_calibrations(tmp_path / "calibration.pt", weights)
+    assert float(served.temperature) == 1.0 and [float(f.temperature) for f in folds] == [2.0, 0.5]
+    assert read_validated_range(tmp_path, weights)[0].score_folds == [0, 0, 0, 1, 1, 1]
+    transform = CalibrateLogitsd("pred", tmp_path / "calibration.pt", weights)
+    item = transform({"pred": LOGITS.clone(), "image": IMAGE})
+    assert item["case_score_offsets"] == pytest.approx([T_FULL - T_FOLD0, T_FULL - T_FOLD1])
+    # a plain split stores no folds: nothing to add
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    publish_calibration(FULL, plain / "calibration.pt", weights, _range())
+    assert load_calibrations(plain, weights)[1] == []
+    assert "case_score_offsets" not in CalibrateLogitsd("pred", plain, weights)({"pred": LOGITS, "image": IMAGE})
+
+
+def test_a_range_without_score_folds_is_refused_naming_the_fix(tmp_path):
+    weights = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1)}, weights)
+    path = _range().save(tmp_path / "validated_range.json", weights)
+    record = json.loads(path.read_text())
+    del record["score_folds"]
+    path.write_text(json.dumps(record))
+    message = str(pytest.raises(ValueError, read_validated_range, path, weights).value)
+    assert str(path) in message and "score_folds" in message and "calibrate step again" in message
