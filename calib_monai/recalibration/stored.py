@@ -249,9 +249,10 @@ def case_score_offsets(
     ``served`` minus that of fold ``j``'s recalibration of the raw ``logits``, both on the network's grid (cheap: no
     mapping back). The validated range's volume ``i`` was scored by fold ``j(i)``; the review rule compares it with
     the served score less ``t_full - t_j(i)``, the case as fold ``j(i)`` would have scored it (cross-conformal)."""
+    pred = logits.argmax(0)  # each recalibration divides the logits by a positive temperature: one argmax for all
 
     def score(z: torch.Tensor) -> float:
-        return float(estimated_dice(torch.softmax(z.float(), dim=0)).nanmean())
+        return float(estimated_dice(torch.softmax(z.float(), dim=0), pred).nanmean())
 
     full = score(served)
     return [full - score(calibrate_volume(f, logits, image, spatial_dim)) for f in folds]
