@@ -102,6 +102,8 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "validate#key_metric": None,
         "validate#additional_metrics": None,
         "validate#handlers": [
+            # first: the weights are loaded, fitted for and published under the run folder's lock
+            {"_target_": "calib_monai.handlers.HoldOutputFolder", "folder": "@output_dir"},
             {
                 "_target_": "calib_monai.handlers.NetworkWeightsLoader",
                 "load_path": "$@output_dir + '/model.pt'",

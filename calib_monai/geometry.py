@@ -10,6 +10,9 @@ column of the affines (the three voxel axes, i.e. voxel size and direction, and 
 ``tolerance`` times the smallest voxel size (:data:`GEOMETRY_TOLERANCE`, 1%: 0.01 mm for 1 mm voxels; headers written
 in float32 differ by ~1e-5 mm, a label shifted by one voxel by 100%).
 
+:func:`affine_problem`: a grid without a usable affine (no orientation recorded, a zero voxel size, a singular
+matrix) has no place to compare, and a reader guesses one (nibabel: x mirrored): refused, never guessed.
+
 Floor 0: NumPy and nibabel only; the data components (training and evaluation) and ``calibrate-probabilities`` use it.
 """
 
@@ -20,9 +23,36 @@ from dataclasses import dataclass
 import numpy as np
 from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation, ornt_transform
 
-__all__ = ["GEOMETRY_TOLERANCE", "GridMismatch", "grid_mismatch", "reorient", "reorientation"]
+__all__ = [
+    "AFFINE_FIX",
+    "GEOMETRY_TOLERANCE",
+    "GridMismatch",
+    "affine_problem",
+    "grid_mismatch",
+    "reorient",
+    "reorientation",
+]
 
 GEOMETRY_TOLERANCE = 0.01
+AFFINE_FIX = (
+    "write it again with its scanner geometry (convert it again from the DICOM series, or set it with nibabel's "
+    "set_sform(affine, code=1))"
+)
+
+
+def affine_problem(affine, qform_code=None, sform_code=None) -> str | None:
+    """None when ``affine`` (voxel -> world mm, as read) places the voxels, else what is wrong, in words: both NIfTI
+    codes 0 (no orientation recorded: nibabel and MONAI fall back to a guess with x mirrored), a matrix that is not
+    finite, a zero voxel size or a singular matrix. The codes are not checked when not given (other formats)."""
+    if qform_code is not None and sform_code is not None and int(qform_code) <= 0 and int(sform_code) <= 0:
+        return "it records no orientation (qform_code and sform_code are both 0), so a reader would guess one"
+    matrix = np.asarray(affine, dtype=np.float64)
+    if matrix.shape != (4, 4) or not np.isfinite(matrix).all():
+        return f"its affine is not a finite 4 x 4 matrix ({matrix.round(4).tolist()})"
+    spacing = np.linalg.norm(matrix[:3, :3], axis=0)
+    if spacing.min() <= 1e-6 or abs(np.linalg.det(matrix[:3, :3])) <= 1e-9 * float(np.prod(spacing)):
+        return f"its affine is singular (voxel size {_vector(spacing)} mm): a zero spacing or two parallel axes"
+    return None
 
 
 @dataclass(frozen=True)

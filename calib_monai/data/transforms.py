@@ -11,7 +11,7 @@ from monai.data import MetaTensor
 from monai.transforms import EnsureChannelFirstd, InvertibleTransform, LoadImaged, MapTransform
 from monai.transforms.croppad.array import Crop
 
-from calib_monai.geometry import GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch
+from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, affine_problem, grid_mismatch
 
 __all__ = [
     "CaseDataError",
@@ -88,7 +88,9 @@ class CheckedLoadImaged(MapTransform):
     Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
     worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
     each a ``CaseDataError`` naming the file: 3D (a 2D image reached the 2D inferer as a bad shape), finite and not
-    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps).
+    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps). Every volume read
+    must have a usable affine (:func:`calib_monai.geometry.affine_problem`): without one a reader guesses the
+    orientation (x mirrored), and the segmentation is silently wrong.
     """
 
     def __init__(
@@ -120,9 +122,26 @@ class CheckedLoadImaged(MapTransform):
                     f"cannot read {key} file {d[key]} ({type(err).__name__}: {err}); the file is truncated or not "
                     "NIfTI: re-download or re-convert it, or remove the case"
                 ) from err
+            _check_affine(d, key, data[key])
             if key == self.image_key:
                 self._check_image(d, data[key])
         return d
+
+
+def _check_affine(d: Mapping[Hashable, object], key: Hashable, source: object) -> None:
+    """A ``CaseDataError`` naming the file when the volume read under ``key`` has no usable affine (a NIfTI's codes
+    are in its meta data; a 2D image, e.g. a PNG, has no 3D affine to check)."""
+    image = d[key]
+    meta = image.meta if isinstance(image, MetaTensor) else {}
+    affine = meta.get("original_affine")
+    codes = (meta.get("qform_code"), meta.get("sform_code"))
+    if affine is None or np.asarray(affine).shape != (4, 4) or len(_spatial_shape(image)) < 3:
+        return
+    problem = affine_problem(affine, *(None if c is None else int(np.asarray(c).ravel()[0]) for c in codes))
+    if problem:
+        filename = case_filename(d, key)
+        filename = filename if not filename.startswith("<") else str(source)
+        raise CaseDataError(f"{key} {filename} has no usable affine: {problem}; {AFFINE_FIX}")
 
 
 class ChannelFirstd(EnsureChannelFirstd):

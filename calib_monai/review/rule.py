@@ -353,10 +353,18 @@ class ValidatedRange:
             "warnings": self.warnings,
         }
 
-    def save(self, path: str | os.PathLike, weights: str | os.PathLike) -> Path:
-        """Write the range (with the SHA-256 of ``weights``) to ``path`` atomically."""
-        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": file_sha256(weights)}
-        return write_json_atomically(Path(path), record)
+    def save(
+        self,
+        path: str | os.PathLike,
+        weights: str | os.PathLike,
+        weights_sha256: str | None = None,
+        calibration_sha256: str | None = None,
+    ) -> Path:
+        """Write the range to ``path`` atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes
+        it was measured with, default the file's) and of the recalibration it was measured with (None: none)."""
+        sha = weights_sha256 or file_sha256(weights)
+        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": sha}
+        return write_json_atomically(Path(path), {**record, "calibration_sha256": calibration_sha256})
 
     def describe(self) -> str:
         return describe_rule(self)

@@ -248,15 +248,18 @@ class CaseQualityd(MapTransform):
             image = d.get(self.image_key)
             grid = prob if isinstance(prob, MetaTensor) else image
             segmentation, confidence = self._taken(d, key, prob)
-            quality = case_quality(
-                prob,
-                segmentation,
-                voxel_volume=voxel_volume_ml(grid),
-                threshold=self.confidence_threshold,
-                class_names=names,
-                volume_interval_scale=self._volume_interval_scale,
-                confidence=confidence,
-            )
+            try:
+                quality = case_quality(
+                    prob,
+                    segmentation,
+                    voxel_volume=voxel_volume_ml(grid),
+                    threshold=self.confidence_threshold,
+                    class_names=names,
+                    volume_interval_scale=self._volume_interval_scale,
+                    confidence=confidence,
+                )
+            except ValueError as err:  # the probabilities of which case: the line names it
+                raise ValueError(f"case {_case(d, self.image_key)}: {err}") from err
             stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
             validated, missing = self.validated_range, self.missing
