@@ -18,9 +18,12 @@ Floor 0: NumPy and nibabel only; the data components (training and evaluation) a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import nibabel as nib
 import numpy as np
+from nibabel.openers import ImageOpener
 from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation, ornt_transform
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "GEOMETRY_TOLERANCE",
     "GridMismatch",
     "affine_problem",
+    "nifti_affine_problem",
     "grid_mismatch",
     "reorient",
     "reorientation",
@@ -40,12 +44,9 @@ AFFINE_FIX = (
 )
 
 
-def affine_problem(affine, qform_code=None, sform_code=None) -> str | None:
-    """None when ``affine`` (voxel -> world mm, as read) places the voxels, else what is wrong, in words: both NIfTI
-    codes 0 (no orientation recorded: nibabel and MONAI fall back to a guess with x mirrored), a matrix that is not
-    finite, a zero voxel size or a singular matrix. The codes are not checked when not given (other formats)."""
-    if qform_code is not None and sform_code is not None and int(qform_code) <= 0 and int(sform_code) <= 0:
-        return "it records no orientation (qform_code and sform_code are both 0), so a reader would guess one"
+def affine_problem(affine) -> str | None:
+    """None when ``affine`` (voxel -> world mm) places the voxels, else what is wrong, in words: a matrix that is
+    not a finite 4 x 4 one, a zero voxel size or a singular matrix."""
     matrix = np.asarray(affine, dtype=np.float64)
     if matrix.shape != (4, 4) or not np.isfinite(matrix).all():
         return f"its affine is not a finite 4 x 4 matrix ({matrix.round(4).tolist()})"
@@ -53,6 +54,22 @@ def affine_problem(affine, qform_code=None, sform_code=None) -> str | None:
     if spacing.min() <= 1e-6 or abs(np.linalg.det(matrix[:3, :3])) <= 1e-9 * float(np.prod(spacing)):
         return f"its affine is singular (voxel size {_vector(spacing)} mm): a zero spacing or two parallel axes"
     return None
+
+
+def nifti_affine_problem(path: str | os.PathLike) -> str | None:
+    """:func:`affine_problem` of a NIfTI file's header as stored (nibabel's reader fixes it silently: a zero pixdim
+    becomes 1 mm, and both codes 0 give a guessed orientation with x mirrored): None when it places the voxels."""
+    header_class = type(nib.load(str(path)).header)
+    with ImageOpener(str(path)) as f:
+        header = header_class.from_fileobj(f, check=False)  # as written, not as nibabel would fix it
+    if int(header["sform_code"]) > 0:
+        return affine_problem(header.get_sform())
+    if int(header["qform_code"]) <= 0:
+        return "it records no orientation (qform_code and sform_code are both 0), so a reader would guess one"
+    zooms = np.asarray(header["pixdim"][1:4], dtype=np.float64)
+    if not np.isfinite(zooms).all() or (zooms == 0).any():
+        return f"its qform has a zero voxel size (pixdim {_vector(zooms)}), which a reader would take as 1 mm"
+    return affine_problem(header.get_qform())
 
 
 @dataclass(frozen=True)

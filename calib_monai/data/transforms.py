@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Iterable, Mapping
 
 import numpy as np
@@ -11,7 +12,7 @@ from monai.data import MetaTensor
 from monai.transforms import EnsureChannelFirstd, InvertibleTransform, LoadImaged, MapTransform
 from monai.transforms.croppad.array import Crop
 
-from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, affine_problem, grid_mismatch
+from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch, nifti_affine_problem
 
 __all__ = [
     "CaseDataError",
@@ -115,6 +116,7 @@ class CheckedLoadImaged(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
         for key in self.key_iterator(d):
+            _check_affine(key, d[key])  # before the reader, which would fix the header silently
             try:
                 d = self.loaders[key](d)
             except Exception as err:  # any reader failure: report the file, keep the original as the cause
@@ -122,26 +124,19 @@ class CheckedLoadImaged(MapTransform):
                     f"cannot read {key} file {d[key]} ({type(err).__name__}: {err}); the file is truncated or not "
                     "NIfTI: re-download or re-convert it, or remove the case"
                 ) from err
-            _check_affine(d, key, data[key])
             if key == self.image_key:
                 self._check_image(d, data[key])
         return d
 
 
-def _check_affine(d: Mapping[Hashable, object], key: Hashable, source: object) -> None:
-    """A ``CaseDataError`` naming the file when the volume read under ``key`` has no usable affine (a NIfTI's codes
-    are in its meta data; a 2D image, e.g. a PNG, has no 3D affine to check)."""
-    image = d[key]
-    meta = image.meta if isinstance(image, MetaTensor) else {}
-    affine = meta.get("original_affine")
-    codes = (meta.get("qform_code"), meta.get("sform_code"))
-    if affine is None or np.asarray(affine).shape != (4, 4) or len(_spatial_shape(image)) < 3:
-        return
-    problem = affine_problem(affine, *(None if c is None else int(np.asarray(c).ravel()[0]) for c in codes))
-    if problem:
-        filename = case_filename(d, key)
-        filename = filename if not filename.startswith("<") else str(source)
-        raise CaseDataError(f"{key} {filename} has no usable affine: {problem}; {AFFINE_FIX}")
+def _check_affine(key: Hashable, source: object) -> None:
+    """A ``CaseDataError`` naming the file when a NIfTI to be read under ``key`` has no usable affine (other formats
+    carry their geometry otherwise, or none: a PNG)."""
+    for path in source if isinstance(source, (list, tuple)) else [source]:
+        if isinstance(path, (str, os.PathLike)) and str(path).endswith((".nii", ".nii.gz")):
+            problem = nifti_affine_problem(path)
+            if problem:
+                raise CaseDataError(f"{key} {path} has no usable affine: {problem}; {AFFINE_FIX}")
 
 
 class ChannelFirstd(EnsureChannelFirstd):

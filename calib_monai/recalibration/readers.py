@@ -20,7 +20,14 @@ from nibabel.orientations import io_orientation
 from calib_monai.atomic import copy_atomically, save_atomically
 from calib_monai.checks import PROBABILITY_ROUNDING
 from calib_monai.data.layouts import files_by_case
-from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, affine_problem, grid_mismatch, reorient, reorientation
+from calib_monai.geometry import (
+    AFFINE_FIX,
+    GEOMETRY_TOLERANCE,
+    grid_mismatch,
+    nifti_affine_problem,
+    reorient,
+    reorientation,
+)
 from calib_monai.recalibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 
 __all__ = [
@@ -67,7 +74,7 @@ def _files(folder: Path, endings: tuple[str, ...]) -> dict[str, Path]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder (it does not exist, or it is a file)")
     found = (p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings))
-    return files_by_case(found, _stem, f"files in {folder}")
+    return files_by_case(found, _stem)
 
 
 _SAVE_PROBABILITIES = (
@@ -160,17 +167,17 @@ def label_names_from(predictions: Path, num_classes: int) -> dict[str, str]:
     return {str(c): names.get(str(c), "background" if c == 0 else f"class_{c}") for c in range(num_classes)}
 
 
-def _check_nifti_affine(image: Any, path: Path, what: str) -> None:
-    """A ValueError naming ``path`` when the nibabel ``image`` has no usable affine (``geometry.affine_problem``):
-    its voxels would be compared in a guessed orientation."""
-    problem = affine_problem(image.affine, image.header.get("qform_code"), image.header.get("sform_code"))
+def _check_nifti_affine(path: Path, what: str) -> None:
+    """A ValueError naming ``path`` when the NIfTI has no usable affine (``geometry.nifti_affine_problem``): its
+    voxels would be compared in a guessed orientation or size."""
+    problem = nifti_affine_problem(path)
     if problem:
         raise ValueError(f"{what} {path} has no usable affine: {problem}; {AFFINE_FIX}")
 
 
 def _read_label(path: Path, reorient: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    _check_nifti_affine(path, "label")
     image = nib.load(str(path))
-    _check_nifti_affine(image, path, "label")
     if reorient:  # nnU-Net's NibabelIOWithReorient works on the RAS-reoriented image
         image = image.as_reoriented(io_orientation(image.affine))
     data = np.asanyarray(image.dataobj)
@@ -286,8 +293,8 @@ def _read_nnunet(case: CaseFiles) -> Volume:
 
 
 def _read_nifti(case: CaseFiles) -> Volume:
+    _check_nifti_affine(case.probabilities, "probability map")
     image = nib.load(str(case.probabilities))
-    _check_nifti_affine(image, case.probabilities, "probability map")
     data = np.asarray(image.dataobj, dtype=np.float32)
     if data.ndim == 3:
         raise ValueError(
