@@ -95,8 +95,11 @@ def test_stored_calibration_round_trip_and_weights_check(tmp_path, caplog):
     assert torch.equal(load_calibration(tmp_path / "lts.pt", weights)(z, x), lts(z, x))
     torch.save({"w": torch.zeros(2)}, weights)  # retrained: the calibration belongs to other weights
     with caplog.at_level(logging.WARNING):
-        assert load_calibration(path, weights) is None
+        assert load_calibration(tmp_path / "lts.pt", weights) is None  # a file of its own: not applied
     assert "fitted for other weights" in caplog.text
+    # calibration.pt in a folder without manifest: its record names other weights, so the folder is refused
+    with pytest.raises(ValueError, match=r"no manifest.json in .*calibration.pt was fitted for the weights sha256"):
+        load_calibration(path, weights)
     assert load_calibration(tmp_path / "missing.pt") is None
     (tmp_path / "bad.pt").write_text("not a calibration")
     with pytest.raises(

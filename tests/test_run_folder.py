@@ -149,7 +149,7 @@ import os, signal, torch
 from calib_monai.recalibration import TemperatureScaling
 from calib_monai.recalibration.stored import publish_calibration
 class Killed:
-    def save(self, path, weights):
+    def save(self, path, *weights):
         open(path, "w").write('{{"scores": [0.')
         os.kill(os.getpid(), signal.SIGKILL)
 publish_calibration(TemperatureScaling(2.5), {str(models / "calibration.pt")!r}, {str(models / "model.pt")!r},
