@@ -18,6 +18,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -553,6 +554,64 @@ class _LogLines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+
+
+# ------------------------------------------------------------------------------------------- the words of a line
+
+
+def _wrapped(tmp: Path) -> str:
+    """A calibration file without its method: our ``raise ... from`` names the file over the bare KeyError."""
+    from calib_monai.recalibration.stored import load_calibration
+
+    torch.save({"weights_sha256": "0" * 64, "state_dict": {}}, tmp / "fit.pt")
+    try:
+        load_calibration(tmp / "fit.pt")
+    except ValueError as err:
+        return error_line(err)
+    return ""
+
+
+def _logits_as_probabilities(tmp: Path) -> str:
+    """Probabilities that are logits reach the case score: the line names the case."""
+    from monai.data import MetaTensor
+
+    from calib_monai.review.validated_range import CaseQualityd
+
+    prob = torch.full((2, 4, 4, 3), 3.0)
+    image = MetaTensor(torch.ones(1, 4, 4, 3), meta={"filename_or_obj": "/data/liver_007.nii.gz"})
+    try:
+        CaseQualityd("pred")({"pred": prob, "image": image})
+    except ValueError as err:
+        return error_line(err)
+    return ""
+
+
+def _slicer(tmp: Path, *args: str) -> str:
+    command = [sys.executable, "-m", "calib_monai.cli", "slicer", str(REPO / "bundles" / "nacl_flare"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+MESSAGES = [
+    Row(
+        "a wrapped error", _wrapped, "error", ("fit.pt is not a calibration file of calib_monai", "KeyError: 'method'")
+    ),
+    Row("an error that names no case", _logits_as_probabilities, "error", ("case liver_007.nii.gz: ", "logits")),
+    Row(
+        "--low_confidence abc",
+        lambda t: _slicer(t, "case_001", "--low_confidence", "abc"),
+        "error",
+        ("calib-monai: error: --low_confidence must be", "got 'abc'", "pass e.g. --low_confidence 0.8"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", MESSAGES, ids=[r.name for r in MESSAGES])
+def test_the_words_of_a_line(tmp_path, row):
+    line = row.build(tmp_path)
+    assert line and "\n" not in line, line
+    assert all(w in line for w in row.words), line
 
 
 # ------------------------------------------------------------------------------------------- writers
