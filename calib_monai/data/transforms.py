@@ -134,7 +134,10 @@ def _check_affine(key: Hashable, source: object) -> None:
     carry their geometry otherwise, or none: a PNG)."""
     for path in source if isinstance(source, (list, tuple)) else [source]:
         if isinstance(path, (str, os.PathLike)) and str(path).endswith((".nii", ".nii.gz")):
-            problem = nifti_affine_problem(path)
+            try:
+                problem = nifti_affine_problem(path)
+            except Exception:  # a file nibabel cannot read: the reader's error, which names it, comes next
+                continue
             if problem:
                 raise CaseDataError(f"{key} {path} has no usable affine: {problem}; {AFFINE_FIX}")
 
