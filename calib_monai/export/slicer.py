@@ -45,6 +45,7 @@ import numpy as np
 
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 from calib_monai.bundle.outputs import write_durably
+from calib_monai.defaults import LOW_CONFIDENCE
 
 from .slicer_inputs import ArrayOrPath, check_same_source, load_volume, reference_geometry, spatial_volume
 
@@ -165,7 +166,7 @@ def write_slicer_files(
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike,
     case: str,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
     quality: Mapping[str, Any] | None = None,
 ) -> SlicerFiles:
     """Write ``<case>.seg.nrrd`` and ``<case>_confidence.nrrd`` into ``output_dir`` for review in 3D Slicer.
@@ -344,7 +345,7 @@ def slicer_files_from_inference(
     case: str,
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike | None = None,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
 ) -> SlicerFiles:
     """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference) and, when the run

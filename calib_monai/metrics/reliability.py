@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.checks import check_positive_int
+from calib_monai.defaults import NUM_BINS
 
 from ._inputs import check_foreground
 from .calibration_error import pooled_accumulator
@@ -16,7 +17,7 @@ __all__ = ["plot_reliability", "reliability_diagram_data", "save_reliability_dia
 
 
 def reliability_diagram_data(
-    probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", classwise: bool = False
+    probs: Any, labels: Any, num_bins: int = NUM_BINS, foreground: str = "gt", classwise: bool = False
 ) -> dict[str, np.ndarray]:
     """Per-bin statistics of a reliability diagram (Niculescu-Mizil & Caruana, ICML 2005), pooled over volumes.
 

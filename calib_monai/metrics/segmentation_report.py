@@ -26,6 +26,7 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option, check_positive_int
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
 
 from ._inputs import detached_plain_tensor
 from .calibration_error import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
@@ -104,12 +105,12 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     def __init__(
         self,
         label_names: dict[str, str],
-        num_bins: int = 15,
-        empty_class: str = "nan",
+        num_bins: int = NUM_BINS,
+        empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         super().__init__()
         check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)

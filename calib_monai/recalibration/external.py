@@ -59,6 +59,7 @@ import torch
 
 from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
 from calib_monai.checks import is_whole_number
+from calib_monai.defaults import EMPTY_CLASS, MAX_VOXELS, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable
 from calib_monai.recalibration import readers
 from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
@@ -125,10 +126,10 @@ def calibrate_probabilities(
     fit_labels: str | None = None,
     format: str = "auto",  # noqa: A002 - the command-line name
     label_names: dict[str, str] | None = None,
-    num_bins: int = 15,
-    empty_class: str = "nan",
+    num_bins: int = NUM_BINS,
+    empty_class: str = EMPTY_CLASS,
     surface_distances: bool = True,
-    max_voxels: int = 2_000_000,
+    max_voxels: int = MAX_VOXELS,
     seed: int = 0,
     write_calibrated: bool = False,
     ignore_extra_labels: bool = True,
