@@ -110,18 +110,22 @@ class RecalibrationFitter:
         self._hook, self._hook_problem = None, "the evaluator of the calibrate step has no network"
 
     def attach(self, engine: Engine) -> None:
-        """Collect from ``engine``; its ``network`` and ``inferer`` (a MONAI evaluator's) give the feature signal."""
-        self._network, self._inferer = getattr(engine, "network", None), getattr(engine, "inferer", None)
-        if self._network is not None and self.settings.review_feature_check:
-            try:
-                self._hook = BottleneckFeatures(self._network)
-            except ValueError as err:
-                self._hook_problem = str(err)
         engine.add_event_handler(Events.STARTED, self._start)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._collect)
         engine.add_event_handler(Events.COMPLETED, self._fit)
 
     def _start(self, engine: Engine) -> None:
+        # the evaluator's network and inferer give the feature signal; a MONAI evaluator sets them after its handlers
+        # are attached, so they are read when it starts
+        network = getattr(engine, "network", None)
+        if network is not None and network is not self._network:
+            self._network, self._hook = network, None
+            if self.settings.review_feature_check:
+                try:
+                    self._hook = BottleneckFeatures(network)
+                except ValueError as err:
+                    self._hook_problem = str(err)
+        self._inferer = getattr(engine, "inferer", None)
         self._volumes.clear()
         self._features.clear()
         if self._hook is not None:
