@@ -7,7 +7,7 @@ from collections.abc import Callable
 from monai.handlers import IgniteMetricHandler
 
 from calib_monai.defaults import TACE_THRESHOLD
-from calib_monai.metrics.calibration_metric import SegmentationCalibrationMetric
+from calib_monai.metrics.calibration import SegmentationCalibrationMetric
 
 __all__ = ["SegmentationCalibrationError"]
 

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
 
-from ._inputs import detached_plain_tensor, probability_problem
+from .calibration import detached_plain_tensor, probability_problem
 from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
 
 __all__ = [

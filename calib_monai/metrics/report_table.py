@@ -34,9 +34,9 @@ import torch
 from calib_monai.atomic import save_atomically, write_text_atomically
 from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
 
+from .calibration import save_reliability_diagram
 from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
-from .reliability import save_reliability_diagram
 from .segmentation_report import SegmentationReportMetric, column_summary
 
 __all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib_monai.defaults import NUM_BINS, VOLUME_COVERAGE
-from calib_monai.metrics.calibration_error import ece
+from calib_monai.metrics.calibration import ece
 from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
 from calib_monai.metrics.image_statistics import input_statistic_names, input_statistics
