@@ -23,6 +23,7 @@ from typing import Any
 
 from bundle_factory.specs import METHODS
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS
+from calib_monai.defaults import LTS_STEPS
 from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,
@@ -35,6 +36,7 @@ from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
+from studies.site import site_study
 from studies.study import StudySetup, command_line_overrides
 
 __all__ = ["COMMANDS", "run"]
@@ -96,7 +98,7 @@ def calibrated(
     seeds: Sequence[int] = (0, 1),
     ece_bound: float = 0.05,
     surface_distances: bool = False,
-    lts_steps: int = 300,
+    lts_steps: int = LTS_STEPS,
     **setup: Any,
 ) -> str:
     """Every method with and without temperature scaling (and local temperature scaling) under each model-selection
@@ -146,6 +148,37 @@ def quality(
     )
 
 
+def site(
+    dataset: str,
+    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
+    seeds: Sequence[int] = (0, 1),
+    other_dataset: str = "",
+    other_dir: str = "",
+    other_overrides: dict | str | None = None,
+    shifts: Sequence[str] = ("gamma", "resolution"),
+    strengths: Sequence[str] = ("mild", "strong"),
+    orders: int = 100,
+    **setup: Any,
+) -> str:
+    """The site monitor through the serving path (the quality study's runs and served cases): each signal's rank
+    histogram on the ordinary test volumes, false alarms over ``orders`` random orders, and the cases to an alarm for
+    each shift at each strength and ``other_dataset``'s images."""
+    other_overrides = command_line_overrides(other_overrides, "--other_overrides")
+    return _run(
+        site_study,
+        "site",
+        StudySetup(dataset, **setup),
+        methods,
+        seeds,
+        other_dataset,
+        other_dir,
+        other_overrides or {},
+        shifts,
+        strengths,
+        orders,
+    )
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -167,6 +200,7 @@ COMMANDS = {
     "crac_ablation": crac_ablation,
     "calibrated": calibrated,
     "quality": quality,
+    "site": site,
     "posthoc": posthoc,
     "logit_epochs": logit_epochs,
 }

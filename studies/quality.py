@@ -127,9 +127,13 @@ def served_record(
         "flag": float("nan") if flag is None else float(bool(flag)),
         "reasons": "; ".join(review.get("reasons", [])),
         **{f"z_{name}": signal.get("beyond") for name, signal in review.get("signals", {}).items()},
+        # each signal's own rank among the n + 1 volumes (1: beyond every validation volume): its histogram tests the
+        # signal's exchangeability, and the site monitor bets on it
+        **{f"rank_{name}": signal.get("rank") for name, signal in review.get("signals", {}).items()},
         # the case's rank among the m + 1 subjects: the flag at any other alpha is rank <= floor(alpha (m + 1))
         "rank": review.get("rank"),
         "validation_subjects": review.get("validation_subjects"),
+        "validation_volumes": review.get("validation_volumes"),
         "seconds": round(seconds, 3),
     }
     if item.get("label"):

@@ -640,3 +640,83 @@ def test_a_full_disk_is_named(tmp_path):
         save_atomically({"w": torch.zeros(4)}, tmp_path / "checkpoint_latest.pt", write=to_full_disk)
     assert str(err.value).startswith(f"cannot write {tmp_path / 'checkpoint_latest.pt'}: the disk is full")
     assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+# ------------------------------------------------------------------------------------------- settings: checked, used
+
+
+def _calibrate(ctx: dict, tmp: Path, validation: int = 1, **more) -> subprocess.CompletedProcess:
+    """The fixture's bundle's ``calibrate`` on a copy of its run folder, with ``more`` on the command line; the
+    run's recorded split (``datalist.json``) moved to ``validation`` validation volumes."""
+    shutil.copytree(ctx["models"], tmp / "models")
+    datalist = json.loads((tmp / "models" / "datalist.json").read_text())
+    while len(datalist["validation"]) < validation:
+        datalist["validation"].append(datalist["training"].pop())
+    (tmp / "models" / "datalist.json").write_text(json.dumps(datalist))
+    overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(tmp / "models"), **more}
+    configs = [str(ctx["configs"] / "train.json"), str(ctx["configs"] / "calibrate.json")]
+    command = bundle_command("calibrate", configs, overrides)
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "calib_monai.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+
+
+def _other_classes(ctx: dict, tmp: Path) -> subprocess.CompletedProcess:
+    """A fit set of 4-class NIfTI maps (one-hot of the labels) for nnU-Net's 3-class predictions."""
+    shutil.copytree(NNUNET, tmp / "nnunet")
+    label = nib.load(str(tmp / "nnunet" / "labelsTr" / "case_001.nii.gz"))
+    (tmp / "fit").mkdir()
+    prob = np.stack([np.asarray(label.dataobj) == c for c in range(4)], -1).astype(np.float32)
+    nib.save(nib.Nifti1Image(prob, label.affine), str(tmp / "fit" / "case_001.nii.gz"))
+    labels = str(tmp / "nnunet" / "labelsTr")
+    predictions, report = str(tmp / "nnunet" / "predictions"), str(tmp / "report")
+    return _cli("calibrate-probabilities", predictions, labels, report, "--fit_predictions", str(tmp / "fit"),
+                "--fit_labels", labels, "--surface_distances", "False")  # fmt: skip
+
+
+SETTINGS = [
+    Row(
+        "more cross-fitting folds than validation volumes",
+        lambda c, t: _calibrate(c, t, validation=2, calibration_folds=50),
+        "error",
+        ("calibration_folds 50 is more than the 2 validation volumes", "--calibration_folds 2 or less"),
+    ),
+    Row(
+        "a review alpha above 1",
+        lambda c, t: _calibrate(c, t, review_alpha=1.5),
+        "error",
+        ("review_alpha must be", "> 0 and < 1", "got 1.5", "--review_alpha"),
+    ),
+    Row(
+        "a fit budget of 0 voxels",
+        lambda c, t: _calibrate(c, t, **{"calibration_settings#max_voxels": 0}),
+        "error",
+        ("calibration_settings#max_voxels", "an integer >= 1", "got 0"),
+    ),
+    Row(
+        "calib-monai slicer --low_confidence 1.5",
+        lambda c, t: _cli("slicer", str(c["root"] / "bundle"), "case", "--low_confidence", "1.5"),
+        "error",
+        ("calib-monai: error: low_confidence must be", "> 0 and < 1", "got 1.5"),
+    ),
+    Row(
+        "calibrate-probabilities: fit and evaluated sets of other class counts",
+        _other_classes,
+        "error",
+        ("calib-monai: error: the fit set", "fit has 4 classes", "predictions has 3", "case_001"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", SETTINGS, ids=[r.name for r in SETTINGS])
+def test_settings(ctx, tmp_path, row):
+    result = row.build(ctx, tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode in (1, 2) and last.startswith(("ERROR: ", "calib-monai: error: ")), result.stderr[-3000:]
+    assert all(w in last for w in row.words), last
+    assert "Traceback" not in result.stderr
+    if last.startswith("ERROR: "):  # a bundle run: nothing published
+        assert not (tmp_path / "models" / "validated_range.json").exists()

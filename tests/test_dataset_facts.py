@@ -11,7 +11,8 @@ import pytest
 
 from bundle_factory import DATASETS, render_bundle
 from bundle_factory.specs import Dataset
-from calib_monai.data import DatasetFacts, MSDDataset
+from calib_monai import data
+from calib_monai.data import DatasetFacts, MSDDataset, VolumeSegmentationData
 
 NAMES = sorted(DATASETS)
 
@@ -61,6 +62,34 @@ def test_the_component_uses_its_facts(name, tmp_path):
     for step in cls.preprocessing_steps():  # a channel check that names its channels names as many as the facts
         if step["_target_"].endswith("CheckChannelsd") and isinstance(step["names"], list):
             assert len(step["names"]) == facts.in_channels
+
+
+# each component's own constructor arguments, after the six every one takes (the bundles pass them by name)
+OWN_ARGUMENTS = {
+    "ACDC": ["resize", "split", "use_split_lists"],
+    "BraTS": ["resize", "split", "intensity"],
+    "BUSI": ["split", "classes"],
+    "FLARE": ["cache_dir", "spacing", "split", "num_phantoms", "phantom_shape", "phantom_seed", "window"],
+    "KiTS": ["spacing", "split", "window"],
+    "MRBrainS": ["fold", "intensity"],
+    "PROMISE12": ["split", "in_plane_spacing", "intensity"],
+    "Hippocampus": ["split"],
+    "Prostate": ["spacing", "split", "intensity"],
+    "MSDDataset": ["spacing", "split", "intensity", "crop_foreground"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OWN_ARGUMENTS))
+def test_every_component_has_the_one_constructor_of_the_base(name):
+    cls = getattr(data, name)
+    parameters = list(inspect.signature(cls).parameters.values())
+    shared = ["dataset_dir", "output_dir", "roi_size", "seed", "cache_rate", "num_workers"]
+    assert [p.name for p in parameters] == shared + OWN_ARGUMENTS[name]
+    assert [p.default for p in parameters[3:6]] == [0, 1.0, 0]
+    # the dataclass's generated __init__ (its arguments are the init fields), none written by hand on the way down
+    assert [f.name for f in dataclasses.fields(cls) if f.init] == [p.name for p in parameters]
+    chain = cls.__mro__[: cls.__mro__.index(VolumeSegmentationData) + 1]
+    assert not [c.__name__ for c in chain if "def __init__(" in inspect.getsource(c)]
 
 
 def test_the_bundle_spec_does_not_repeat_the_facts():

@@ -151,7 +151,7 @@ def test_help_shows_every_argument_with_its_whole_description():
 def test_reliability_plot_says_pooled_and_which_voxels(tmp_path, monkeypatch):
     """The plot showed the pooled ECE as "ECE" under "Reliability (N volumes)", while the log leads with the mean."""
     import calib_monai.metrics.report_table as saver
-    from calib_monai.metrics.reliability import plot_reliability
+    from calib_monai.metrics.calibration import plot_reliability
 
     calls = []
     monkeypatch.setattr(saver, "save_reliability_diagram", lambda data, path, **kw: calls.append((data, kw)))

@@ -87,7 +87,7 @@ def test_no_import_runs_up_a_floor_or_into_another_rooms_private_module():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("from calib_monai.metrics import _inputs\n", "calib_monai.metrics._inputs"),
+        ("from calib_monai.metrics import _private\n", "calib_monai.metrics._private"),
         ("from . import x\n", "calib_monai.metrics"),
     ],
 )

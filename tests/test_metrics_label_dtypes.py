@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from calib_monai.metrics import calibration_errors, reliability_diagram_data, segmentation_calibration
-from calib_monai.metrics._inputs import select_tensor_voxels
+from calib_monai.metrics.calibration.inputs import select_voxels
 
 NAMES = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 
@@ -58,11 +58,11 @@ def test_selected_labels_keep_their_dtype():
     probs, labels = _case(2)
     p, y = probs[0].flatten(1), labels[0, 0].flatten().to(torch.uint8)
     for foreground in ("gt", "all"):
-        _, selected = select_tensor_voxels(p, y, foreground)
+        _, selected = select_voxels(p, y, foreground)
         assert selected.dtype == torch.uint8
-    _, selected = select_tensor_voxels(p, y, "all")
+    _, selected = select_voxels(p, y, "all")
     assert selected.data_ptr() == y.data_ptr()  # every voxel: the very labels, no copy
-    _, from_float = select_tensor_voxels(p, y.float(), "all")
+    _, from_float = select_voxels(p, y.float(), "all")
     assert from_float.dtype == torch.int64
 
 

@@ -1,6 +1,6 @@
 """The calibration metrics' one implementation (torch; NumPy inputs as CPU tensors): NumPy and torch inputs agree
 exactly, and with a float64 brute force (the reference), on inputs with values on bin edges, ties, zeros, ones and
-the threshold; chunking; device placement (CPU, meta)."""
+the threshold; chunking; device placement (CPU, meta, CUDA)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-import calib_monai.metrics.calibration_torch as calibration_torch
+import calib_monai.metrics.calibration.statistics as statistics
 from calib_monai.metrics import (
     SegmentationCalibrationMetric,
     calibration_errors,
     reliability_diagram_data,
     segmentation_calibration,
 )
-from calib_monai.metrics._inputs import prepare_tensors
-from calib_monai.metrics.calibration_sorted import sorted_errors
-from calib_monai.metrics.calibration_torch import CalibrationAccumulator
-from calib_monai.metrics.calibration_triton import use_triton
 
 ALL = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
 
@@ -32,7 +28,7 @@ SPECIAL = [
     ([1.0, 0.0, 0.0, 0.0], 2),  # exact ones and zeros
     ([0.0, -0.0, 1.0, 0.0], 2),  # -0.0 is a zero probability
     ([0.997, 0.001, 0.001, 0.001], 1),  # float32(1e-3) > 1e-3: kept by TACE's threshold
-    ([1.0 - 3e-9, 1e-9, 1e-9, 1e-9], 1),  # values below 2**-24 (the torch grid's bucket 0)
+    ([1.0 - 3e-9, 1e-9, 1e-9, 1e-9], 1),  # tiny values: ACE bins them too
     ([0.6, 0.2, 0.2, 0.0], 3),
 ]
 
@@ -111,58 +107,6 @@ def test_torch_equals_numpy_and_float64_brute_force(dtype, num_bins, foreground)
                 assert ours[name] == pytest.approx(brute[name], rel=1e-12, abs=1e-15), (seed, name)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("foreground", ["gt", "union", "all"])
-def test_the_sorted_path_of_cuda_equals_the_float64_brute_force_on_the_cpu(dtype, foreground):
-    for seed, num_bins in ((0, 15), (1, 8), (2, 16)):
-        probs, labels = _case(seed, dtype)
-        for include_background in (True, False):
-            kw = {"num_bins": num_bins, "foreground": foreground, "include_background": include_background}
-            ours = sorted_errors(*prepare_tensors(probs, labels), ALL, **kw)
-            brute = _brute(probs, labels, num_bins, foreground, include_background)
-            assert ours == pytest.approx(brute, rel=1e-12, abs=1e-15), (seed, num_bins, include_background)
-    one = sorted_errors(*prepare_tensors(probs[0], labels[0, 0]), ALL, foreground=foreground)  # (C, *spatial)
-    assert one == pytest.approx(_brute(probs[:1], labels[:1], 15, foreground, True), rel=1e-12, abs=1e-15)
-
-
-def test_the_sorted_path_with_fewer_values_than_bins_and_a_class_without_any():
-    probs = torch.tensor([[0.7, 0.2, 0.6, 0.5], [0.3, 0.8, 0.4, 0.5], [0.0] * 4])  # class 2: nothing above 1e-3
-    labels = torch.tensor([1, 1, 2, 0])
-    ours = sorted_errors(*prepare_tensors(probs, labels), ALL, num_bins=5, foreground="all")
-    assert ours == pytest.approx(_brute(probs[None], labels[None, None], 5, "all", True), rel=1e-12, abs=1e-15)
-    # TACE by hand, 4 values in 5 bins (one each in bins 1-4): class 0 sorted 0.2, 0.5 (hit), 0.6, 0.7 gives
-    # (.2 + .5 + .6 + .7) / 4; class 1 sorted 0.3 (hit), 0.4, 0.5, 0.8 (hit) gives (.7 + .4 + .5 + .2) / 4
-    assert ours["tace"] == pytest.approx((2.0 / 4 + 1.8 / 4) / 2, rel=1e-7)  # float32 inputs
-    with pytest.warns(UserWarning):
-        empty = sorted_errors(*prepare_tensors(probs, torch.zeros(4, dtype=torch.long)), ("ece", "tace"))
-    assert all(v != v for v in empty.values())
-
-
-def test_per_volume_metrics_route_cuda_voxels_through_the_sorted_path(monkeypatch):
-    import calib_monai.metrics.calibration_volume as calibration_volume
-
-    probs, labels = _case(5)
-    labels[1] = 0  # volume 1 selects no voxel: NaN, by the grid path on any device
-
-    def per_volume() -> dict:
-        out = {}
-        for name in ALL:
-            metric = SegmentationCalibrationMetric(name, foreground="gt")
-            with pytest.warns(UserWarning):
-                metric(probs, labels)
-            out[name] = metric.aggregate("none").numpy()
-        return out
-
-    grid = per_volume()
-    routed = []
-    monkeypatch.setattr(calibration_volume, "sorted_path", lambda p: routed.append(p.shape) or True)  # as on CUDA
-    with use_triton(False):  # the sorted path, not Triton's (which takes CPU tensors under its interpreter)
-        ours = per_volume()
-    assert len(routed) == 3 * len(ALL) and np.isnan(ours["ece"][1])
-    for name in ALL:
-        np.testing.assert_allclose(ours[name], grid[name], rtol=1e-12, atol=1e-15, err_msg=name)
-
-
 def test_per_volume_values_equal_numpy_for_every_metric():
     probs, labels = _case(3)
     for name in ALL:
@@ -174,15 +118,14 @@ def test_per_volume_values_equal_numpy_for_every_metric():
 def test_chunks_give_the_same_values(monkeypatch):
     probs, labels = _case(4)
     whole = calibration_errors(probs, labels, ALL, foreground="all")
-    monkeypatch.setattr(calibration_torch, "_CPU_CHUNK_VALUES", 4 * 37)  # 37 voxels a chunk: many chunks per volume
-    monkeypatch.setattr(calibration_torch, "_PACK_FLUSH", 100)  # and the packed histogram flushed every 2 chunks
+    monkeypatch.setitem(statistics._CHUNK_VALUES, "cpu", 4 * 37)  # 37 voxels a chunk: many chunks per volume
     chunked = calibration_errors(probs, labels, ALL, foreground="all")
     assert chunked == pytest.approx(whole, rel=1e-12, abs=1e-15)
 
 
-def test_one_repeated_value_fills_one_bucket_without_overflow():
-    # 2**21 voxels (2 chunks of 2**20) all at p1 = 0.75: the packed int64 bucket counts and low-bit sums must not
-    # overflow, and every metric is known exactly: half the voxels labelled 1.
+def test_one_repeated_value_fills_one_bucket():
+    # 2**21 voxels (4 chunks) all at p1 = 0.75: one bucket holds them all, and an equal-mass edge cuts it (refined
+    # whole); every metric is known exactly: half the voxels labelled 1.
     n = 2**21
     probs = torch.stack([torch.full((n,), 0.25), torch.full((n,), 0.75)])[None]
     labels = (torch.arange(n) % 2)[None]
@@ -226,26 +169,13 @@ def test_helper_tensors_are_created_on_the_inputs_device():
     torch.testing.assert_close(metric_values[0], metric_values[1], rtol=0, atol=0)
 
 
-def test_accumulation_runs_on_meta_inputs():
-    # The per-chunk accumulation has static shapes and no host synchronisation, so it runs on the meta device
-    # (shapes only). Selecting voxels (nonzero) and refining cut buckets depend on the data: those steps need a
-    # real device.
-    p = torch.empty((4, 1000), device="meta")
-    y = torch.empty(1000, dtype=torch.int64, device="meta")
-    acc = CalibrationAccumulator(ALL, num_classes=4, num_bins=15)
-    acc.add(p, y)
-    assert acc.statistics("ece").shape == (15, 3) and acc.statistics("ece").device.type == "meta"
-    assert acc.statistics("nll").shape == (2,) and acc.statistics("brier").device.type == "meta"
-    assert all(t.device.type == "meta" for t in acc.totals.values())
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_equals_cpu():
     probs, labels = _case(6)
     cpu = calibration_errors(probs, labels, ALL, foreground="union")
     cuda = calibration_errors(probs.cuda(), labels.cuda(), ALL, foreground="union")
     assert cuda == pytest.approx(cpu, rel=1e-12, abs=1e-15)
-    for name in ALL:  # per volume: volume_statistics' sorted path
+    for name in ALL:  # per volume
         per_volume = segmentation_calibration(probs.cuda(), labels.cuda(), name, 15, "union", "none")
         expected = segmentation_calibration(probs, labels, name, 15, "union", "none")
         np.testing.assert_allclose(per_volume, expected, rtol=1e-12, atol=1e-15)

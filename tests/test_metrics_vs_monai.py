@@ -14,7 +14,6 @@ no option for.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,10 +92,10 @@ def test_confidences_on_rounded_edges_fall_in_the_lower_bin_as_monai_small_left_
     from monai.metrics.calibration import calibration_binning
 
     from calib_monai.metrics import reliability_diagram_data
-    from calib_monai.metrics.calibration_error import equal_width_bin_index
+    from calib_monai.metrics.calibration import equal_width_bin
 
     p1 = torch.tensor([0.8, 0.2, 0.4, 0.6], dtype=dtype)
-    np.testing.assert_array_equal(equal_width_bin_index(p1.numpy(), 5), [3, 0, 1, 2])
+    assert equal_width_bin(p1, 5).tolist() == [3, 0, 1, 2]
     _, _, monai_counts = calibration_binning(p1.reshape(1, 1, 4), torch.tensor([[[1, 0, 0, 1]]]), num_bins=5)
     assert monai_counts.flatten().tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]  # the test case's stated expectation
     probs = torch.stack([1 - p1, p1]).reshape(1, 2, 4, 1, 1)

@@ -99,7 +99,7 @@ def _torchrun(script_and_args: list[str]) -> list[str]:
 
 
 def _training_command(root: Path) -> list[str]:
-    """README's torchrun command with demo.json, on tiny phantoms, writing to ``root``."""
+    """The torchrun command of ``docs/trainer.md``, with demo.json, on tiny phantoms, writing to ``root``."""
     configs = f"['{CONFIGS / 'train.json'}','{CONFIGS / 'demo.json'}','{CONFIGS / 'multi_gpu_train.json'}']"
     cmd = _torchrun(["-m", "monai.bundle", "run", "training", "--config_file", configs])
     overrides = {**TINY, "epochs": EPOCHS, "output_dir": str(root / "models"), "data#cache_dir": str(root / "phantoms")}

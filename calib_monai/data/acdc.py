@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root
-from calib_monai.data.layouts import layout_error, split_groups, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.layouts import layout_error, split_groups
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["ACDC", "ACDC_LABEL_NAMES", "ACDC_LAYOUTS"]
 
@@ -28,6 +26,7 @@ _GT = re.compile(r"^(patient\d+)_frame(\d+)_gt\.nii(\.gz)?$")
 _SPLIT_FILES = {"training": "train.list", "validation": "val.list", "test": "test.list"}
 
 
+@data_component
 class ACDC(VolumeSegmentationData):
     """ACDC (Automated Cardiac Diagnosis Challenge 2017): right ventricle (RV 1), myocardium (Myo 2), left ventricle
     (LV 3) in short-axis cine-MRI; 4 classes with background, 1 input channel.
@@ -47,12 +46,10 @@ class ACDC(VolumeSegmentationData):
     and diagnosis: is the problem solved?", IEEE TMI 37(11), 2018.
 
     Args:
-        dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``); None: no data set, a
-            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``); None: preprocessing only.
+        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: final size (H, W, D) after the resize; ``-1`` keeps the slices of each volume.
         seed: seed of the patient split (when no split lists are used).
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         resize: in-plane size (H, W) every slice is resized to.
         split: (train, val, test) patient counts, or their ratios for another number of patients.
         use_split_lists: use ``splits/*.list`` when the folder has them.
@@ -61,55 +58,42 @@ class ACDC(VolumeSegmentationData):
     source = "acdc"
     facts = DatasetFacts(ACDC_LABEL_NAMES, channel_names=("image",), roi_size=(224, 224, -1))
     preprocessing_args = ("resize",)
+    layouts = ACDC_LAYOUTS
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        resize: Sequence[int] = (224, 224),
-        split: Sequence[int] = (70, 10, 20),
-        use_split_lists: bool = True,
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            None,
-            split,
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self.resize = tuple(int(s) for s in resize)
+    roi_size: Sequence[int] = facts.roi_size
+    resize: Sequence[int] = (224, 224)
+    split: Sequence[int] = (70, 10, 20)
+    use_split_lists: bool = True
+
+    def __post_init__(self) -> None:
+        resize, self.resize = self.resize, tuple(int(s) for s in self.resize)
         if len(self.resize) != 2 or min(self.resize) <= 0:
             raise ValueError(f"resize must be the in-plane size (H, W), two positive ints, got {tuple(resize)}")
-        self.root = existing_root(unless_given(dataset_dir, self.datalist_path), ACDC_LAYOUTS)
-        self.patients_dir, self.split_lists, self._cases = None, None, []
-        if self.root is None:  # preprocessing only
-            return
+        self.patients_dir, self.split_lists = None, None
+        super().__post_init__()
+
+    def _read_cases(self, root: Path) -> list[dict]:
+        self.root = root
         self.patients_dir = next(
             (
                 d
-                for d in (self.root / "database" / "training", self.root / "training", self.root)
+                for d in (root / "database" / "training", root / "training", root)
                 if d.is_dir() and any(d.glob("patient*"))
             ),
             None,
         )
         if self.patients_dir is None:
-            raise layout_error(self.root, "has no patientNNN folders", ACDC_LAYOUTS)
-        self.split_lists = self._read_split_lists() if use_split_lists else None
-        self._cases = self._pair_frames()
+            raise layout_error(root, "has no patientNNN folders", ACDC_LAYOUTS)
+        self.split_lists = self._read_split_lists() if self.use_split_lists else None
+        cases = self._pair_frames()
         logger.info(
             "ACDC: %d annotated frames of %d patients in %s (%s split)",
-            len(self._cases),
-            len({self._patient(c) for c in self._cases}),
+            len(cases),
+            len({self._patient(c) for c in cases}),
             self.patients_dir,
             "splits/*.list" if self.split_lists else "seeded",
         )
+        return cases
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
@@ -120,9 +104,6 @@ class ACDC(VolumeSegmentationData):
             {"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0, "channel_wise": True},
             steps.pad_or_crop(),
         ]
-
-    def _find_cases(self) -> list[dict[str, str]]:
-        return self._cases
 
     def _datalist_info(self) -> dict:
         return {**super()._datalist_info(), "split_by": "splits/*.list" if self.split_lists else "seeded patients"}

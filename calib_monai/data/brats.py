@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,9 +11,9 @@ import torch
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.helpers import intensity_scaling, require_file
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = [
     "BRATS_LABEL_NAMES",
@@ -77,6 +76,16 @@ def _modality_prefix(name: str) -> str | None:
     return None
 
 
+def _case_file(folder: Path, case: str, modality: str) -> str:
+    """``<folder>/<case>_<modality>.nii[.gz]``, or the error naming the missing file."""
+    for suffix in (".nii.gz", ".nii"):
+        path = folder / f"{case}_{modality}{suffix}"
+        if path.is_file():
+            return str(path)
+    return require_file(folder / f"{case}_{modality}.nii.gz", f"BraTS {modality} file")
+
+
+@data_component
 class BraTS(VolumeSegmentationData):
     """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes background, NCR/NET (1),
     ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``brats_regions``).
@@ -95,12 +104,9 @@ class BraTS(VolumeSegmentationData):
     and radiomic features", Sci. Data 4, 2017; Bakas S. et al., arXiv:1811.02629, 2018.
 
     Args:
-        dataset_dir: the BraTS 2019 training folder (or its parent); None: no data set, a preprocessing-only
-            component for inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the BraTS 2019 training folder (or its parent); None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: final size (H, W, D), a centre crop/pad after the resize.
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         resize: size (H, W, D) every volume is resized to.
         split: (train, val, test) counts, or their ratios for another number of cases.
         intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
@@ -115,42 +121,35 @@ class BraTS(VolumeSegmentationData):
         regions=BRATS_REGION_CLASSES,
     )
     preprocessing_args = ("resize", "intensity")
+    layouts = BRATS_LAYOUTS
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        resize: Sequence[int] = (192, 192, 128),
-        split: Sequence[int] = (235, 35, 65),
-        intensity: str | Sequence[float] = "minmax",
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            None,
-            split,
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self.resize = tuple(int(s) for s in resize)
+    roi_size: Sequence[int] = facts.roi_size
+    resize: Sequence[int] = (192, 192, 128)
+    split: Sequence[int] = (235, 35, 65)
+    intensity: str | Sequence[float] = "minmax"
+
+    def __post_init__(self) -> None:
+        resize, self.resize = self.resize, tuple(int(s) for s in self.resize)
         if len(self.resize) != 3 or min(self.resize) <= 0:
             raise ValueError(f"resize must be (H, W, D), three positive ints, got {tuple(resize)}")
-        self.intensity = intensity
-        intensity_scaling(intensity)  # fails early on a bad value
-        root = existing_root(unless_given(dataset_dir, self.datalist_path), BRATS_LAYOUTS)
-        self._cases = []
-        if root is None:  # preprocessing only
-            return
+        intensity_scaling(self.intensity)  # fails early on a bad value
+        super().__post_init__()
+
+    def _read_cases(self, root: Path) -> list[dict]:
         inner = root / "MICCAI_BraTS_2019_Data_Training"
         self.root = inner if not any((root / g).is_dir() for g in ("HGG", "LGG")) and inner.is_dir() else root
-        self._cases = self._collect()
-        logger.info("BraTS: %d cases in %s", len(self._cases), self.root)
+        grades = [self.root / g for g in ("HGG", "LGG") if (self.root / g).is_dir()]
+        if not grades:
+            raise layout_error(self.root, "has no HGG/ or LGG/ folder", BRATS_LAYOUTS)
+        cases = []
+        for grade in grades:
+            for folder in sorted(p for p in grade.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                files = {m: _case_file(folder, folder.name, m) for m in (*BRATS_MODALITIES, "seg")}
+                cases.append({"image": [files[m] for m in BRATS_MODALITIES], "label": files["seg"]})
+        if not cases:
+            raise layout_error(self.root, "has HGG/LGG folders but no case folders in them", BRATS_LAYOUTS)
+        logger.info("BraTS: %d cases in %s", len(cases), self.root)
+        return cases
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
@@ -158,39 +157,10 @@ class BraTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": list(BRATS_MODALITIES),
-                "source": "BraTS",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels(list(BRATS_MODALITIES), "BraTS"),
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
-
-    def _find_cases(self) -> list[dict]:
-        return self._cases
-
-    def _collect(self) -> list[dict]:
-        grades = [self.root / g for g in ("HGG", "LGG") if (self.root / g).is_dir()]
-        if not grades:
-            raise layout_error(self.root, "has no HGG/ or LGG/ folder", BRATS_LAYOUTS)
-        cases = []
-        for grade in grades:
-            for folder in sorted(p for p in grade.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                files = {m: self._modality_file(folder, m) for m in (*BRATS_MODALITIES, "seg")}
-                cases.append({"image": [files[m] for m in BRATS_MODALITIES], "label": files["seg"]})
-        if not cases:
-            raise layout_error(self.root, "has HGG/LGG folders but no case folders in them", BRATS_LAYOUTS)
-        return cases
-
-    @staticmethod
-    def _modality_file(folder: Path, modality: str) -> str:
-        for suffix in (".nii.gz", ".nii"):
-            path = folder / f"{folder.name}_{modality}{suffix}"
-            if path.is_file():
-                return str(path)
-        return require_file(folder / f"{folder.name}_{modality}.nii.gz", f"BraTS {modality} file")
 
     def inference_items(self, path: Path) -> list[dict]:
         """The cases at ``path``: ``{"image": [flair, t1, t1ce, t2], "case": <case>}`` for every
@@ -224,17 +194,9 @@ class BraTS(VolumeSegmentationData):
         items = []
         for flair in flairs:
             case = _modality_prefix(flair.name)
-            files = [str(flair)] + [self._case_file(flair.parent, case, m) for m in BRATS_MODALITIES[1:]]
+            files = [str(flair)] + [_case_file(flair.parent, case, m) for m in BRATS_MODALITIES[1:]]
             items.append({"image": files, "case": case})
         return sorted(items, key=lambda item: item["case"])
-
-    @staticmethod
-    def _case_file(folder: Path, case: str, modality: str) -> str:
-        for suffix in (".nii.gz", ".nii"):
-            path = folder / f"{case}_{modality}{suffix}"
-            if path.is_file():
-                return str(path)
-        return require_file(folder / f"{case}_{modality}.nii.gz", f"BraTS {modality} file")
 
     def inference_case(self, image) -> str | None:
         first = Path(image[0] if isinstance(image, (list, tuple)) else image).name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -14,10 +13,9 @@ from monai.transforms import LoadImage, MapTransform
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root
-from calib_monai.data.layouts import layout_error, unless_given
+from calib_monai.data.layouts import layout_error
 from calib_monai.data.transforms import CaseDataError
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["BUSI", "BUSI_LAYOUTS", "LoadBUSId"]
 
@@ -78,6 +76,7 @@ class LoadBUSId(MapTransform):
         return d
 
 
+@data_component
 class BUSI(VolumeSegmentationData):
     """BUSI (Breast UltraSound Images, Al-Dhabyani et al.): breast lesions in 2D ultrasound; benign and malignant
     images only (normal images, without lesions, are excluded: 437 + 210 = 647), 1 input channel.
@@ -97,12 +96,9 @@ class BUSI(VolumeSegmentationData):
     104863, 2020.
 
     Args:
-        dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent); None: no data set, a preprocessing-only
-            component for inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent); None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, 1).
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         split: (train, val, test) image counts, or their ratios for another number of images.
         classes: "lesion" (background / lesion) or "type" (background / benign / malignant).
     """
@@ -110,43 +106,21 @@ class BUSI(VolumeSegmentationData):
     source = "busi"
     facts = DatasetFacts({"0": "background", "1": "lesion"}, channel_names=("image",), roi_size=(256, 256, 1))
     preprocessing_args = ("classes",)
+    layouts = BUSI_LAYOUTS
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        split: Sequence[int] = (445, 65, 137),
-        classes: str = "lesion",
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            None,
-            split,
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        if self.roi_size[2] != 1:
-            raise ValueError(f"BUSI images are 2D: roi_size must be (H, W, 1), got {self.roi_size}")
-        if classes not in ("lesion", "type"):
+    roi_size: Sequence[int] = facts.roi_size
+    split: Sequence[int] = (445, 65, 137)
+    classes: str = "lesion"
+
+    def __post_init__(self) -> None:
+        if len(self.roi_size) != 3 or int(self.roi_size[2]) != 1:
+            raise ValueError(f"BUSI images are 2D: roi_size must be (H, W, 1), got {tuple(self.roi_size)}")
+        if self.classes not in ("lesion", "type"):
             raise ValueError(
-                f"classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), got {classes!r}"
+                "classes must be 'lesion' (background/lesion) or 'type' (background/benign/malignant), got "
+                f"{self.classes!r}"
             )
-        self.classes = classes
-        root = existing_root(unless_given(dataset_dir, self.datalist_path), BUSI_LAYOUTS)
-        self._cases = []
-        if root is None:  # preprocessing only
-            return
-        inner = root / "Dataset_BUSI_with_GT"
-        self.root = inner if inner.is_dir() and not (root / "benign").is_dir() else root
-        self._cases = self._collect()
-        logger.info("BUSI: %d benign/malignant images in %s", len(self._cases), self.root)
+        super().__post_init__()
 
     @property
     def label_names(self) -> dict[str, str]:
@@ -173,10 +147,9 @@ class BUSI(VolumeSegmentationData):
             steps.pad_or_crop(),
         ]
 
-    def _find_cases(self) -> list[dict]:
-        return self._cases
-
-    def _collect(self) -> list[dict]:
+    def _read_cases(self, root: Path) -> list[dict]:
+        inner = root / "Dataset_BUSI_with_GT"
+        self.root = inner if inner.is_dir() and not (root / "benign").is_dir() else root
         folders = [self.root / c for c in BUSI_CLASSES if (self.root / c).is_dir()]
         if not folders:
             raise layout_error(self.root, "has no benign/ or malignant/ folder", BUSI_LAYOUTS)
@@ -197,6 +170,7 @@ class BUSI(VolumeSegmentationData):
                 cases.append({"image": str(image), "label": sorted(masks[image.stem])})
         if not cases:
             raise layout_error(self.root, "has benign/malignant folders but no <name> (N).png images", BUSI_LAYOUTS)
+        logger.info("BUSI: %d benign/malignant images in %s", len(cases), self.root)
         return cases
 
     def inference_items(self, path: Path) -> list[dict]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from calib_monai.data import phantoms
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import check_window
 from calib_monai.data.layouts import find_flare_cases, read_dataset_json
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["FLARE", "FLARE_LABEL_NAMES", "FLARE22_TO_FLARE"]
 
@@ -25,6 +26,7 @@ FLARE22_TO_FLARE = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 
 _FLARE22_NAMES = {1: ("liver",), 2: ("kidney",), 3: ("spleen",), 4: ("pancreas",), 13: ("kidney",)}
 
 
+@data_component
 class FLARE(VolumeSegmentationData):
     """FLARE abdominal organ segmentation: liver, kidney, spleen, pancreas (plus background: 5 classes).
 
@@ -46,62 +48,48 @@ class FLARE(VolumeSegmentationData):
 
     Args:
         dataset_dir: a FLARE download, or "" / None for the phantoms.
-        output_dir: the run's output folder (``datalist.json`` of the split).
-        cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D) of the training volumes.
+        cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
         spacing: resampling voxel spacing in mm.
         split: (train, val, test) counts; their ratios when there are not 360 cases.
-        seed: seed of the split.
         num_phantoms: number of phantoms (when ``dataset_dir`` is empty).
         phantom_shape: phantom grid size. None (default): the grid that covers the phantom field of view
             (384 x 384 x 240 mm) at ``spacing``, so resampling is a no-op (fast); given: the field of view is sampled
             at ``384 / shape`` mm and resampled to ``spacing`` like real data.
         phantom_seed: seed of the phantom generator.
         window: CT window (HU) mapped to [0, 1].
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
     """
 
     facts = DatasetFacts(FLARE_LABEL_NAMES, channel_names=("image",), roi_size=(192, 192, 30))
     preprocessing_args = ("spacing", "window")
+    crop_foreground = True
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None = "",
-        output_dir: str | os.PathLike = "",
-        cache_dir: str | os.PathLike | None = None,
-        roi_size: Sequence[int] = facts.roi_size,
-        spacing: Sequence[float] | None = (1.6, 1.6, 6.0),
-        split: Sequence[int] = (240, 40, 80),
-        seed: int = 0,
-        num_phantoms: int = 24,
-        phantom_shape: Sequence[int] | None = None,
-        phantom_seed: int = 0,
-        window: Sequence[float] = (-160.0, 240.0),
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            spacing,
-            split,
-            seed,
-            crop_foreground=True,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self.window = tuple(float(w) for w in window)
-        if len(self.window) != 2 or self.window[0] >= self.window[1]:
-            raise ValueError(f"window must be (low, high) HU with low < high, got {tuple(window)}")
-        self.num_phantoms, self.phantom_seed = int(num_phantoms), int(phantom_seed)
-        if phantom_shape is not None:
-            self.phantom_shape = tuple(int(s) for s in phantom_shape)
+    dataset_dir: str | os.PathLike | None = ""
+    output_dir: str | os.PathLike = ""
+    roi_size: Sequence[int] = facts.roi_size
+    cache_dir: str | os.PathLike | None = None
+    spacing: Sequence[float] | None = (1.6, 1.6, 6.0)
+    split: Sequence[int] = (240, 40, 80)
+    num_phantoms: int = 24
+    phantom_shape: Sequence[int] | None = None
+    phantom_seed: int = 0
+    window: Sequence[float] = (-160.0, 240.0)
+
+    def __post_init__(self) -> None:
+        self.window = check_window(self.window)
+        self.num_phantoms, self.phantom_seed = int(self.num_phantoms), int(self.phantom_seed)
+        self.cache_dir = Path(self.cache_dir).expanduser() if self.cache_dir else phantoms.default_cache_dir()
+        super().__post_init__()
+
+    def _read_dataset(self) -> None:
+        if self.phantom_shape is not None:
+            self.phantom_shape = tuple(int(s) for s in self.phantom_shape)
             self.phantom_spacing = phantoms.phantom_spacing(self.phantom_shape)
         else:
             self.phantom_spacing = self.spacing or phantoms.phantom_spacing((128, 128, 48))
             self.phantom_shape = phantoms.phantom_shape(self.phantom_spacing)
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else phantoms.default_cache_dir()
-        self.dataset_dir = str(dataset_dir or "")
+        self.dataset_dir = str(self.dataset_dir or "")
         if self.dataset_dir:
             self.source = "flare"
             self.layout, self._cases = find_flare_cases(self.dataset_dir)  # fails early on a wrong folder
@@ -110,7 +98,7 @@ class FLARE(VolumeSegmentationData):
         else:
             self.source, self.layout, self._cases = "phantom", "flare22", None
             if self.num_phantoms < 3:
-                raise ValueError(f"num_phantoms must be >= 3 (one case per subset), got {num_phantoms}")
+                raise ValueError(f"num_phantoms must be >= 3 (one case per subset), got {self.num_phantoms}")
 
     @property
     def phantom_root(self) -> Path:
@@ -148,15 +136,7 @@ class FLARE(VolumeSegmentationData):
         return [
             *steps.read_as_ras(FLARE22_TO_FLARE),
             steps.resample(),
-            {
-                "_target_": "ScaleIntensityRanged",
-                "keys": "image",
-                "a_min": "$@data.window[0]",
-                "a_max": "$@data.window[1]",
-                "b_min": 0.0,
-                "b_max": 1.0,
-                "clip": True,
-            },
+            steps.window(),
             steps.crop_around_label(),
             steps.pad_or_crop(phases=(steps.TRAINING,)),
         ]

@@ -13,7 +13,14 @@ from monai.transforms import MapTransform, ScaleIntensityd, ScaleIntensityRanged
 from calib_monai.data.layouts import layout_error
 from calib_monai.data.transforms import CaseDataError, case_filename
 
-__all__ = ["CheckChannelsd", "ScaleIntensityToUnitd", "existing_root", "intensity_scaling", "require_file"]
+__all__ = [
+    "CheckChannelsd",
+    "ScaleIntensityToUnitd",
+    "check_window",
+    "existing_root",
+    "intensity_scaling",
+    "require_file",
+]
 
 
 def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path | None:
@@ -35,6 +42,14 @@ def require_file(path: Path, what: str) -> str:
     if not path.is_file():
         raise ValueError(f"{what} {path} is missing; add the file or remove the case folder {path.parent}")
     return str(path)
+
+
+def check_window(window: Sequence[float]) -> tuple[float, float]:
+    """A CT ``window`` (HU) as ``(low, high)`` floats, or a ValueError."""
+    values = tuple(float(w) for w in window)
+    if len(values) != 2 or values[0] >= values[1]:
+        raise ValueError(f"window must be (low, high) HU with low < high, got {tuple(window)}")
+    return values
 
 
 def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> list[Callable]:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import nibabel as nib
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root, intensity_scaling
-from calib_monai.data.layouts import layout_error, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.helpers import check_window
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["KITS_LAYOUTS", "KiTS"]
 
@@ -24,6 +24,7 @@ KITS_LAYOUTS = (
 )
 
 
+@data_component
 class KiTS(VolumeSegmentationData):
     """KiTS19 (Kidney Tumor Segmentation challenge 2019): kidney (1) and tumour (2) in contrast-enhanced abdominal
     CT; 3 classes with background, 1 input channel.
@@ -46,12 +47,9 @@ class KiTS(VolumeSegmentationData):
     segmentations, and surgical outcomes", arXiv:1904.00445, 2019.
 
     Args:
-        dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent); None: no data set, a
-            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent); None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D).
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         spacing: resampling voxel spacing in mm (x, y, z after RAS orientation).
         split: (train, val, test) counts, or their ratios for another number of cases.
         window: CT window (HU) mapped to [0, 1].
@@ -62,49 +60,34 @@ class KiTS(VolumeSegmentationData):
         {"0": "background", "1": "kidney", "2": "tumor"}, channel_names=("image",), roi_size=(160, 160, 80)
     )
     preprocessing_args = ("spacing", "window")
+    layouts = KITS_LAYOUTS
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        spacing: Sequence[float] | None = (1.62, 1.62, 3.22),
-        split: Sequence[int] = (150, 25, 40),
-        window: Sequence[float] = (-79.0, 304.0),
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            spacing,
-            split,
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self.window = tuple(float(w) for w in window)
-        intensity_scaling(self.window)  # fails early on a bad window
-        root = existing_root(unless_given(dataset_dir, self.datalist_path), KITS_LAYOUTS)
-        self._cases = []
-        if root is None:  # preprocessing only
-            return
+    roi_size: Sequence[int] = facts.roi_size
+    spacing: Sequence[float] | None = (1.62, 1.62, 3.22)
+    split: Sequence[int] = (150, 25, 40)
+    window: Sequence[float] = (-79.0, 304.0)
+
+    def __post_init__(self) -> None:
+        self.window = check_window(self.window)
+        super().__post_init__()
+
+    def _read_cases(self, root: Path) -> list[dict]:
         self.root = root / "data" if not any(root.glob("case_*")) and (root / "data").is_dir() else root
         folders = sorted(p for p in self.root.glob("case_*") if p.is_dir())
         if not folders:
             raise layout_error(self.root, "has no case_NNNNN folders", KITS_LAYOUTS)
+        cases = []
         for folder in folders:
             image, label = folder / "imaging.nii.gz", folder / "segmentation.nii.gz"
             if not image.is_file():
                 raise ValueError(f"KiTS19 case folder {folder} has no imaging.nii.gz; restore it or remove the folder")
             if label.is_file():
                 self._check_slice_axis(image)
-                self._cases.append({"image": str(image), "label": str(label)})
-        if not self._cases:
+                cases.append({"image": str(image), "label": str(label)})
+        if not cases:
             raise layout_error(self.root, "has case folders but no segmentation.nii.gz in them", KITS_LAYOUTS)
-        logger.info("KiTS19: %d labelled cases in %s", len(self._cases), self.root)
+        logger.info("KiTS19: %d labelled cases in %s", len(cases), self.root)
+        return cases
 
     @staticmethod
     def _check_slice_axis(image) -> None:
@@ -123,17 +106,6 @@ class KiTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            {
-                "_target_": "ScaleIntensityRanged",
-                "keys": "image",
-                "a_min": "$@data.window[0]",
-                "a_max": "$@data.window[1]",
-                "b_min": 0.0,
-                "b_max": 1.0,
-                "clip": True,
-            },
+            steps.window(),
             steps.pad_or_crop(),
         ]
-
-    def _find_cases(self) -> list[dict[str, str]]:
-        return self._cases

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,9 +10,9 @@ import numpy as np
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root, intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.helpers import intensity_scaling, require_file
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]
 
@@ -35,6 +34,7 @@ def _subject_order(name: str) -> tuple[int, str]:
     return (int(name), name) if name.isdigit() else (1 << 30, name)
 
 
+@data_component
 class MRBrainS(VolumeSegmentationData):
     """MRBrainS18 brain tissue segmentation: gray matter (GM 1), white matter (WM 2), cerebrospinal fluid (CSF 3);
     4 classes with background; T1, T2-FLAIR and T1-IR as 3 input channels; 7 subjects, leave-one-subject-out.
@@ -56,13 +56,11 @@ class MRBrainS(VolumeSegmentationData):
     3T MRI scans", Computational Intelligence and Neuroscience, 2015; MRBrainS18: https://mrbrains18.isi.uu.nl.
 
     Args:
-        dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself); None: no data set, a
-            preprocessing-only component for inference (``datalist`` and the datasets raise a ValueError; ``fold``
-            is not checked against the subjects).
-        output_dir: the run's output folder (``datalist.json`` of the fold's split).
+        dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself); None: preprocessing
+            only (``fold`` is then not checked against the subjects).
+        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D).
         seed: seed of the choice of the validation subject.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         fold: index (0..n-1) of the held-out test subject in id order.
         intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
@@ -74,56 +72,40 @@ class MRBrainS(VolumeSegmentationData):
         roi_size=(240, 240, 48),
     )
     preprocessing_args = ("intensity",)
+    layouts = MRBRAINS_LAYOUTS
+    split = (1, 1, 1)  # leave-one-subject-out: set from the subjects found (_read_cases)
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        fold: int = 0,
-        intensity: str | Sequence[float] = "minmax",
-    ):
-        root = existing_root(unless_given(dataset_dir, Path(output_dir or ".") / self.datalist_name), MRBRAINS_LAYOUTS)
-        subjects: list[Path] = []
-        if root is not None:  # the split needs the number of subjects: only when there is data
-            self.root = root / "training" if (root / "training").is_dir() else root
-            subjects = sorted(
-                (p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
-                key=lambda p: _subject_order(p.name),
-            )
-            if len(subjects) < 3:
-                raise layout_error(
-                    self.root,
-                    f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
-                    "out needs at least 3 (training, validation, test)",
-                    MRBRAINS_LAYOUTS,
-                )
-            if not 0 <= int(fold) < len(subjects):
-                raise ValueError(
-                    f"fold must be in 0..{len(subjects) - 1} (one per subject: "
-                    f"{[p.name for p in subjects]}), got {fold}"
-                )
-        self.fold = int(fold)
-        super().__init__(
-            output_dir,
-            roi_size,
-            None,
-            (max(len(subjects) - 2, 1), 1, 1),
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
+    roi_size: Sequence[int] = facts.roi_size
+    fold: int = 0
+    intensity: str | Sequence[float] = "minmax"
+
+    def __post_init__(self) -> None:
+        self.fold = int(self.fold)
+        intensity_scaling(self.intensity)  # fails early on a bad value
+        self.subjects: list[str] = []
+        super().__post_init__()
+
+    def _read_cases(self, root: Path) -> list[dict]:
+        self.root = root / "training" if (root / "training").is_dir() else root
+        subjects = sorted(
+            (p for p in self.root.iterdir() if p.is_dir() and (p / "pre").is_dir()),
+            key=lambda p: _subject_order(p.name),
         )
-        self.intensity = intensity
-        intensity_scaling(intensity)  # fails early on a bad value
+        if len(subjects) < 3:
+            raise layout_error(
+                self.root,
+                f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
+                "out needs at least 3 (training, validation, test)",
+                MRBRAINS_LAYOUTS,
+            )
+        if not 0 <= self.fold < len(subjects):
+            raise ValueError(
+                f"fold must be in 0..{len(subjects) - 1} (one per subject: "
+                f"{[p.name for p in subjects]}), got {self.fold}"
+            )
         self.subjects = [p.name for p in subjects]
-        if root is None:  # preprocessing only
-            self._cases = []
-            return
-        self._cases = [
+        self.split = (len(subjects) - 2, 1, 1)
+        cases = [
             {
                 "image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES],
                 "label": require_file(p / "segm.nii.gz", "MRBrainS18 label"),
@@ -137,24 +119,17 @@ class MRBrainS(VolumeSegmentationData):
             self.fold,
             self.subjects[self.fold],
         )
+        return cases
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
         """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
         return [
             *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": "$@data.channel_names",
-                "source": "MRBrainS18",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels("$@data.channel_names", "MRBrainS18"),
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
-
-    def _find_cases(self) -> list[dict]:
-        return self._cases
 
     def inference_items(self, path: Path) -> list[dict]:
         """The subjects at ``path``: ``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for

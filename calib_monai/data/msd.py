@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.helpers import intensity_scaling
 from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["MSDDataset"]
 
 logger = logging.getLogger("calib_monai.data")
 
 
+@data_component
 class MSDDataset(VolumeSegmentationData):
     """Cases listed by an MSD ``dataset.json`` (``labels`` and ``training``, or ``imagesTr/`` + ``labelsTr/``).
 
@@ -30,45 +30,40 @@ class MSDDataset(VolumeSegmentationData):
     - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)`` (CT tasks, in HU).
 
     Args:
-        dataset_dir: the task folder (holds ``dataset.json``); None: no data set, a preprocessing-only component
-            for inference (``datalist`` and the datasets raise a ValueError), for a subclass whose class names its
-            labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the task folder (holds ``dataset.json``); None: preprocessing only, for a subclass whose class
+            names its labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
             keep every slice, as the Hippocampus reference setup).
         spacing: resampling voxel spacing in mm, or None to keep the data's.
         split: (train, val, test) counts, or ratios when they do not sum to the number of cases.
-        seed: seed of the split.
         intensity: "minmax", "percentile" or a ``(low, high)`` window.
         crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground instead of the
             image centre (validation and test volumes are always centre cropped/padded: the label never chooses
             the crop of a scored volume).
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
     """
 
     source = "msd"
     task = ""  # a known task's folder name (Task04_Hippocampus), for error messages
     preprocessing_args = ("spacing", "intensity", "crop_foreground")
 
+    roi_size: Sequence[int] = (64, 64, -1)
+    spacing: Sequence[float] | None = None
+    split: Sequence[int] = (70, 10, 20)
+    intensity: str | Sequence[float] = "minmax"
+    crop_foreground: bool = False
+
     @property
     def expected_labels(self) -> dict[str, str]:
         """The classes a known task must have (``facts``); none for the generic component (from dataset.json)."""
         return {} if self.facts is None else dict(self.facts.label_names)
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = (64, 64, -1),
-        spacing: Sequence[float] | None = None,
-        split: Sequence[int] = (70, 10, 20),
-        seed: int = 0,
-        intensity: str | Sequence[float] = "minmax",
-        crop_foreground: bool = False,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-    ):
-        super().__init__(output_dir, roi_size, spacing, split, seed, crop_foreground, cache_rate, num_workers)
+    def __post_init__(self) -> None:
+        intensity_scaling(self.intensity)  # fails early on a bad value
+        super().__post_init__()
+
+    def _read_dataset(self) -> None:
+        dataset_dir = self.dataset_dir
         if self.expected_labels:  # a known task: its classes need no dataset.json, so a given datalist is enough
             dataset_dir = unless_given(dataset_dir, self.datalist_path)
         if dataset_dir is None and not self.expected_labels:
@@ -81,10 +76,8 @@ class MSDDataset(VolumeSegmentationData):
         if dataset_dir is not None and not dataset_dir:
             raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
         self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
-        intensity_scaling(intensity)  # fails early on a bad value
-        self.intensity = intensity
         if self.dataset_dir is None:  # preprocessing only: the classes come from the class
-            self.description, self._cases, self._label_names = {}, [], dict(self.expected_labels)
+            self.description, self._label_names = {}, dict(self.expected_labels)
             return
         self.description, self._cases = find_msd_cases(self.dataset_dir)
         self._label_names = read_dataset_json_labels(self.description, str(self.dataset_dir / "dataset.json"))
@@ -97,14 +90,8 @@ class MSDDataset(VolumeSegmentationData):
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            {
-                "_target_": "calib_monai.data.CheckChannelsd",
-                "key": "image",
-                "names": "$@data.channel_names",
-                "source": "$@data.task",
-                "_disabled_": "$@data.channel_names is None",
-            },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.check_channels("$@data.channel_names", "$@data.task", disabled="$@data.channel_names is None"),
+            steps.scale_to_unit(),
             steps.crop_around_label(disabled="$not @data.crop_foreground"),
             steps.pad_or_crop(),
         ]
@@ -126,6 +113,3 @@ class MSDDataset(VolumeSegmentationData):
 
     def _dataset_root(self) -> str | None:
         return None if self.dataset_dir is None else str(self.dataset_dir)
-
-    def _find_cases(self) -> list[dict[str, str]]:
-        return self._cases

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
+from dataclasses import field
 
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.msd import MSDDataset
+from calib_monai.data.volumes import data_component
 
 __all__ = ["Hippocampus", "Prostate"]
 
@@ -15,7 +16,8 @@ class _MSDTask(MSDDataset):
     """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities (``facts``); its
     preprocessing checks the channels (``MSDDataset.preprocessing_steps``)."""
 
-    def _check_description(self) -> None:
+    def _read_dataset(self) -> None:
+        super()._read_dataset()
         if self.dataset_dir is None:  # preprocessing only: no dataset.json to check
             return
         where = self.dataset_dir / "dataset.json"
@@ -34,6 +36,7 @@ class _MSDTask(MSDDataset):
             )
 
 
+@data_component
 class Hippocampus(_MSDTask):
     """MSD Task04_Hippocampus (the MbLS paper's HPC): anterior (1) and posterior (2) hippocampus in T1 MRI crops;
     3 classes with background, 1 input channel.
@@ -47,12 +50,9 @@ class Hippocampus(_MSDTask):
     et al., arXiv:1902.09063, 2019.
 
     Args:
-        dataset_dir: the Task04_Hippocampus folder; None: no data set, a preprocessing-only component for
-            inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the Task04_Hippocampus folder; None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         split: (train, val, test) counts, or their ratios for another number of cases.
     """
 
@@ -63,31 +63,15 @@ class Hippocampus(_MSDTask):
     )
     preprocessing_args = ()
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        split: Sequence[int] = (185, 25, 50),
-    ):
-        super().__init__(
-            dataset_dir,
-            output_dir,
-            roi_size=roi_size,
-            spacing=None,
-            split=split,
-            seed=seed,
-            intensity="minmax",
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self._check_description()
+    roi_size: Sequence[int] = facts.roi_size
+    split: Sequence[int] = (185, 25, 50)
+    # the MbLS setup, not arguments: no resampling, min-max scaling, centre crop/pad
+    spacing: Sequence[float] | None = field(default=None, init=False)
+    intensity: str = field(default="minmax", init=False)
+    crop_foreground: bool = field(default=False, init=False)
 
 
+@data_component
 class Prostate(_MSDTask):
     """MSD Task05_Prostate (the NACL journal's PROSTATE): peripheral zone (PZ 1) and transition zone (TZ 2) in
     multi-parametric MRI; T2 and ADC as 2 input channels; 3 classes with background.
@@ -101,14 +85,11 @@ class Prostate(_MSDTask):
     Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022.
 
     Args:
-        dataset_dir: the Task05_Prostate folder; None: no data set, a preprocessing-only component for
-            inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the Task05_Prostate folder; None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
-        split: (train, val, test) counts, or their ratios for another number of cases.
         spacing: resampling voxel spacing in mm, or None.
+        split: (train, val, test) counts, or their ratios for another number of cases.
         intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
 
@@ -119,28 +100,6 @@ class Prostate(_MSDTask):
     )
     preprocessing_args = ("spacing", "intensity")
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        split: Sequence[int] = (22, 3, 7),
-        spacing: Sequence[float] | None = None,
-        intensity: str | Sequence[float] = "minmax",
-    ):
-        super().__init__(
-            dataset_dir,
-            output_dir,
-            roi_size=roi_size,
-            spacing=spacing,
-            split=split,
-            seed=seed,
-            intensity=intensity,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        self._check_description()
+    roi_size: Sequence[int] = facts.roi_size
+    split: Sequence[int] = (22, 3, 7)
+    crop_foreground: bool = field(default=False, init=False)  # the NACL setup: centre crop/pad

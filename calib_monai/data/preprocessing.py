@@ -34,6 +34,7 @@ __all__ = [
     "PHASES",
     "TRAINING",
     "channel_first",
+    "check_channels",
     "check_labels",
     "compose",
     "compose_config",
@@ -50,8 +51,10 @@ __all__ = [
     "phase_transforms",
     "resample",
     "resize",
+    "scale_to_unit",
     "to_float32",
     "to_ras",
+    "window",
 ]
 
 IMAGE, LABEL = "image", "label"
@@ -239,6 +242,30 @@ def resize(spatial_size: str) -> dict[str, Any]:
         "spatial_size": spatial_size,
         "mode": ["trilinear", "nearest"],
         "anti_aliasing": [True, False],
+    }
+
+
+def check_channels(names: Sequence[str] | str, source: str, disabled: str | None = None) -> dict[str, Any]:
+    """The image's channel count against ``names`` (``CheckChannelsd``: modality files stacked as channels)."""
+    step = {"_target_": "calib_monai.data.CheckChannelsd", "key": IMAGE, "names": names, "source": source}
+    return {**step, **({"_disabled_": disabled} if disabled else {})}
+
+
+def scale_to_unit() -> dict[str, Any]:
+    """Intensities to [0, 1] by the component's ``intensity`` rule (``ScaleIntensityToUnitd``)."""
+    return {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": IMAGE, "intensity": "$@data.intensity"}
+
+
+def window() -> dict[str, Any]:
+    """The component's CT ``window`` (low, high) in HU scaled to [0, 1] with clipping."""
+    return {
+        "_target_": "ScaleIntensityRanged",
+        "keys": IMAGE,
+        "a_min": "$@data.window[0]",
+        "a_max": "$@data.window[1]",
+        "b_min": 0.0,
+        "b_max": 1.0,
+        "clip": True,
     }
 
 

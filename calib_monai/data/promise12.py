@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root, intensity_scaling
-from calib_monai.data.layouts import layout_error, unless_given
-from calib_monai.data.volumes import VolumeSegmentationData
+from calib_monai.data.helpers import intensity_scaling
+from calib_monai.data.layouts import layout_error
+from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["PROMISE12", "PROMISE12_LAYOUTS"]
 
@@ -33,6 +32,7 @@ def _scan_name(name: str) -> str | None:
     return next((name[: -len(s)] for s in _SCAN_SUFFIXES if name.lower().endswith(s) and len(name) > len(s)), None)
 
 
+@data_component
 class PROMISE12(VolumeSegmentationData):
     """PROMISE12 (MICCAI 2012 prostate MR segmentation challenge): the prostate in transversal T2-weighted MRI from
     four centres; 2 classes (background, prostate), 1 input channel.
@@ -55,12 +55,9 @@ class PROMISE12(VolumeSegmentationData):
     Medical Image Analysis 18(2), 2014.
 
     Args:
-        dataset_dir: the PROMISE12 training data folder; None: no data set, a preprocessing-only component for
-            inference (``datalist`` and the datasets raise a ValueError).
-        output_dir: the run's output folder (``datalist.json`` of the split).
+        dataset_dir: the PROMISE12 training data folder; None: preprocessing only.
+        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        seed: seed of the split.
-        cache_rate, num_workers: see ``VolumeSegmentationData``.
         split: (train, val, test) counts, or their ratios for another number of cases.
         in_plane_spacing: in-plane voxel size (mm) to resample to, or None to keep each scan's.
         intensity: "percentile" (default), "minmax" or a (low, high) window.
@@ -69,50 +66,32 @@ class PROMISE12(VolumeSegmentationData):
     source = "promise12"
     facts = DatasetFacts({"0": "background", "1": "prostate"}, channel_names=("image",), roi_size=(256, 256, -1))
     preprocessing_args = ("in_plane_spacing", "intensity")
+    layouts = PROMISE12_LAYOUTS
 
-    def __init__(
-        self,
-        dataset_dir: str | os.PathLike | None,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int] = facts.roi_size,
-        seed: int = 0,
-        cache_rate: float = 1.0,
-        num_workers: int = 0,
-        split: Sequence[int] = (30, 5, 15),
-        in_plane_spacing: float | None = 0.625,
-        intensity: str | Sequence[float] = "percentile",
-    ):
-        super().__init__(
-            output_dir,
-            roi_size,
-            None,
-            split,
-            seed,
-            crop_foreground=False,
-            cache_rate=cache_rate,
-            num_workers=num_workers,
-        )
-        if in_plane_spacing is not None and float(in_plane_spacing) <= 0:
-            raise ValueError(f"in_plane_spacing must be a positive size in mm or None, got {in_plane_spacing}")
-        self.in_plane_spacing = in_plane_spacing
-        self.intensity = intensity
-        intensity_scaling(intensity)  # fails early on a bad value
-        self.root = existing_root(unless_given(dataset_dir, self.datalist_path), PROMISE12_LAYOUTS)
-        self._cases = []
-        if self.root is None:  # preprocessing only
-            return
-        images = sorted(p for p in self.root.rglob("Case*.mhd") if _PROMISE_CASE.match(p.name))
-        for image in images:
-            label = image.with_name(image.stem + "_segmentation.mhd")
-            if label.is_file():
-                self._cases.append({"image": str(image), "label": str(label)})
-        if not self._cases:
+    roi_size: Sequence[int] = facts.roi_size
+    split: Sequence[int] = (30, 5, 15)
+    in_plane_spacing: float | None = 0.625
+    intensity: str | Sequence[float] = "percentile"
+
+    def __post_init__(self) -> None:
+        if self.in_plane_spacing is not None and float(self.in_plane_spacing) <= 0:
+            raise ValueError(f"in_plane_spacing must be a positive size in mm or None, got {self.in_plane_spacing}")
+        intensity_scaling(self.intensity)  # fails early on a bad value
+        super().__post_init__()
+
+    def _read_cases(self, root: Path) -> list[dict]:
+        self.root = root
+        images = sorted(p for p in root.rglob("Case*.mhd") if _PROMISE_CASE.match(p.name))
+        labels = [image.with_name(image.stem + "_segmentation.mhd") for image in images]
+        cases = [{"image": str(i), "label": str(lb)} for i, lb in zip(images, labels) if lb.is_file()]
+        if not cases:
             raise layout_error(
-                self.root, "has no CaseNN.mhd image with a CaseNN_segmentation.mhd beside it", PROMISE12_LAYOUTS
+                root, "has no CaseNN.mhd image with a CaseNN_segmentation.mhd beside it", PROMISE12_LAYOUTS
             )
-        if len(self._cases) < len(images):
-            logger.info("PROMISE12: skipped %d image(s) without a segmentation", len(images) - len(self._cases))
-        logger.info("PROMISE12: %d labelled cases in %s", len(self._cases), self.root)
+        if len(cases) < len(images):
+            logger.info("PROMISE12: skipped %d image(s) without a segmentation", len(images) - len(cases))
+        logger.info("PROMISE12: %d labelled cases in %s", len(cases), root)
+        return cases
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
@@ -128,12 +107,9 @@ class PROMISE12(VolumeSegmentationData):
                 "max_pixdim": f"$[float({in_plane})] * 2 + [1e6]",
                 "_disabled_": f"${in_plane} is None",
             },
-            {"_target_": "calib_monai.data.ScaleIntensityToUnitd", "keys": "image", "intensity": "$@data.intensity"},
+            steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
-
-    def _find_cases(self) -> list[dict[str, str]]:
-        return self._cases
 
     def inference_items(self, path: Path) -> list[dict]:
         """The scans at ``path``: ``{"image": scan, "case": <name>}`` for one ``.mhd``/``.mha``/NIfTI file, or

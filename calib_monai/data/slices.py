@@ -1,15 +1,65 @@
-"""The 2D slices the papers train on, served from cached preprocessed 3D volumes
-(:class:`~calib_monai.data.volumes.VolumeSegmentationData`'s training set)."""
+"""The cached preprocessed 3D volumes of a data set component, and the 2D slices the papers train on, served from them
+(:class:`~calib_monai.data.volumes.VolumeSegmentationData`'s datasets)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
-from monai.data import MetaTensor
+from monai.data import CacheDataset, MetaTensor
 from torch.utils.data import Dataset
 
-__all__ = ["SliceDataset"]
+from calib_monai.data.transforms import unwrap_case_error
+
+__all__ = ["SliceDataset", "cached_volumes"]
+
+
+class _CaseCheckedCacheDataset(CacheDataset):
+    """``CacheDataset`` that surfaces a bad case as its ``CaseDataError`` (a ValueError naming the file), not as
+    MONAI's generic ``RuntimeError("applying transform ...")`` wrapper around it."""
+
+    def _load_cache_item(self, idx: int):
+        try:
+            return super()._load_cache_item(idx)
+        except RuntimeError as err:
+            raise (unwrap_case_error(err) or err) from None
+
+    def _transform(self, index: int):
+        try:
+            return super()._transform(index)
+        except RuntimeError as err:
+            raise (unwrap_case_error(err) or err) from None
+
+
+@contextmanager
+def _single_threaded_torch():
+    """Run the caching with one intra-op thread, then restore the setting.
+
+    Preprocessing is many small tensor operations; on a busy 2-core machine their thread hand-offs dominate
+    (measured: 0.24 s vs 0.025 s per Hippocampus volume, 0.42 s vs 0.22 s per 240x240x40 phantom).
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def cached_volumes(items: Sequence[dict], chain: Callable, cache_rate: float, num_workers: int) -> CacheDataset:
+    """``items`` preprocessed by the deterministic ``chain``, ``cache_rate`` of them up front (``num_workers``
+    threads); a bad case raises its ``CaseDataError``."""
+    with _single_threaded_torch():
+        return _CaseCheckedCacheDataset(
+            items,
+            transform=chain,
+            cache_rate=cache_rate,
+            num_workers=max(num_workers, 1),
+            progress=False,
+            # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
+            copy_cache=False,
+        )
 
 
 def _plain(x) -> torch.Tensor:

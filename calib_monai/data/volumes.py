@@ -15,61 +15,36 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-import torch
 from monai.data import CacheDataset
 from monai.transforms import Compose
 from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
+from calib_monai.data.helpers import existing_root
 from calib_monai.data.inference import nifti_items
-from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases
+from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases, unless_given
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
-from calib_monai.data.slices import SliceDataset
-from calib_monai.data.transforms import unwrap_case_error
+from calib_monai.data.slices import SliceDataset, cached_volumes
 
-__all__ = ["SliceDataset", "VolumeSegmentationData"]
+__all__ = ["SliceDataset", "VolumeSegmentationData", "data_component"]
 
 logger = logging.getLogger("calib_monai.data")
 
 SUBSETS = ("training", "validation", "test")
 
 
-class _CaseCheckedCacheDataset(CacheDataset):
-    """``CacheDataset`` that surfaces a bad case as its ``CaseDataError`` (a ValueError naming the file), not as
-    MONAI's generic ``RuntimeError("applying transform ...")`` wrapper around it."""
-
-    def _load_cache_item(self, idx: int):
-        try:
-            return super()._load_cache_item(idx)
-        except RuntimeError as err:
-            raise (unwrap_case_error(err) or err) from None
-
-    def _transform(self, index: int):
-        try:
-            return super()._transform(index)
-        except RuntimeError as err:
-            raise (unwrap_case_error(err) or err) from None
+# The components are dataclasses: one constructor, generated from the fields the base and each class declare (its
+# signature is what bundle configs, ``--data#<name>`` overrides and ``bundle_factory`` read); identity equality, as
+# the components are cached and hashed by object; the base's repr.
+data_component = dataclass(eq=False, repr=False)
 
 
-@contextmanager
-def _single_threaded_torch():
-    """Run the caching with one intra-op thread, then restore the setting.
-
-    Preprocessing is many small tensor operations; on a busy 2-core machine their thread hand-offs dominate
-    (measured: 0.24 s vs 0.025 s per Hippocampus volume, 0.42 s vs 0.22 s per 240x240x40 phantom).
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
+@data_component
 class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
@@ -82,73 +57,80 @@ class VolumeSegmentationData:
     label (``crop_foreground``); validation and test volumes never are. The datasets apply the chain they are given
     (a bundle gives its config's), else the one the component builds from its list (``preprocessing(subset)``).
 
-    Subclasses set ``source``, ``facts`` (``DatasetFacts``: classes, channels, default ``roi_size``; or override
-    ``label_names``), ``preprocessing_steps`` (reading the component as ``@data``), ``preprocessing_args`` (the
-    constructor arguments the steps read, written with their defaults into the bundles' ``data`` section),
-    ``_find_cases`` (list of ``{"image", "label"}`` paths; an image may be a list of paths, one per modality, stacked
-    as channels), and either set ``root`` (the data set folder) or override ``_dataset_root``; they may override
-    ``raw_label_values`` (label values the files may hold before remapping), ``_label_convention``, ``_split_cases``
-    (e.g. by patient) and ``_datalist_info``; a subclass with ``drop_empty_training_slices = True`` trains on the
-    slices with foreground only.
+    A subclass is a ``data_component`` too. It declares its constructor arguments as fields after the base's (its
+    ``roi_size`` default: ``facts.roi_size``; ``split``, ``spacing``, ``crop_foreground`` below), checks them in
+    ``__post_init__`` before calling the base's, and sets ``source``, ``facts`` (``DatasetFacts``: classes, channels,
+    default ``roi_size``; or overrides ``label_names``), ``layouts`` (the folder layouts its errors list),
+    ``preprocessing_steps`` (reading the component as ``@data``), ``preprocessing_args`` (the arguments the steps
+    read, written with their defaults into the bundles' ``data`` section) and ``_read_cases`` (the data set folder ->
+    ``root`` and the list of ``{"image", "label"}`` paths; an image may be a list of paths, one per modality, stacked
+    as channels), or overrides ``_read_dataset``. It may override ``raw_label_values`` (label values the files may
+    hold before remapping), ``_label_convention``, ``_split_cases`` (e.g. by patient) and ``_datalist_info``; with
+    ``drop_empty_training_slices = True`` it trains on the slices with foreground only.
 
     A component built with ``dataset_dir=None`` has no data set (``root`` None, ``_dataset_root()`` None): it
     serves ``inference_preprocessing`` (bundle ``inference.json``) without reading the disk, and ``datalist`` and
-    the datasets raise a ValueError saying so (``inference_only``).
+    the datasets raise a ValueError saying so (``inference_only``). An empty ``dataset_dir`` with a given
+    ``datalist.json`` in ``output_dir`` (MONAI Label's train task) reads no folder either.
 
     Args:
+        dataset_dir: the data set folder; None: no data set, a preprocessing-only component for inference.
         output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
         roi_size: spatial size ``(H, W, D)`` of the preprocessed volumes; ``-1`` keeps an axis' size.
-        spacing: voxel spacing (mm) to resample to, or None to keep the data's spacing.
-        split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
         seed: seed of the split.
-        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
-            image centre).
         cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (1.0: all; training slices of
             uncached volumes are slow, see ``SliceDataset``).
         num_workers: threads ``CacheDataset`` uses to preprocess.
+
+    Settings a subclass declares, as fields (constructor arguments) or class attributes:
+        split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
+        spacing: voxel spacing (mm) to resample to, or None to keep the data's (default None).
+        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
+            image centre; default False).
     """
 
-    datalist_name = "datalist.json"
-    drop_empty_training_slices = False
-    root: Path | None = None  # the data set folder; None: built with dataset_dir=None, preprocessing only
-    facts: DatasetFacts | None = None  # None: the classes come from the data (MSDDataset's dataset.json)
-    preprocessing_args: tuple[str, ...] = ()  # constructor arguments that preprocessing_steps() reads
+    dataset_dir: str | os.PathLike | None
+    output_dir: str | os.PathLike
+    roi_size: Sequence[int]
+    seed: int = 0
+    cache_rate: float = 1.0
+    num_workers: int = 0
 
-    def __init__(
-        self,
-        output_dir: str | os.PathLike,
-        roi_size: Sequence[int],
-        spacing: Sequence[float] | None,
-        split: Sequence[int],
-        seed: int,
-        crop_foreground: bool,
-        cache_rate: float,
-        num_workers: int,
-    ) -> None:
-        if not output_dir:
+    spacing = None
+    crop_foreground = False
+    datalist_name: ClassVar[str] = "datalist.json"
+    drop_empty_training_slices: ClassVar[bool] = False
+    source: ClassVar[str] = ""
+    facts: ClassVar[DatasetFacts | None] = None  # None: the classes come from the data (MSDDataset's dataset.json)
+    preprocessing_args: ClassVar[tuple[str, ...]] = ()  # constructor arguments that preprocessing_steps() reads
+    layouts: ClassVar[tuple[str, ...]] = ()  # the folder layouts the component reads, listed by its errors
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
             raise ValueError("output_dir must name the run's output folder (the datalist.json of the split goes there)")
-        self.output_dir = check_folder(Path(output_dir).expanduser(), "output_dir")  # not a file, nor under one
-        self.roi_size = tuple(int(r) for r in roi_size)
+        self.output_dir = check_folder(Path(self.output_dir).expanduser(), "output_dir")  # not a file, nor under one
+        roi_size, self.roi_size = self.roi_size, tuple(int(r) for r in self.roi_size)
         if len(self.roi_size) != 3 or any(r == 0 or r < -1 for r in self.roi_size):
             raise ValueError(f"roi_size must be three positive sizes (or -1 to keep an axis), got {tuple(roi_size)}")
-        self.spacing = None if spacing is None else tuple(float(s) for s in spacing)
+        spacing, self.spacing = self.spacing, None if self.spacing is None else tuple(float(s) for s in self.spacing)
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise ValueError(f"spacing must be three positive voxel sizes in mm (or None), got {tuple(spacing)}")
-        self.split = tuple(int(s) for s in split)
-        self.seed = int(seed)
-        self.crop_foreground = bool(crop_foreground)
-        if not 0.0 <= float(cache_rate) <= 1.0:
-            raise ValueError(f"cache_rate must be in [0, 1], got {cache_rate}")
-        self.cache_rate = float(cache_rate)
-        self.num_workers = int(num_workers)
+        self.split = tuple(int(s) for s in self.split)
+        self.seed = int(self.seed)
+        self.crop_foreground = bool(self.crop_foreground)
+        if not 0.0 <= float(self.cache_rate) <= 1.0:
+            raise ValueError(f"cache_rate must be in [0, 1], got {self.cache_rate}")
+        self.cache_rate = float(self.cache_rate)
+        self.num_workers = int(self.num_workers)
+        self.root: Path | None = None  # the data set folder; None: preprocessing only
+        self._cases: list[dict] = []
         self._datalist: dict[str, list[dict]] | None = None
         self._volumes: dict[str, tuple[Callable, CacheDataset]] = {}  # subset -> (its chain, its cached volumes)
         self._given: dict[str, Callable] = {}  # phase -> the chain a dataset method was given (bundles: the config's)
         self._built: dict[str, Compose] = {}  # phase -> the chain built from preprocessing_steps()
+        self._read_dataset()
 
     # ---- subclass hooks -------------------------------------------------------------------------------------------
-    source: str = ""
-
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
         """The deterministic preprocessing as MONAI config items, steps limited to phases with
@@ -177,8 +159,20 @@ class VolumeSegmentationData:
         """How the label files encode classes, appended to ``ValidateSegmentationd``'s errors."""
         return f" of {self.source} ({self._label_convention()})"
 
-    def _find_cases(self) -> list[dict[str, str]]:
+    def _read_dataset(self) -> None:
+        """Read ``dataset_dir`` (``_read_cases``): nothing for None, or for an empty one with a given datalist."""
+        root = existing_root(unless_given(self.dataset_dir, self.datalist_path), self.layouts)
+        if root is not None:
+            self._cases = self._read_cases(root)
+
+    def _read_cases(self, root: Path) -> list[dict]:
+        """Set ``self.root`` from the existing folder ``root`` and list its labelled cases (a one-line error for a
+        folder in none of ``layouts``)."""
         raise NotImplementedError
+
+    def _find_cases(self) -> list[dict]:
+        """The cases the split draws from (read at construction, by default)."""
+        return self._cases
 
     def _dataset_root(self) -> str | None:
         """The data set folder (stored in ``datalist.json``), or None for a preprocessing-only component."""
@@ -311,17 +305,7 @@ class VolumeSegmentationData:
                     "with a non-zero count for it"
                 )
             logger.info("%s: preprocessing %d %s volume(s)", self.source, len(items), subset)
-            with _single_threaded_torch():
-                volumes = _CaseCheckedCacheDataset(
-                    items,
-                    transform=chain,
-                    cache_rate=self.cache_rate,
-                    num_workers=max(self.num_workers, 1),
-                    progress=False,
-                    # deterministic chains: MONAI would not copy anyway; slices index the cache read-only
-                    copy_cache=False,
-                )
-            self._volumes[subset] = (chain, volumes)
+            self._volumes[subset] = (chain, cached_volumes(items, chain, self.cache_rate, self.num_workers))
         return self._volumes[subset][1]
 
     def train_dataset(

@@ -45,6 +45,8 @@ import numpy as np
 
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 from calib_monai.bundle.outputs import write_durably
+from calib_monai.checks import check_number
+from calib_monai.defaults import LOW_CONFIDENCE
 
 from .slicer_inputs import ArrayOrPath, check_same_source, load_volume, reference_geometry, spatial_volume
 
@@ -165,7 +167,7 @@ def write_slicer_files(
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike,
     case: str,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
     quality: Mapping[str, Any] | None = None,
 ) -> SlicerFiles:
     """Write ``<case>.seg.nrrd`` and ``<case>_confidence.nrrd`` into ``output_dir`` for review in 3D Slicer.
@@ -191,6 +193,7 @@ def write_slicer_files(
     Returns:
         The paths written.
     """
+    low_confidence = _check_low_confidence(low_confidence)
     nrrd = _nrrd()
     seg, seg_affine = load_volume(segmentation, "segmentation")
     conf, conf_affine = load_volume(confidence, "confidence")
@@ -339,16 +342,24 @@ def _quality_tags(entry: Mapping[str, Any]) -> str:
     return "".join(tags)
 
 
+def _check_low_confidence(value: Any) -> float:
+    return check_number(
+        "low_confidence", value, 0, 1, low_open=True, high_open=True,
+        hint=f"the confidence below which a voxel is in the low-confidence segment; e.g. {LOW_CONFIDENCE}",
+    )  # fmt: skip
+
+
 def slicer_files_from_inference(
     inference_dir: str | os.PathLike,
     case: str,
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike | None = None,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
 ) -> SlicerFiles:
     """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference) and, when the run
     wrote it, ``<case>_quality.json``, into ``output_dir`` (default: ``inference_dir``)."""
+    _check_low_confidence(low_confidence)  # before any file is read
     seg_path, conf_path, stored = output_paths(inference_dir, case)
     missing = [path.name for path in (seg_path, conf_path) if not Path(path).is_file()]
     if missing:

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from monai.handlers import IgniteMetricHandler
 
-from calib_monai.metrics.calibration_metric import SegmentationCalibrationMetric
+from calib_monai.defaults import TACE_THRESHOLD
+from calib_monai.metrics.calibration import SegmentationCalibrationMetric
 
 __all__ = ["SegmentationCalibrationError"]
 
@@ -48,7 +49,7 @@ class SegmentationCalibrationError(IgniteMetricHandler):
         foreground: str | None = None,
         reduction: str = "mean",
         include_background: bool | None = None,
-        threshold: float = 1e-3,
+        threshold: float = TACE_THRESHOLD,
         output_transform: Callable = lambda x: x,
         save_details: bool = True,
     ) -> None:

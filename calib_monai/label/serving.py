@@ -31,6 +31,7 @@ from monai.data import MetaTensor
 from calib_monai.bundle import TrainedBundle
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
+from calib_monai.defaults import LOW_CONFIDENCE
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.review.site_monitor import SITE_FILE, SiteStateError, read_state, summarise
 
@@ -48,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger("calib_monai.label")
 
-CONFIDENCE_THRESHOLDS = (0.5, 0.8)
+CONFIDENCE_THRESHOLDS = (0.5, LOW_CONFIDENCE)  # the review map's thresholds a client may ask for
 #: The folder, in the datastore's, of each served bundle's site monitor: ``<studies>/calib_monai_site/<bundle>/``.
 SITE_FOLDER = "calib_monai_site"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
@@ -307,7 +308,7 @@ class ServedBundle:
             torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
         )
 
-    def save(self, served: Served, key: str, threshold: float = 0.8) -> str:
+    def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
         """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``,
         with the segmentation's writer), as the ``inferring`` run does, under a name of its own in the temporary folder
         (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""

@@ -45,7 +45,7 @@ def plain_tensor(x: torch.Tensor) -> torch.Tensor:
     """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept.
 
     Losses only need the values; dropping the subclass avoids MetaTensor's per-operation metadata bookkeeping.
-    (The metrics' :func:`calib_monai.metrics._inputs.detached_plain_tensor` also leaves the autograd graph.)
+    (The metrics' :func:`calib_monai.metrics.calibration.detached_plain_tensor` also leaves the autograd graph.)
     """
     return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from calib_monai.losses._l1ace import L1ACELoss
-from calib_monai.metrics.calibration_torch import equal_width_bins
+from calib_monai.metrics.calibration import equal_width_bin
 
 __all__ = ["HardL1ACELoss"]
 
@@ -64,5 +64,5 @@ class HardL1ACELoss(L1ACELoss):
     """
 
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Each probability in its one bin ``(k/M, (k+1)/M]`` with weight 1 (the index computed exactly, in float64)."""
-        return [(equal_width_bins(p.detach().double(), self.num_bins, p.dtype), None)]
+        """Each probability in its one bin ``(k/M, (k+1)/M]`` with weight 1 (the metrics' bin rule)."""
+        return [(equal_width_bin(p.detach(), self.num_bins), None)]

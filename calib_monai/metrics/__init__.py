@@ -8,23 +8,28 @@ and the report's ``summary.json`` columns are the *mean over volumes* of per-vol
 papers by default: per volume over every voxel, background excluded, 20 bins, then the mean over volumes.
 """
 
-from .calibration_error import (
+from .calibration import (
     CALIBRATION_METRICS,
     METRIC_DEFINITIONS,
+    SegmentationCalibrationMetric,
     ace,
     brier,
     calibration_errors,
+    calibration_statistics,
     cece,
+    cece_all,
     ece,
     metric_definition,
+    ml1ace,
+    ml1ace_gt,
     nll,
+    plot_reliability,
+    reliability_diagram_data,
+    save_reliability_diagram,
     segmentation_calibration,
     tace,
     value_from_statistics,
-    volume_statistics,
 )
-from .calibration_metric import SegmentationCalibrationMetric
-from .calibration_named import cece_all, ml1ace, ml1ace_gt
 from .case_quality import (
     CASE_SCORE,
     case_quality,
@@ -42,7 +47,6 @@ from .failure_detection import (
     save_risk_coverage_plot,
 )
 from .ranking import friedman_rank, mean_case_rank, rank_methods, sum_rank
-from .reliability import plot_reliability, reliability_diagram_data, save_reliability_diagram
 from .report_table import SegmentationReportTable
 from .segmentation import label_map_dice, segmentation_metrics_per_volume
 from .segmentation_report import SegmentationReportMetric

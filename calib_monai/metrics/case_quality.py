@@ -64,8 +64,9 @@ import torch
 import torch.nn.functional as F
 
 from calib_monai.checks import check_number, check_option
+from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
 
-from ._inputs import detached_plain_tensor, probability_problem
+from .calibration import detached_plain_tensor, probability_problem
 from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
 
 __all__ = [
@@ -183,7 +184,7 @@ def _class_sums(
     return sums
 
 
-def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> torch.Tensor:
+def estimated_dice(prob: Any, pred: Any = None, empty_class: str = EMPTY_CLASS) -> torch.Tensor:
     """Estimated DSC of each foreground class, ``(C - 1,)`` float64 on ``prob``'s device (see the module); an absent
     class (predicted nowhere, ``max_v p_k(v) < ABSENT_PROBABILITY``) gets NaN (``empty_class="nan"``) or 1
     (``"papers"``).
@@ -244,7 +245,7 @@ def _volumes_from(sums: dict[str, torch.Tensor], scale: float, widen: float) -> 
     }
 
 
-def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: float = 0.95) -> float:
+def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: float = VOLUME_COVERAGE) -> float:
     """The ``volume_interval_scale`` that makes the volume interval hold the true volume with probability
     ``coverage`` on cases exchangeable with the given ones (split conformal; Vovk et al. 2005, Angelopoulos & Bates
     2021): the ``ceil((n + 1) coverage)``-th smallest of ``|true - expected| / half-width`` over the n given
@@ -270,7 +271,7 @@ def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: flo
     return float(ratios[rank - 1]) if 0 < rank <= ratios.numel() else float("inf")
 
 
-def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = 0.8) -> torch.Tensor:
+def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = LOW_CONFIDENCE) -> torch.Tensor:
     """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN
     where the class is predicted nowhere).
 
@@ -313,9 +314,9 @@ def case_quality(
     prob: Any,
     pred: Any = None,
     voxel_volume: float = 1.0,
-    threshold: float = 0.8,
+    threshold: float = LOW_CONFIDENCE,
     class_names: Sequence[str] | None = None,
-    empty_class: str = "nan",
+    empty_class: str = EMPTY_CLASS,
     volume_interval_scale: float = 1.0,
     confidence: Any = None,
 ) -> dict[str, Any]:

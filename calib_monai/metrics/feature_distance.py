@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from calib_monai.defaults import FEATURE_DIM
 from calib_monai.metrics.network_features import BottleneckFeatures, PooledFeatures, bottleneck_module_name
 
 __all__ = [
@@ -97,7 +98,7 @@ class MahalanobisDistance:
 
     method = "mahalanobis"
 
-    def __init__(self, max_dim: int = 16) -> None:
+    def __init__(self, max_dim: int = FEATURE_DIM) -> None:
         if int(max_dim) < 1:
             raise ValueError(f"max_dim must be >= 1, got {max_dim}; e.g. 16")
         self.max_dim = int(max_dim)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._inputs import detached_plain_tensor
+from .calibration import detached_plain_tensor
 
 __all__ = [
     "GEOMETRY_TOLERANCE",

@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 from calib_monai.atomic import save_atomically, write_text_atomically
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
 
+from .calibration import save_reliability_diagram
 from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
-from .reliability import save_reliability_diagram
 from .segmentation_report import SegmentationReportMetric, column_summary
 
 __all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
@@ -116,12 +117,12 @@ class SegmentationReportTable:
     def __init__(
         self,
         label_names: dict[str, str] | None = None,
-        num_bins: int = 15,
-        empty_class: str = "nan",
+        num_bins: int = NUM_BINS,
+        empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
         metric: SegmentationReportMetric | None = None,
         cases: Sequence[str] = (),
         reviews: Sequence[Mapping[str, Any] | None] = (),

@@ -26,11 +26,15 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option, check_positive_int
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, L1ACE_NUM_BINS, LOW_CONFIDENCE, NUM_BINS
 
-from ._inputs import detached_plain_tensor
-from .calibration_error import accumulator_values, calibration_errors, pooled_accumulator, torch_volume_statistics
-from .calibration_numpy import value_from_statistics
-from .calibration_torch import first_argmax
+from .calibration import (
+    calibration_errors,
+    calibration_statistics,
+    detached_plain_tensor,
+    statistics_values,
+    value_from_statistics,
+)
 from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band
 from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
 
@@ -81,8 +85,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     so ``aggregate`` gives the per-volume table and ``pooled`` / ``reliability_data`` the pooled values without
     keeping any voxel.
 
-    Where: the calibration metrics run on ``y_pred``'s device (int64 counts, float64 sums; see
-    :mod:`calib_monai.metrics.calibration_torch`), the volumes are never copied to the host; DSC / HD95 / ASD go
+    Where: the calibration metrics run on ``y_pred``'s device (float64 counts and sums; see
+    :mod:`calib_monai.metrics.calibration`), the volumes are never copied to the host; DSC / HD95 / ASD go
     through MONAI on the argmax label maps (the CPU, for the distance transforms). Only each volume's numbers (its
     row, on the host, and its bins, kept on the device) are stored.
 
@@ -104,12 +108,12 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     def __init__(
         self,
         label_names: dict[str, str],
-        num_bins: int = 15,
-        empty_class: str = "nan",
+        num_bins: int = NUM_BINS,
+        empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         super().__init__()
         check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
@@ -175,7 +179,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         for b in range(batch):
             prob = detached_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
             label = detached_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
-            label = (first_argmax(label, dim=0)[1][None] if label.shape[0] > 1 else label)[None]
+            label = (label.max(dim=0).indices[None] if label.shape[0] > 1 else label)[None]  # first class on ties
             scored = prob if pred is None else detached_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
             row, stat = self._volume(prob, label, scored, spacings[b], known[b])
             rows.append(row)
@@ -199,19 +203,19 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             row.update(self._segmentation_metrics(pred, label, spacing, prob.shape[1]))
         # one voxel selection per foreground mode for all its metrics (NLL and Brier on ground-truth foreground)
         names = _FORMULAS + ("nll", "brier")
-        acc = pooled_accumulator(prob, label, names, self.num_bins, "gt")
-        gt = accumulator_values(acc, names, include_background=True)
+        stats = calibration_statistics(prob, label, names, self.num_bins, "gt")
+        gt = statistics_values(stats, self.num_bins, include_background=True)
         union = calibration_errors(prob, label, _FORMULAS, self.num_bins, "union")
         row.update({column: gt[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
         row.update({f"{column}_union": union[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
         row["nll"], row["brier"] = gt["nll"], gt["brier"]
-        every = calibration_errors(prob, label, ("ml1ace", "cece"), 20, "all", include_background=False)
+        every = calibration_errors(prob, label, ("ml1ace", "cece"), L1ACE_NUM_BINS, "all", include_background=False)
         row["ml1ace"], row["cece_all"] = every["ml1ace"], every["cece"]
         row.update(self._quality(prob, label, pred, spacing))
         # additive statistics (zeros without foreground) stay on the device: bins and sums only
-        stats = torch.cat([torch_volume_statistics(acc, name, acc.device) for name in POOLED_METRICS])
+        pooled = torch.cat([stats[name].reshape(-1) for name in POOLED_METRICS])
         values = [row.get(column, float("nan")) for column in self.columns]
-        return torch.tensor(values, dtype=torch.float64, device=stats.device), stats
+        return torch.tensor(values, dtype=torch.float64, device=pooled.device), pooled
 
     def _quality(self, prob: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, spacing) -> dict[str, float]:
         """The label-free estimates of one volume beside the true values they estimate, and ECE where users read
@@ -330,10 +334,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         if stats is None:
             return {f"pooled_{name}": float("nan") for name in POOLED_METRICS}
         parts = self._split(stats)
-        return {
-            f"pooled_{name}": value_from_statistics(parts[name], name, self.num_bins, self._num_classes, True)
-            for name in POOLED_METRICS
-        }
+        return {f"pooled_{name}": value_from_statistics(parts[name], name, self.num_bins) for name in POOLED_METRICS}
 
     def reliability_data(self) -> dict[str, np.ndarray]:
         """Top-label reliability bins pooled over the volumes' ground-truth foreground voxels (as

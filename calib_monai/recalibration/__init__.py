@@ -1,11 +1,12 @@
 """Recalibration (post-hoc): temperatures fitted on held-out voxels, stored next to a bundle's weights and applied to
 its logits (or to saved probabilities) without changing the segmentation on the network's grid, and the validated range
 measured with them (:func:`recalibrate`; the range and its review rule are :mod:`calib_monai.review`'s). Measuring
-calibration error is :mod:`calib_monai.metrics.calibration_error`."""
+calibration error is :mod:`calib_monai.metrics.calibration`."""
 
 from calib_monai.recalibration.external import calibrate_probabilities, temperature_scale
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.recalibrate import recalibrate
+from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
     CalibratedNetwork,
@@ -22,6 +23,7 @@ __all__ = [
     "CalibrateLogitsd",
     "CalibratedNetwork",
     "LocalTemperatureScaling",
+    "RecalibrationSettings",
     "TemperatureScaling",
     "Uncalibrated",
     "calibrate_probabilities",

@@ -49,7 +49,6 @@ __all__ = [
     "CalibratedNetwork",
     "NOT_APPLICABLE",
     "Uncalibrated",
-    "calibrate_settings",
     "calibrate_volume",
     "calibration_set",
     "load_calibration",
@@ -96,16 +95,6 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
     save_atomically({**record, "state_dict": module.state_dict()}, path)
     write_json_atomically(path.with_suffix(".json"), record)
     return path
-
-
-def calibrate_settings(fitter: Any) -> dict[str, Any]:
-    """The settings of a calibrate step (``RecalibrationFitter``'s: method, voxels, budgets, seed, the scheme that
-    scores the range (cross-fitting and its folds, or the split), review rule) that the manifest records as what made
-    its files; attributes it does not have are left out."""
-    names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "crossfit", "folds")
-    names += ("split", "review")
-    settings = {name: getattr(fitter, name) for name in names if hasattr(fitter, name)}
-    return json.loads(json.dumps(settings, default=str))
 
 
 def publish_calibration(

@@ -17,6 +17,7 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.bundle.manifest import file_sha256
 from calib_monai.checks import check_option
+from calib_monai.defaults import REVIEW_ALPHA, REVIEW_SCORE_CHECK, REVIEW_VOLUME_FACTOR
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.review.conformal import (
     at_least,
@@ -29,9 +30,9 @@ from calib_monai.review.conformal import (
 )
 from calib_monai.review.input_signal import InputSignal
 from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
-from calib_monai.review.signals import FEATURE_DIM, MIN_INPUT_IMAGES, score_problem, signal_values
+from calib_monai.review.signals import MIN_INPUT_IMAGES, score_problem, signal_values
 
-__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
+__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
 DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
@@ -53,8 +54,8 @@ class ValidatedRange:
 
     scores: list[float]
     volumes: dict[str, list[float]] = field(default_factory=dict)
-    alpha: float = 0.05
-    volume_factor: float = 0.0
+    alpha: float = REVIEW_ALPHA
+    volume_factor: float = REVIEW_VOLUME_FACTOR
     info: dict[str, Any] = field(default_factory=dict)  # weights, calibration, split: what it was measured on
     inputs: list[list[float]] = field(default_factory=list)  # input_statistics of each validation image
     input_check: bool = False
@@ -67,7 +68,7 @@ class ValidatedRange:
     feature_reference: dict[str, Any] | None = None
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
     subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
-    score_check: bool = True  # whether the lowest case score is one of the flag's signals
+    score_check: bool = REVIEW_SCORE_CHECK  # whether the lowest case score is one of the flag's signals
 
     def __post_init__(self) -> None:
         if not 0 < float(self.alpha) < 1:
@@ -142,8 +143,8 @@ class ValidatedRange:
     def from_qualities(
         cls,
         qualities: Sequence[Mapping[str, Any]],
-        alpha: float = 0.05,
-        volume_factor: float = 0.0,
+        alpha: float = REVIEW_ALPHA,
+        volume_factor: float = REVIEW_VOLUME_FACTOR,
         inputs: Sequence[Sequence[float]] = (),
         input_check: bool = False,
         features: dict[str, Any] | None = None,
@@ -154,7 +155,7 @@ class ValidatedRange:
         feature_reference: dict[str, Any] | None = None,
         scored_on: str = "input grid",
         subjects: Sequence[str] = (),
-        score_check: bool = True,
+        score_check: bool = REVIEW_SCORE_CHECK,
         **info: Any,
     ) -> ValidatedRange:
         """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the

@@ -68,6 +68,7 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
 from calib_monai.bundle.manifest import file_sha256
+from calib_monai.defaults import LOW_CONFIDENCE
 from calib_monai.metrics.case_quality import case_quality
 from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
@@ -214,7 +215,7 @@ class CaseQualityd(MapTransform):
         label_names: Mapping | None = None,
         quality_key: str = "quality",
         image_key: str = "image",
-        confidence_threshold: float = 0.8,
+        confidence_threshold: float = LOW_CONFIDENCE,
         allow_missing_keys: bool = False,
         network: torch.nn.Module | None = None,
         segmentation_key: str = "segmentation",

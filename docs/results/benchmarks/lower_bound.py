@@ -94,13 +94,13 @@ double class_bins(const float *p, const uint8_t *y, int64_t n, int64_t cap, int6
 
 
 def build() -> ctypes.CDLL:
-    from calib_monai.metrics.calibration_kernel import _FLAGS  # the kernel's own flags: a like-for-like floor
+    flags = ["-O3", "-shared", "-fPIC", "-std=c99", "-fno-strict-aliasing"]  # the removed C kernel's own flags
 
     cc = os.environ.get("CC", "cc")
     with tempfile.TemporaryDirectory(prefix="lower_bound_") as folder:  # the loaded library outlives its file
         source, library = Path(folder) / "lb.c", Path(folder) / "lb.so"
         source.write_text(SOURCE)
-        subprocess.run([cc, *_FLAGS, str(source), "-o", str(library)], check=True)
+        subprocess.run([cc, *flags, str(source), "-o", str(library)], check=True)
         lib = ctypes.CDLL(str(library))
     lib.gather.restype = ctypes.c_int64
     lib.top_label.restype = lib.class_bins.restype = ctypes.c_double

@@ -9,21 +9,17 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option
+from calib_monai.defaults import TACE_THRESHOLD
 
-from ._inputs import (
-    detached_plain_tensor,
-    metric_definition,
-    prepare_tensors,
-    warn_empty_selection,
-)
-from .calibration_error import (
+from .inputs import (
     POOLABLE_METRICS,
     REDUCTIONS,
-    _check_options,
-    value_from_statistics,
+    check_metric,
+    detached_plain_tensor,
+    metric_definition,
+    selected_voxels,
 )
-from .calibration_torch import first_argmax
-from .calibration_volume import per_volume_statistics
+from .statistics import selected_statistics, value_from_statistics
 
 __all__ = ["SegmentationCalibrationMetric"]
 
@@ -32,7 +28,7 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     """Calibration error of segmentation outputs, accumulated volume by volume (one batch item = one volume).
 
     Each call stores, per volume, its metric value and its statistics (per-bin counts and sums for ECE / CECE /
-    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration_error``), so that ``aggregate``
+    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration_statistics``), so that ``aggregate``
     can return any of
 
     - ``"mean"`` (default): unweighted mean of the per-volume values, volumes without selected voxels (NaN) left out,
@@ -48,7 +44,7 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     *all* voxels of each volume, averaged over channels and volumes. It equals ``metric_name="cece"``,
     ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
     accumulation and bin edges: ours are ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype
-    (``calibration_numpy.equal_width_bin_index``), MONAI's are float32 ``k (1 + eps) / M``; both put a float32 value
+    (``equal_width_bin``), MONAI's are float32 ``k (1 + eps) / M``; both put a float32 value
     equal to float32(k / M) in the lower bin (MONAI's ``small_left_edge`` case, ``tests/test_metrics_vs_monai.py``).
     With ``calibration_reduction="average"`` (every non-empty bin weighted equally) MONAI's metric equals
     ``metric_name="ml1ace"`` with the same settings. Where they differ: MONAI has no top-label ECE (our ``"ece"``, the
@@ -71,7 +67,7 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
     The buffer holds ``[values (N, 1), statistics (N, S)]`` (float64, on ``y_pred``'s device); ``IgniteMetricHandler``
     saves it as metric details.
 
-    Where: everything is computed on ``y_pred``'s device (``calibration_torch.py``: int64 counts, float64 sums); the
+    Where: everything is computed on ``y_pred``'s device (``statistics.py``: float64 counts and sums); the
     volumes are never copied to the host, only each volume's per-bin statistics (``S`` numbers) and its value.
     Probabilities that are not softmax outputs raise ``ValueError`` (naming ``y_pred``); a volume without selected
     voxels gets NaN with a ``UserWarning`` and is left out of ``"mean"``.
@@ -93,17 +89,16 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         foreground: str | None = None,
         reduction: str = "mean",
         include_background: bool | None = None,
-        threshold: float = 1e-3,
+        threshold: float = TACE_THRESHOLD,
     ) -> None:
         super().__init__()
-        self.named_metric = _check_options(metric_name, threshold, named=True)
+        self.named_metric = check_metric(metric_name, threshold, named=True)
         # metric_name: the formula the statistics compute ("ml1ace" for "ml1ace_gt"); named_metric: the name given
         self.metric_name, self.num_bins, self.foreground, self.include_background = metric_definition(
             self.named_metric, num_bins, foreground, include_background
         )
         self.reduction = self._check_reduction(reduction)
         self.threshold = threshold
-        self._num_classes: int | None = None
 
     def _check_reduction(self, reduction: Any) -> str:
         check_option("reduction", reduction, REDUCTIONS)
@@ -127,23 +122,13 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         if y.ndim == y_pred.ndim and y.shape[1] == num_classes and num_classes > 1:
             if not bool(((y == 0) | (y == 1)).all()):  # one reduction on the device
                 raise ValueError(f"y with {num_classes} channels must be one-hot (0/1 values), got other values.")
-            y = first_argmax(y, dim=1)[1][:, None]
-        p, labels, class_dim = prepare_tensors(y_pred, y, "y_pred")
-        values = []
+            y = y.max(dim=1).indices[:, None]  # the first class on ties
+        parts = selected_voxels(y_pred, y, self.foreground, "y_pred", pooled=False)
         settings = (self.num_bins, self.include_background, self.threshold)
-        stats, empty = per_volume_statistics(
-            p, labels, self.metric_name, self.foreground, *settings, class_dim, "y_pred"
-        )
-        if empty:
-            warn_empty_selection(self.foreground, empty)
-        stats_t = torch.stack(stats)
-        for s in stats_t.cpu().numpy():  # per-volume bins only
-            values.append(
-                value_from_statistics(s, self.metric_name, self.num_bins, num_classes, self.include_background)
-            )
-        self._num_classes = num_classes
-        values_t = torch.tensor(values, dtype=torch.float64, device=p.device)[:, None]
-        return values_t, stats_t
+        name = self.metric_name
+        stats = torch.stack([selected_statistics([part], (name,), *settings)[name].reshape(-1) for part in parts])
+        values = [value_from_statistics(s, name, *settings[:2]) for s in stats.cpu()]  # per-volume bins only
+        return torch.tensor(values, dtype=torch.float64, device=stats.device)[:, None], stats
 
     def aggregate(self, reduction: str | None = None) -> torch.Tensor:  # type: ignore[override]
         """Reduce the buffer; ``reduction`` (``"mean"``, ``"pooled"``, ``"none"``) overrides the constructor's."""
@@ -157,7 +142,5 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         if reduction == "mean":
             kept = values[~torch.isnan(values)]
             return kept.mean() if kept.numel() else torch.tensor(float("nan"), dtype=torch.float64)
-        stats = buffer[1].double().cpu().sum(dim=0).numpy()
-        num_classes = self._num_classes or stats.size // (self.num_bins * 3)
-        value = value_from_statistics(stats, self.metric_name, self.num_bins, num_classes, self.include_background)
+        value = value_from_statistics(buffer[1].sum(dim=0), self.metric_name, self.num_bins, self.include_background)
         return torch.tensor(value, dtype=torch.float64)

@@ -1,10 +1,11 @@
-"""Input checking shared by the calibration metrics: shapes, dtypes, value ranges, voxel selection and messages.
+"""The inputs of the calibration metrics: options, metric definitions, shapes, dtypes, value ranges, the voxel
+selection and its messages.
 
 One path: NumPy arrays and lists become CPU tensors (``as_tensors``: ``torch.from_numpy``, no copy of a contiguous
-array), then ``prepare_tensors`` / ``select_tensor_voxels`` work on the tensors' device, nothing copied to the host
-but a handful of reduced numbers. They bring the inputs to ``probs (B, C, N)`` and ``labels (B, N)``, ``N`` the voxels
-of one volume, and check the probabilities and labels of the selected voxels only: that is what is scored, and it
-keeps the cost proportional to the foreground (a volume with nothing selected is checked whole).
+array), then ``prepare_tensors`` / ``select_voxels`` work on the tensors' device, nothing copied to the host but a
+handful of reduced numbers. They bring the inputs to ``probs (B, C, N)`` and ``labels (B, N)``, ``N`` the voxels of
+one volume, and check the probabilities and labels of the selected voxels only: that is what is scored, and it keeps
+the cost proportional to the foreground (a volume with nothing selected is checked whole).
 """
 
 from __future__ import annotations
@@ -15,22 +16,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.checks import PROBABILITY_ROUNDING, check_option, check_positive_int
+from calib_monai.checks import PROBABILITY_ROUNDING, check_number, check_option, check_positive_int
+from calib_monai.defaults import L1ACE_NUM_BINS, NUM_BINS
 
 __all__ = [
+    "CALIBRATION_METRICS",
     "FOREGROUND_MODES",
     "METRIC_DEFINITIONS",
+    "POOLABLE_METRICS",
+    "REDUCTIONS",
     "as_tensors",
     "check_foreground",
+    "check_metric",
     "detached_plain_tensor",
-    "flat_nonzero",
     "metric_definition",
     "prepare_tensors",
     "probability_problem",
-    "select_tensor_voxels",
-    "warn_empty_selection",
+    "select_voxels",
+    "selected_voxels",
 ]
 
+CALIBRATION_METRICS = ("ece", "cece", "tace", "ace", "ml1ace", "nll", "brier")
+#: Metrics whose per-volume statistics add up to the statistics of the pooled voxels (equal-width bins, sums).
+POOLABLE_METRICS = ("ece", "cece", "ml1ace", "nll", "brier")
+#: Reductions over volumes: the mean of per-volume values, all voxels binned together, or the per-volume values.
+REDUCTIONS = ("mean", "pooled", "none")
 #: Voxel selections: "gt" (label != 0, the papers' default), "union" (label != 0 or argmax != 0), "all".
 FOREGROUND_MODES = ("gt", "union", "all")
 
@@ -51,11 +61,31 @@ def check_foreground(foreground: Any) -> str:
     return str(check_option("foreground", foreground, FOREGROUND_MODES))
 
 
+def check_metric(metric_name: Any, threshold: Any, named: bool = False) -> str:
+    """``metric_name`` if it is a calibration metric (``named``: or a name of ``METRIC_DEFINITIONS``), and a
+    ``threshold`` in [0, 1) (or None)."""
+    known = CALIBRATION_METRICS + tuple(n for n in METRIC_DEFINITIONS if n not in CALIBRATION_METRICS) * named
+    check_option("metric_name", metric_name, known)
+    if threshold is not None:
+        check_number("threshold", threshold, 0, 1, high_open=True, wanted="a float in [0, 1)")
+    return str(metric_name)
+
+
 #: Metrics defined with their voxels, classes and bins: ``name: (formula, foreground, include_background, num_bins)``.
 METRIC_DEFINITIONS = {
-    "ml1ace": ("ml1ace", "all", False, 20),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
-    "ml1ace_gt": ("ml1ace", "gt", True, 15),  # ground-truth foreground, background included
-    "cece_all": ("cece", "all", False, 20),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
+    "ml1ace": (
+        "ml1ace",
+        "all",
+        False,
+        L1ACE_NUM_BINS,
+    ),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
+    "ml1ace_gt": ("ml1ace", "gt", True, NUM_BINS),  # ground-truth foreground, background included
+    "cece_all": (
+        "cece",
+        "all",
+        False,
+        L1ACE_NUM_BINS,
+    ),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
 }
 #: Names that say their voxels: another ``foreground`` contradicts them.
 _FIXED_VOXELS = ("ml1ace_gt", "cece_all")
@@ -65,10 +95,10 @@ def metric_definition(
     metric_name: str, num_bins: Any = None, foreground: Any = None, include_background: Any = None
 ) -> tuple[str, int, str, bool]:
     """``(formula, num_bins, foreground, include_background)`` of ``metric_name``: arguments left None take the
-    metric's definition (``METRIC_DEFINITIONS``; other metrics: ground-truth foreground, background included, 15
-    bins, as NACL / MbLS / CRaC); a ``foreground`` contradicting a name that says its voxels raises."""
+    metric's definition (``METRIC_DEFINITIONS``; other metrics: ground-truth foreground, background included,
+    ``NUM_BINS`` bins, as NACL / MbLS / CRaC); a ``foreground`` contradicting a name that says its voxels raises."""
     formula, own_foreground, own_background, own_bins = METRIC_DEFINITIONS.get(
-        metric_name, (metric_name, "gt", True, 15)
+        metric_name, (metric_name, "gt", True, NUM_BINS)
     )
     if metric_name in _FIXED_VOXELS and foreground not in (None, own_foreground):
         raise ValueError(
@@ -207,17 +237,7 @@ def prepare_tensors(probs: torch.Tensor, labels: Any, name: str = "probs") -> tu
     return p.reshape(p.shape[0], p.shape[1], -1), y.reshape(p.shape[0], -1), 1 if batched else 0
 
 
-def flat_nonzero(x: torch.Tensor) -> torch.Tensor:
-    """int64 indices of the nonzero elements of a 1-D tensor, on its device. On the CPU: NumPy's ``flatnonzero`` of
-    a zero-copy view (faster than ``torch.nonzero`` there: ``docs/notes/metrics.md``; nothing leaves the CPU memory
-    it is in)."""
-    if x.device.type != "cpu":
-        return x.nonzero().squeeze(1)
-    view = x.as_subclass(torch.Tensor).numpy()  # the same memory
-    return torch.from_numpy(np.flatnonzero(view if view.dtype == np.bool_ else view != 0))
-
-
-def select_tensor_voxels(
+def select_voxels(
     p: torch.Tensor, y: torch.Tensor, foreground: str, name: str = "probs", class_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Voxels of one volume the calibration metrics score, on ``p``'s device: ``(C, N)``, ``(N,)`` -> ``(C, n)``
@@ -229,7 +249,7 @@ def select_tensor_voxels(
         mask = y
         if foreground == "union":
             mask = (y != 0) | (p[1:].amax(dim=0) > p[0])  # argmax != 0: a class beats class 0 (ties go to 0)
-        index = flat_nonzero(mask)
+        index = mask.reshape(-1).nonzero().squeeze(1)
         p_sel, y_sel = p.index_select(1, index), y.index_select(0, index)
     if p_sel.dtype in (torch.float16, torch.bfloat16):
         p_sel = p_sel.float()  # selected voxels only
@@ -256,3 +276,16 @@ def select_tensor_voxels(
     elif y_sel.dtype == torch.bool:
         y_sel = y_sel.view(torch.uint8)
     return p_sel, y_sel
+
+
+def selected_voxels(
+    probs: Any, labels: Any, foreground: str, name: str = "probs", pooled: bool = True
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each volume's checked, selected voxels ``(p (C, n), y (n,))`` on ``probs``' device (see ``prepare_tensors``);
+    warns when nothing is selected (``pooled``: in all volumes; else naming each volume without a voxel)."""
+    p, y, class_dim = prepare_tensors(*as_tensors(probs, labels), name)
+    parts = [select_voxels(p[b], y[b], foreground, name, class_dim) for b in range(p.shape[0])]
+    empty = [b for b, (_, yb) in enumerate(parts) if yb.shape[0] == 0]
+    if empty and (not pooled or len(empty) == len(parts)):
+        warn_empty_selection(foreground, None if pooled or len(parts) == 1 else empty, stacklevel=4)
+    return parts

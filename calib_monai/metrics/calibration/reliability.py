@@ -1,4 +1,5 @@
-"""Reliability-diagram data (per-bin confidence, accuracy, count) and a PNG writer (matplotlib, optional extra)."""
+"""Reliability diagrams of ``reliability_diagram_data``'s bins: drawn on matplotlib axes or written as PNG
+(matplotlib, the optional ``plots`` extra)."""
 
 from __future__ import annotations
 
@@ -7,56 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.checks import check_positive_int
-
-from ._inputs import check_foreground
-from .calibration_error import pooled_accumulator
-
-__all__ = ["plot_reliability", "reliability_diagram_data", "save_reliability_diagram"]
-
-
-def reliability_diagram_data(
-    probs: Any, labels: Any, num_bins: int = 15, foreground: str = "gt", classwise: bool = False
-) -> dict[str, np.ndarray]:
-    """Per-bin statistics of a reliability diagram (Niculescu-Mizil & Caruana, ICML 2005), pooled over volumes.
-
-    Top-label (``classwise=False``): bins of ``max_k p_k``, accuracy = fraction with ``argmax == y``; the ECE is
-    ``sum(count * |accuracy - confidence|) / sum(count)``. Classwise: one row per class k, bins of ``p_k``,
-    accuracy = fraction labelled k (the CECE's bins). Bins are ``(e_b, e_{b+1}]`` as in ``ece``, with ``e_b = b / M``
-    rounded to the probabilities' dtype (``calibration_numpy.equal_width_bin_index``).
-
-    ``monai.metrics.calibration_binning`` computes the classwise rows for one-hot labels, but on every voxel, with
-    ``[lo, hi)`` (or ``right=True``) float32 edges and float32 counts; this function selects voxels first and counts
-    in int64 (the tests check both agree on small inputs). Torch tensors are binned on their device (only the bins
-    come to the host), NumPy arrays as CPU tensors.
-
-    Returns:
-        dict with ``"edges"`` ``(M + 1,)``, ``"confidence"`` and ``"accuracy"`` (NaN for empty bins) and ``"count"``
-        (int64), each ``(M,)`` or ``(C, M)`` for ``classwise=True``.
-
-    >>> import numpy as np
-    >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])  # (C, *spatial): 2 classes, 4 voxels
-    >>> data = reliability_diagram_data(probs, np.array([1, 0, 0, 0]), num_bins=5, foreground="all")
-    >>> data["count"].tolist(), data["accuracy"][3:].round(4).tolist()  # confidences 0.8, 0.8, 0.7 | 0.9
-    ([0, 0, 0, 3, 1], [0.6667, 1.0])
-    """
-    num_bins = check_positive_int("num_bins", num_bins)
-    foreground = check_foreground(foreground)
-    name = "cece" if classwise else "ece"
-    acc = pooled_accumulator(probs, labels, (name,), num_bins, foreground)
-    stats = acc.statistics(name)
-    shape = (acc.num_classes, num_bins, 3) if classwise else (num_bins, 3)
-    stats = np.zeros(shape) if stats is None else stats.cpu().numpy()
-    count = stats[..., 0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        confidence = np.where(count > 0, stats[..., 1] / count, np.nan)
-        accuracy = np.where(count > 0, stats[..., 2] / count, np.nan)
-    return {
-        "edges": np.linspace(0.0, 1.0, num_bins + 1),
-        "confidence": confidence,
-        "accuracy": accuracy,
-        "count": count.astype(np.int64),
-    }
+__all__ = ["plot_reliability", "save_reliability_diagram"]
 
 
 def save_reliability_diagram(
