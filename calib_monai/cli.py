@@ -40,11 +40,8 @@ def slicer(
     """
     from pathlib import Path
 
-    from calib_monai.checks import check_number
     from calib_monai.export import bundle_label_names, slicer_files_from_inference
 
-    hint = "the confidence below which a voxel joins the low-confidence segment; pass e.g. --low_confidence 0.8"
-    low_confidence = check_number("--low_confidence", low_confidence, 0, 1, hint=hint)
     inference_dir = inference_dir or str(Path(bundle_dir) / "inference")
     written = slicer_files_from_inference(
         inference_dir, case, bundle_label_names(bundle_dir), output_dir, low_confidence=low_confidence

@@ -602,7 +602,7 @@ MESSAGES = [
         "--low_confidence abc",
         lambda t: _slicer(t, "case_001", "--low_confidence", "abc"),
         "error",
-        ("calib-monai: error: --low_confidence must be", "got 'abc'", "pass e.g. --low_confidence 0.8"),
+        ("calib-monai: error: low_confidence must be", "got 'abc'", "e.g. 0.8"),
     ),
 ]
 
