@@ -350,7 +350,7 @@ def _calibrate_overrides(ctx: dict, models: Path) -> dict:
 CALIBRATE_CONFIGS = ("train.json", "calibrate.json")
 
 
-def _calibrate(ctx: dict, models: Path) -> subprocess.CompletedProcess:
+def _calibrate_folder(ctx: dict, models: Path) -> subprocess.CompletedProcess:
     configs = [str(ctx["configs"] / c) for c in CALIBRATE_CONFIGS]
     command = bundle_command("calibrate", configs, _calibrate_overrides(ctx, models))
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
@@ -375,13 +375,13 @@ def _holding(task: str, run: Callable) -> Callable:
 LOCKED = [
     Row(
         "calibrate beside a training",
-        _holding("training", _calibrate),
+        _holding("training", _calibrate_folder),
         "error",
         ("in use by a training", f"pid {os.getpid()}", "wait for the training to finish, then run calibrate again"),
     ),
     Row(
         "a second calibrate on the folder",
-        _holding("calibrate", _calibrate),
+        _holding("calibrate", _calibrate_folder),
         "error",
         ("in use by another calibrate", f"pid {os.getpid()}", "wait for it to finish"),
     ),
@@ -451,7 +451,7 @@ def calibrated(ctx) -> Path:
     """The fixture's bundle calibrated (temperature scaling: the quickest fit): a published set with its manifest."""
     bundle = ctx["root"] / "calibrated"
     shutil.copytree(ctx["root"] / "bundle", bundle)
-    result = _calibrate(ctx, bundle / "models")
+    result = _calibrate_folder(ctx, bundle / "models")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (bundle / "models" / "manifest.json").is_file()
     return bundle
