@@ -1,13 +1,8 @@
 """Shared machinery of the dataset components: datalist -> MONAI preprocessing -> cached 3D volumes -> 2D slices.
 
-The papers (NACL, MbLS, CRaC) train 2D networks on axial slices and evaluate on whole volumes. A component therefore
-preprocesses every case once into a 3D volume (``CacheDataset``) and serves
-
-- training: every slice along the last (axial, after RAS orientation) axis of the cached training volumes,
-  ``{"image": (C, H, W) float32, "label": (1, H, W) float32}``;
-- validation/test: whole volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` as MetaTensors that keep the
-  file name, affine and the applied operations (for ``SliceInferer`` and, later, ``Invertd``); their preprocessing
-  is the evaluation chain (``calib_monai.data.preprocessing``), which never crops a volume around its label.
+The papers (NACL, MbLS, CRaC) train 2D networks on axial slices and evaluate on whole volumes: a component
+preprocesses every case once (``CacheDataset``) and serves training slices ``{"image": (C, H, W), "label": (1, H,
+W)}`` along the last axis, and whole validation/test volumes as MetaTensors (for ``SliceInferer`` and ``Invertd``).
 """
 
 from __future__ import annotations

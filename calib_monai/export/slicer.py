@@ -1,34 +1,21 @@
 """3D Slicer review files: a ``.seg.nrrd`` segmentation (one segment per label plus "low confidence") and the
 confidence volume as NRRD, both on the reference image's grid.
 
-``write_slicer_files`` takes the outputs of a bundle's inference (``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``,
-NIfTI files in the input geometry, named by ``calib_monai.bundle.outputs``) or arrays with their NIfTI affine (e.g.
-``TrainedBundle.predict``'s), and writes into ``output_dir``:
+``write_slicer_files`` takes a bundle's inference outputs (``<case>_seg.nii.gz``, ``<case>_conf.nii.gz``, named by
+``calib_monai.bundle.outputs``) or arrays with their NIfTI affine (``TrainedBundle.predict``'s) and writes:
 
-    - ``<case>.seg.nrrd``: a Slicer segmentation file (labelmap NRRD with the ``Segmentation_*`` and
-      ``Segment<N>_*`` custom fields of Slicer's segmentation storage node). It has two layers (a ``list`` axis
-      first): layer 0 holds the predicted labels, one segment per foreground label with its label value; layer 1
-      holds the segment "low confidence" (label value 1) for the voxels whose confidence is below the threshold, so
-      it overlaps the organ segments;
+    - ``<case>.seg.nrrd``: a Slicer segmentation (labelmap NRRD with the ``Segmentation_*`` / ``Segment<N>_*``
+      fields of Slicer's storage node) of two layers: the predicted labels, one segment per foreground label, and
+      the overlapping segment "low confidence" where the confidence is below the threshold;
     - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32;
-    - with the case's quality (``<case>_quality.json`` of the inference run, or ``TrainedBundle.predict``'s): the
-      same JSON beside them, and in the ``.seg.nrrd`` the case score and review flag as custom header fields
-      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``) and each structure's
-      estimated DSC and expected volume as tags of its segment (``calib_monai.est_dice``, ``calib_monai.volume_ml``),
-      which Slicer shows in the segment's properties; and in both NRRD headers the source the inference recorded
-      (``calib_monai_weights_sha256``, ``calib_monai_calibration_sha256``, ``calib_monai_validated_range_sha256``).
+    - with the case's quality: the JSON beside them, the case score and review flag as header fields
+      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``), each structure's
+      estimated DSC and volume as segment tags, and the recorded source (``calib_monai_*_sha256``).
 
-Every file reaches its name complete or not at all (a temporary name in the folder, fsync, ``os.replace``). An input
-that cannot be read (a ``.nii.gz`` cut off by a killed run) is an error naming it; a case whose segmentation,
-confidence and quality record different sources (two models' outputs in one folder) is refused.
-
-Geometry: NIfTI affines map voxel indices to RAS (x to the Right, y Anterior, z Superior); Slicer writes NRRD files in
-``left-posterior-superior`` space, which is RAS with x and y negated. So the NRRD ``space directions`` (one vector
-per array axis) are the columns of ``diag(-1, -1, 1) @ affine[:3, :3]`` and ``space origin`` is
-``diag(-1, -1, 1) @ affine[:3, 3]``; a voxel lands on the same physical point in both files. The array axes are
-kept in NIfTI order (i fastest on disk, as in NIfTI and NRRD alike), so nothing is transposed.
-
-Needs ``pynrrd`` (``pip install pynrrd``), imported when a file is written.
+Every file is written atomically; an unreadable input is an error naming it, and a case whose files record
+different sources is refused. Geometry: Slicer's NRRD space is left-posterior-superior, RAS with x and y negated, so
+``space directions`` / ``space origin`` are ``diag(-1, -1, 1)`` times the affine's columns / offset; the array axes
+keep the NIfTI order. Needs ``pynrrd``, imported when a file is written.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """One served bundle: its ``configs/inference.json`` run on one uploaded image, without MONAI Label.
 
-``ServedBundle`` is what the MONAI Label tasks of ``calib_monai.label.infer`` call. It is a thin layer over
-``calib_monai.bundle.TrainedBundle`` (the bundle's own preprocessing, inferer and postprocessing: softmax ->
-``Invertd`` back to the input's grid -> case quality, argmax and max probability), so a served image gets exactly what
-``python -m monai.bundle run inferring`` writes for it. On top it checks the upload (``InputError``: a 4xx for the
-client), summarises the confidence per label, and keeps the last prediction: the two tasks of a bundle
-(segmentation, confidence) asked for the same image cost one inference. The network is the config's
-``network_def`` with ``models/model.pt`` or, without it, the TorchScript ``models/model.ts``.
-
-Nothing here imports MONAI Label: it runs (and is tested) in the main environment too.
+``ServedBundle`` is a thin layer over ``calib_monai.bundle.TrainedBundle`` (so a served image gets exactly what
+``inferring`` writes for it) that checks the upload (``InputError``: a 4xx for the client), summarises the
+confidence per label and keeps the last prediction, so the tasks of one image cost one inference. Nothing here
+imports MONAI Label.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """``SegmentationReportTable``: the evaluation report as a plain table, one row per volume, and its files.
 
-The bundles' ``evaluating`` run fills it through the Ignite handler (``calib_monai.handlers.SegmentationReport``),
-the studies and ``calib-monai calibrate-probabilities`` fill it directly with :meth:`SegmentationReportTable.add`;
-all of them write the same files with :meth:`SegmentationReportTable.write`:
+Filled by the Ignite handler (``calib_monai.handlers.SegmentationReport``) or directly (:meth:`add`: the studies,
+``calib-monai calibrate-probabilities``); :meth:`write` writes, each atomically:
 
-* ``metrics.csv``: one row per volume (the columns of :class:`~calib_monai.metrics.SegmentationReportMetric`, then
-  ``review_flag`` / ``review_reasons`` when the volumes came with the review verdict ``inferring`` gives them);
-* ``summary.json``: ``settings``, ``metrics`` (mean, standard deviation and count over volumes of every column;
-  non-finite entries left out), ``pooled`` (ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
-  volumes together) and ``case_quality`` (:meth:`SegmentationReportTable.case_quality`: how well the label-free
-  estimate ``est_mean_dice`` predicts the true ``mean_dice``, and the volumes from summed probabilities against the
-  true volumes);
-* ``reliability.png``: the top-label reliability diagram of the pooled ground-truth foreground voxels;
-* ``risk_coverage.png``: the cases sorted by their estimated DSC against the oracle and random orders.
-
-Every file is written to a temporary name and renamed, so a reader never sees half a report.
+* ``metrics.csv``: one row per volume (``SegmentationReportMetric``'s columns, then ``review_flag`` /
+  ``review_reasons`` when the volumes came with the review verdict);
+* ``summary.json``: ``settings``, ``metrics`` (mean, std and count per column), ``pooled`` (ECE / CECE / NLL / Brier
+  of all ground-truth foreground voxels) and ``case_quality`` (how well ``est_mean_dice`` predicts ``mean_dice``);
+* ``reliability.png`` and ``risk_coverage.png``.
 """
 
 from __future__ import annotations
