@@ -23,7 +23,7 @@ from typing import Any
 from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from bundle_factory.common import FLOAT_PRED
 from bundle_factory.specs import Dataset, Method
-from calib_monai.recalibration.fitting import RECALIBRATION_DEFAULTS, REVIEW_DEFAULTS
+from calib_monai import defaults
 
 __all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys", "evaluation_case_quality"]
 
@@ -34,7 +34,23 @@ VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
 #: flag the case among the k = floor(alpha (m + 1)) most extreme of the m validation subjects (one full-conformal rule,
 #: bound k / (m + 1) <= alpha; a subject is a patient, ACDC's two frames of one are one);
 #: volume_factor 0 leaves the volume rule off.
-REVIEW = {f"review_{key}": value for key, value in REVIEW_DEFAULTS.items()}  # the library's one source
+REVIEW = {
+    "review_alpha": defaults.REVIEW_ALPHA,
+    "review_volume_factor": defaults.REVIEW_VOLUME_FACTOR,
+    "review_input_check": defaults.REVIEW_INPUT_CHECK,
+    "review_feature_check": defaults.REVIEW_FEATURE_CHECK,
+    "review_score_check": defaults.REVIEW_SCORE_CHECK,
+}
+#: calibrate.json's keys, each an argument of calib_monai.recalibration.RecalibrationSettings (checked there once)
+SETTINGS_KEYS = {
+    "method": "@calibration_method",
+    "voxels": "@calibration_voxels",
+    "crossfit": "@calibration_crossfit",
+    "folds": "@calibration_folds",
+    "split": "@calibration_split",
+    "seed": "@seed",
+    **{key: f"@{key}" for key in REVIEW},
+}
 
 
 def case_quality_keys() -> dict[str, Any]:
@@ -82,26 +98,31 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "calibration_path": CALIBRATION_PATH,
         # local temperature: the quality and calibrated studies (docs/results) find it the one recalibration that keeps
         # the foreground ECE low and the probabilities readable over all voxels (case score, volumes) for every loss
-        "calibration_method": RECALIBRATION_DEFAULTS["method"],
+        "calibration_method": defaults.RECALIBRATION_METHOD,
         # temperature scaling's NLL on ground-truth foreground voxels, or "all"
-        "calibration_voxels": RECALIBRATION_DEFAULTS["voxels"],
+        "calibration_voxels": defaults.RECALIBRATION_VOXELS,
         # 2-fold cross-fitting: every validation volume in the validated range, scored by the fit on the other half
         # (m >= 19 subjects give k >= 1 at alpha 0.05: Hippocampus's 25-26 volumes; ACDC's 10 patients need alpha
         # 0.1); false: the plain split below
-        "calibration_crossfit": RECALIBRATION_DEFAULTS["crossfit"],
+        "calibration_crossfit": defaults.CROSSFIT,
         # how many cross-fitting folds of validation subjects (2: halves; each fold scored by the fit on the others)
-        "calibration_folds": RECALIBRATION_DEFAULTS["folds"],
+        "calibration_folds": defaults.CROSSFIT_FOLDS,
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
-        "calibration_split": 0.5,
+        "calibration_split": defaults.CALIBRATION_SPLIT,
         "validated_range_path": VALIDATED_RANGE_PATH,
         "keep_input_label": True,  # the validation volumes keep their label as read: the range is scored on it
         **REVIEW,
         **dataset.review,
+        # every setting above as one object, each value range-checked once when initialize builds it; its fit
+        # budgets (max_voxels, max_slices, steps, max_reference) are set as --calibration_settings#max_voxels ...
+        "calibration_settings": {"_target_": "calib_monai.recalibration.RecalibrationSettings", **SETTINGS_KEYS},
         # the raw logits only: no softmax, no one-hot, no metrics
         "validate#postprocessing": {"_target_": "Compose", "transforms": [FLOAT_PRED]},
         "validate#key_metric": None,
         "validate#additional_metrics": None,
         "validate#handlers": [
+            # first: the weights are loaded, fitted for and published under the run folder's lock
+            {"_target_": "calib_monai.handlers.HoldOutputFolder", "folder": "@output_dir"},
             {
                 "_target_": "calib_monai.handlers.NetworkWeightsLoader",
                 "load_path": "$@output_dir + '/model.pt'",
@@ -112,30 +133,21 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "_target_": "calib_monai.handlers.RecalibrationFitter",
                 "output_path": "@calibration_path",
                 "weights": "$@output_dir + '/model.pt'",
-                "method": "@calibration_method",
-                "voxels": "@calibration_voxels",
-                "num_classes": "@num_classes",
-                "in_channels": "@in_channels",
-                "seed": "@seed",
+                "settings": "@calibration_settings",
                 "validated_range_path": "@validated_range_path",
                 "label_names": "@label_names",
-                "review_alpha": "@review_alpha",
-                "review_volume_factor": "@review_volume_factor",
-                "review_input_check": "$calib_monai.bundle.as_bool(@review_input_check, 'review_input_check')",
-                "split": "@calibration_split",
-                "crossfit": "$calib_monai.bundle.as_bool(@calibration_crossfit, 'calibration_crossfit')",
-                "crossfit_folds": "@calibration_folds",
-                "network": "@network",
-                "review_feature_check": "$calib_monai.bundle.as_bool(@review_feature_check, 'review_feature_check')",
-                "review_score_check": "$calib_monai.bundle.as_bool(@review_score_check, 'review_score_check')",
-                # the input and feature signals' fixed reference: the training images through the served chain
-                "reference_images": "$@data.datalist()['training']",
                 # the range scored on each volume's input grid (the label as read), as inferring scores a case
                 "preprocessing": "@validate#preprocessing",
-                "reference_inferer": "@validate#inferer",
+                # the input and feature signals' fixed reference: the training images through the served chain
+                "reference_images": "$@data.datalist()['training']",
             },
         ],
-        "initialize": [REPORT_ERRORS, check_settings(), "$monai.utils.set_determinism(seed=@seed)"],
+        "initialize": [
+            REPORT_ERRORS,
+            check_settings(),
+            "@calibration_settings",
+            "$monai.utils.set_determinism(seed=@seed)",
+        ],
         "run": [DATA_CHECK, "$@validate#evaluator.run()"],
         "calibrate": "@run",
     }

@@ -36,6 +36,7 @@ from bundle_factory.common import FLOAT_PRED, IMPORTS, SLICE_INFERER
 from bundle_factory.data import data_component, training_transforms
 from bundle_factory.handlers import train_handlers
 from bundle_factory.specs import Dataset, Method
+from calib_monai.defaults import NUM_BINS
 
 __all__ = ["common_keys", "evaluate_config", "multi_gpu_config", "train_config"]
 
@@ -119,7 +120,7 @@ def _validation(dataset: Dataset, keep_logits: bool = False) -> dict[str, Any]:
             "val_ece": {
                 "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
-                "num_bins": 15,
+                "num_bins": NUM_BINS,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
             },
@@ -307,14 +308,14 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
             "test_ece": {
                 "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
-                "num_bins": 15,
+                "num_bins": NUM_BINS,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob', 'label'])",
             },
             "test_ece_uncalibrated": {
                 "_target_": "calib_monai.handlers.SegmentationCalibrationError",
                 "metric_name": "ece",
-                "num_bins": 15,
+                "num_bins": NUM_BINS,
                 "foreground": "gt",
                 "output_transform": "$monai.handlers.from_engine(['prob_uncalibrated', 'label'])",
             },

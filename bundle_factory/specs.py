@@ -18,6 +18,7 @@ from typing import Any
 from bundle_factory import licenses
 from bundle_factory.licenses import DataTerms
 from calib_monai.data.facts import DatasetFacts
+from calib_monai.defaults import L1ACE_NUM_BINS
 from calib_monai.losses.crac import PRESETS
 
 __all__ = ["DATASETS", "METHODS", "RESULTS", "Dataset", "Method"]
@@ -159,7 +160,7 @@ METHODS: dict[str, Method] = {
         "DiceCE + hard-binned marginal L1 average calibration error (hL1-ACE, 20 bins, equal weights)",
         {
             "_target_": "calib_monai.losses.HardL1ACELoss",
-            "num_bins": 20,
+            "num_bins": L1ACE_NUM_BINS,
             "lambda_ace": 1.0,
             "lambda_dice": 1.0,
             "lambda_ce": 1.0,
@@ -170,7 +171,7 @@ METHODS: dict[str, Method] = {
         "DiceCE + soft-binned marginal L1 average calibration error (sL1-ACE, 20 bins, equal weights)",
         {
             "_target_": "calib_monai.losses.SoftL1ACELoss",
-            "num_bins": 20,
+            "num_bins": L1ACE_NUM_BINS,
             "lambda_ace": 1.0,
             "lambda_dice": 1.0,
             "lambda_ce": 1.0,

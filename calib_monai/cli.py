@@ -18,6 +18,8 @@ import os
 import sys
 import traceback
 
+from calib_monai.defaults import LOW_CONFIDENCE
+
 __all__ = ["main", "slicer"]
 
 
@@ -26,7 +28,7 @@ def slicer(
     case: str,
     inference_dir: str | None = None,
     output_dir: str | None = None,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
 ) -> dict[str, str]:
     """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (segments named and coloured from the
     bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.

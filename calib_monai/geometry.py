@@ -10,19 +10,66 @@ column of the affines (the three voxel axes, i.e. voxel size and direction, and 
 ``tolerance`` times the smallest voxel size (:data:`GEOMETRY_TOLERANCE`, 1%: 0.01 mm for 1 mm voxels; headers written
 in float32 differ by ~1e-5 mm, a label shifted by one voxel by 100%).
 
+:func:`affine_problem`: a grid without a usable affine (no orientation recorded, a zero voxel size, a singular
+matrix) has no place to compare, and a reader guesses one (nibabel: x mirrored): refused, never guessed.
+
 Floor 0: NumPy and nibabel only; the data components (training and evaluation) and ``calibrate-probabilities`` use it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import nibabel as nib
 import numpy as np
+from nibabel.openers import ImageOpener
 from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation, ornt_transform
 
-__all__ = ["GEOMETRY_TOLERANCE", "GridMismatch", "grid_mismatch", "reorient", "reorientation"]
+__all__ = [
+    "AFFINE_FIX",
+    "GEOMETRY_TOLERANCE",
+    "GridMismatch",
+    "affine_problem",
+    "nifti_affine_problem",
+    "grid_mismatch",
+    "reorient",
+    "reorientation",
+]
 
 GEOMETRY_TOLERANCE = 0.01
+AFFINE_FIX = (
+    "write it again with its scanner geometry (convert it again from the DICOM series, or set it with nibabel's "
+    "set_sform(affine, code=1))"
+)
+
+
+def affine_problem(affine) -> str | None:
+    """None when ``affine`` (voxel -> world mm) places the voxels, else what is wrong, in words: a matrix that is
+    not a finite 4 x 4 one, a zero voxel size or a singular matrix."""
+    matrix = np.asarray(affine, dtype=np.float64)
+    if matrix.shape != (4, 4) or not np.isfinite(matrix).all():
+        return f"its affine is not a finite 4 x 4 matrix ({matrix.round(4).tolist()})"
+    spacing = np.linalg.norm(matrix[:3, :3], axis=0)
+    if spacing.min() <= 1e-6 or abs(np.linalg.det(matrix[:3, :3])) <= 1e-9 * float(np.prod(spacing)):
+        return f"its affine is singular (voxel size {_vector(spacing)} mm): a zero spacing or two parallel axes"
+    return None
+
+
+def nifti_affine_problem(path: str | os.PathLike) -> str | None:
+    """:func:`affine_problem` of a NIfTI file's header as stored (nibabel's reader fixes it silently: a zero pixdim
+    becomes 1 mm, and both codes 0 give a guessed orientation with x mirrored): None when it places the voxels."""
+    header_class = type(nib.load(str(path)).header)
+    with ImageOpener(str(path)) as f:
+        header = header_class.from_fileobj(f, check=False)  # as written, not as nibabel would fix it
+    if int(header["sform_code"]) > 0:
+        return affine_problem(header.get_sform())
+    if int(header["qform_code"]) <= 0:
+        return "it records no orientation (qform_code and sform_code are both 0), so a reader would guess one"
+    zooms = np.asarray(header["pixdim"][1:4], dtype=np.float64)
+    if not np.isfinite(zooms).all() or (zooms == 0).any():
+        return f"its qform has a zero voxel size (pixdim {_vector(zooms)}), which a reader would take as 1 mm"
+    return affine_problem(header.get_qform())
 
 
 @dataclass(frozen=True)

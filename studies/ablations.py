@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from calib_monai.defaults import LTS_STEPS
 from studies import figures
 from studies.comparison import LOGIT_EDGES, LogitStatistics
 from studies.evaluation import TrainedRun, evaluate_run
@@ -106,7 +107,7 @@ def crac_vs_nacl_study(setup: StudySetup, lambdas: Sequence[float] = (0.01, 0.1,
 
 
 def posthoc_study(
-    setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"), command: str = "", lts_steps: int = 300
+    setup: StudySetup, methods: Sequence[str] = ("ce_dice", "nacl"), command: str = "", lts_steps: int = LTS_STEPS
 ) -> str:
     """Temperature scaling and local temperature scaling (``lts_steps`` Adam steps) fitted on each method's
     validation volumes, applied to its test volumes; ``<results_dir>/posthoc``."""

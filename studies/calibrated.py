@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bundle_factory.specs import METHODS
+from calib_monai.defaults import LTS_STEPS
 from calib_monai.handlers import select_epoch
 from studies import figures
 from studies.evaluation import TrainedRun, score_volumes
@@ -69,7 +70,7 @@ def calibrated_study(
     seeds: Sequence[int] = (0, 1),
     ece_bound: float = 0.05,
     surface_distances: bool = False,
-    lts_steps: int = 300,
+    lts_steps: int = LTS_STEPS,
     command: str = "",
 ) -> str:
     """Train ``methods`` for every seed (runs reused when finished), apply each selection rule, fit a temperature per

@@ -23,6 +23,7 @@ from typing import Any
 
 from bundle_factory.specs import METHODS
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS
+from calib_monai.defaults import LTS_STEPS
 from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,
@@ -97,7 +98,7 @@ def calibrated(
     seeds: Sequence[int] = (0, 1),
     ece_bound: float = 0.05,
     surface_distances: bool = False,
-    lts_steps: int = 300,
+    lts_steps: int = LTS_STEPS,
     **setup: Any,
 ) -> str:
     """Every method with and without temperature scaling (and local temperature scaling) under each model-selection

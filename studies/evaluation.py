@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from calib_monai.bundle import TrainedBundle, locate_bundle
+from calib_monai.defaults import NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, voxel_spacing
 from studies.runs import read_record
 
@@ -125,7 +126,7 @@ def evaluate_run(
     calibrate: Callable[[EvaluatedVolume], torch.Tensor] | None = None,
     output_dir: str | os.PathLike | None = None,
     on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
-    num_bins: int = 15,
+    num_bins: int = NUM_BINS,
     surface_distances: bool = True,
 ) -> SegmentationReportTable:
     """Per-volume metrics of ``run`` on ``subset``: the report table the bundle's ``evaluating`` run writes.
@@ -157,7 +158,7 @@ def score_volumes(
     calibrate: Callable[[EvaluatedVolume], torch.Tensor] | None = None,
     write: bool = False,
     on_volume: Callable[[EvaluatedVolume, torch.Tensor], None] | None = None,
-    num_bins: int = 15,
+    num_bins: int = NUM_BINS,
     surface_distances: bool = True,
 ) -> SegmentationReportTable:
     """:func:`evaluate_run` on volumes whose logits are already computed (one inference, several calibrations)."""

@@ -31,7 +31,8 @@ import pytest
 import torch
 
 from calib_monai.export import load_bundle_network
-from calib_monai.recalibration import TemperatureScaling, save_calibration
+from calib_monai.recalibration import TemperatureScaling
+from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.review import ValidatedRange
 from conftest import REPO_ROOT, free_port, make_confident
 
@@ -156,12 +157,13 @@ def served_folder(tmp_path_factory):
     shutil.copytree(bundle / "configs", calibrated / "configs")
     (calibrated / "models").mkdir()
     shutil.copy(bundle / "models" / "model.pt", calibrated / "models" / "model.pt")
-    save_calibration(
-        TemperatureScaling(100.0), calibrated / "models" / "calibration.pt", calibrated / "models" / "model.pt"
-    )
-    # and a validated range whose validation cases all scored 0.99: any case this tiny model segments is below it
-    ValidatedRange([0.99] * 19, {}).save(
-        calibrated / "models" / "validated_range.json", calibrated / "models" / "model.pt"
+    # and a validated range whose validation cases all scored 0.99: any case this tiny model segments is below it;
+    # published as one set (its manifest), as calibrate publishes
+    publish_calibration(
+        TemperatureScaling(100.0),
+        calibrated / "models" / "calibration.pt",
+        calibrated / "models" / "model.pt",
+        ValidatedRange([0.99] * 19, {}),
     )
     # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
     loop = _copy_weights(bundle, app / "model" / "loop_flare")

@@ -1,4 +1,4 @@
-"""Every bad input of issue 30 (parts 4, 5, 7, 8) of a bundle run: how it is built, what becomes of it, the words.
+"""Every bad input of a bundle run (issues 30 and 50): how it is built, what becomes of it, the words.
 
 Outcomes: ``error`` (a bundle run or ``calib-monai`` ends with one line naming the file or key, exit 1 / 2),
 ``refused`` (``calibrate-probabilities`` scores nothing and says why), ``taken over`` / ``allowed`` (the run goes on
@@ -10,11 +10,15 @@ phantoms by ``python -m monai.bundle run`` (module fixture) and its ``inferring`
 from __future__ import annotations
 
 import errno
+import gzip
+import hashlib
 import json
+import logging
 import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +95,36 @@ def _set(data: np.ndarray, value: float) -> np.ndarray:
     return data
 
 
+def _saved(ctx: dict, tmp: Path, make: Callable) -> dict:
+    """The image saved as ``make(data, source)`` builds it (another header)."""
+    source = nib.load(str(ctx["image"]))
+    (tmp / "images").mkdir()
+    nib.save(make(np.asarray(source.dataobj, dtype=np.float32), source), str(tmp / "images" / "case.nii.gz"))
+    return {"dataset_dir": tmp / "images", "output_dir": tmp / "out"}
+
+
+def _zero_spacing(ctx: dict, tmp: Path) -> dict:
+    """A qform (sform_code 0) whose y spacing is 0 in the file's bytes (nibabel fixes it to 1 on every write and
+    read, so the header is patched after writing: pixdim[2], a float32 at byte 84)."""
+    source = nib.load(str(ctx["image"]))
+    header = source.header.copy()
+    header.set_sform(None, code=0)
+    header.set_qform(source.affine, code=1)
+    nib.save(nib.Nifti1Image(np.asarray(source.dataobj, dtype=np.float32), None, header), str(tmp / "plain.nii"))
+    raw = bytearray((tmp / "plain.nii").read_bytes())
+    raw[84:88] = np.float32(0).tobytes()
+    (tmp / "images").mkdir()
+    (tmp / "images" / "case.nii.gz").write_bytes(gzip.compress(bytes(raw)))
+    return {"dataset_dir": tmp / "images", "output_dir": tmp / "out"}
+
+
+def _twice(ctx: dict, tmp: Path) -> dict:
+    """``case.nii`` beside ``case.nii.gz``: two files of one case."""
+    args = _image(ctx, tmp, lambda d: d)
+    nib.save(nib.load(str(tmp / "images" / "case.nii.gz")), str(tmp / "images" / "case.nii"))
+    return args
+
+
 def _output(ctx: dict, tmp: Path, occupy: Callable[[Path], Path]) -> dict:
     args = _image(ctx, tmp, lambda d: d)
     return {**args, "output_dir": occupy(tmp)}
@@ -106,7 +140,7 @@ def _folder_at_output(tmp: Path) -> Path:
     return tmp / "out"
 
 
-def _infer(ctx: dict, dataset_dir: Path, output_dir: Path) -> str:
+def _infer(ctx: dict, dataset_dir: Path, output_dir: Path, bundle: Path | None = None, **more) -> str:
     from monai.bundle import ConfigWorkflow
 
     workflow = ConfigWorkflow(
@@ -115,8 +149,9 @@ def _infer(ctx: dict, dataset_dir: Path, output_dir: Path) -> str:
         logging_file=False,
         dataset_dir=str(dataset_dir),
         output_dir=str(output_dir),
-        bundle_root=str(ctx["root"] / "bundle"),
+        bundle_root=str(bundle or ctx["root"] / "bundle"),
         **TINY,
+        **more,
     )
     try:
         workflow.initialize()
@@ -132,6 +167,24 @@ INFERRING = [
     Row("constant image", lambda c, t: _image(c, t, lambda d: d * 0 + 7), "error", ("case.nii.gz", "constant", "7")),
     Row("1-voxel image", lambda c, t: _image(c, t, lambda d: d[:1, :1, :1]), "error", ("case.nii.gz", "1x1x1")),
     Row("2D image", lambda c, t: _image(c, t, lambda d: d[:, :, 0]), "error", ("case.nii.gz", "2D", "3D volumes")),
+    Row(
+        "no affine (qform and sform codes 0)",
+        lambda c, t: _saved(c, t, lambda d, s: nib.Nifti1Image(d, None)),
+        "error",
+        ("image ", "case.nii.gz has no usable affine", "qform_code and sform_code are both 0", "set_sform"),
+    ),
+    Row(
+        "a zero voxel spacing",
+        _zero_spacing,
+        "error",
+        ("case.nii.gz has no usable affine", "zero voxel size", "pixdim (", "convert it again"),
+    ),
+    Row(
+        "case.nii beside case.nii.gz",
+        _twice,
+        "error",
+        ("images/case.nii and ", "images/case.nii.gz under ", "both the case 'case'", "keep one of them"),
+    ),
     Row("output_dir is a file", lambda c, t: _output(c, t, lambda t: _file(t / "o")), "error", ("is a file", "o ")),
     Row(
         "output_dir under a file", lambda c, t: _output(c, t, lambda t: _file(t / "f") / "o"), "error", ("lies under",)
@@ -286,6 +339,281 @@ def test_calibrate_on_a_full_disk_names_the_file(ctx, tmp_path):
     assert sorted(p.name for p in models.iterdir()) == before  # nothing half-published, no temporary file left
 
 
+# ------------------------------------------------------------------------------------------- calibrate: the lock
+
+
+def _calibrate_overrides(ctx: dict, models: Path) -> dict:
+    overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(models), "review_alpha": 0.4}
+    return {**overrides, "calibration_method": "temperature"}
+
+
+CALIBRATE_CONFIGS = ("train.json", "calibrate.json")
+
+
+def _calibrate_folder(ctx: dict, models: Path) -> subprocess.CompletedProcess:
+    configs = [str(ctx["configs"] / c) for c in CALIBRATE_CONFIGS]
+    command = bundle_command("calibrate", configs, _calibrate_overrides(ctx, models))
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+
+
+def _holding(task: str, run: Callable) -> Callable:
+    """The run folder's lock taken by this test process as ``task`` takes it (a training, or the ``calibrate`` of
+    ``HoldOutputFolder``), then ``run(ctx, models)`` in another process."""
+
+    def build(ctx: dict, tmp: Path) -> subprocess.CompletedProcess:
+        shutil.copytree(ctx["models"], tmp / "models")
+        lock = OutputFolderLock(tmp / "models", task=task)
+        lock.acquire()
+        try:
+            return run(ctx, tmp / "models")
+        finally:
+            lock.release()
+
+    return build
+
+
+LOCKED = [
+    Row(
+        "calibrate beside a training",
+        _holding("training", _calibrate_folder),
+        "error",
+        ("in use by a training", f"pid {os.getpid()}", "wait for the training to finish, then run calibrate again"),
+    ),
+    Row(
+        "a second calibrate on the folder",
+        _holding("calibrate", _calibrate_folder),
+        "error",
+        ("in use by another calibrate", f"pid {os.getpid()}", "wait for it to finish"),
+    ),
+    Row(
+        "a training beside a calibrate",
+        _holding("calibrate", lambda c, m: _train(c, m)),
+        "error",
+        ("in use by a calibrate", f"pid {os.getpid()}", "wait for the calibrate to finish"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", LOCKED, ids=[r.name for r in LOCKED])
+def test_locked_folder(ctx, tmp_path, row):
+    result = row.build(ctx, tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("ERROR: "), result.stderr[-3000:]
+    assert all(w in last for w in row.words), last
+    assert not (tmp_path / "models" / "manifest.json").exists()  # nothing published
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == sorted(p.name for p in ctx["models"].iterdir())
+
+
+def test_calibrate_refuses_weights_replaced_while_it_runs(ctx, tmp_path):
+    """The weights replaced after ``calibrate`` loaded them (by a writer that ignores the lock: a copy by hand): it
+    fits for the bytes it loaded, sees the file changed when it publishes, and publishes nothing."""
+    from ignite.engine import Events
+    from monai.bundle import ConfigWorkflow
+
+    models = tmp_path / "models"
+    shutil.copytree(ctx["models"], models)
+    loaded = hashlib.sha256((models / "model.pt").read_bytes()).hexdigest()
+    workflow = ConfigWorkflow(
+        config_file=[str(ctx["configs"] / c) for c in CALIBRATE_CONFIGS],
+        workflow_type="train",
+        run_id="calibrate",
+        logging_file=False,
+        **_calibrate_overrides(ctx, models),
+    )
+    workflow.initialize()
+
+    def replace_once(engine) -> None:
+        state = torch.load(models / "model.pt", weights_only=True)
+        first = next(iter(state))
+        state[first] = state[first] + 1.0  # another epoch's weights
+        torch.save(state, models / "epoch_4.pt")
+        os.replace(models / "epoch_4.pt", models / "model.pt")
+
+    evaluator = workflow.parser.get_parsed_content("validate#evaluator")
+    evaluator.add_event_handler(Events.ITERATION_COMPLETED(once=1), replace_once)
+    with pytest.raises(Exception) as raised:
+        workflow.run()
+    line = error_line(raised.value)
+    replaced = hashlib.sha256((models / "model.pt").read_bytes()).hexdigest()
+    assert line.startswith(f"{models / 'model.pt'} changed while calibrate ran"), line
+    assert f"loaded the weights sha256 {loaded[:12]}" in line and f"now holds sha256 {replaced[:12]}" in line, line
+    assert line.endswith("wait for the training to finish, then run calibrate again"), line
+    names = {p.name for p in models.iterdir()}
+    assert not names & {"manifest.json", "calibration.pt", "calibration.json", "validated_range.json"}, names
+    assert not [n for n in names if n.endswith(".tmp") or ".tmp." in n], names  # no staged file left
+
+
+# ------------------------------------------------------------------------------------------- a run folder's records
+
+
+@pytest.fixture(scope="module")
+def calibrated(ctx) -> Path:
+    """The fixture's bundle calibrated (temperature scaling: the quickest fit): a published set with its manifest."""
+    bundle = ctx["root"] / "calibrated"
+    shutil.copytree(ctx["root"] / "bundle", bundle)
+    result = _calibrate_folder(ctx, bundle / "models")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (bundle / "models" / "manifest.json").is_file()
+    return bundle
+
+
+def _edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+def _without_manifest(bundle: Path) -> None:
+    (bundle / "models" / "manifest.json").unlink()
+
+
+def _other_runs_range(bundle: Path) -> None:
+    """No manifest, and a validated range of another calibrate of the same weights beside this run's
+    recalibration: the range names another recalibration."""
+    _without_manifest(bundle)
+    other = hashlib.sha256(b"the calibration.pt of another calibrate run").hexdigest()
+    _edit_json(bundle / "models" / "validated_range.json", lambda r: r.update(calibration_sha256=other))
+
+
+def _other_weights_calibration(bundle: Path) -> None:
+    _without_manifest(bundle)
+    record = torch.load(bundle / "models" / "calibration.pt", weights_only=True)
+    record["weights_sha256"] = hashlib.sha256(b"other weights").hexdigest()
+    torch.save(record, bundle / "models" / "calibration.pt")
+
+
+RECORDS = [
+    Row(
+        "no manifest, the files name each other", _without_manifest, "allowed", ("no manifest.json in", "read because")
+    ),
+    Row(
+        "no manifest, a range of another calibrate",
+        _other_runs_range,
+        "error",
+        (
+            "no manifest.json in",
+            "do not name each other",
+            "validated_range.json was measured with the recalibration",
+            "run calibrate again",
+        ),
+    ),
+    Row(
+        "no manifest, a recalibration of other weights",
+        _other_weights_calibration,
+        "error",
+        ("no manifest.json in", "calibration.pt was fitted for the weights sha256", "run calibrate again"),
+    ),
+    Row(
+        "a manifest of an unknown format",
+        lambda b: _edit_json(b / "models" / "manifest.json", lambda m: m.update(format=7)),
+        "error",
+        ("manifest.json is a manifest of format 7", "reads format 1", "run calibrate again"),
+    ),
+    Row(
+        "a manifest without its weights entry",
+        lambda b: _edit_json(b / "models" / "manifest.json", lambda m: m.pop("weights")),
+        "error",
+        ("manifest.json is not a manifest of calib_monai (no entry 'weights')", "run calibrate again"),
+    ),
+    Row(
+        "a manifest without its weights entry, raw asked for",
+        lambda b: _edit_json(b / "models" / "manifest.json", lambda m: m.pop("weights")),
+        "error raw",
+        ("no entry 'weights'", "run calibrate again"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", RECORDS, ids=[r.name for r in RECORDS])
+def test_run_folder_records(ctx, calibrated, tmp_path, row):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(calibrated, bundle)
+    row.build(bundle)
+    args = _image(ctx, tmp_path, lambda d: d)
+    logged = _LogLines()
+    logging.getLogger("calib_monai").addHandler(logged)
+    try:
+        raw = {"calibration_path": "none"} if row.outcome == "error raw" else {}
+        line = _infer(ctx, **args, bundle=bundle, **raw)
+    finally:
+        logging.getLogger("calib_monai").removeHandler(logged)
+    if row.outcome.startswith("error"):
+        assert line and "\n" not in line, line
+        assert all(w in line for w in row.words), line
+        assert not raw or "--calibration_path none" not in line, line  # already passed: not the fix
+    else:
+        assert line == "", line
+        assert all(any(w in m for m in logged.lines) for w in row.words), logged.lines
+        assert (tmp_path / "out" / "case_seg.nii.gz").is_file()
+
+
+class _LogLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+# ------------------------------------------------------------------------------------------- the words of a line
+
+
+def _wrapped(tmp: Path) -> str:
+    """A calibration file without its method: our ``raise ... from`` names the file over the bare KeyError."""
+    from calib_monai.recalibration.stored import load_calibration
+
+    torch.save({"weights_sha256": "0" * 64, "state_dict": {}}, tmp / "fit.pt")
+    try:
+        load_calibration(tmp / "fit.pt")
+    except ValueError as err:
+        return error_line(err)
+    return ""
+
+
+def _logits_as_probabilities(tmp: Path) -> str:
+    """Probabilities that are logits reach the case score: the line names the case."""
+    from monai.data import MetaTensor
+
+    from calib_monai.review.validated_range import CaseQualityd
+
+    prob = torch.full((2, 4, 4, 3), 3.0)
+    image = MetaTensor(torch.ones(1, 4, 4, 3), meta={"filename_or_obj": "/data/liver_007.nii.gz"})
+    try:
+        CaseQualityd("pred")({"pred": prob, "image": image})
+    except ValueError as err:
+        return error_line(err)
+    return ""
+
+
+def _slicer(tmp: Path, *args: str) -> str:
+    command = [sys.executable, "-m", "calib_monai.cli", "slicer", str(REPO / "bundles" / "nacl_flare"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+MESSAGES = [
+    Row(
+        "a wrapped error", _wrapped, "error", ("fit.pt is not a calibration file of calib_monai", "KeyError: 'method'")
+    ),
+    Row("an error that names no case", _logits_as_probabilities, "error", ("case liver_007.nii.gz: ", "logits")),
+    Row(
+        "--low_confidence abc",
+        lambda t: _slicer(t, "case_001", "--low_confidence", "abc"),
+        "error",
+        ("calib-monai: error: low_confidence must be", "got 'abc'", "e.g. 0.8"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", MESSAGES, ids=[r.name for r in MESSAGES])
+def test_the_words_of_a_line(tmp_path, row):
+    line = row.build(tmp_path)
+    assert line and "\n" not in line, line
+    assert all(w in line for w in row.words), line
+
+
 # ------------------------------------------------------------------------------------------- writers
 
 
@@ -312,3 +640,83 @@ def test_a_full_disk_is_named(tmp_path):
         save_atomically({"w": torch.zeros(4)}, tmp_path / "checkpoint_latest.pt", write=to_full_disk)
     assert str(err.value).startswith(f"cannot write {tmp_path / 'checkpoint_latest.pt'}: the disk is full")
     assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+# ------------------------------------------------------------------------------------------- settings: checked, used
+
+
+def _calibrate(ctx: dict, tmp: Path, validation: int = 1, **more) -> subprocess.CompletedProcess:
+    """The fixture's bundle's ``calibrate`` on a copy of its run folder, with ``more`` on the command line; the
+    run's recorded split (``datalist.json``) moved to ``validation`` validation volumes."""
+    shutil.copytree(ctx["models"], tmp / "models")
+    datalist = json.loads((tmp / "models" / "datalist.json").read_text())
+    while len(datalist["validation"]) < validation:
+        datalist["validation"].append(datalist["training"].pop())
+    (tmp / "models" / "datalist.json").write_text(json.dumps(datalist))
+    overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(tmp / "models"), **more}
+    configs = [str(ctx["configs"] / "train.json"), str(ctx["configs"] / "calibrate.json")]
+    command = bundle_command("calibrate", configs, overrides)
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "calib_monai.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+
+
+def _other_classes(ctx: dict, tmp: Path) -> subprocess.CompletedProcess:
+    """A fit set of 4-class NIfTI maps (one-hot of the labels) for nnU-Net's 3-class predictions."""
+    shutil.copytree(NNUNET, tmp / "nnunet")
+    label = nib.load(str(tmp / "nnunet" / "labelsTr" / "case_001.nii.gz"))
+    (tmp / "fit").mkdir()
+    prob = np.stack([np.asarray(label.dataobj) == c for c in range(4)], -1).astype(np.float32)
+    nib.save(nib.Nifti1Image(prob, label.affine), str(tmp / "fit" / "case_001.nii.gz"))
+    labels = str(tmp / "nnunet" / "labelsTr")
+    predictions, report = str(tmp / "nnunet" / "predictions"), str(tmp / "report")
+    return _cli("calibrate-probabilities", predictions, labels, report, "--fit_predictions", str(tmp / "fit"),
+                "--fit_labels", labels, "--surface_distances", "False")  # fmt: skip
+
+
+SETTINGS = [
+    Row(
+        "more cross-fitting folds than validation volumes",
+        lambda c, t: _calibrate(c, t, validation=2, calibration_folds=50),
+        "error",
+        ("calibration_folds 50 is more than the 2 validation volumes", "--calibration_folds 2 or less"),
+    ),
+    Row(
+        "a review alpha above 1",
+        lambda c, t: _calibrate(c, t, review_alpha=1.5),
+        "error",
+        ("review_alpha must be", "> 0 and < 1", "got 1.5", "--review_alpha"),
+    ),
+    Row(
+        "a fit budget of 0 voxels",
+        lambda c, t: _calibrate(c, t, **{"calibration_settings#max_voxels": 0}),
+        "error",
+        ("calibration_settings#max_voxels", "an integer >= 1", "got 0"),
+    ),
+    Row(
+        "calib-monai slicer --low_confidence 1.5",
+        lambda c, t: _cli("slicer", str(c["root"] / "bundle"), "case", "--low_confidence", "1.5"),
+        "error",
+        ("calib-monai: error: low_confidence must be", "> 0 and < 1", "got 1.5"),
+    ),
+    Row(
+        "calibrate-probabilities: fit and evaluated sets of other class counts",
+        _other_classes,
+        "error",
+        ("calib-monai: error: the fit set", "fit has 4 classes", "predictions has 3", "case_001"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", SETTINGS, ids=[r.name for r in SETTINGS])
+def test_settings(ctx, tmp_path, row):
+    result = row.build(ctx, tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode in (1, 2) and last.startswith(("ERROR: ", "calib-monai: error: ")), result.stderr[-3000:]
+    assert all(w in last for w in row.words), last
+    assert "Traceback" not in result.stderr
+    if last.startswith("ERROR: "):  # a bundle run: nothing published
+        assert not (tmp_path / "models" / "validated_range.json").exists()

@@ -66,8 +66,36 @@ def _maps(tmp: Path) -> list[str]:
     return [str(tmp / "nnunet" / "maps"), *args[1:]]
 
 
+def _maps_twice(tmp: Path) -> list[str]:
+    args = _maps(tmp)
+    (Path(args[0]) / "case_001_0000.nii.gz").unlink()
+    _second_file(Path(args[0]), "case_001")
+    return args
+
+
 def _shifted_box(properties: dict) -> None:  # another case's crop box (same geometry and shape)
     properties["bbox_used_for_cropping"] = [[0, 6], [0, 3], [0, 5]]
+
+
+def _no_geometry(drop: Callable[[dict], None]) -> Callable[[Path], None]:
+    """The .pkl edited by ``drop``, the segmentation beside the .npz (the other source of the geometry) removed."""
+
+    def edit(folder: Path) -> None:
+        _properties(drop)(folder)
+        (folder / "case_001.nii.gz").unlink()
+
+    return edit
+
+
+def _second_file(folder: Path, name: str) -> None:
+    """``<case>.nii`` beside ``<case>.nii.gz``: the same image under the other NIfTI name."""
+    image = nib.load(str(folder / f"{name}.nii.gz"))
+    nib.save(nib.Nifti1Image(np.asanyarray(image.dataobj), image.affine, image.header), str(folder / f"{name}.nii"))
+
+
+def _no_affine(path: Path) -> None:
+    image = nib.load(str(path))
+    nib.save(nib.Nifti1Image(np.asanyarray(image.dataobj), None), str(path))  # qform_code = sform_code = 0
 
 
 CALIBRATE = [
@@ -104,6 +132,36 @@ CALIBRATE = [
         lambda t: _nnunet(t, _properties(lambda p: p.update(list_of_data_files=["/x/case_007_0000.nii.gz"]))),
         "refused",
         ("another case", "case_007_0000.nii.gz"),
+    ),
+    Row(
+        "a .pkl without geometry, no segmentation",
+        lambda t: _nnunet(t, _no_geometry(lambda p: p.pop("sitk_stuff"))),
+        "refused",
+        ("case_001.npz has a case_001.pkl without the image's geometry", "neither nibabel_stuff", "sitk_stuff"),
+    ),
+    Row(
+        "a .pkl whose sitk_stuff lacks the direction",
+        lambda t: _nnunet(t, _no_geometry(lambda p: p["sitk_stuff"].pop("direction"))),
+        "refused",
+        ("case_001.pkl without the image's geometry", "sitk_stuff lacks ['direction']"),
+    ),
+    Row(
+        "<case>.nii beside <case>.nii.gz (labels)",
+        lambda t: _nnunet(t, lambda f: _second_file(f.parent / "labelsTr", "case_001")),
+        "refused",
+        ("labelsTr/case_001.nii and ", "labelsTr/case_001.nii.gz are two files", "'case_001'", "keep one"),
+    ),
+    Row(
+        "<case>.nii beside <case>.nii.gz (NIfTI maps)",
+        lambda t: _maps_twice(t),
+        "refused",
+        ("maps/case_001.nii and ", "maps/case_001.nii.gz are two files", "'case_001'"),
+    ),
+    Row(
+        "a label without an affine",
+        lambda t: _nnunet(t, lambda f: _no_affine(f.parent / "labelsTr" / "case_001.nii.gz")),
+        "refused",
+        ("label ", "case_001.nii.gz has no usable affine", "qform_code and sform_code are both 0", "set_sform"),
     ),
     Row(
         "output_dir is a file",

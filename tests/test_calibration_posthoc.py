@@ -15,6 +15,7 @@ from calib_monai.recalibration import (
     CalibratedNetwork,
     CalibrateLogitsd,
     LocalTemperatureScaling,
+    RecalibrationSettings,
     TemperatureScaling,
     calibrate_volume,
     calibration_voxels,
@@ -23,6 +24,8 @@ from calib_monai.recalibration import (
     save_calibration,
 )
 from calib_monai.recalibration.fitting import split_volumes
+
+TEMPERATURE_ALL = RecalibrationSettings(method="temperature", voxels="all")
 
 
 def _drawn_with_temperature(t0: float, n: int = 200_000, classes: int = 3, seed: int = 0):
@@ -95,8 +98,11 @@ def test_stored_calibration_round_trip_and_weights_check(tmp_path, caplog):
     assert torch.equal(load_calibration(tmp_path / "lts.pt", weights)(z, x), lts(z, x))
     torch.save({"w": torch.zeros(2)}, weights)  # retrained: the calibration belongs to other weights
     with caplog.at_level(logging.WARNING):
-        assert load_calibration(path, weights) is None
+        assert load_calibration(tmp_path / "lts.pt", weights) is None  # a file of its own: not applied
     assert "fitted for other weights" in caplog.text
+    # calibration.pt in a folder without manifest: its record names other weights, so the folder is refused
+    with pytest.raises(ValueError, match=r"no manifest.json in .*calibration.pt was fitted for the weights sha256"):
+        load_calibration(path, weights)
     assert load_calibration(tmp_path / "missing.pt") is None
     (tmp_path / "bad.pt").write_text("not a calibration")
     with pytest.raises(
@@ -145,7 +151,7 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     weights = tmp_path / "model.pt"
     torch.save({}, weights)
     engine = Engine(lambda e, batch: [batch])
-    RecalibrationFitter(tmp_path / "calibration.pt", weights, method="temperature", voxels="all").attach(engine)
+    RecalibrationFitter(tmp_path / "calibration.pt", weights, TEMPERATURE_ALL).attach(engine)
     engine.run(volumes, max_epochs=1)
     fitted = load_calibration(tmp_path / "calibration.pt", weights)
     assert float(fitted.temperature) == pytest.approx(2.0, rel=0.05)
@@ -162,7 +168,7 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     assert record["volumes"] == 3 and record["voxels"] == 3 * 24 * 24 * 6
     # temperature scaling fits on the ground-truth foreground voxels only by default, where the papers' ECE is measured
     engine = Engine(lambda e, batch: [batch])
-    RecalibrationFitter(tmp_path / "fg.pt", weights, method="temperature").attach(engine)
+    RecalibrationFitter(tmp_path / "fg.pt", weights, RecalibrationSettings(method="temperature")).attach(engine)
     engine.run(volumes, max_epochs=1)
     foreground = sum(int((v["label"] > 0).sum()) for v in volumes)
     assert torch.load(tmp_path / "fg.pt", weights_only=True)["voxels"] == foreground < 3 * 24 * 24 * 6
@@ -170,10 +176,12 @@ def test_fitter_on_an_engine_recovers_the_temperature_and_writes_the_file(tmp_pa
     assert record["range_volumes_nll_after"] < record["range_volumes_nll_before"]
     assert record["range_volumes_ece_after"] < record["range_volumes_ece_before"]
     assert record["in_sample_nll_after"] < record["in_sample_nll_before"]
-    with pytest.raises(ValueError, match="calibrate method must be one of"):
-        RecalibrationFitter(tmp_path / "c.pt", weights, method="platt")
-    with pytest.raises(ValueError, match=r"one of \('foreground', 'all'\)"):
-        RecalibrationFitter(tmp_path / "c.pt", weights, voxels="background")
+    with pytest.raises(ValueError, match="calibration_method must be one of"):
+        RecalibrationSettings(method="platt")
+    with pytest.raises(ValueError, match=r"calibration_voxels must be one of \('foreground', 'all'\)"):
+        RecalibrationSettings(voxels="background")
+    with pytest.raises(TypeError, match="RecalibrationFitter settings must be a RecalibrationSettings, got dict"):
+        RecalibrationFitter(tmp_path / "c.pt", weights, {"method": "temperature"})
 
 
 def test_calibration_voxels_keep_the_foreground_and_share_the_budget_between_volumes():

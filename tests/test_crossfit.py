@@ -17,7 +17,10 @@ from calib_monai.recalibration.fitting import (
     score_minus_truth,
     split_volumes,
 )
+from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import calibrate_volume, load_calibrations
+
+TEMPERATURE = RecalibrationSettings(method="temperature", voxels="all")
 
 
 def _volumes(n: int) -> list[ValidationVolume]:
@@ -35,7 +38,7 @@ def _volumes(n: int) -> list[ValidationVolume]:
 def test_each_range_volume_is_scored_by_the_fit_that_did_not_see_it():
     volumes = _volumes(6)
     split = split_volumes(6, seed=0, crossfit=True)
-    module, stats, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    module, stats, scorers = cross_fit(volumes, split, TEMPERATURE)
     (a, b), (b2, a2) = split.folds
     # the served temperature is fitted on all six, each half's on its three; each scorer scores the other half
     assert stats["volumes"] == 6 and [s["volumes"] for s in stats["folds"]] == [3, 3]
@@ -80,7 +83,7 @@ def test_the_case_score_error_is_the_score_minus_the_delivered_dsc():
 def test_the_plain_split_scores_the_range_with_the_served_fit():
     volumes = _volumes(6)
     split = split_volumes(6, 0.5, seed=0)
-    module, stats, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    module, stats, scorers = cross_fit(volumes, split, TEMPERATURE)
     assert scorers == [(module, split.range)] and stats["volumes"] == 3 and "folds" not in stats
     review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": False}
     plain = measure_validated_range(scorers, volumes, split, review)
@@ -110,13 +113,13 @@ def test_recalibrate_is_a_plain_function_no_engine_needed(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({"w": torch.zeros(1)}, weights)
     review = {"alpha": 0.2, "volume_factor": 0.0, "input_check": True, "feature_check": False}
-    fit = {"method": "temperature", "voxels": "all", "seed": 0}
+    fit = RecalibrationSettings(method="temperature", voxels="all", review_alpha=0.2, review_feature_check=False)
     module, stats, validated = recalibrate(
-        volumes, tmp_path / "calibration.pt", weights, fit, review=review, class_names=["bg", "a"],
+        volumes, tmp_path / "calibration.pt", weights, fit, class_names=["bg", "a"],
         validated_range_path=tmp_path / "validated_range.json",
     )  # fmt: skip
     split = split_volumes(6, seed=0, crossfit=True)
-    expected_module, _, scorers = cross_fit(volumes, split, method="temperature", voxels="all")
+    expected_module, _, scorers = cross_fit(volumes, split, TEMPERATURE)
     expected = measure_validated_range(scorers, volumes, split, review, ["bg", "a"], spatial_dim=2)
     assert float(module.temperature) == float(expected_module.temperature)
     assert validated.scores == expected.scores and validated.n == 6

@@ -138,8 +138,11 @@ def test_k_fold_cross_fitting_scores_every_volume_once_by_a_fit_without_its_subj
         assert {subjects[i] for i in fit}.isdisjoint(subjects[i] for i in group)
     assert five.rule.startswith("5-fold cross-fitting of the validation subjects (22 volumes)")
     assert "folds of 6, 4, 4, 4 and 4 volumes" in five.rule
-    # more folds than subjects: one subject per fold (leave one subject out)
-    assert len(split_volumes(6, crossfit=True, subjects=subjects[:6], folds=10).folds) == 3
+    # one subject per fold (leave one subject out); more folds than subjects cannot be honoured: refused, not run
+    # with fewer folds than the manifest would record
+    assert len(split_volumes(6, crossfit=True, subjects=subjects[:6], folds=3).folds) == 3
+    with pytest.raises(ValueError, match=r"calibration_folds 10 is more than the 3 validation subjects \(6 volumes\)"):
+        split_volumes(6, crossfit=True, subjects=subjects[:6], folds=10)
     with pytest.raises(ValueError, match="calibration_folds must be an integer >= 2, got 1"):
         split_volumes(6, crossfit=True, folds=1)
 
@@ -192,6 +195,7 @@ def test_the_calibrate_step_reads_each_volumes_subject_from_its_item(tmp_path):
     from ignite.engine import Engine
 
     from calib_monai.handlers import RecalibrationFitter
+    from calib_monai.recalibration import RecalibrationSettings
 
     g = torch.Generator().manual_seed(0)
     volumes = []
@@ -205,7 +209,8 @@ def test_the_calibrate_step_reads_each_volumes_subject_from_its_item(tmp_path):
     torch.save({}, weights)
     path = tmp_path / "validated_range.json"
     engine = Engine(lambda e, batch: [batch])
-    fitter = RecalibrationFitter(tmp_path / "c.pt", weights, method="temperature", validated_range_path=path)
+    settings = RecalibrationSettings(method="temperature")
+    fitter = RecalibrationFitter(tmp_path / "c.pt", weights, settings, validated_range_path=path)
     fitter.attach(engine)
     engine.run(volumes, max_epochs=1)
     validated = read_validated_range(path, weights)[0]

@@ -149,7 +149,7 @@ import os, signal, torch
 from calib_monai.recalibration import TemperatureScaling
 from calib_monai.recalibration.stored import publish_calibration
 class Killed:
-    def save(self, path, weights):
+    def save(self, path, *weights):
         open(path, "w").write('{{"scores": [0.')
         os.kill(os.getpid(), signal.SIGKILL)
 publish_calibration(TemperatureScaling(2.5), {str(models / "calibration.pt")!r}, {str(models / "model.pt")!r},
@@ -297,14 +297,17 @@ def test_monai_label_serving_returns_the_pooled_features_next_sample_compares(bu
 
 
 def test_a_folder_without_manifest_still_refuses_a_range_without_its_calibration(bundle):
-    """A folder calibrated before manifests existed: the range records the recalibration it was measured on."""
+    """A folder copied without its manifest: the range records the recalibration it was measured with."""
     bundle_dir, _ = bundle
     models = bundle_dir / "models"
     (models / "manifest.json").unlink()
-    assert read_artifact_set(models).calibration == models / "calibration.pt"  # read as before
+    assert read_artifact_set(models).calibration == models / "calibration.pt"  # its records name each other
+    measured_with = json.loads((models / "validated_range.json").read_text())["calibration_sha256"]
+    assert measured_with == file_sha256(models / "calibration.pt")
     (models / "calibration.pt").unlink()
     message = str(pytest.raises(ArtifactSetError, read_artifact_set, models).value)
-    assert "calibration.pt is missing" in message and "validated_range.json was measured on" in message
+    assert message.startswith(f"no manifest.json in {models}") and "do not name each other" in message
+    assert f"validated_range.json was measured with the recalibration sha256 {measured_with[:12]}" in message
     assert read_artifact_set(models, raw=True).source()["validated_range"] == NOT_APPLICABLE
 
 

@@ -20,7 +20,8 @@ import torch
 
 from calib_monai.bundle.outputs import SOURCE_META
 from calib_monai.data.phantoms import generate_phantom
-from calib_monai.recalibration import TemperatureScaling, save_calibration
+from calib_monai.recalibration import TemperatureScaling
+from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.review import SITE_FILE, CaseQualityd, SiteMartingale, SiteMonitord, ValidatedRange
 from calib_monai.review.site_monitor import ARCHIVE_FOLDER
 from conftest import REPO_ROOT, run_bundle_workflow
@@ -101,8 +102,9 @@ def site_bundle(tmp_path_factory):
         **TINY,
         **{"data#cache_dir": str(root / "phantoms")},
     )
-    save_calibration(TemperatureScaling(1.0), models / "calibration.pt", models / "model.pt")
-    ValidatedRange(SCORES, {}).save(models / "validated_range.json", models / "model.pt")
+    publish_calibration(
+        TemperatureScaling(1.0), models / "calibration.pt", models / "model.pt", ValidatedRange(SCORES, {})
+    )
     images = root / "site_images"
     images.mkdir()
     for i in range(_cases_to_alarm() + 2):

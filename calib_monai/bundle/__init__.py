@@ -1,14 +1,6 @@
-"""Bundles at run time: the helpers their configs call and the one reader of a trained bundle.
-
-- ``runtime``: what the configs call as ``calib_monai.bundle.<name>`` (``locate_bundle``, ``as_bool``, the
-  distributed set-up of ``multi_gpu_train.json``, data loading switches);
-- ``weights``: every ``model.pt`` layout (plain, ``module.``-prefixed, ``{"model": ...}``) into a network;
-- ``trained``: ``TrainedBundle``, a bundle folder with weights: network, transforms and in-memory predictions, used by
-  the export, MONAI Label serving, the experiment harness and the Slicer command;
-- ``settings``: the check of a run's settings (``check_settings`` in ``initialize``, ``check_data_settings`` before
-  the data are read): unknown command-line keys, values, selection metrics, classes and channels against the data;
-- ``errors``: ``report_errors``, the one-line error report of bundle runs (``CALIB_MONAI_TRACEBACK=1``: traceback too);
-- ``outputs``: the naming rule of the inference outputs, ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``.
+"""Bundles at run time: the helpers their configs call (``runtime``), the check of a run's settings (``settings``),
+the one-line error report (``errors``), the weights reader (``weights``), the artifact set (``manifest``), the output
+naming rule (``outputs``) and ``TrainedBundle``, the one reader of a trained bundle folder (``trained``).
 """
 
 from __future__ import annotations

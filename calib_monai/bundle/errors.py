@@ -102,13 +102,17 @@ def _writer_failure(err: BaseException) -> str | None:
 
 def error_line(err: BaseException) -> str:
     """The one line that says what went wrong: the innermost message raised by calib_monai (else the innermost of
-    the chain), with the failing component's config id in front and the exception type unless it is ours."""
+    the chain), or the message of ours that explicitly wraps it (``raise ... from``), with the failing component's
+    config id in front and the exception type unless it is ours."""
     chain = error_chain(err)
     written = next((line for line in map(_writer_failure, reversed(chain)) if line), None)
     if written is not None:
         return written
     ours = [e for e in chain if _raised_by_us(e)]
-    chosen = ours[-1] if ours else chain[-1]
+    index = chain.index(ours[-1]) if ours else len(chain) - 1
+    while index > 0 and chain[index - 1] in ours and chain[index - 1].__cause__ is chain[index]:
+        index -= 1  # our own ``raise ... from`` wrote the outer line to explain the inner: it says where and the fix
+    chosen = chain[index]
     text = _text(chosen) or type(chosen).__name__
     if not ours:
         text = f"{type(chosen).__name__}: {text}"

@@ -12,8 +12,9 @@ so it can check each file against the manifest instead.
 Reading (:func:`read_artifact_set`): the manifest is read and every file of the set is hashed and compared with it. A
 live reader during a publication sees the old set or the new set (a mismatch is re-read for a moment, as long as a
 publication takes); a folder left mixed by a killed ``calibrate`` (new calibration, old range), a file deleted or
-copied in from another run is refused with one line naming the files and the fix (run calibrate again). A folder
-without a manifest (written before it existed) is read as before: each file's own record of its weights decides.
+copied in from another run is refused with one line naming the files and the fix (run calibrate again). A manifest
+of another format than :data:`MANIFEST_FORMAT` is refused naming it. A folder without a manifest (copied without it)
+is said in the log, and read only when its files' own records name each other (``calib_monai.bundle.records``).
 
 ``raw``: the user asked for the network's own probabilities (``--calibration_path none``): no recalibration, and the
 validated range, measured on recalibrated probabilities, is not applied.
@@ -35,12 +36,17 @@ from typing import Any
 
 from calib_monai.atomic import naming_write_failures
 
+from .records import record_disagreements, short_sha
+
 __all__ = [
+    "CALIBRATE_AGAIN",
     "CALIBRATION_SET",
     "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
     "RAW_CALIBRATION",
     "ArtifactSet",
     "ArtifactSetError",
+    "WeightsChangedError",
     "copy_artifact_set",
     "file_sha256",
     "is_raw_request",
@@ -52,17 +58,23 @@ __all__ = [
 
 logger = logging.getLogger("calib_monai")
 MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1  # the layout publish_artifacts writes; the only one read
 WEIGHTS_FILE = "model.pt"
 CALIBRATION_SET = ("calibration.pt", "calibration.json", "validated_range.json")  # what calibrate publishes
 RAW_CALIBRATION = "none"  # --calibration_path none: the network's own probabilities, asked for
 NOT_APPLICABLE = "no recalibration: range not applicable"
-FIX = 'run calibrate again (python -m monai.bundle run calibrate --config_file "[<bundle>/configs/train.json, '
-FIX += '<bundle>/configs/calibrate.json]"), or pass --calibration_path none for uncalibrated probabilities'
+CALIBRATE_AGAIN = 'run calibrate again (python -m monai.bundle run calibrate --config_file "[<bundle>/configs/'
+CALIBRATE_AGAIN += 'train.json, <bundle>/configs/calibrate.json]")'
+FIX = CALIBRATE_AGAIN + ", or pass --calibration_path none for uncalibrated probabilities"
 READ_RETRIES, READ_WAIT_S = 5, 0.2  # a publication in progress is given about a second to finish
 
 
 class ArtifactSetError(ValueError):
     """The files of a ``models/`` folder do not belong together (one line: the files and the fix)."""
+
+
+class WeightsChangedError(RuntimeError):
+    """The weights file changed between the loading of the weights and the publication of their set."""
 
 
 _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256: a run checks model.pt in several places
@@ -82,11 +94,6 @@ def file_sha256(path: str | os.PathLike) -> str:
             _HASHED.clear()
         _HASHED[key] = digest.hexdigest()
     return _HASHED[key]
-
-
-def short_sha(sha: str | None) -> str:
-    """The first 12 hex digits (``""`` for None): enough to tell runs apart in a table or a header."""
-    return sha[:12] if sha else ""
 
 
 def versions() -> dict[str, str]:
@@ -133,15 +140,25 @@ def _temporary(folder: Path, name: str) -> Path:
     return Path(tmp)
 
 
-def _read_manifest(folder: Path) -> dict | None:
-    path = folder / MANIFEST_FILE
+def _read_manifest(folder: Path, raw: bool = False) -> dict | None:
+    """The manifest of ``folder`` (None: none), its layout checked; ``raw``: the fix does not suggest it again."""
+    path, fix = folder / MANIFEST_FILE, CALIBRATE_AGAIN if raw else FIX
     if not path.is_file():
         return None
     try:
         manifest = json.loads(path.read_text())
-        manifest["artifacts"]["model.pt"]["sha256"]  # noqa: B018 - the one entry every manifest has
-    except (ValueError, KeyError, TypeError) as err:
-        raise ArtifactSetError(f"{path} is not a manifest of calib_monai ({type(err).__name__}: {err}); {FIX}") from err
+        fmt = manifest.get("format")
+        if fmt == MANIFEST_FORMAT:  # the entries every manifest has: a KeyError names the one missing
+            [manifest["weights"][k] for k in ("file", "sha256")] + [e["sha256"] for e in manifest["artifacts"].values()]
+            manifest["artifacts"]["model.pt"]  # noqa: B018
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        what = f"no entry {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise ArtifactSetError(f"{path} is not a manifest of calib_monai ({what}); {fix}") from None
+    if fmt != MANIFEST_FORMAT:
+        raise ArtifactSetError(
+            f"{path} is a manifest of format {fmt!r}, which this calib_monai {versions()['calib_monai']} does not "
+            f"read (it reads format {MANIFEST_FORMAT}): use the calib_monai that wrote it, or {fix}"
+        )
     return manifest
 
 
@@ -152,6 +169,7 @@ def publish_artifacts(
     settings: Mapping[str, Any] | None = None,
     depends: Mapping[str, str] | None = None,
     records: Mapping[str, Mapping[str, Any]] | None = None,
+    weights_sha256: str | None = None,
 ) -> Path:
     """Publish the files ``writers`` makes (``{"calibration.pt": write(tmp_path), ...}``) as the set of ``weights``
     (a ``writers`` entry of the weights' name publishes new weights with them).
@@ -161,7 +179,9 @@ def publish_artifacts(
     rewrite leave the set and are removed (any other calibration file left there is refused by readers).
     ``settings`` (what made them) and ``depends`` (``{"validated_range.json": "calibration.pt"}``: the SHA-256 of
     the file it was measured with) go into each entry; ``records`` gives an entry's ``settings`` and ``versions`` as
-    another manifest recorded them (a copied set). Returns the manifest."""
+    another manifest recorded them (a copied set). ``weights_sha256``: the weights the files were made for (the
+    bytes ``calibrate`` loaded); when ``weights`` holds others by the time they are staged, nothing is published
+    (:class:`WeightsChangedError`). Returns the manifest."""
     folder, weights = Path(models_dir), Path(weights)
     folder.mkdir(parents=True, exist_ok=True)
     staged: dict[str, Path] = {}
@@ -173,7 +193,9 @@ def publish_artifacts(
             os.chmod(staged[name], 0o666 & ~_umask())  # a writer may have replaced it with a file of its own
             _fsync_file(staged[name])
         shas = {name: file_sha256(tmp) for name, tmp in staged.items()}
-        weights_sha = shas.get(weights.name) or file_sha256(weights)
+        if weights_sha256 is not None and weights.name not in shas:
+            _check_unchanged(weights, weights_sha256)
+        weights_sha = shas.get(weights.name) or weights_sha256 or file_sha256(weights)
         for name in sorted(staged, key=lambda n: n == weights.name):  # the weights renamed last
             os.replace(staged[name], folder / name)
     finally:
@@ -218,6 +240,17 @@ def publish_artifacts(
         if name not in entries and name in previous.get("artifacts", {}) and (folder / name).exists():
             (folder / name).unlink()
     return path
+
+
+def _check_unchanged(weights: Path, loaded: str) -> None:
+    now = file_sha256(weights) if weights.is_file() else None
+    if now != loaded:
+        held = f"sha256 {short_sha(now)}" if now else "nothing (it was removed)"
+        raise WeightsChangedError(
+            f"{weights} changed while calibrate ran: it loaded the weights sha256 {short_sha(loaded)}, the file now "
+            f"holds {held}; the recalibration and range fitted for the loaded weights are not published; wait for "
+            "the training to finish, then run calibrate again"
+        )
 
 
 def copy_artifact_set(source_dir: str | os.PathLike, target_dir: str | os.PathLike) -> Path:
@@ -286,7 +319,7 @@ def _read_once(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
 
 
 def _read_set(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
-    manifest = _read_manifest(folder)
+    manifest = _read_manifest(folder, raw)
     weights_sha = file_sha256(weights) if weights.is_file() else None
     present = {name: folder / name for name in CALIBRATION_SET if (folder / name).is_file()}
     if manifest is None:
@@ -340,29 +373,27 @@ def _read_set(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
 
 
 def _legacy(folder: Path, weights: Path, weights_sha: str | None, present: dict, raw: bool) -> ArtifactSet:
-    """A folder without a manifest: each file's own record of its weights decides (the loaders check it); the
-    one mix it can tell is a range measured on recalibrated probabilities without its calibration.pt."""
+    """A folder without a manifest: said in the log; its recalibration and range are applied only when their own
+    records name the weights and each other (:func:`calib_monai.bundle.records.record_disagreements`)."""
     shas = {n: file_sha256(p) for n, p in present.items()}
-    if raw:
-        return ArtifactSet(folder, weights, weights_sha, raw=True, shas=shas)
-    range_path = present.get("validated_range.json")
-    if range_path is not None and "calibration.pt" not in present:
-        try:
-            record = json.loads(range_path.read_text())
-        except ValueError:
-            record = {}
-        method = (record.get("info", {}).get("calibration") or {}).get("method")
-        same_weights = weights_sha is None or record.get("weights_sha256") == weights_sha
-        if method and same_weights:
-            raise ArtifactSetError(
-                f"{folder / 'calibration.pt'} is missing, but {range_path} was measured on probabilities recalibrated "
-                f"by it ({method}); {FIX}"
-            )
+    if raw or not present:
+        logger.info(f"no {MANIFEST_FILE} in {folder}: {weights.name} is read on its own (nothing else to check)")
+        return ArtifactSet(folder, weights, weights_sha, raw=raw, shas=shas)
+    disagree = record_disagreements(weights, weights_sha, present, shas)
+    if disagree:
+        raise ArtifactSetError(
+            f"no {MANIFEST_FILE} in {folder}, and its files' own records do not name each other ({'; '.join(disagree)})"
+            f": they are not one set; {FIX}"
+        )
+    logger.warning(
+        f"no {MANIFEST_FILE} in {folder}: read because the records of {sorted(present)} name {weights.name} "
+        f"(sha256 {short_sha(weights_sha)}) and each other; run calibrate again to publish them with a manifest"
+    )
     return ArtifactSet(
         folder,
         weights,
         weights_sha,
         calibration=present.get("calibration.pt"),
-        validated_range=range_path,
+        validated_range=present.get("validated_range.json"),
         shas=shas,
     )

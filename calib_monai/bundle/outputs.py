@@ -1,14 +1,10 @@
 """Where a bundle's inference outputs go: the one naming rule of ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
-``<case>_quality.json`` (the case quality and review flag; every case of a run also gets a row of ``quality.csv``).
+``<case>_quality.json`` (every case of a run also gets a row of ``quality.csv``), used by ``inferring``,
+``TrainedBundle.write``, MONAI Label serving and the Slicer files.
 
-The bundle's ``inferring`` run (``calib_monai.data.segmentation_and_confidence``), ``TrainedBundle.write``, MONAI Label
-serving and the 3D Slicer files (``calib_monai.export.slicer``) all name and find the files through here.
-
-Every output records its source (``calib_monai.bundle.manifest.ArtifactSet.source``: the SHA-256 of the weights, of
-the recalibration and of the validated range): in full in ``<case>_quality.json``, short in ``quality.csv`` and in
-the NIfTI header's ``descrip`` (:func:`source_descrip`). A folder holding another source's results is refused
-(:func:`check_output_folder`). Every file reaches its final name complete or not at all (:func:`write_durably`:
-a temporary name in the same folder, fsync, ``os.replace``).
+Every output records its source (``ArtifactSet.source``: the SHA-256 of the weights, recalibration and validated
+range); a folder holding another source's results is refused (:func:`check_output_folder`), and every file reaches
+its name complete or not at all (:func:`write_durably`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The check of a bundle run's settings, before anything is built: one clear line per problem.
 
-``python -m monai.bundle run <id> --config_file ... --key value`` adds any ``--key`` to the config silently, so
-``--epoch 1`` (for ``--epochs``) would train the default 40 epochs. Every generated bundle therefore calls, in its
-``initialize``:
-
-* :func:`check_settings`: the command-line overrides (:mod:`calib_monai.bundle.overrides`: ``sys.argv`` as MONAI's
-  runner parses it, and the ``args_file`` it reads) name ids of the config files, or arguments of a component
-  (``--loss#alpha``: an argument of the loss's ``_target_``); an unknown key is an error naming the nearest known
-  one. Then the values of the run's settings (``num_classes``, ``roi_size``, ``epochs``...) and the selection rule's
-  metric names, against the validation's metrics; building ``@loss`` for the check runs the loss constructor's value
-  checks;
-
-and its ``run`` (the steps that read data) calls :func:`check_data_settings`: ``num_classes``, ``in_channels`` and
-``label_names`` against the data set's own description (``dataset.json``, or the component's facts).
-
-Built through ``ConfigWorkflow(..., **overrides)`` in Python there is no command line: the values are still checked,
-the keys cannot be (the workflow does not keep which ones were overridden).
+``python -m monai.bundle run`` adds any ``--key`` to the config silently (``--epoch 1`` for ``--epochs`` would train
+the default 40 epochs), so every generated bundle calls :func:`check_settings` in ``initialize`` (the override keys,
+:mod:`calib_monai.bundle.overrides`, with the nearest known key; the values; the selection rule's metrics; building
+``@loss`` runs its value checks) and :func:`check_data_settings` in each step that reads data (``num_classes``,
+``in_channels``, ``label_names`` against the data set). Under ``ConfigWorkflow(**overrides)`` there is no command
+line: the values are checked, the keys cannot be.
 """
 
 from __future__ import annotations

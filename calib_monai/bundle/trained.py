@@ -1,13 +1,8 @@
 """A trained bundle as one object: its configs and weights in; the network, the transforms and predictions out.
 
-``TrainedBundle`` is the one reader of a trained bundle folder: the export (``calib_monai.export``), MONAI Label
-serving (``calib_monai.label``), the studies (``studies/evaluation.py``, outside the package) and the Slicer command
-(``calib-monai slicer``) all build their network, weights and transforms through it.
-
-The weights are read as a member of their folder's set (``calib_monai.bundle.manifest``): when ``models/`` holds a
-calibration or validated range that does not belong with them (deleted, replaced, from another run, half-published),
-building the network is an ``ArtifactSetError`` naming the files and the fix, whoever asks (export, serving, studies).
-``TrainedBundle.source`` names the weights, recalibration and range every output records.
+``TrainedBundle`` is the one reader of a trained bundle folder (export, MONAI Label serving, the studies, the Slicer
+command). Its weights are read as a member of their folder's artifact set (``calib_monai.bundle.manifest``): a
+calibration or range that does not belong with them is an ``ArtifactSetError`` naming the files and the fix.
 """
 
 from __future__ import annotations

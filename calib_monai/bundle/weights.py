@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WeightsFileError", "load_network_weights", "read_weights_file", "unwrap_network", "weights_state_dict"]
+__all__ = [
+    "WeightsFileError",
+    "load_network_weights",
+    "loaded_sha256",
+    "read_weights_file",
+    "unwrap_network",
+    "weights_state_dict",
+]
+_LOADED: dict[str, str] = {}  # real path -> SHA-256 of the bytes this process last loaded from it
 
 #: the fix of a bad ``model.pt``, for messages
 RETRAIN = (
@@ -49,16 +59,26 @@ def read_weights_file(
     file, what is wrong (empty, cut off, not a PyTorch file, Python objects inside) and ``fix``.
 
     Files are always read with ``weights_only=True``: the fix of a file that does not load that way is another file,
-    never an unsafe load."""
+    never an unsafe load. The bytes are read once, hashed and loaded from memory: :func:`loaded_sha256` is the hash
+    of what was loaded, even when the file is replaced afterwards (a training writing ``model.pt``)."""
     import torch
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} not found: {fix}")
+    data = path.read_bytes()
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        loaded = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as err:
         raise WeightsFileError(f"{path} cannot be read as {what}: {_unreadable_reason(path, err)}; {fix}") from err
+    _LOADED[os.path.realpath(path)] = hashlib.sha256(data).hexdigest()
+    return loaded
+
+
+def loaded_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 of the bytes this process last loaded from ``path`` (:func:`read_weights_file`), None if none:
+    what ``calibrate`` publishes its recalibration for, not the file as it is when it publishes."""
+    return _LOADED.get(os.path.realpath(path))
 
 
 def unwrap_network(network):

@@ -1,14 +1,7 @@
-"""Dataset components that bundle configs name.
-
-- ``FLARE``: FLARE21/FLARE22 abdominal CT (liver, kidney, spleen, pancreas), synthetic phantoms by default;
-- ``MSDDataset``: any Medical Segmentation Decathlon style task folder;
-- the papers' other data sets: ``ACDC``, ``BraTS`` (with ``brats_regions``), ``Prostate``, ``PROMISE12``, ``KiTS``,
-  ``MRBrainS``, ``Hippocampus``, ``BUSI``;
-- ``image_datalist``, ``segmentation_and_confidence``: inference on unlabelled images (bundle ``inference.json``);
-- both components share ``VolumeSegmentationData``: datalist -> MONAI preprocessing -> cached volumes -> 2D slices;
-- each component class states its facts once (``DatasetFacts``: classes, channels, ROI) and its preprocessing once, as
-  MONAI config items (``preprocessing``: the bundles' ``train#preprocessing``, ``validate#preprocessing`` and
-  ``inference.json`` ``preprocessing`` are derived from that one list).
+"""Dataset components that bundle configs name (``FLARE``, ``MSDDataset``, ``ACDC``, ``BraTS``, ``Prostate``,
+``PROMISE12``, ``KiTS``, ``MRBrainS``, ``Hippocampus``, ``BUSI``), all on ``VolumeSegmentationData`` (datalist ->
+MONAI preprocessing -> cached volumes -> 2D slices), each stating its facts and its preprocessing once; and inference
+on unlabelled images (``image_datalist``, ``segmentation_and_confidence``).
 """
 
 from __future__ import annotations

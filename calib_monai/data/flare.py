@@ -30,21 +30,16 @@ _FLARE22_NAMES = {1: ("liver",), 2: ("kidney",), 3: ("spleen",), 4: ("pancreas",
 class FLARE(VolumeSegmentationData):
     """FLARE abdominal organ segmentation: liver, kidney, spleen, pancreas (plus background: 5 classes).
 
-    Reads the layouts users download (see ``calib_monai.data.layouts.FLARE_LAYOUTS``): FLARE21 ``TrainingImg/`` +
-    ``TrainingMask/`` (labels 0..4) and FLARE22 / MSD-style ``imagesTr/`` + ``labelsTr/`` (FLARE22's 13 organs,
-    mapped by ``FLARE22_TO_FLARE``). Preprocessing follows the NACL journal's FLARE setup ("resampled to the same
-    space and cropped to 192 x 192 x 30, from which 2D slices are obtained"; 240/40/80 split): RAS, resampling to
-    ``spacing``, the CT window ``window = (lo, hi)`` (HU) scaled to [0, 1] with clipping,
-    ``x' = clip((x - lo) / (hi - lo), 0, 1)``, and, for the training volumes, a ``roi_size`` window centred on the
-    organs' bounding box (from the label, as the paper's fixed crop). Validation and test volumes are not cropped: a
-    crop chosen by the label would leak the organs' position into the scores, so they are scored whole, as inference
-    serves them (``SliceInferer`` over every slice). The paper gives neither spacing nor window; the defaults,
-    1.6 x 1.6 x 6 mm and the abdominal soft-tissue window W400/L40 = [-160, 240] HU, fit the organs of a typical
-    adult abdomen (about 270 x 180 x 180 mm) into 192 x 192 x 30 voxels.
+    Reads FLARE21 ``TrainingImg/`` + ``TrainingMask/`` (labels 0..4) and FLARE22 / MSD-style ``imagesTr/`` +
+    ``labelsTr/`` (13 organs, mapped by ``FLARE22_TO_FLARE``; ``calib_monai.data.layouts.FLARE_LAYOUTS``).
+    Preprocessing follows the NACL journal ("resampled to the same space and cropped to 192 x 192 x 30"; 240/40/80
+    split): RAS, resampling to ``spacing``, the CT ``window`` (HU) scaled to [0, 1] with clipping, and for training
+    volumes a ``roi_size`` window centred on the organs (validation and test volumes are scored whole, as inference
+    serves them). The paper gives neither spacing nor window: 1.6 x 1.6 x 6 mm and W400/L40 = [-160, 240] HU fit a
+    typical adult abdomen into 192 x 192 x 30 voxels.
 
-    With ``dataset_dir=""`` (the bundle default) it trains on ``num_phantoms`` synthetic abdominal CT phantoms
-    (``calib_monai.data.phantoms``), generated once into ``cache_dir`` in the FLARE22 layout and read back by the
-    same code path as real data.
+    With ``dataset_dir=""`` (the bundle default) it trains on ``num_phantoms`` synthetic CT phantoms
+    (``calib_monai.data.phantoms``), cached in the FLARE22 layout and read by the same code as real data.
 
     Args:
         dataset_dir: a FLARE download, or "" / None for the phantoms.

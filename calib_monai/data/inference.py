@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,14 +104,21 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
     items = lister(path) if callable(lister) else nifti_items(path)
     if not items:
         raise ValueError(f"no images to segment in {path}")
-    names = [item.get("case") for item in items if item.get("case")]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ValueError(
-            f"several inputs under {path} are named {repeated[:5]}: their outputs would overwrite each "
-            "other; segment the folders one at a time"
-        )
+    outputs: dict[str, Any] = {}  # the case each item's outputs are named after (bundle.outputs.output_case)
+    for item in items:
+        case = output_case({"case_name": item.get("case"), "filename_or_obj": item["image"]})
+        if case in outputs:
+            raise ValueError(
+                f"{_first(outputs[case])} and {_first(item['image'])} under {path} are both the case {case!r}: "
+                f"one would overwrite the other's outputs ({case}_seg.nii.gz...); keep one of them, or segment the "
+                "folders one at a time"
+            )
+        outputs[case] = item["image"]
     return items
+
+
+def _first(image: Any) -> str:
+    return str(image[0] if isinstance(image, (list, tuple)) else image)
 
 
 def inference_preprocessing(component) -> Compose:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ from calib_monai.atomic import write_json_atomically
 
 __all__ = [
     "FLARE_LAYOUTS",
+    "files_by_case",
     "find_flare_cases",
     "find_msd_cases",
     "read_dataset_json",
@@ -44,6 +45,21 @@ def _strip_nifti(name: str) -> str | None:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return None
+
+
+def files_by_case(paths: Iterable[Path], case_of: Callable[[Path], str], what: str = "files") -> dict[str, Path]:
+    """``{case: path}`` of ``paths`` named by ``case_of``; two of them naming one case (``<case>.nii`` beside
+    ``<case>.nii.gz``) raise a ValueError naming both, where a dict would keep one and drop the other unseen."""
+    cases: dict[str, Path] = {}
+    for path in paths:
+        case = case_of(path)
+        if case in cases:
+            raise ValueError(
+                f"{cases[case]} and {path} are two {what} of the case {case!r}: one would be used and the other left "
+                "out; keep one of them (move the other out of the folder)"
+            )
+        cases[case] = path
+    return cases
 
 
 def _nifti_files(folder: Path) -> list[Path]:
@@ -81,11 +97,14 @@ def _case_key(case: dict) -> str:
 
 def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
     """Pair ``<case>_0000.nii.gz`` (nnU-Net/FLARE channel suffix) or ``<case>.nii.gz`` with ``<case>.nii[.gz]``."""
-    labels = {_strip_nifti(p.name): p for p in _nifti_files(label_dir)}
-    cases = []
-    for image in _nifti_files(image_dir):
+    labels = files_by_case(_nifti_files(label_dir), lambda p: _strip_nifti(p.name), "labels")
+
+    def case_of(image: Path) -> str:
         stem = _strip_nifti(image.name)
-        case = stem[: -len("_0000")] if stem.endswith("_0000") and stem not in labels else stem
+        return stem[: -len("_0000")] if stem.endswith("_0000") and stem not in labels else stem
+
+    cases = []
+    for case, image in files_by_case(_nifti_files(image_dir), case_of, "images").items():
         if case not in labels:
             raise ValueError(
                 f"image {image} has no label: expected {label_dir / (case + '.nii.gz')}; "

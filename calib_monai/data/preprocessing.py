@@ -1,22 +1,14 @@
 """Preprocessing as MONAI bundle config: one transform list per data set, and the chains of its phases derived from it.
 
-Each data set component states its deterministic preprocessing once, ``Component.preprocessing_steps()``: MONAI
-config items (``{"_target_": "Spacingd", "keys": ["image", "label"], ...}``) from the datalist's file paths to a
-preprocessed ``(image, label)`` volume. What belongs to the data set is a reference to the component
-(``"$@data.spacing"``, ``"$@data.raw_label_values"``) and the volume size is the bundle's ``"@roi_size"``. The
-generated bundles write the chains out (``train#deterministic_transforms`` and ``train#training_transforms``, whose
-concatenation is ``train#preprocessing`` and whose first is copied as ``validate#preprocessing``; ``inference.json``
-``preprocessing``), so a user reads and overrides them there, while ``--data#spacing`` and ``--roi_size`` still set
-them; in Python the component builds the same chains from the same list (``compose``).
+Each component states its deterministic preprocessing once, ``Component.preprocessing_steps()``: MONAI config items
+that refer to the component (``"$@data.spacing"``) and to the bundle's ``"@roi_size"``. The generated bundles write
+the chains out (``train#preprocessing``, ``validate#preprocessing``, ``inference.json``'s ``preprocessing``); in
+Python the component builds the same chains from the same list (``compose``). A step may be limited to phases
+(``only``):
 
-A step may be limited to some phases (``only``):
-
-- ``training``: every step (training volumes);
-- ``evaluation``: the steps not limited to training (validation and test volumes). The label never chooses the crop of
-  a volume that is scored: a window centred on the label is a training-only step (FLARE scores whole volumes, as
-  inference serves them);
-- ``inference``: the evaluation steps that need no label, on the image key only (``image_only``), and no crop/pad to
-  ``roi_size``: ``SliceInferer`` slides the 2D window over every slice of the whole image.
+- ``training``: every step;
+- ``evaluation``: the steps not limited to training (a window centred on the label is training-only);
+- ``inference``: the evaluation steps that need no label, on the image only, and no crop/pad to ``roi_size``.
 """
 
 from __future__ import annotations

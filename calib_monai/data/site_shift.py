@@ -1,28 +1,19 @@
 """Simulated site shifts: what another scanner or protocol could do to an image, from the data we have.
 
-:func:`apply_site_shift` applies one kind of shift at a named strength to a channel-first image ``(C, H, W[, D])``,
-deterministically for a seed (the seed draws the shift's free parameters: bias-field coefficients, the k-space spike's
-location, the ghosts' axis and count, the gamma's direction). Built on MONAI's MR artefact transforms:
+:func:`apply_site_shift` applies one kind of shift at a named strength (``"mild"``, ``"moderate"``, ``"strong"``:
+``SITE_SHIFTS``) to a channel-first image ``(C, H, W[, D])``, deterministically for a seed (which draws the shift's
+free parameters). Built on MONAI's MR artefact transforms:
 
-* ``bias_field``: a smooth multiplicative field ``exp(sum_k c_k P_k)`` of Legendre polynomials of degree 3 with
-  coefficients drawn in ``[-c, c]`` (``RandBiasField``, prob 1, seeded; Sled et al., IEEE TMI 1998, "A nonparametric
-  method for automatic correction of intensity nonuniformity in MRI data");
-* ``gibbs``: ringing from a truncated k-space (``GibbsNoise``; Gibbs ringing as simulated by Pérez-García et al.,
-  CMPB 2021, "TorchIO");
-* ``spike``: one k-space spike (herringbone artefact), at a seeded in-plane frequency with a magnitude a fraction of
-  the k-space peak (``KSpaceSpikeNoise``);
-* ``ghosting``: MONAI has no ghosting transform; as TorchIO's ``RandomGhosting``, every ``n``-th line of the in-plane
-  k-space along a phase-encoding axis is scaled by ``1 - intensity`` (the centre lines kept), which adds ``n``
-  shifted ghosts of the image (motion or periodic signal changes between phase-encoding lines; Zaitsev et al.,
-  JMRI 2015, "Motion artifacts in MRI: a complex problem with many partial solutions");
-* ``gamma``: a contrast change ``((x - min) / range) ** gamma * range + min`` (``AdjustContrast``), gamma above or
-  below 1 by the seed;
-* ``resolution``: a thicker slice: the last spatial axis (the one the bundles' ``SliceInferer`` slices along)
-  averaged down by a factor (``Resize``, area) and interpolated back (linear), 3D images only.
+* ``bias_field``: ``exp(sum_k c_k P_k)`` of Legendre polynomials of degree 3, ``c_k`` in ``[-c, c]``
+  (``RandBiasField``; Sled et al., IEEE TMI 1998);
+* ``gibbs``: ringing from a truncated k-space (``GibbsNoise``);
+* ``spike``: one k-space spike (herringbone artefact) at a seeded in-plane frequency (``KSpaceSpikeNoise``);
+* ``ghosting``: as TorchIO's ``RandomGhosting`` (MONAI has none), every ``n``-th in-plane k-space line along a
+  phase-encoding axis scaled by ``1 - intensity``, centre lines kept (Zaitsev et al., JMRI 2015);
+* ``gamma``: ``((x - min) / range) ** gamma * range + min`` (``AdjustContrast``), gamma above or below 1 by the seed;
+* ``resolution``: a thicker slice, the last spatial axis averaged down by a factor and interpolated back (3D only).
 
-Strengths are ``"mild"``, ``"moderate"`` and ``"strong"`` (``SITE_SHIFTS`` holds every kind's parameters). The
-output has the input's shape, dtype and device (integers rounded and clipped to the dtype's range; a ``MetaTensor``
-keeps its metadata).
+The output has the input's shape, dtype and device (a ``MetaTensor`` keeps its metadata).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Iterable, Mapping
 
 import numpy as np
@@ -11,7 +12,7 @@ from monai.data import MetaTensor
 from monai.transforms import EnsureChannelFirstd, InvertibleTransform, LoadImaged, MapTransform
 from monai.transforms.croppad.array import Crop
 
-from calib_monai.geometry import GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch
+from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch, nifti_affine_problem
 
 __all__ = [
     "CaseDataError",
@@ -88,7 +89,9 @@ class CheckedLoadImaged(MapTransform):
     Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
     worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
     each a ``CaseDataError`` naming the file: 3D (a 2D image reached the 2D inferer as a bad shape), finite and not
-    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps).
+    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps). Every volume read
+    must have a usable affine (:func:`calib_monai.geometry.affine_problem`): without one a reader guesses the
+    orientation (x mirrored), and the segmentation is silently wrong.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class CheckedLoadImaged(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
         for key in self.key_iterator(d):
+            _check_affine(key, d[key])  # before the reader, which would fix the header silently
             try:
                 d = self.loaders[key](d)
             except Exception as err:  # any reader failure: report the file, keep the original as the cause
@@ -123,6 +127,19 @@ class CheckedLoadImaged(MapTransform):
             if key == self.image_key:
                 self._check_image(d, data[key])
         return d
+
+
+def _check_affine(key: Hashable, source: object) -> None:
+    """A ``CaseDataError`` naming the file when a NIfTI to be read under ``key`` has no usable affine (other formats
+    carry their geometry otherwise, or none: a PNG)."""
+    for path in source if isinstance(source, (list, tuple)) else [source]:
+        if isinstance(path, (str, os.PathLike)) and str(path).endswith((".nii", ".nii.gz")):
+            try:
+                problem = nifti_affine_problem(path)
+            except Exception:  # a file nibabel cannot read: the reader's error, which names it, comes next
+                continue
+            if problem:
+                raise CaseDataError(f"{key} {path} has no usable affine: {problem}; {AFFINE_FIX}")
 
 
 class ChannelFirstd(EnsureChannelFirstd):

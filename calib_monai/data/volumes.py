@@ -1,13 +1,8 @@
 """Shared machinery of the dataset components: datalist -> MONAI preprocessing -> cached 3D volumes -> 2D slices.
 
-The papers (NACL, MbLS, CRaC) train 2D networks on axial slices and evaluate on whole volumes. A component therefore
-preprocesses every case once into a 3D volume (``CacheDataset``) and serves
-
-- training: every slice along the last (axial, after RAS orientation) axis of the cached training volumes,
-  ``{"image": (C, H, W) float32, "label": (1, H, W) float32}``;
-- validation/test: whole volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` as MetaTensors that keep the
-  file name, affine and the applied operations (for ``SliceInferer`` and, later, ``Invertd``); their preprocessing
-  is the evaluation chain (``calib_monai.data.preprocessing``), which never crops a volume around its label.
+The papers (NACL, MbLS, CRaC) train 2D networks on axial slices and evaluate on whole volumes: a component
+preprocesses every case once (``CacheDataset``) and serves training slices ``{"image": (C, H, W), "label": (1, H,
+W)}`` along the last axis, and whole validation/test volumes as MetaTensors (for ``SliceInferer`` and ``Invertd``).
 """
 
 from __future__ import annotations
@@ -49,29 +44,15 @@ class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
     Preprocessing is the class's ``preprocessing_steps()``: one list of MONAI config items (``calib_monai.data
-    .preprocessing``) that the bundles write out as ``train#preprocessing``, ``validate#preprocessing`` and
-    ``inference.json``'s ``preprocessing``. Typically: load (``CheckedLoadImaged``) -> channel first -> checks
-    (``ValidateSegmentationd``: shapes, NaN, label values) -> optional label remapping (``MapLabelValued``) -> float32
-    -> RAS orientation -> resampling to ``spacing`` (skipped when None) -> resizing, intensity scaling -> centre
-    crop/pad to ``roi_size`` (axes with size ``-1`` keep their extent). Training volumes may be cropped around the
-    label (``crop_foreground``); validation and test volumes never are. The datasets apply the chain they are given
-    (a bundle gives its config's), else the one the component builds from its list (``preprocessing(subset)``).
+    .preprocessing``) that the bundles write out as their chains. The datasets apply the chain they are given (a
+    bundle's), else the one the component builds from that list (``preprocessing(subset)``). Training volumes may be
+    cropped around the label (``crop_foreground``); validation and test volumes never are.
 
-    A subclass is a ``data_component`` too. It declares its constructor arguments as fields after the base's (its
-    ``roi_size`` default: ``facts.roi_size``; ``split``, ``spacing``, ``crop_foreground`` below), checks them in
-    ``__post_init__`` before calling the base's, and sets ``source``, ``facts`` (``DatasetFacts``: classes, channels,
-    default ``roi_size``; or overrides ``label_names``), ``layouts`` (the folder layouts its errors list),
-    ``preprocessing_steps`` (reading the component as ``@data``), ``preprocessing_args`` (the arguments the steps
-    read, written with their defaults into the bundles' ``data`` section) and ``_read_cases`` (the data set folder ->
-    ``root`` and the list of ``{"image", "label"}`` paths; an image may be a list of paths, one per modality, stacked
-    as channels), or overrides ``_read_dataset``. It may override ``raw_label_values`` (label values the files may
-    hold before remapping), ``_label_convention``, ``_split_cases`` (e.g. by patient) and ``_datalist_info``; with
-    ``drop_empty_training_slices = True`` it trains on the slices with foreground only.
-
-    A component built with ``dataset_dir=None`` has no data set (``root`` None, ``_dataset_root()`` None): it
-    serves ``inference_preprocessing`` (bundle ``inference.json``) without reading the disk, and ``datalist`` and
-    the datasets raise a ValueError saying so (``inference_only``). An empty ``dataset_dir`` with a given
-    ``datalist.json`` in ``output_dir`` (MONAI Label's train task) reads no folder either.
+    A subclass is a ``data_component`` too: it declares its own fields, checks them in ``__post_init__`` before the
+    base's, sets ``source``, ``facts`` (or overrides ``label_names``), ``layouts``, ``preprocessing_steps`` and
+    ``preprocessing_args``, and lists its cases in ``_read_cases`` (or overrides ``_read_dataset``). Built with
+    ``dataset_dir=None`` it serves ``inference_preprocessing`` only (``inference_only``): ``datalist`` and the
+    datasets raise a ValueError saying so.
 
     Args:
         dataset_dir: the data set folder; None: no data set, a preprocessing-only component for inference.

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from calib_monai.bundle import TrainedBundle
+from calib_monai.checks import check_number
 from calib_monai.recalibration.stored import CALIBRATION_FILE, load_calibration
 
 from .wrapper import SegmentationWithConfidence
@@ -92,9 +93,15 @@ def load_bundle_network(
 
 def _example_shape(parser, example_shape: Sequence[int] | None) -> tuple[int, ...]:
     if example_shape is not None:
-        if len(example_shape) != 5:
-            raise ValueError(f"example_shape must be (B, C_in, H, W, D), got {tuple(example_shape)}.")
-        return tuple(int(s) for s in example_shape)
+        if (
+            isinstance(example_shape, (str, bytes))
+            or not isinstance(example_shape, Sequence)
+            or len(example_shape) != 5
+        ):
+            raise ValueError(
+                f"example_shape must be (B, C_in, H, W, D), got {example_shape!r}: pass e.g. [2,1,96,96,2]"
+            )
+        return tuple(check_number("example_shape", s, 1, integer=True, hint="each size") for s in example_shape)
     roi = parser.get_parsed_content("roi_size") if "roi_size" in parser else (192, 192, 2)
     in_channels = parser.get_parsed_content("in_channels") if "in_channels" in parser else 1
     return (2, int(in_channels), int(roi[0]), int(roi[1]), 2)
@@ -171,6 +178,8 @@ def export_bundle(
     """
     from monai.bundle import ckpt_export
 
+    check_number("spatial_dim", spatial_dim, 0, 2, integer=True, hint="the slice axis: 0, 1 or 2 for H, W, D")
+    check_number("in_plane_multiple", in_plane_multiple, 0, integer=True, hint="0 keeps H and W static; e.g. 32")
     bundle = _trained_bundle(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt)
     bundle_dir = bundle.bundle_dir
     output_dir = Path(output_dir) if output_dir is not None else bundle_dir / "models"

@@ -1,34 +1,21 @@
 """3D Slicer review files: a ``.seg.nrrd`` segmentation (one segment per label plus "low confidence") and the
 confidence volume as NRRD, both on the reference image's grid.
 
-``write_slicer_files`` takes the outputs of a bundle's inference (``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``,
-NIfTI files in the input geometry, named by ``calib_monai.bundle.outputs``) or arrays with their NIfTI affine (e.g.
-``TrainedBundle.predict``'s), and writes into ``output_dir``:
+``write_slicer_files`` takes a bundle's inference outputs (``<case>_seg.nii.gz``, ``<case>_conf.nii.gz``, named by
+``calib_monai.bundle.outputs``) or arrays with their NIfTI affine (``TrainedBundle.predict``'s) and writes:
 
-    - ``<case>.seg.nrrd``: a Slicer segmentation file (labelmap NRRD with the ``Segmentation_*`` and
-      ``Segment<N>_*`` custom fields of Slicer's segmentation storage node). It has two layers (a ``list`` axis
-      first): layer 0 holds the predicted labels, one segment per foreground label with its label value; layer 1
-      holds the segment "low confidence" (label value 1) for the voxels whose confidence is below the threshold, so
-      it overlaps the organ segments;
+    - ``<case>.seg.nrrd``: a Slicer segmentation (labelmap NRRD with the ``Segmentation_*`` / ``Segment<N>_*``
+      fields of Slicer's storage node) of two layers: the predicted labels, one segment per foreground label, and
+      the overlapping segment "low confidence" where the confidence is below the threshold;
     - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32;
-    - with the case's quality (``<case>_quality.json`` of the inference run, or ``TrainedBundle.predict``'s): the
-      same JSON beside them, and in the ``.seg.nrrd`` the case score and review flag as custom header fields
-      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``) and each structure's
-      estimated DSC and expected volume as tags of its segment (``calib_monai.est_dice``, ``calib_monai.volume_ml``),
-      which Slicer shows in the segment's properties; and in both NRRD headers the source the inference recorded
-      (``calib_monai_weights_sha256``, ``calib_monai_calibration_sha256``, ``calib_monai_validated_range_sha256``).
+    - with the case's quality: the JSON beside them, the case score and review flag as header fields
+      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``), each structure's
+      estimated DSC and volume as segment tags, and the recorded source (``calib_monai_*_sha256``).
 
-Every file reaches its name complete or not at all (a temporary name in the folder, fsync, ``os.replace``). An input
-that cannot be read (a ``.nii.gz`` cut off by a killed run) is an error naming it; a case whose segmentation,
-confidence and quality record different sources (two models' outputs in one folder) is refused.
-
-Geometry: NIfTI affines map voxel indices to RAS (x to the Right, y Anterior, z Superior); Slicer writes NRRD files in
-``left-posterior-superior`` space, which is RAS with x and y negated. So the NRRD ``space directions`` (one vector
-per array axis) are the columns of ``diag(-1, -1, 1) @ affine[:3, :3]`` and ``space origin`` is
-``diag(-1, -1, 1) @ affine[:3, 3]``; a voxel lands on the same physical point in both files. The array axes are
-kept in NIfTI order (i fastest on disk, as in NIfTI and NRRD alike), so nothing is transposed.
-
-Needs ``pynrrd`` (``pip install pynrrd``), imported when a file is written.
+Every file is written atomically; an unreadable input is an error naming it, and a case whose files record
+different sources is refused. Geometry: Slicer's NRRD space is left-posterior-superior, RAS with x and y negated, so
+``space directions`` / ``space origin`` are ``diag(-1, -1, 1)`` times the affine's columns / offset; the array axes
+keep the NIfTI order. Needs ``pynrrd``, imported when a file is written.
 """
 
 from __future__ import annotations
@@ -45,6 +32,8 @@ import numpy as np
 
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 from calib_monai.bundle.outputs import write_durably
+from calib_monai.checks import check_number
+from calib_monai.defaults import LOW_CONFIDENCE
 
 from .slicer_inputs import ArrayOrPath, check_same_source, load_volume, reference_geometry, spatial_volume
 
@@ -165,7 +154,7 @@ def write_slicer_files(
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike,
     case: str,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
     quality: Mapping[str, Any] | None = None,
 ) -> SlicerFiles:
     """Write ``<case>.seg.nrrd`` and ``<case>_confidence.nrrd`` into ``output_dir`` for review in 3D Slicer.
@@ -191,6 +180,7 @@ def write_slicer_files(
     Returns:
         The paths written.
     """
+    low_confidence = _check_low_confidence(low_confidence)
     nrrd = _nrrd()
     seg, seg_affine = load_volume(segmentation, "segmentation")
     conf, conf_affine = load_volume(confidence, "confidence")
@@ -339,16 +329,24 @@ def _quality_tags(entry: Mapping[str, Any]) -> str:
     return "".join(tags)
 
 
+def _check_low_confidence(value: Any) -> float:
+    return check_number(
+        "low_confidence", value, 0, 1, low_open=True, high_open=True,
+        hint=f"the confidence below which a voxel is in the low-confidence segment; e.g. {LOW_CONFIDENCE}",
+    )  # fmt: skip
+
+
 def slicer_files_from_inference(
     inference_dir: str | os.PathLike,
     case: str,
     label_names: Mapping | Sequence[str] | None,
     output_dir: str | os.PathLike | None = None,
-    low_confidence: float = 0.8,
+    low_confidence: float = LOW_CONFIDENCE,
 ) -> SlicerFiles:
     """Slicer files of one case of a bundle's inference run: ``<inference_dir>/<case>_seg.nii.gz`` and
     ``<case>_conf.nii.gz`` (written in the input geometry, so the segmentation is the reference) and, when the run
     wrote it, ``<case>_quality.json``, into ``output_dir`` (default: ``inference_dir``)."""
+    _check_low_confidence(low_confidence)  # before any file is read
     seg_path, conf_path, stored = output_paths(inference_dir, case)
     missing = [path.name for path in (seg_path, conf_path) if not Path(path).is_file()]
     if missing:

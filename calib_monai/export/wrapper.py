@@ -12,23 +12,12 @@ __all__ = ["SegmentationWithConfidence"]
 class SegmentationWithConfidence(torch.nn.Module):
     """Segment a volume with a 2D network slice by slice and return the labels and their confidence.
 
-    The slicing happens inside the module (the slice axis is folded into the batch, the network runs once and the
-    axis is unfolded again), so the exported model takes whole volumes ``(B, C_in, H, W, D)`` and needs no
-    ``SliceInferer`` around it. The network sees each full slice, as ``SliceInferer`` does when the slice is no
-    larger than its ``roi_size``.
-
-    The outputs are:
-
-        - ``segmentation``: ``(B, 1, H, W, D)`` ``int64`` labels, the argmax of the softmax over classes;
-        - ``confidence``: ``(B, 1, H, W, D)`` ``float32``, the maximum softmax probability, in ``[1 / C, 1]``.
-
-    With a ``calibration`` (the bundle's ``calibrate`` step: :class:`~calib_monai.recalibration.TemperatureScaling` or
-    :class:`~calib_monai.recalibration.LocalTemperatureScaling`), the softmax is taken of the calibrated logits of each
-    slice: the confidence is calibrated, the segmentation is unchanged.
-
-    The module is ``torch.jit.script``-able and ``torch.export``-able (with dynamic batch and depth). All ``B x D``
-    slices go through the network as one batch: memory grows with the volume, so feed a large CT (e.g. 512 x 512 x
-    300 on a small GPU) in chunks of slices along the slice axis.
+    The slice axis is folded into the batch inside the module, so the exported model takes whole volumes ``(B,
+    C_in, H, W, D)`` without a ``SliceInferer``, and returns ``segmentation`` ``(B, 1, H, W, D)`` ``int64`` (the
+    argmax) and ``confidence`` ``(B, 1, H, W, D)`` ``float32`` (the max softmax probability, in ``[1 / C, 1]``). With
+    a ``calibration`` the softmax is of each slice's calibrated logits: the confidence is calibrated, the segmentation
+    unchanged. ``torch.jit.script``-able and ``torch.export``-able; all ``B x D`` slices run as one batch, so feed a
+    large CT in chunks of slices.
 
     Args:
         network: a 2D network mapping ``(N, C_in, H, W)`` to logits ``(N, C, H, W)``.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .alm import ALMUpdateHandler
 from .calibration_error import SegmentationCalibrationError
 from .checkpoint import TrainingCheckpoint
+from .folder_lock import HoldOutputFolder
 from .history import EpochSnapshots, ValidationHistory
 from .recalibration import RecalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler

@@ -28,22 +28,13 @@ class ALMUpdateHandler:
     """After each training epoch, update a :class:`~calib_monai.losses.CRaCLoss`'s multipliers on the validation the
     trainer already runs.
 
-    The validation engine (``evaluator``) must keep the raw logits under ``logits_key`` in its outputs (a
-    ``CopyItemsd`` before the softmax, as the bundles' ``train.json`` has it). The statistics of
-    :meth:`CRaCLoss.validation_statistics` are summed as the evaluator goes (3D outputs of a 2D loss cut into axial
-    slices, the last axis, as the network saw them in training), so validation runs once per epoch, not twice; an
-    epoch without validation (``val_interval > 1``) leaves the multipliers as they are. The sums are all-reduced across
-    DDP ranks, so every rank gets identical multipliers, then :meth:`CRaCLoss.outer_update` runs.
-
-    Each outer step logs one line with, for every (class, region), lambda, rho, the mean constraint ``h = |tau - l|``
-    and the fraction of validation pixels whose constraint holds (``h <= tolerance``), puts them in
-    ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ``alm_rho_...``, ``alm_constraint_...``,
-    ``alm_satisfied_...``; an epoch-level ``TensorBoardStatsHandler`` attached after it plots them) and, with
-    ``save_dir``, appends them to ``<save_dir>/alm_history.json`` (one record per outer step: ``epoch``, ``step`` and
-    per class and region ``lambda``, ``rho``, ``constraint``, ``satisfied``), the record studies read.
-
-    The multipliers live in the loss's buffers: checkpoint the loss (``TrainingCheckpoint(extra={"loss": loss})``)
-    and a resumed run continues with them.
+    The ``evaluator`` must keep the raw logits under ``logits_key`` (a ``CopyItemsd`` before the softmax, as in the
+    bundles' ``train.json``). :meth:`CRaCLoss.validation_statistics` are summed as it goes (its 3D outputs cut into
+    axial slices), so validation runs once per epoch; an epoch without validation leaves the multipliers as they are.
+    The sums are all-reduced across DDP ranks, then :meth:`CRaCLoss.outer_update` runs. Each outer step logs, for every
+    (class, region), lambda, rho, the mean constraint and the share of satisfied pixels, puts them in
+    ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ...) and, with ``save_dir``, appends them to
+    ``alm_history.json``. The multipliers live in the loss's buffers: checkpoint the loss to resume with them.
 
     Args:
         loss: the CRaC loss the trainer optimises.

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from monai.handlers import IgniteMetricHandler
 
+from calib_monai.defaults import TACE_THRESHOLD
 from calib_monai.metrics.calibration import SegmentationCalibrationMetric
 
 __all__ = ["SegmentationCalibrationError"]
@@ -24,14 +25,9 @@ class SegmentationCalibrationError(IgniteMetricHandler):
             "foreground": "gt", "output_transform": "$monai.handlers.from_engine(['pred', 'label'])"}},
         "metric_cmp_fn": "$lambda current, best: current < best"
 
-    Calibration errors are lower-is-better: give the evaluator ``metric_cmp_fn`` as above so ``best_metric`` tracks
-    the minimum, and ``CheckpointSaver(..., save_key_metric=True, key_metric_negative_sign=True)`` so the checkpoint
-    with the lowest value is kept.
-
-    The metric is computed on the device of the evaluator's outputs (int64 counts, float64 sums): the volumes stay
-    there, only each volume's per-bin statistics and value are kept (on that device) and reduced on the host.
-    Outputs that are not probabilities (logits: add ``Activationsd(keys="pred", softmax=True)``) raise a
-    ``ValueError``; a volume without foreground voxels is NaN, with a ``UserWarning``, and left out of the mean.
+    Calibration errors are lower-is-better: hence ``metric_cmp_fn`` above (and ``key_metric_negative_sign=True`` for
+    MONAI's ``CheckpointSaver``). Computed on the outputs' device, as the metric; logits raise a ``ValueError``
+    (add ``Activationsd(keys="pred", softmax=True)``).
 
     Args:
         metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class (None: the
@@ -48,7 +44,7 @@ class SegmentationCalibrationError(IgniteMetricHandler):
         foreground: str | None = None,
         reduction: str = "mean",
         include_background: bool | None = None,
-        threshold: float = 1e-3,
+        threshold: float = TACE_THRESHOLD,
         output_transform: Callable = lambda x: x,
         save_details: bool = True,
     ) -> None:

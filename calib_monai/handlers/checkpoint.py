@@ -24,6 +24,21 @@ from .rng import capture_rng_state, restore_rng_state
 
 __all__ = ["OutputFolderLock", "TrainingCheckpoint"]
 _HELD: dict[str, OutputFolderLock] = {}  # the locks this process holds, by folder
+_WAIT_TRAINING = "wait for the training to finish, then run calibrate again"
+#: why a task cannot run while another holds the folder, and the fix: BUSY[this task][the holder's task]
+BUSY = {
+    "training": {
+        "training": "two trainings in one folder overwrite each other's checkpoint; wait for it to end, or give this "
+        "run another --output_dir",
+        "calibrate": "a training would replace the weights the calibrate is fitting its recalibration for; wait for "
+        "the calibrate to finish, or give this run another --output_dir",
+    },
+    "calibrate": {
+        "training": f"calibrate would fit its recalibration for weights the training is replacing; {_WAIT_TRAINING}",
+        "calibrate": "two calibrates on one folder replace each other's recalibration and range; wait for it to "
+        "finish (one calibrate per folder is enough)",
+    },
+}
 
 
 def _alive(pid: int) -> bool:
@@ -39,15 +54,19 @@ def _alive(pid: int) -> bool:
 
 
 class OutputFolderLock:
-    """``<folder>/training.lock``: one training per output folder. The file names its holder (pid, host, start
-    time); the lock itself is ``fcntl.flock`` on it, which the system drops when the holder dies however it ends
-    (SIGKILL too), so a stale file left by a killed run is taken over with a log line. Where ``flock`` is not
-    supported, a holder on this host whose pid is gone counts as stale."""
+    """``<folder>/training.lock``: one training or ``calibrate`` per output folder (``task``: which one holds it; a
+    calibrate must not fit weights a training is replacing, nor two calibrates replace each other's result). The
+    file names its holder (task, pid, host, start time); the lock itself is ``fcntl.flock`` on it, which the system
+    drops when the holder dies however it ends (SIGKILL too), so a stale file left by a killed run is taken over with
+    a log line. Where ``flock`` is not supported, a holder on this host whose pid is gone counts as stale."""
 
-    def __init__(self, folder: str | os.PathLike, logger: logging.Logger | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, logger: logging.Logger | None = None, task: str = "training") -> None:
+        if task not in BUSY:
+            raise ValueError(f"OutputFolderLock task must be one of {sorted(BUSY)}, got {task!r}")
         self.folder = Path(folder)
         self.path = self.folder / "training.lock"
         self.logger = logger or logging.getLogger("calib_monai")
+        self.task = task
         self._fd: int | None = None
 
     @staticmethod
@@ -66,10 +85,12 @@ class OutputFolderLock:
         )
 
     def _busy(self, holder: dict[str, Any]) -> RuntimeError:
+        other = str(holder.get("task", "training"))  # a file without a task was written by a training
+        why = BUSY.get(self.task, {}).get(other, BUSY["training"]["training"])
+        article = "another" if other == self.task else "a"
         return RuntimeError(
-            f"output folder {self.folder} is in use by another training ({self._describe(holder)}; lock "
-            f"{self.path}): two trainings in one folder overwrite each other's checkpoint; wait for it to end, or "
-            "give this run another --output_dir"
+            f"output folder {self.folder} is in use by {article} {other} ({self._describe(holder)}; lock "
+            f"{self.path}): {why}"
         )
 
     def acquire(self) -> None:
@@ -104,10 +125,11 @@ class OutputFolderLock:
             os.close(fd)
         if holder:
             self.logger.warning(
-                f"taking over {self.path}: the training that held it ({self._describe(holder)}) no longer runs"
+                f"taking over {self.path}: the {holder.get('task', 'training')} that held it "
+                f"({self._describe(holder)}) no longer runs"
             )
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
-        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+        me = json.dumps({"task": self.task, "pid": os.getpid(), "host": socket.gethostname(), "started": started})
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.encode(), 0)
         self._fd = fd

@@ -21,6 +21,7 @@ from ignite.metrics.metric import reinit__is_reduced
 from monai.handlers import IgniteMetricHandler
 from monai.utils import min_version, optional_import, string_list_all_gather
 
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, served_verdict, voxel_spacing
 from calib_monai.metrics.segmentation_report import SegmentationReportMetric
 
@@ -145,8 +146,8 @@ class SegmentationReport:
         self,
         output_dir: str | os.PathLike,
         label_names: dict[str, str],
-        num_bins: int = 15,
-        empty_class: str = "nan",
+        num_bins: int = NUM_BINS,
+        empty_class: str = EMPTY_CLASS,
         prob_key: str = "prob",
         pred_key: str = "pred",
         label_key: str = "label",
@@ -154,8 +155,8 @@ class SegmentationReport:
         logger_name: str = "calib_monai",
         surface_distances: bool = True,
         name: str = "segmentation_report",
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
         quality_key: str = "quality",
     ) -> None:
         self.output_dir = Path(output_dir)

@@ -1,25 +1,11 @@
 """The random-number state of a training run, for checkpoints that resume exactly where a run stopped.
 
-A resumed run draws the same random numbers as an uninterrupted one only if every generator it uses continues where
-the stopped run left it. :func:`capture_rng_state` reads them at the end of an epoch and :func:`restore_rng_state` puts
-them back when a run resumes (``TrainingCheckpoint``):
-
-* ``torch``: the default CPU generator (it shuffles the training slices: ``RandomSampler`` draws its seed from it at
-  every epoch, and every ``DataLoader`` iterator draws the base seed of its workers from it) and, when CUDA is
-  initialised, every GPU's generator;
-* ``numpy`` and ``python``: the global NumPy and ``random`` generators;
-* ``samplers``: a generator of the training loader itself (``DataLoader(generator=...)``) or of its sampler
-  (``RandomSampler(generator=...)``); ``DistributedSampler`` needs none (it shuffles by seed and epoch);
-* ``transforms``: the ``R`` generator of every MONAI ``Randomizable`` transform of the training dataset (random
-  augmentation run in this process; ``monai.data.DataLoader`` seeds them when the loader is built, so a resumed run
-  would otherwise restart them).
-
-Worker processes: a loader's workers are seeded from the base seed their iterator draws from the restored ``torch``
-generator, so workers created per epoch (``persistent_workers=False``) repeat the uninterrupted run's streams. A
-persistent worker keeps its own generators across epochs, in its own process, which a checkpoint cannot hold: a random
-transform run in persistent workers restarts on resume. The bundles' training transforms draw no random numbers.
-
-Everything is stored as tensors, ints and floats, so the checkpoint still loads with ``torch.load(weights_only=True)``.
+:func:`capture_rng_state` reads every generator a run uses at the end of an epoch and :func:`restore_rng_state` puts
+them back when it resumes (``TrainingCheckpoint``): ``torch`` (the CPU generator, which seeds the sampler and the
+loader's workers, and every initialised GPU's), ``numpy`` and ``python``, ``samplers`` (a generator of the training
+loader or its sampler) and ``transforms`` (the ``R`` of every MONAI ``Randomizable`` transform of the training
+dataset). Persistent workers keep their own generators in their own processes, which a checkpoint cannot hold.
+Everything is stored as tensors, ints and floats, so the checkpoint loads with ``weights_only=True``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Next Sample: a scoring method that stores each image's case quality and network features in the datastore, and
 strategies that hand out the image to label next (imports MONAI Label).
 
-- ``<bundle>_case_quality`` (scoring): segments every image of the datastore with the served bundle and stores, in
-  the image's info ``info["calib_monai"][<bundle>]`` (persisted in the datastore's ``datastore_v2.json``), its case
-  score (the estimated mean DSC of :func:`calib_monai.metrics.case_quality`, under the served calibration), review
-  flag and pooled bottleneck features (4 significant digits). Labelled images are scored too: the features of
-  every image must come from the same weights. Images already scored with the same weights are skipped, so scoring
-  again is cheap until a training publishes new weights. MONAI Label runs scoring methods in a subprocess at server
-  start and after each training; ``POST /scoring/<bundle>_case_quality`` runs it on request.
-- ``<bundle>_most_typical`` (strategy, "Next Sample"; first, Slicer's default): TypiClust's choice, the most typical
-  unlabelled image in the largest part of the datastore that no label covers yet.
-- ``<bundle>_typical_least_confident`` (strategy): the least confident of the typical unlabelled images of that part.
-- ``<bundle>_least_confident`` (strategy): the unlabelled image with the lowest stored case score.
+- ``<bundle>_case_quality`` (scoring): stores in ``info["calib_monai"][<bundle>]`` each image's case score, review
+  flag and pooled bottleneck features; labelled images too (all features from the same weights); images scored with
+  the same weights are skipped.
+- ``<bundle>_most_typical`` (strategy, first: Slicer's default): TypiClust's most typical unlabelled image in the
+  largest part of the datastore no label covers (:func:`calib_monai.label.selection.next_to_label`).
+- ``<bundle>_typical_least_confident``: the least confident of that part's typical unlabelled images.
+- ``<bundle>_least_confident``: the unlabelled image with the lowest stored case score.
 
-Both typical strategies group the images by their stored features (:func:`calib_monai.label.selection.
-next_to_label`); which order a site gains most from is measured in ``docs/results/site_adaptation``.
-All three leave out images a strategy handed to another annotator within ``recent_s`` seconds (two annotators never get
-the same image at once); unscored images come after the scored ones, and when every image is taken the one handed
-out longest ago.
+None hands out an image given to another annotator within ``recent_s`` seconds; unscored images come last.
 """
 
 from __future__ import annotations

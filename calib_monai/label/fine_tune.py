@@ -1,22 +1,11 @@
 """Fine-tune a served bundle on the labels annotators submitted, then calibrate it and publish it to the server.
 
-The bundle's own training (its loss, e.g. NACL or CRaC with its ALM handler; its preprocessing, validation and model
-selection) runs as ``python -m monai.bundle run training`` on a datalist of the submitted labels, starting from the
-served ``model.pt`` (``--init_weights``), in a work folder ``<bundle>/runs/label_training``; then the bundle's
-``calibrate`` step fits the calibration and the validated range on the held-out labels. Only when both succeeded are
-the new files copied into ``<bundle>/models`` (each atomically; ``model.pt`` last, so the server, which reloads when
-``model.pt`` changes, never pairs the new weights with the old calibration); the previous weights stay as
-``model.previous.pt``. A training that fails or is stopped publishes nothing: the previous weights keep serving.
-
-Submitted labels are numbered as the annotation tool numbered them: 3D Slicer's MONAI Label module gives the i-th
-segment of the saved ``label_info`` the value i + 1. They are mapped back to the bundle's values by segment name
-(``"liver"``, and the review task's ``"liver (uncertain)"`` as liver); a segment the bundle does not know is an
-error that names it. Labels saved without ``label_info`` must already hold the bundle's values. They are written in
-the values the bundle's data files use (``stored_values``: BraTS holds class 3 as 4), as PNG for a PNG image (BUSI),
-and listed in a ``"given": true`` datalist, which every data component trains on without a data set folder
-(``calib_monai.data.layouts.unless_given``). The calibration keeps the method the served ``calibration.json`` records,
-else the bundle's default (``served_calibration``), and the log and the final stats say which, and how many labels
-were trained on and held out.
+The bundle's own ``training`` runs on a datalist of the submitted labels from the served ``model.pt``
+(``--init_weights``) in ``<bundle>/runs/label_training``, then its ``calibrate`` step on the held-out labels; only when
+both succeed is the artifact set published into ``<bundle>/models`` (``copy_artifact_set``; the previous weights stay
+as ``model.previous.pt``). Submitted labels are mapped to the bundle's values by segment name
+(:mod:`calib_monai.label.labels`) and written in the values and format its data files use, in a ``"given": true``
+datalist. The calibration keeps the served method, else the bundle's default (``served_calibration``).
 
 Nothing here imports MONAI Label (``calib_monai.label.train`` is the MONAI Label task around it).
 """

@@ -1,24 +1,14 @@
 """The MONAI Label infer tasks of a served bundle (imports MONAI Label: the label environment only).
 
-- ``<bundle>`` (type ``segmentation``): the label map, uint8 NIfTI on the input's grid. Its JSON carries
-  ``label_names`` (``{name: value}`` of every label of the bundle: 3D Slicer's MONAI Label module names the segments it
-  imports by position, the i-th name after "background" for value i, so every value must be named),
-  ``confidence_summary`` (per label: voxels, mean confidence, fractions below 0.5 and 0.8) and
-  ``quality`` (the case quality: estimated DSC per structure and of the case, volumes with their 95% interval, and
-  ``review``: whether the case falls outside the model's validated range, with the reasons) and ``source`` (the
-  SHA-256 of the weights, the recalibration and the validated range the answer comes from).
-- ``<bundle>_review`` (type ``segmentation``, so the stock Slicer module lists and shows it): for review in Slicer,
-  each structure split into two segments, its confident part (``"liver"``, confidence >= ``uncertainty_threshold``,
-  0.8 by default, a setting in Slicer's options) and its uncertain part (``"liver (uncertain)"``), uint8 values
-  ``2k - 1`` and ``2k`` (:func:`calib_monai.label.serving.review_label_names`); the JSON adds per structure the share
-  of its voxels that are uncertain, and the case quality with its review flag. A reviewer sees at a glance where the
-  model was unsure; editing, the uncertain segments are where to look first (a submitted label may keep them: the
-  train task counts them as their structure).
-- ``<bundle>_confidence`` (type ``others``, so Slicer's segmentation model list leaves it out): the confidence (max
-  softmax probability, in ``[1/C, 1]``), float32 NIfTI on the input's grid, with the same JSON plus its min/mean/max.
+- ``<bundle>`` (``segmentation``): the label map, uint8 NIfTI on the input's grid; its JSON carries ``label_names``
+  (every value named: Slicer names imported segments by position), ``confidence_summary``, ``quality`` (with the
+  review flag) and ``source``.
+- ``<bundle>_review`` (``segmentation``): each structure split into its confident part (``"liver"``, confidence >=
+  ``uncertainty_threshold``) and its uncertain part (``"liver (uncertain)"``), values ``2k - 1`` and ``2k``
+  (:func:`calib_monai.label.serving.review_label_names`), with each structure's uncertain share.
+- ``<bundle>_confidence`` (``others``: not in Slicer's segmentation list): the max softmax probability, float32.
 
-All take the prediction from ``ServedBundle.predict`` (one inference per image: the other tasks of the same image
-reuse it) and write only the file they return.
+All take the prediction from ``ServedBundle.predict`` (one inference per image) and write only the file they return.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """MONAI Label app serving the calib-monai bundles linked into its ``model/`` folder, offline.
 
-Start (in the label environment made by ``bash scripts/setup_label_env.sh``)::
+Start (in the label environment made by ``bash scripts/setup_label_env.sh``; the command of ``docs/site.md``)::
 
-    mkdir -p calib_monai/label/model && ln -s "$PWD/bundles/nacl_flare" calib_monai/label/model/  # with model.pt
-    . .venv-label/bin/activate   # the monailabel script runs the `python` it finds first
-    monailabel start_server --app calib_monai/label --studies /path/to/images --host 127.0.0.1 --port 8000 \
-        --conf zoo_source local --conf models all
+    monailabel start_server --app calib_monai/label --studies /path/to/images --conf zoo_source local --conf models all
 
-Every folder of ``<app>/model/`` that holds ``configs/inference.json`` is a served bundle (``--conf models a,b``
-serves only those). Each one gets three infer tasks, ``<bundle>`` (segmentation), ``<bundle>_review`` (each structure's
-confident and uncertain parts as segments) and ``<bundle>_confidence`` (confidence map, type ``others``): see
-``calib_monai.label.infer``; a scoring method ``<bundle>_case_quality`` and the strategies ``<bundle>_most_typical``,
-``<bundle>_typical_least_confident`` and ``<bundle>_least_confident`` (Next Sample by network features and case
-quality: ``calib_monai.label.activelearning``); and a train task ``<bundle>`` (fine-tune on the
-submitted labels, calibrate, serve: ``calib_monai.label.train``). A bundle without ``models/model.pt`` (or
-``model.ts``) has no infer task in ``GET /info/`` and its requests answer 404 saying which file is missing.
-
-Nothing is downloaded: ``zoo_source`` must be ``local`` (the default). Errors a client can fix are answered with a
-4xx status and a ``detail`` message (unknown model 404, no image or unreadable upload 400, wrong dimensionality 422),
-a failed request leaves no upload behind in ``TMPDIR``, and the server goes on serving.
+Every folder of ``<app>/model/`` holding ``configs/inference.json`` is a served bundle (``--conf models a,b`` serves
+only those), with the infer tasks of :mod:`calib_monai.label.infer`, the scoring method and strategies of
+:mod:`calib_monai.label.activelearning` and the train task of :mod:`calib_monai.label.train`. A bundle without
+weights has no infer task and its requests answer 404 naming the missing file. Errors a client can fix are a 4xx
+with a ``detail`` message; a failed request leaves no upload behind, and the server goes on serving.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Request handling that MONAI Label leaves to the app: checked ``POST /infer/{model}`` and clean failures.
 
-MONAI Label (0.8.5) answers ``POST /infer/{model}`` without file, image or session with a 500, and leaves the upload
-of a failed request in ``TMPDIR`` (it copies the file to ``tempfile.NamedTemporaryFile(...).name`` and removes it in a
-background task that runs only after a response). ``check_infer_route`` puts a checked copy of that route first in
-the running server's routes: it answers a request without input (or with a ``params`` field that is not JSON) with a
-400 and a message, and tells the app which request fields are uploads (``uploaded_fields``), so
-``CalibMONAILabelApp.infer`` removes them when it fails.
-
-``check_label_route`` does the same for ``PUT /datastore/label``: a submitted final label is checked by the app
-before MONAI Label stores it (unknown segment names, a label on another grid than its image: a 422 naming them), so
-the annotator hears at once rather than at the next training, and a refused label replaces nothing.
-
+MONAI Label (0.8.5) answers ``POST /infer/{model}`` without input with a 500 and leaves a failed request's upload in
+``TMPDIR``. ``check_infer_route`` puts a checked copy of that route first (a 400 for no input or bad ``params``) and
+names the uploaded fields so ``CalibMONAILabelApp.infer`` removes them when it fails; ``check_label_route`` checks a
+``PUT /datastore/label`` before MONAI Label stores it (unknown segment names, another grid: a 422, nothing replaced).
 Imports FastAPI and MONAI Label: the label environment only.
 """
 

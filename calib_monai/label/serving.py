@@ -1,14 +1,9 @@
 """One served bundle: its ``configs/inference.json`` run on one uploaded image, without MONAI Label.
 
-``ServedBundle`` is what the MONAI Label tasks of ``calib_monai.label.infer`` call. It is a thin layer over
-``calib_monai.bundle.TrainedBundle`` (the bundle's own preprocessing, inferer and postprocessing: softmax ->
-``Invertd`` back to the input's grid -> case quality, argmax and max probability), so a served image gets exactly what
-``python -m monai.bundle run inferring`` writes for it. On top it checks the upload (``InputError``: a 4xx for the
-client), summarises the confidence per label, and keeps the last prediction: the two tasks of a bundle
-(segmentation, confidence) asked for the same image cost one inference. The network is the config's
-``network_def`` with ``models/model.pt`` or, without it, the TorchScript ``models/model.ts``.
-
-Nothing here imports MONAI Label: it runs (and is tested) in the main environment too.
+``ServedBundle`` is a thin layer over ``calib_monai.bundle.TrainedBundle`` (so a served image gets exactly what
+``inferring`` writes for it) that checks the upload (``InputError``: a 4xx for the client), summarises the
+confidence per label and keeps the last prediction, so the tasks of one image cost one inference. Nothing here
+imports MONAI Label.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from monai.data import MetaTensor
 from calib_monai.bundle import TrainedBundle
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
 from calib_monai.data.transforms import unwrap_case_error
+from calib_monai.defaults import LOW_CONFIDENCE
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.review.site_monitor import SITE_FILE, SiteStateError, read_state, summarise
 
@@ -48,7 +44,7 @@ __all__ = [
 
 logger = logging.getLogger("calib_monai.label")
 
-CONFIDENCE_THRESHOLDS = (0.5, 0.8)
+CONFIDENCE_THRESHOLDS = (0.5, LOW_CONFIDENCE)  # the review map's thresholds a client may ask for
 #: The folder, in the datastore's, of each served bundle's site monitor: ``<studies>/calib_monai_site/<bundle>/``.
 SITE_FOLDER = "calib_monai_site"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
@@ -307,7 +303,7 @@ class ServedBundle:
             torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
         )
 
-    def save(self, served: Served, key: str, threshold: float = 0.8) -> str:
+    def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
         """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``,
         with the segmentation's writer), as the ``inferring`` run does, under a name of its own in the temporary folder
         (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""

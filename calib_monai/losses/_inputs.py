@@ -1,19 +1,13 @@
 """Input checks shared by every loss of :mod:`calib_monai.losses`.
 
-Every loss takes logits ``(B, C, H, W[, D])`` and integer labels laid out the way MONAI engines pass them,
-``(B, 1, H, W[, D])`` (possibly a float tensor holding integers, possibly a ``MetaTensor``), or ``(B, H, W[, D])``.
-:func:`prepare_inputs` checks both and returns plain tensors: logits unchanged (still in the autograd graph) and
-labels as ``int64`` of shape ``(B, H, W[, D])``. Bad input raises a ``ValueError`` naming what was seen and what
-was expected.
+:func:`prepare_inputs` takes logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[,
+D])`` (float holding integers, or ``MetaTensor``) and returns plain tensors: logits unchanged and labels ``int64 (B,
+H, W[, D])``; bad input is a ``ValueError`` naming what was seen and expected. Shapes are checked on every call. The
+*value* checks (finite logits, labels in ``[0, C)``) read a reduction back to the host, a GPU stall, so they run
 
-Shapes and dtypes are checked on every call (metadata only, free). The *value* checks (finite logits, labels in
-``[0, C)``) read a reduction back to the host, which on a GPU waits for every queued kernel: done each step, that
-stall keeps a launch-bound training step from overlapping the next batch's launches. So they run
-
-* always for CPU tensors (nothing to wait for);
-* on the first call of each loss instance for tensors on an accelerator, then never again (the data pipeline does
-  not change between steps); ``set_value_checks("always")`` (or ``CALIB_MONAI_VALUE_CHECKS=always``) checks every
-  call while debugging, ``"never"`` not at all;
+* always for CPU tensors;
+* on the first call of each loss instance on an accelerator (``set_value_checks("always")`` or
+  ``CALIB_MONAI_VALUE_CHECKS=always``: every call; ``"never"``: not at all);
 * never for ``meta`` tensors (they have no values).
 """
 

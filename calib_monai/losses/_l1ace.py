@@ -16,6 +16,7 @@ import torch
 from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number, check_option, check_positive_int
+from calib_monai.defaults import L1ACE_NUM_BINS
 from calib_monai.losses._inputs import prepare_inputs
 from calib_monai.losses.ce_dice import CEDiceLoss
 
@@ -38,7 +39,7 @@ class L1ACELoss(_Loss):
 
     def __init__(
         self,
-        num_bins: int = 20,
+        num_bins: int = L1ACE_NUM_BINS,
         lambda_ace: float = 1.0,
         lambda_dice: float = 1.0,
         lambda_ce: float = 1.0,

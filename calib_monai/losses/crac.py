@@ -33,8 +33,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "rho_init": 1.0,
         "clamp_per_pixel": True,
     },
-    # inequality |tau - l| <= eps, the bundles' default: eps and rho0 chosen by the ablation
-    # (docs/results/*/crac_ablation)
+    # inequality |tau - l| <= eps, the bundles' default: eps and rho0 chosen by the crac_ablation study
     "tolerance": {
         "inner_margin": 1.0,
         "multiplier_average": "region",
@@ -77,26 +76,15 @@ class CRaCLoss(_Loss):
 
     with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used).
 
-    Why a tolerance. Eq. 4-6 are ALM for *inequality* constraints ``h_i(x) <= 0``: the multiplier update
-    ``lambda <- P'(h_i(x))`` (Eq. 6, averaged over validation pixels in Eq. 8) lowers lambda where the constraint
-    holds, because PHR's derivative ``max(lambda + rho z, 0)`` is below lambda for ``z < 0`` and reaches 0 once
-    ``z <= -lambda / rho`` (axiom 4). Eq. 7 feeds PHR ``|tau - l|``, which is never negative: ``P' >= lambda`` at
-    every pixel, so lambda can only rise from one outer step to the next and axiom 4 never applies. With
-    ``g = |tau - l| - eps`` the problem is "keep every logit within ``eps`` of its prior", a true inequality
-    ``g <= 0`` of Eq. 4 form; a pixel with ``|tau - l| < eps - lambda / rho`` sits on PHR's inactive branch
-    (penalty ``-lambda^2 / (2 rho)``, no gradient, ``P' = 0``) and pulls lambda down in Eq. 8, a violated one
-    pushes it up. ``eps = 0`` is exactly the paper's Eq. 7 (``g = h >= 0``: the quadratic branch, computed
-    directly as ``lambda h + rho h^2 / 2``).
+    Why a tolerance: Eq. 7 feeds PHR ``|tau - l| >= 0``, so ``P' >= lambda`` at every pixel and a multiplier can
+    only rise; with ``g = |tau - l| - eps`` the constraint is a true inequality of Eq. 4 form, whose satisfied pixels
+    (PHR's inactive branch, ``P' = 0``) pull lambda down. ``eps = 0`` is exactly the paper's Eq. 7.
 
     ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`) held fixed during an epoch;
     :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch on the validation set
-    (:meth:`validation_statistics`, :meth:`outer_update`). Being buffers, they are saved in the module's
-    ``state_dict`` and so in checkpoints; they move to the device of the logits at the first call, so the loss
-    works wherever the network runs without being moved itself. :meth:`preset` builds the named settings
-    :data:`PRESETS` ("paper", "authors", "tolerance").
-
-    Its raw probabilities overstate volumes: read volumes and the case score after recalibration. The authors' code
-    and the differences from it: ``docs/notes/losses.md``.
+    (:meth:`validation_statistics`, :meth:`outer_update`); as buffers they are checkpointed and follow the logits'
+    device. :meth:`preset` builds the named settings :data:`PRESETS`. The authors' code and the differences from
+    it: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
@@ -201,15 +189,9 @@ class CRaCLoss(_Loss):
     def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> CRaCLoss:
         """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
 
-        * ``"paper"``: Eq. 3/7/8/10 as written (the constructor's defaults): ``inner_margin=1``,
-          ``multiplier_average="region"``, ``tolerance=0``, ``rho_init=0.1``. Every multiplier can only rise (see
-          the class docstring).
-        * ``"authors"``: the authors' released code as far as these options express it: ``inner_margin=5``,
-          ``multiplier_average="all_padded"``, ``rho_init=1``, ``clamp_per_pixel=True`` (what is not reproduced:
-          ``docs/notes/losses.md``).
-        * ``"tolerance"`` (the bundles' default): the inequality ``|tau - l| <= 2`` with ``rho_init=1`` and the
-          paper's other settings, so that multipliers can fall (``eps`` and ``rho0`` from the ablation in
-          ``docs/results``).
+        ``"paper"`` is Eq. 3/7/8/10 as written (the constructor's defaults), ``"authors"`` the authors' released code
+        as far as these options express it, ``"tolerance"`` the bundles' default (``|tau - l| <= 2``, ``rho_init=1``,
+        from the ablation): see ``docs/notes/losses.md``.
 
         >>> CRaCLoss.preset("tolerance", classes=3).tolerance
         2.0

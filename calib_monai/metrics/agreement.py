@@ -1,21 +1,11 @@
 """Test-time agreement: how much a network's segmentation of a case changes when the image is flipped.
 
-The premise: on an image like its training images a network's segmentation changes little when the image is
-flipped (and the output flipped back), on an unfamiliar one the passes disagree more. The bundles train without
-flips, so a flipped image is itself a shift unless the anatomy appears mirrored in training (left and right
-structures): whether the score separates failures is a measured question (docs/results). The score is the agreement
-of test-time augmentation (Wang et al., Neurocomputing 2019, "Aleatoric uncertainty estimation with test-time
-augmentation for medical image segmentation with convolutional neural networks"), measured as the mean pairwise Dice
-similarity of the passes' segmentations and the share of voxels two passes label differently.
-
-Cost: one forward pass (of the whole case) per flip: 4 with the default in-plane flips (none, each in-plane axis,
-both), the identity pass included, which is the ordinary prediction.
-
-MONAI's ``monai.data.TestTimeAugmentation`` is not used: it samples ``num_examples`` random augmentations of a data
-dict through a ``DataLoader`` and inverts them with ``Invertd`` (tracked metadata, invertible dictionary transforms),
-and summarises them by mode, mean, std and the volume variation coefficient. Here the augmentations are a fixed,
-deterministic set of flips, each exactly its own inverse, applied to the probabilities of any ``probs(image)``
-callable (a bundle's inferer and network, calibration included), and the summary is per-class pairwise Dice.
+On an image like its training images a network's segmentation changes little when the image is flipped (and the
+output flipped back); on an unfamiliar one the passes disagree more. The score is the agreement of test-time
+augmentation (Wang et al., Neurocomputing 2019), the mean pairwise Dice of the passes' segmentations, and the share
+of voxels two passes label differently. One forward pass per flip (4 by default, the identity included). Unlike
+MONAI's ``TestTimeAugmentation`` (random augmentations inverted with ``Invertd``), the flips are a fixed set, each its
+own inverse, applied to any ``probs(image)`` callable.
 """
 
 from __future__ import annotations

@@ -9,35 +9,21 @@ For one volume's class probabilities ``p (C, *spatial)`` (softmax, 2D or 3D) and
       est_dsc_k = 2 * sum_v p_k(v) [pred(v) = k] / (sum_v [pred(v) = k] + sum_v p_k(v))
 
   the ratio of the expectations of ``2 |pred_k & y_k|`` and ``|pred_k| + |y_k|`` under independent
-  ``y(v) ~ Categorical(p(v))``. Their ratio concentrates at its expectation as the structure grows (both sums
-  are sums of many independent terms), so for a perfectly calibrated model the estimate is the expected DSC up
-  to O(1/size). This is the "expected Dice" used for segmentation quality control (e.g. Jungo & Reyes, MICCAI 2019
-  aggregate uncertainty maps to case level; Zenk et al., MedIA 2025, benchmark such single-model aggregates
-  against ensembles). Why this estimator rather than the mean confidence of the predicted voxels: it counts the
-  probability the model puts *outside* its prediction (expected misses), which mean confidence cannot see; the
-  quality study (``docs/results``) compares both.
+  ``y(v) ~ Categorical(p(v))``: for a perfectly calibrated model the expected DSC up to O(1/size) (the "expected
+  Dice" of segmentation quality control: Jungo & Reyes, MICCAI 2019; Zenk et al., MedIA 2025). Unlike the mean
+  confidence of the predicted voxels it counts the probability put *outside* the prediction (expected misses).
 
-  **Absent structures** follow the convention of the true DSC (:func:`~calib_monai.metrics.segmentation.
-  segmentation_metrics_per_volume`, ``empty_class``): a class that is *absent* from the case, i.e. predicted
-  nowhere and given less than ``ABSENT_PROBABILITY = 0.1`` at every voxel (``max_v p_k(v) < 0.1``), gets NaN with
-  ``empty_class="nan"`` (the default, as the true DSC of a class absent from the label: left out of the case score
-  as from ``mean_dice``), and 1 with ``empty_class="papers"`` (DSC 1 for a class absent from both label and
-  prediction). A class predicted nowhere but given 0.1 or more somewhere gets 0 (its DSC if it is there: the
-  prediction misses it). Why the largest probability rather than the expected size ``sum_v p_k(v)``: the chance
-  that the structure is there is at least its probability at any voxel, which does not grow with the volume; the
-  sum does (a leak of 1e-6 per voxel sums to 6.5 voxels over 256 x 256 x 100 and made an absent structure a missed
-  one, estimate 0). Why 0.1: a structure the argmax misses keeps the probability of its core (0.2 to 0.5 where the
-  model hesitates), softmax leaks stay orders of magnitude below; and a missed structure taken for absent would
-  leave the case score high, silently, while an absent one taken for missed lowers it (the case is looked at). A
-  structure whose place the model spreads thin, below 0.1 at every voxel, counts as absent.
+  **Absent structures** follow the true DSC's ``empty_class`` convention: a class predicted nowhere and given less
+  than ``ABSENT_PROBABILITY = 0.1`` at every voxel gets NaN (``"nan"``, the default: left out of the case score) or
+  1 (``"papers"``). A class predicted nowhere but given 0.1 or more somewhere gets 0 (the prediction misses it). The
+  largest probability, not the expected size ``sum_v p_k(v)``, decides: it does not grow with the volume (a leak of
+  1e-6 per voxel would sum to several voxels), while a missed structure's core keeps 0.2 to 0.5.
 * **volume**: expected volume ``sum_v p_k(v)`` (voxels, times the voxel volume), with an interval **assuming
   independent voxels**: the 95% interval of the Poisson-binomial count, ``mean +- 1.96 s sqrt(sum_v p_k (1 - p_k))``
   (normal approximation, clipped at 0; ``s = volume_interval_scale``, 1 by default); and the volume of the
-  prediction ``sum_v [pred(v) = k]``. With ``s = 1`` it is *not* a 95% interval of the true volume: neighbouring
-  voxels' labels are not independent (a boundary one voxel off moves the whole surface), so the count varies far
-  more than the binomial says (its measured coverage: ``docs/notes/metrics.md``). A scale fitted on validation cases
-  (:func:`fit_volume_interval_scale`, split conformal: the 95% quantile of ``|true - expected| / half-width``) makes
-  it a 95% interval for cases like those.
+  prediction ``sum_v [pred(v) = k]``. With ``s = 1`` it is *not* a 95% interval of the true volume (neighbouring
+  voxels' labels are not independent); :func:`fit_volume_interval_scale` fits ``s`` on validation cases (split
+  conformal) to make it one for cases like those.
 * **low-confidence fraction**: the share of the predicted voxels of class k whose confidence ``max_c p_c`` is below
   ``threshold``.
 
@@ -45,13 +31,9 @@ The **case score** is the mean estimated DSC over the foreground classes (NaN cl
 one number per case, comparable with the case's mean DSC (the NaN-aware mean of the true DSCs). ``mean_confidence``
 (the mean max probability of the predicted foreground voxels, a common single-model aggregate) is reported beside it.
 
-Impossible inputs are refused with a one-line ``ValueError`` naming the argument, its range and the value: ``prob``
-outside [0, 1] (logits), NaN or infinite, or whose class probabilities do not sum to 1 (within ``max(1e-3,
-C * eps)`` of its dtype); a ``voxel_volume`` that is not a finite number > 0; a ``threshold`` outside [0, 1]. The
-check of ``prob`` is two reductions on its device and one read-back of four numbers (none on the ``meta`` device,
-which has no values).
-
-Everything runs on ``p``'s device; a few numbers per class come back to the host.
+Impossible inputs are a one-line ``ValueError`` naming the argument, its range and the value: ``prob`` outside
+[0, 1], not finite or not summing to 1 over classes (within ``max(1e-3, C * eps)``), a ``voxel_volume`` not > 0, a
+``threshold`` outside [0, 1]. Everything runs on ``p``'s device; a few numbers per class come back to the host.
 """
 
 from __future__ import annotations
@@ -64,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from calib_monai.checks import check_number, check_option
+from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
 
 from .calibration import detached_plain_tensor, probability_problem
 from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
@@ -93,8 +76,8 @@ EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
 
 
 def _check_probability_values(prob: torch.Tensor, name: str = "prob") -> None:
-    """``prob (C, *spatial)`` must hold softmax probabilities: one ValueError line naming ``name`` otherwise. Two
-    reductions on the device, one read-back of 4 numbers; nothing on ``meta`` (no values)."""
+    """``prob (C, *spatial)`` must hold softmax probabilities: one ValueError line naming ``name`` otherwise (one
+    read-back of 4 numbers; nothing on ``meta``)."""
     if prob.device.type == "meta" or not prob.numel():
         return
     if not prob.is_floating_point():
@@ -183,7 +166,7 @@ def _class_sums(
     return sums
 
 
-def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> torch.Tensor:
+def estimated_dice(prob: Any, pred: Any = None, empty_class: str = EMPTY_CLASS) -> torch.Tensor:
     """Estimated DSC of each foreground class, ``(C - 1,)`` float64 on ``prob``'s device (see the module); an absent
     class (predicted nowhere, ``max_v p_k(v) < ABSENT_PROBABILITY``) gets NaN (``empty_class="nan"``) or 1
     (``"papers"``).
@@ -196,11 +179,7 @@ def estimated_dice(prob: Any, pred: Any = None, empty_class: str = "nan") -> tor
     """
     empty_class = check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
     prob = _probabilities(prob)
-    return _estimated_dice(prob, _prediction(prob, pred), empty_class)
-
-
-def _estimated_dice(prob: torch.Tensor, label: torch.Tensor, empty_class: str) -> torch.Tensor:
-    return _dice_from(_class_sums(prob, label), empty_class)
+    return _dice_from(_class_sums(prob, _prediction(prob, pred)), empty_class)
 
 
 def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
@@ -226,11 +205,7 @@ def predicted_volumes(
     """
     scale, widen = _check_voxel_volume(voxel_volume), _check_scale(volume_interval_scale)
     prob = _probabilities(prob)
-    return _predicted_volumes(prob, _prediction(prob, pred), scale, widen)
-
-
-def _predicted_volumes(prob: torch.Tensor, label: torch.Tensor, scale: float, widen: float) -> dict[str, torch.Tensor]:
-    return _volumes_from(_class_sums(prob, label), scale, widen)
+    return _volumes_from(_class_sums(prob, _prediction(prob, pred)), scale, widen)
 
 
 def _volumes_from(sums: dict[str, torch.Tensor], scale: float, widen: float) -> dict[str, torch.Tensor]:
@@ -244,7 +219,7 @@ def _volumes_from(sums: dict[str, torch.Tensor], scale: float, widen: float) -> 
     }
 
 
-def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: float = 0.95) -> float:
+def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: float = VOLUME_COVERAGE) -> float:
     """The ``volume_interval_scale`` that makes the volume interval hold the true volume with probability
     ``coverage`` on cases exchangeable with the given ones (split conformal; Vovk et al. 2005, Angelopoulos & Bates
     2021): the ``ceil((n + 1) coverage)``-th smallest of ``|true - expected| / half-width`` over the n given
@@ -270,7 +245,7 @@ def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: flo
     return float(ratios[rank - 1]) if 0 < rank <= ratios.numel() else float("inf")
 
 
-def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = 0.8) -> torch.Tensor:
+def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = LOW_CONFIDENCE) -> torch.Tensor:
     """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN
     where the class is predicted nowhere).
 
@@ -281,11 +256,7 @@ def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = 0.8)
     """
     threshold = _check_threshold(threshold)
     prob = _probabilities(prob)
-    return _low_confidence_fraction(prob, _prediction(prob, pred), threshold)
-
-
-def _low_confidence_fraction(prob: torch.Tensor, label: torch.Tensor, threshold: float) -> torch.Tensor:
-    return _low_from(_class_sums(prob, label, prob.max(0).values, threshold))
+    return _low_from(_class_sums(prob, _prediction(prob, pred), prob.max(0).values, threshold))
 
 
 def _low_from(sums: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -313,9 +284,9 @@ def case_quality(
     prob: Any,
     pred: Any = None,
     voxel_volume: float = 1.0,
-    threshold: float = 0.8,
+    threshold: float = LOW_CONFIDENCE,
     class_names: Sequence[str] | None = None,
-    empty_class: str = "nan",
+    empty_class: str = EMPTY_CLASS,
     volume_interval_scale: float = 1.0,
     confidence: Any = None,
 ) -> dict[str, Any]:

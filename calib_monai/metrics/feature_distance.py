@@ -1,20 +1,11 @@
 """How far a case's network features lie from the validation cases': the shift a case score cannot see.
 
-Two parts:
-
-* :class:`BottleneckFeatures` (:mod:`calib_monai.metrics.network_features`, re-exported here) captures the
-  deepest encoder features of a bundle's 2D network while it runs, pooled to one vector per case.
-* :class:`MahalanobisDistance` is fitted on reference vectors (the validation cases', or the training images') and
-  gives a new case its distance, and (:meth:`~MahalanobisDistance.conformal_distances`) the distance of each of the
-  ``n`` reference cases and the new one from the other ``n``: the nonconformities the review rule
-  (:mod:`calib_monai.review.rule`) ranks. Mahalanobis distance of pooled features follows Lee et al. (NeurIPS 2018,
-  "A simple unified framework for detecting out-of-distribution samples and adversarial attacks") as applied to
-  segmentation by González et al. (MedIA 2022, "Distance-based detection of out-of-distribution silent failures for
-  Covid-19 lung lesion segmentation"), with the covariance shrunk as Ledoit & Wolf (J. Multivariate Anal. 2004, "A
-  well-conditioned estimator for large-dimensional covariance matrices"). Features of more than ``max_dim``
-  dimensions are first projected on the reference vectors' leading principal components (fitted on them, stored),
-  so the stored model stays small; a shift only along directions the reference vectors do not span is then not
-  seen (the residual of the projection is not scored).
+:class:`BottleneckFeatures` (:mod:`calib_monai.metrics.network_features`) captures a 2D network's deepest encoder
+features, pooled per case. :class:`MahalanobisDistance`, fitted on reference vectors, gives a case its distance and
+(:meth:`~MahalanobisDistance.conformal_distances`) the full-conformal nonconformities the review rule ranks: Lee et
+al. (NeurIPS 2018) as applied to segmentation by González et al. (MedIA 2022), with Ledoit & Wolf's shrinkage (J.
+Multivariate Anal. 2004). Features of more than ``max_dim`` dimensions are projected on the reference's leading
+principal components (a shift outside their span is not seen).
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from calib_monai.defaults import FEATURE_DIM
 from calib_monai.metrics.network_features import BottleneckFeatures, PooledFeatures, bottleneck_module_name
 
 __all__ = [
@@ -97,7 +89,7 @@ class MahalanobisDistance:
 
     method = "mahalanobis"
 
-    def __init__(self, max_dim: int = 16) -> None:
+    def __init__(self, max_dim: int = FEATURE_DIM) -> None:
         if int(max_dim) < 1:
             raise ValueError(f"max_dim must be >= 1, got {max_dim}; e.g. 16")
         self.max_dim = int(max_dim)

@@ -47,21 +47,17 @@ _QUANTILE_VOXELS = 1 << 20
 
 
 def image_statistics(image: Any) -> list[float]:
-    """Where the intensities of a (preprocessed) image ``(C, *spatial)`` sit and how sharp it is, per channel: the
-    mean, the standard deviation, the intensity skewness (the quantile skewness ``(q90 + q10 - 2 q50) / (q90 - q10)``,
-    in [-1, 1] and unchanged by any rescaling ``a x + b``, a > 0: a gamma or another contrast curve moves it), along
-    each spatial axis the sharpness (the mean absolute difference of neighbouring
-    voxels over the standard deviation), and along each spatial axis the roughness (the mean absolute second
-    difference over the mean absolute first difference: about 1.7 for noise, near 0 along an axis interpolated from
-    fewer samples, as a thick-slice image resampled to thin slices), and along each spatial axis the spectrum
-    roughness (the mean absolute second difference of the log power spectrum along the axis, over the frequencies
-    between the first and the last: a natural image's spectrum falls smoothly, while ghosting, which scales every
-    n-th k-space line, and truncation ringing make it jump from line to line), and along each spatial axis the
-    intensity slope and curvature (:func:`_shading`: how the mean intensity drifts across the image, as a coil's bias
-    field shades it). Each is 0 where it is undefined (a constant channel, an axis of fewer than 3 voxels, or of fewer
-    than 3 frequencies with power). The validated range compares them with the validation images': a thicker slice,
-    ringing, spikes, ghosts or shading change these along an axis even where the intensities are rescaled
-    (:func:`image_statistic_names` names them).
+    """Where the intensities of a (preprocessed) image ``(C, *spatial)`` sit and how sharp it is, per channel:
+
+    - the mean, the standard deviation and the quantile skewness ``(q90 + q10 - 2 q50) / (q90 - q10)`` (unchanged by
+      a rescaling ``a x + b``, a > 0; a gamma or another contrast curve moves it);
+    - along each spatial axis: the sharpness (mean absolute neighbour difference over the standard deviation), the
+      roughness (mean absolute second over first difference: about 1.7 for noise, near 0 along an interpolated
+      axis), the spectrum roughness (mean absolute second difference of the log power spectrum: ghosting and
+      ringing make it jump) and the intensity slope and curvature (:func:`_shading`: a bias field's drift).
+
+    Each is 0 where undefined (a constant channel, fewer than 3 voxels or frequencies with power);
+    :func:`image_statistic_names` names them.
 
     >>> import torch
     >>> image = torch.tensor([[[0.0, 2.0, 4.0, 0.0, 0.0, 0.0]] * 2])  # 2 x 6: the same row twice

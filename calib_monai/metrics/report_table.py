@@ -1,20 +1,13 @@
 """``SegmentationReportTable``: the evaluation report as a plain table, one row per volume, and its files.
 
-The bundles' ``evaluating`` run fills it through the Ignite handler (``calib_monai.handlers.SegmentationReport``),
-the studies and ``calib-monai calibrate-probabilities`` fill it directly with :meth:`SegmentationReportTable.add`;
-all of them write the same files with :meth:`SegmentationReportTable.write`:
+Filled by the Ignite handler (``calib_monai.handlers.SegmentationReport``) or directly (:meth:`add`: the studies,
+``calib-monai calibrate-probabilities``); :meth:`write` writes, each atomically:
 
-* ``metrics.csv``: one row per volume (the columns of :class:`~calib_monai.metrics.SegmentationReportMetric`, then
-  ``review_flag`` / ``review_reasons`` when the volumes came with the review verdict ``inferring`` gives them);
-* ``summary.json``: ``settings``, ``metrics`` (mean, standard deviation and count over volumes of every column;
-  non-finite entries left out), ``pooled`` (ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
-  volumes together) and ``case_quality`` (:meth:`SegmentationReportTable.case_quality`: how well the label-free
-  estimate ``est_mean_dice`` predicts the true ``mean_dice``, and the volumes from summed probabilities against the
-  true volumes);
-* ``reliability.png``: the top-label reliability diagram of the pooled ground-truth foreground voxels;
-* ``risk_coverage.png``: the cases sorted by their estimated DSC against the oracle and random orders.
-
-Every file is written to a temporary name and renamed, so a reader never sees half a report.
+* ``metrics.csv``: one row per volume (``SegmentationReportMetric``'s columns, then ``review_flag`` /
+  ``review_reasons`` when the volumes came with the review verdict);
+* ``summary.json``: ``settings``, ``metrics`` (mean, std and count per column), ``pooled`` (ECE / CECE / NLL / Brier
+  of all ground-truth foreground voxels) and ``case_quality`` (how well ``est_mean_dice`` predicts ``mean_dice``);
+* ``reliability.png`` and ``risk_coverage.png``.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ import numpy as np
 import torch
 
 from calib_monai.atomic import save_atomically, write_text_atomically
-from calib_monai.defaults import NUM_BINS
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
 
 from .calibration import save_reliability_diagram
 from .case_quality import CASE_SCORE
@@ -118,11 +111,11 @@ class SegmentationReportTable:
         self,
         label_names: dict[str, str] | None = None,
         num_bins: int = NUM_BINS,
-        empty_class: str = "nan",
+        empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
         metric: SegmentationReportMetric | None = None,
         cases: Sequence[str] = (),
         reviews: Sequence[Mapping[str, Any] | None] = (),

@@ -24,6 +24,7 @@ from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMe
 from monai.networks.utils import one_hot
 
 from calib_monai.checks import check_option
+from calib_monai.defaults import EMPTY_CLASS
 
 __all__ = ["EMPTY_CLASS_CONVENTIONS", "label_map_dice", "segmentation_metrics_per_volume"]
 
@@ -54,7 +55,7 @@ def segmentation_metrics_per_volume(
     num_classes: int | None = None,
     spacing: float | Sequence[float] | Sequence[Sequence[float]] | None = None,
     include_background: bool = False,
-    empty_class: str = "nan",
+    empty_class: str = EMPTY_CLASS,
     symmetric_surface_distance: bool = True,
     surface_distances: bool = True,
 ) -> dict[str, np.ndarray]:

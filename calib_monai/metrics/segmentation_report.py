@@ -26,7 +26,7 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option, check_positive_int
-from calib_monai.defaults import NUM_BINS
+from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, L1ACE_NUM_BINS, LOW_CONFIDENCE, NUM_BINS
 
 from .calibration import (
     calibration_errors,
@@ -109,11 +109,11 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         self,
         label_names: dict[str, str],
         num_bins: int = NUM_BINS,
-        empty_class: str = "nan",
+        empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = 3,
-        confidence_threshold: float = 0.8,
+        band_radius: int = BAND_RADIUS,
+        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         super().__init__()
         check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
@@ -209,7 +209,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         row.update({column: gt[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
         row.update({f"{column}_union": union[formula] for column, formula in zip(CALIBRATION_COLUMNS, _FORMULAS)})
         row["nll"], row["brier"] = gt["nll"], gt["brier"]
-        every = calibration_errors(prob, label, ("ml1ace", "cece"), 20, "all", include_background=False)
+        every = calibration_errors(prob, label, ("ml1ace", "cece"), L1ACE_NUM_BINS, "all", include_background=False)
         row["ml1ace"], row["cece_all"] = every["ml1ace"], every["cece"]
         row.update(self._quality(prob, label, pred, spacing))
         # additive statistics (zeros without foreground) stay on the device: bins and sums only

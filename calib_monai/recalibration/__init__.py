@@ -6,6 +6,7 @@ calibration error is :mod:`calib_monai.metrics.calibration`."""
 from calib_monai.recalibration.external import calibrate_probabilities, temperature_scale
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.recalibrate import recalibrate
+from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
     CalibratedNetwork,
@@ -24,6 +25,7 @@ __all__ = [
     "CalibrateLogitsd",
     "CalibratedNetwork",
     "LocalTemperatureScaling",
+    "RecalibrationSettings",
     "TemperatureScaling",
     "Uncalibrated",
     "calibrate_probabilities",

@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
-from calib_monai.checks import is_whole_number
+from calib_monai.checks import check_number, check_option
+from calib_monai.defaults import EMPTY_CLASS, MAX_VOXELS, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable
 from calib_monai.recalibration import readers
 from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
@@ -93,8 +94,9 @@ def temperature_scale(probabilities: torch.Tensor, temperature: float, dim: int 
     return torch.softmax(TemperatureScaling(temperature)(probabilities.clamp_min(LOG_FLOOR).log()), dim=dim)
 
 
-def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int]:
-    """Temperature of a seeded sample of ``max_voxels`` voxels, an equal share from each case; and the count."""
+def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int, int]:
+    """Temperature of a seeded sample of ``max_voxels`` voxels, an equal share from each case; the count; the
+    cases' number of classes."""
     share = max(1, math.ceil(max_voxels / len(cases)))
     logits, labels = [], []
     for i, case in enumerate(cases):
@@ -108,7 +110,7 @@ def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int]:
     if len(classes) > 1:
         raise ValueError(f"the fitting cases have different numbers of classes: {classes}")
     logits_all, labels_all = torch.cat(logits), torch.cat(labels)
-    return fit_temperature(logits_all, labels_all), int(labels_all.numel())
+    return fit_temperature(logits_all, labels_all), int(labels_all.numel()), classes[0]
 
 
 def _resolve(predictions: str | Path, labels: str | Path, fmt: str, ignore_extra_labels: bool) -> list:
@@ -125,10 +127,10 @@ def calibrate_probabilities(
     fit_labels: str | None = None,
     format: str = "auto",  # noqa: A002 - the command-line name
     label_names: dict[str, str] | None = None,
-    num_bins: int = 15,
-    empty_class: str = "nan",
+    num_bins: int = NUM_BINS,
+    empty_class: str = EMPTY_CLASS,
     surface_distances: bool = True,
-    max_voxels: int = 2_000_000,
+    max_voxels: int = MAX_VOXELS,
     seed: int = 0,
     write_calibrated: bool = False,
     ignore_extra_labels: bool = True,
@@ -182,13 +184,19 @@ def calibrate_probabilities(
             f"{len(overlap)} case name(s) are in both the calibration and the evaluated set "
             f"({', '.join(overlap[:10])}): the 'after' numbers are partly in-sample (optimistic)"
         )
-    temperature, voxels = _fit(fit_cases, max_voxels, seed)
+    temperature, voxels, fit_classes = _fit(fit_cases, max_voxels, seed)
     fitted_on = [c.name for c in fit_cases]
     logger.info(f"temperature {temperature:.4f} fitted on {voxels} voxels of {len(fit_cases)} case(s)")
 
     before = after = None
     for case in cases:
         volume = read_case(case)
+        if before is None and volume.probabilities.shape[0] != fit_classes:  # a temperature of another model's maps
+            raise ValueError(
+                f"the fit set {fit_predictions} has {fit_classes} classes but the evaluated set {predictions} has "
+                f"{volume.probabilities.shape[0]} (case {case.name}): give --fit_predictions of the same model and "
+                "classes as the predictions"
+            )
         if before is None:
             names = label_names or label_names_from(case.probabilities.parent, volume.probabilities.shape[0])
             before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
@@ -267,12 +275,15 @@ def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:
 
 def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any) -> None:
     """The command's numbers before any file is read: one line naming the argument, its value and the fix."""
-    for name, value, minimum, example in (("num_bins", num_bins, 1, 15), ("max_voxels", max_voxels, 1, 2000000)):
-        if not is_whole_number(value) or value < minimum:
+    for name, value, low, example in (
+        ("num_bins", num_bins, 1, NUM_BINS),
+        ("max_voxels", max_voxels, 1, MAX_VOXELS),
+        ("seed", seed, 0, 0),
+    ):
+        try:
+            check_number(name, value, low, integer=True)
+        except ValueError:
             raise ValueError(
-                f"--{name} {value!r} is not valid: it must be a whole number >= {minimum}; pass e.g. --{name} {example}"
-            )
-    if not is_whole_number(seed):
-        raise ValueError(f"--seed {seed!r} is not valid: it must be a whole number; pass e.g. --seed 0")
-    if empty_class not in ("nan", "papers"):
-        raise ValueError(f"--empty_class {empty_class!r} is not valid: pass --empty_class nan or --empty_class papers")
+                f"--{name} {value!r} is not valid: it must be a whole number >= {low}; pass e.g. --{name} {example}"
+            ) from None
+    check_option("--empty_class", empty_class, ("nan", "papers"))

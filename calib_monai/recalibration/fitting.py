@@ -38,6 +38,7 @@ from monai.data import MetaTensor
 from torch import nn
 from torch.nn import functional as F
 
+from calib_monai.defaults import NUM_BINS, VOLUME_COVERAGE
 from calib_monai.metrics.calibration import ece
 from calib_monai.metrics.case_quality import case_quality, fit_volume_interval_scale
 from calib_monai.metrics.feature_distance import MahalanobisDistance
@@ -45,14 +46,13 @@ from calib_monai.metrics.image_statistics import input_statistic_names, input_st
 from calib_monai.metrics.segmentation import label_map_dice
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.references import fixed_references
-from calib_monai.recalibration.splits import DEFAULT_FOLDS, Split, split_volumes, subject_names
+from calib_monai.recalibration.settings import RecalibrationSettings
+from calib_monai.recalibration.splits import Split, split_volumes, subject_names
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
 from calib_monai.review.validated_range import ValidatedRange, voxel_volume_ml
 
 __all__ = [
-    "RECALIBRATION_DEFAULTS",
-    "REVIEW_DEFAULTS",
     "Split",
     "ValidationVolume",
     "cross_fit",
@@ -63,23 +63,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("calib_monai")
-#: The one source of the recalibration and review defaults: ``RecalibrationFitter``'s arguments, the bundles'
-#: ``calibrate.json`` (``bundle_factory``) and MONAI Label's fine-tuning (through the bundle's config) read them here.
-#: Local temperature scaling: the one recalibration that keeps the probabilities readable as case quality for every
-#: loss (the ``quality`` study, docs/results); cross-fitting: every validation volume in the range.
-RECALIBRATION_DEFAULTS: dict[str, Any] = {
-    "method": "local_temperature",
-    "voxels": "foreground",
-    "crossfit": True,
-    "folds": DEFAULT_FOLDS,
-}
-REVIEW_DEFAULTS: dict[str, Any] = {
-    "alpha": 0.05,
-    "volume_factor": 0.0,
-    "input_check": True,
-    "feature_check": True,
-    "score_check": True,
-}
 HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early stopping
 
 
@@ -165,7 +148,7 @@ def _flat(groups: Sequence[Sequence[torch.Tensor]], module: nn.Module | None = N
 def _nll_ece(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
     """NLL over all the voxels and ECE over their ground-truth foreground (15 bins)."""
     prob = torch.softmax(logits.double(), dim=1)
-    return float(F.nll_loss(prob.clamp_min(1e-12).log(), labels)), ece(prob.T[None], labels[None], 15, "gt")
+    return float(F.nll_loss(prob.clamp_min(1e-12).log(), labels)), ece(prob.T[None], labels[None], NUM_BINS, "gt")
 
 
 def _before_after(stats: dict, prefix: str, before: torch.Tensor, after: torch.Tensor, labels: torch.Tensor) -> None:
@@ -174,38 +157,28 @@ def _before_after(stats: dict, prefix: str, before: torch.Tensor, after: torch.T
 
 
 def fit_recalibration(
-    volumes: Sequence[ValidationVolume],
-    indices: Sequence[int],
-    method: str = "local_temperature",
-    num_classes: int | None = None,
-    in_channels: int = 1,
-    voxels: str = "foreground",
-    max_voxels: int = 2_000_000,
-    max_slices: int = 4_000,
-    steps: int = 300,
-    seed: int = 0,
-    spatial_dim: int = 2,
+    volumes: Sequence[ValidationVolume], indices: Sequence[int], settings: RecalibrationSettings, spatial_dim: int = 2
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Fit ``method`` (``"temperature"`` or ``"local_temperature"``) on the ``indices`` volumes; returns the module
-    and its statistics: where it was fitted, the in-sample NLL / ECE before and after, and local temperature
-    scaling's held-out slices before and after (with early stopping)."""
+    """Fit ``settings.method`` (``"temperature"`` or ``"local_temperature"``, for the classes of the volumes' logits
+    and the channels of their images) on the ``indices`` volumes; returns the module and its statistics: where it
+    was fitted, the in-sample NLL / ECE before and after, and local temperature scaling's held-out slices before and
+    after (with early stopping)."""
     fit = [volumes[i] for i in indices]
     stats: dict[str, Any] = {"volumes": len(fit)}
+    method, voxels, seed, steps = settings.method, settings.voxels, settings.seed, settings.steps
     if method == "temperature":
-        logits, labels = calibration_voxels(((v.logits, v.label) for v in fit), voxels, max_voxels, seed)
+        logits, labels = calibration_voxels(((v.logits, v.label) for v in fit), voxels, settings.max_voxels, seed)
         check_voxels(logits, labels)
         module: nn.Module = TemperatureScaling().fit(logits, labels)
         with torch.no_grad():
             calibrated = module(logits)
         where = "ground-truth foreground" if voxels == "foreground" else "all voxels"
         stats["fitted_on"] = f"{where} of the validation volumes"
-    elif method == "local_temperature":
-        if num_classes is None:
-            raise ValueError("local temperature scaling needs num_classes")
-        groups = _slice_groups(fit, spatial_dim, max_slices, seed)
+    else:
+        groups = _slice_groups(fit, spatial_dim, settings.max_slices, seed)
         check_voxels(*_flat(groups))
         train, held = _hold_out(groups, HELD_OUT_SHARE, seed)
-        module = LocalTemperatureScaling(num_classes, in_channels)
+        module = LocalTemperatureScaling(fit[0].logits.shape[0], fit[0].image.shape[0])
         module.fit(*zip(*train), steps=steps, seed=seed, held_out=tuple(zip(*held)) if held else None)
         if held:
             stats.update(heldout_slices=sum(g[0].shape[0] for g in held), best_step=module.history["best_step"])
@@ -216,26 +189,24 @@ def fit_recalibration(
             )
         stats.update(steps=int(steps), fitted_on="all voxels of the validation slices")
         (logits, labels), calibrated = _flat(train), _flat(train, module)[0]
-    else:
-        raise ValueError(f"calibrate method must be 'temperature' or 'local_temperature', got {method!r}")
     stats["voxels"] = int(labels.numel())
     _before_after(stats, "in_sample", logits, calibrated, labels)
     return module, stats
 
 
 def cross_fit(
-    volumes: Sequence[ValidationVolume], split: Split, spatial_dim: int = 2, **fit: Any
+    volumes: Sequence[ValidationVolume], split: Split, settings: RecalibrationSettings, spatial_dim: int = 2
 ) -> tuple[nn.Module, dict[str, Any], list[tuple[nn.Module, list[int]]]]:
     """The served recalibration (fitted on ``split.fit``), its statistics, and the scorers of the range: ``(module,
-    scored volumes)`` per fold (cross-fitting: the two half-fits; a plain split: the served module on the range).
-    ``fit``: :func:`fit_recalibration`'s settings. The statistics add the range volumes' NLL / ECE before and after,
-    each volume calibrated by the fit that did not see it (none when in-sample)."""
-    module, stats = fit_recalibration(volumes, split.fit, spatial_dim=spatial_dim, **fit)
+    scored volumes)`` per fold (cross-fitting: the two half-fits; a plain split: the served module on the range),
+    each fitted by :func:`fit_recalibration` with ``settings``. The statistics add the range volumes' NLL / ECE
+    before and after, each volume calibrated by the fit that did not see it (none when in-sample)."""
+    module, stats = fit_recalibration(volumes, split.fit, settings, spatial_dim)
     stats = {"split": split.record(volumes), **stats}
     if split.crossfit:
         scorers, folds = [], []
         for fit_indices, scored in split.folds:
-            fold_module, fold_stats = fit_recalibration(volumes, fit_indices, spatial_dim=spatial_dim, **fit)
+            fold_module, fold_stats = fit_recalibration(volumes, fit_indices, settings, spatial_dim)
             scorers.append((fold_module, list(scored)))
             folds.append({k: v for k, v in fold_stats.items() if k in ("volumes", "best_step", "heldout_nll_after")})
         stats["folds"] = folds
@@ -270,7 +241,9 @@ def range_features(features: Sequence[np.ndarray | None]) -> tuple[dict[str, Any
 
 
 def volume_interval_fit(
-    qualities: Sequence[Mapping[str, Any]], truths: Sequence[tuple[torch.Tensor, float]], coverage: float = 0.95
+    qualities: Sequence[Mapping[str, Any]],
+    truths: Sequence[tuple[torch.Tensor, float]],
+    coverage: float = VOLUME_COVERAGE,
 ) -> tuple[float | None, dict[str, Any]]:
     """The factor that makes the volume interval of :func:`case_quality` hold each structure's true volume with
     probability ``coverage`` (:func:`fit_volume_interval_scale` over the scored volumes' (volume, class) pairs), and

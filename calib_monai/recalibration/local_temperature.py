@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from calib_monai.defaults import LTS_STEPS
+
 __all__ = ["LocalTemperatureScaling"]
 
 _MIN_TEMPERATURE = 0.05
@@ -59,7 +61,7 @@ class LocalTemperatureScaling(nn.Module):
         logits: torch.Tensor | Sequence[torch.Tensor],
         images: torch.Tensor | Sequence[torch.Tensor],
         labels: torch.Tensor | Sequence[torch.Tensor],
-        steps: int = 300,
+        steps: int = LTS_STEPS,
         batch_size: int = 16,
         lr: float = 1e-2,
         seed: int = 0,

@@ -118,15 +118,29 @@ def check_properties(npz: Path, stored: np.ndarray, properties: dict, case: str)
     )
 
 
-def segmentation_affine(npz: Path, stored: np.ndarray) -> np.ndarray:
-    """Without a ``.pkl``: the affine of the probabilities from the segmentation nnU-Net wrote beside them
-    (``<case>.nii.gz``, the argmax in the image's geometry, as stored or reoriented to RAS by
-    ``NibabelIOWithReorient``); a ValueError when there is none or it is not their argmax."""
+def _geometry_lacking(pkl: Path, properties: dict) -> str:
+    """What the ``.pkl`` lacks of the geometry :func:`nnunet_affine` reads, in words (the file may be missing)."""
+    if not pkl.is_file():
+        return f"has no {pkl.name} (nnU-Net's properties: the image's geometry)"
+    sitk = properties.get("sitk_stuff")
+    lacking = (
+        f"sitk_stuff lacks {[k for k in ('spacing', 'origin', 'direction') if k not in sitk]}"
+        if isinstance(sitk, dict)
+        else "neither nibabel_stuff (original_affine) nor sitk_stuff (spacing, origin, direction)"
+    )
+    return f"has a {pkl.name} without the image's geometry (it holds {lacking}; keys {sorted(map(str, properties))})"
+
+
+def segmentation_affine(npz: Path, stored: np.ndarray, properties: dict | None = None) -> np.ndarray:
+    """Without the geometry in a ``.pkl`` (``properties``: what it holds, if anything): the affine of the
+    probabilities from the segmentation nnU-Net wrote beside them (``<case>.nii.gz``, the argmax in the image's
+    geometry, as stored or reoriented to RAS by ``NibabelIOWithReorient``); a ValueError when there is none or it is
+    not their argmax."""
     segmentation = npz.with_name(npz.name[: -len(".npz")] + ".nii.gz")
+    lacking = _geometry_lacking(npz.with_suffix(".pkl"), properties or {})
     missing = (
-        f"{npz} has no {npz.with_suffix('.pkl').name} (nnU-Net's properties: the image's geometry) "
-        f"and no segmentation {segmentation.name} beside it: without the geometry a mirrored (e.g. LAS) image "
-        f"would be scored against the wrong voxels; {_SOURCE}"
+        f"{npz} {lacking} and no segmentation {segmentation.name} beside it: without the geometry a mirrored (e.g. "
+        f"LAS) image would be scored against the wrong voxels; {_SOURCE}"
     )
     if not segmentation.is_file() or stored.ndim != 4:
         raise ValueError(missing)
@@ -138,7 +152,7 @@ def segmentation_affine(npz: Path, stored: np.ndarray) -> np.ndarray:
         if data.shape == argmax.shape and np.mean(np.rint(data) == argmax) >= ARGMAX_AGREEMENT:
             return np.asarray(candidate.affine, dtype=np.float64)
     raise ValueError(
-        f"{npz} has no {npz.with_suffix('.pkl').name}, and the segmentation {segmentation} beside it is not the "
+        f"{npz} {lacking}, and the segmentation {segmentation} beside it is not the "
         f"argmax of its probabilities (shape (x, y, z) {argmax.shape} against {image.shape}): the geometry of the "
         f"probabilities is unknown; {_SOURCE}"
     )

@@ -19,7 +19,15 @@ from nibabel.orientations import io_orientation
 
 from calib_monai.atomic import copy_atomically, save_atomically
 from calib_monai.checks import PROBABILITY_ROUNDING
-from calib_monai.geometry import GEOMETRY_TOLERANCE, grid_mismatch, reorient, reorientation
+from calib_monai.data.layouts import files_by_case
+from calib_monai.geometry import (
+    AFFINE_FIX,
+    GEOMETRY_TOLERANCE,
+    grid_mismatch,
+    nifti_affine_problem,
+    reorient,
+    reorientation,
+)
 from calib_monai.recalibration.nnunet_files import check_properties, nnunet_affine, read_properties, segmentation_affine
 
 __all__ = [
@@ -65,7 +73,8 @@ def _stem(path: Path) -> str:
 def _files(folder: Path, endings: tuple[str, ...]) -> dict[str, Path]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder (it does not exist, or it is a file)")
-    return {_stem(p): p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings)}
+    found = (p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(endings))
+    return files_by_case(found, _stem)
 
 
 _SAVE_PROBABILITIES = (
@@ -158,7 +167,16 @@ def label_names_from(predictions: Path, num_classes: int) -> dict[str, str]:
     return {str(c): names.get(str(c), "background" if c == 0 else f"class_{c}") for c in range(num_classes)}
 
 
+def _check_nifti_affine(path: Path, what: str) -> None:
+    """A ValueError naming ``path`` when the NIfTI has no usable affine (``geometry.nifti_affine_problem``): its
+    voxels would be compared in a guessed orientation or size."""
+    problem = nifti_affine_problem(path)
+    if problem:
+        raise ValueError(f"{what} {path} has no usable affine: {problem}; {AFFINE_FIX}")
+
+
 def _read_label(path: Path, reorient: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    _check_nifti_affine(path, "label")
     image = nib.load(str(path))
     if reorient:  # nnU-Net's NibabelIOWithReorient works on the RAS-reoriented image
         image = image.as_reoriented(io_orientation(image.affine))
@@ -244,7 +262,7 @@ def _read_nnunet(case: CaseFiles) -> Volume:
     if stored.ndim == 4:
         stored_affine = nnunet_affine(properties)
         if stored_affine is None:  # no .pkl (or one without geometry): the segmentation beside it, else refused
-            stored_affine = segmentation_affine(case.probabilities, stored)
+            stored_affine = segmentation_affine(case.probabilities, stored, properties)
         on_grid, back = _onto_label_grid(case, stored.transpose(0, 3, 2, 1), stored_affine, label, affine)
         if on_grid is not None and on_grid.shape[1:] == label.shape:
             probabilities = np.ascontiguousarray(on_grid.astype(np.float32))
@@ -275,6 +293,7 @@ def _read_nnunet(case: CaseFiles) -> Volume:
 
 
 def _read_nifti(case: CaseFiles) -> Volume:
+    _check_nifti_affine(case.probabilities, "probability map")
     image = nib.load(str(case.probabilities))
     data = np.asarray(image.dataobj, dtype=np.float32)
     if data.ndim == 3:

@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from calib_monai.recalibration.fitting import (
-    RECALIBRATION_DEFAULTS,
-    REVIEW_DEFAULTS,
-    ValidationVolume,
-    cross_fit,
-    measure_validated_range,
-    split_volumes,
-)
+from calib_monai.defaults import CALIBRATION_SPLIT, VOLUME_COVERAGE
+from calib_monai.recalibration.fitting import ValidationVolume, cross_fit, measure_validated_range, split_volumes
+from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.review.reasons import describe_bar
 from calib_monai.review.signals import signal_bar
@@ -35,17 +30,12 @@ def recalibrate(
     volumes: Sequence[ValidationVolume],
     output_path: str | os.PathLike,
     weights: str | os.PathLike,
-    fit: Mapping[str, Any],
-    split: float = 0.5,
-    crossfit: bool = True,
-    folds: int = RECALIBRATION_DEFAULTS["folds"],
+    settings: RecalibrationSettings | None = None,
     spatial_dim: int = 2,
     validated_range_path: str | os.PathLike | None = None,
-    review: Mapping[str, Any] | None = None,
     class_names: Sequence[str] | None = None,
     features: Sequence[Any] | None = None,
     references: tuple | Callable[[], tuple] = (None, None),
-    settings: Mapping[str, Any] | None = None,
     features_left_out: str = "",
 ) -> tuple[nn.Module, dict[str, Any], ValidatedRange | None]:
     """Fit the recalibration of ``weights`` on ``volumes`` and publish it at ``output_path`` (with, given
@@ -53,37 +43,34 @@ def recalibrate(
     None)``.
 
     Args:
-        fit: :func:`~calib_monai.recalibration.fitting.cross_fit`'s settings: ``method``, ``num_classes``,
-            ``in_channels``, ``voxels``, ``max_voxels``, ``max_slices``, ``steps``, ``seed`` (also the split's).
-        split, crossfit, folds: which volumes fit and which measure (:func:`~calib_monai.recalibration.fitting.
-            split_volumes`).
-        review: the review rule's ``alpha``, ``volume_factor``, ``input_check``, ``feature_check``, ``score_check``
-            (``REVIEW_DEFAULTS`` when None).
+        settings: what to fit, which volumes fit and which measure (cross-fitting and its folds, or the split), the
+            fit's budget and seed, and the review rule (None: the defaults); the manifest records them.
+        spatial_dim: the slice axis of the 2D network.
         features: each volume's pooled network features (None: the feature signal has none).
         references: the training images' ``(image statistics, pooled features)``, the fixed references of the
             input and feature signals (None each: the validation volumes measure each other), or a function that
             measures them, called once the fit is done and only when a range is stored.
-        settings: what made the files, for the manifest.
         features_left_out: why the feature signal has no features, when asked for and not given.
     """
-    review = dict(REVIEW_DEFAULTS if review is None else review)
+    settings = RecalibrationSettings() if settings is None else settings
+    review, record = settings.review, {**settings.record(), "spatial_dim": spatial_dim}
     subjects = [v.subject for v in volumes]
-    split_of = split_volumes(len(volumes), split, int(fit.get("seed", 0)), crossfit, subjects, folds)
+    split_of = split_volumes(len(volumes), settings.split, settings.seed, settings.crossfit, subjects, settings.folds)
     if split_of.in_sample:
         logger.warning(
             f"calibrate: {split_of.rule}; the validated range is measured on the volumes that fitted the "
             "recalibration (in-sample: its flags are too lenient); use more validation volumes"
         )
-    module, stats, scorers = cross_fit(volumes, split_of, spatial_dim, **fit)
+    module, stats, scorers = cross_fit(volumes, split_of, settings, spatial_dim)
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     if validated_range_path is None:
-        publish_calibration(module, output_path, weights, settings=settings, **stats)
+        publish_calibration(module, output_path, weights, settings=record, **stats)
         logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
         return module, stats, None
     logger.info(f"calibrate: {describe_fit(module, stats)}; wrote {output_path}")
     references = references() if callable(references) else references
-    calibration = {"method": fit["method"]}
-    if fit["method"] == "temperature":
+    calibration = {"method": settings.method}
+    if settings.method == "temperature":
         calibration["temperature"] = float(module.temperature)
     validated = measure_validated_range(
         scorers,
@@ -102,11 +89,11 @@ def recalibrate(
     validated.info["flag_bar"] = signal_bar(validated)
     folds = [scorer for scorer, _ in scorers] if split_of.crossfit else []  # they score a served case too
     publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
-        module, output_path, weights, validated, validated_range_path, settings=settings, fold_modules=folds, **stats
+        module, output_path, weights, validated, validated_range_path, settings=record, fold_modules=folds, **stats
     )
     _log_range(validated, split_of.crossfit, validated_range_path)
     if split_of.crossfit and validated.rank >= 1:
-        logger.info(f"calibrate: {exact_scheme_hint(validated, split)}")
+        logger.info(f"calibrate: {exact_scheme_hint(validated, settings.split)}")
     return module, stats, validated
 
 
@@ -134,14 +121,14 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
     if validated.volume_interval_scale is not None:
         logger.info(
             f"calibrate: volume interval widened {validated.volume_interval_scale:.3g}x to hold the true volume "
-            f"with probability {interval.get('coverage', 0.95):.0%} (conformal over {interval.get('pairs')} "
+            f"with probability {interval.get('coverage', VOLUME_COVERAGE):.0%} (conformal over {interval.get('pairs')} "
             "validation (volume, class) pairs)"
         )
     else:
         logger.warning(f"calibrate: volume interval: {interval.get('note', 'not fitted')} (independent voxels)")
 
 
-def exact_scheme_hint(validated: ValidatedRange, split: float = 0.5) -> str:
+def exact_scheme_hint(validated: ValidatedRange, split: float = CALIBRATION_SPLIT) -> str:
     """What a cross-fitted range's bound is and how to make it exact: a held-out split (``calibration_crossfit
     false``) scores the range and a case with one fit, and its range must still reach ``k >= 1`` at the rule's
     alpha; the fewest validation subjects for that with ``split`` of them fitting (as ``split_volumes`` splits)."""

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.defaults import FEATURE_DIM, MAX_REFERENCE
 from calib_monai.metrics.feature_distance import MahalanobisDistance, ledoit_wolf_precision
 from calib_monai.metrics.image_statistics import input_statistics, statistic_floor, statistic_group
 from calib_monai.metrics.network_features import BottleneckFeatures
@@ -23,7 +24,7 @@ def training_references(
     transform: Callable,
     inferer: Callable | None = None,
     network: torch.nn.Module | None = None,
-    max_images: int = 200,
+    max_images: int = MAX_REFERENCE,
     image_key: str = "image",
 ) -> tuple[list[list[float]], list[np.ndarray] | None]:
     """The image statistics of up to ``max_images`` of ``items`` (evenly spaced) after ``transform`` (the served
@@ -52,7 +53,7 @@ def fixed_references(
     inputs: Sequence[Sequence[float]] | None,
     features: Sequence[np.ndarray] | None,
     validation_features: Sequence[np.ndarray] | None,
-    max_dim: int = 16,
+    max_dim: int = FEATURE_DIM,
     input_names: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The input and feature signals' fixed references from training images: ``{"input_reference": {"mean", "std",

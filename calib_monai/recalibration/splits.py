@@ -11,10 +11,9 @@ from typing import Any
 import torch
 
 from calib_monai.checks import check_number
+from calib_monai.defaults import CALIBRATION_SPLIT, CROSSFIT_FOLDS
 
-__all__ = ["CROSSFIT_NOTE", "DEFAULT_FOLDS", "Split", "split_volumes", "subject_names"]
-
-DEFAULT_FOLDS = 2  # cross-fitting halves: the bundles' default (RECALIBRATION_DEFAULTS["folds"])
+__all__ = ["CROSSFIT_NOTE", "Split", "split_volumes", "subject_names"]
 
 
 @dataclass
@@ -62,19 +61,19 @@ def subject_names(subjects: Sequence[str]) -> list[str]:
 
 def split_volumes(
     n: int,
-    fit_share: float = 0.5,
+    fit_share: float = CALIBRATION_SPLIT,
     seed: int = 0,
     crossfit: bool = False,
     subjects: Sequence[str] = (),
-    folds: int = DEFAULT_FOLDS,
+    folds: int = CROSSFIT_FOLDS,
 ) -> Split:
     """A seeded split of ``n`` validation volumes, by subject: the volumes of one ``subjects[i]`` (a patient's
     frames) stay on one side, so none is scored by a fit that saw its twin (``()``: each volume its own subject).
-    ``crossfit``: the ``m`` subjects in ``folds`` groups of near-equal size (at most ``m``: one subject each), each
-    group scored by the recalibration fitted on the others; all ``n`` in the range and the served recalibration
-    fitted on all (2 folds: halves A of ``ceil(m / 2)`` subjects and B). Else ``round(fit_share * m)`` subjects (at
-    least 1, at most ``m - 1``) fit, the others measure the range. One subject does both (``in_sample``: a warning
-    says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
+    ``crossfit``: the ``m`` subjects in ``folds`` groups of near-equal size (more folds than subjects: an error
+    naming both), each group scored by the recalibration fitted on the others; all ``n`` in the range and the served
+    recalibration fitted on all (2 folds: halves A of ``ceil(m / 2)`` subjects and B). Else ``round(fit_share * m)``
+    subjects (at least 1, at most ``m - 1``) fit, the others measure the range. One subject does both
+    (``in_sample``: a warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
     if n < 1:
         raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
     if not 0 <= float(fit_share) < 1:
@@ -97,7 +96,12 @@ def split_volumes(
         return [i for i, name in enumerate(names) if name in keep]
 
     if crossfit:
-        k = min(folds, m)
+        if folds > m:  # a fold without a subject: refused rather than run with fewer folds than recorded
+            raise ValueError(
+                f"calibration_folds {folds} is more than the {m} validation {unit}: each fold needs a subject; set "
+                f"--calibration_folds {m} or less (or validate on more subjects)"
+            )
+        k = folds
         bounds = [-(-i * m // k) for i in range(k + 1)]  # ceil(i m / k): the first folds take the remainder
         groups_of = [volumes_of(order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
         # fold i scores group i + 1 (2 folds: A fits and B is scored, then the reverse)

@@ -17,6 +17,8 @@ probabilities: nothing is applied, and the validated range (measured on recalibr
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
@@ -38,7 +40,7 @@ from calib_monai.bundle.manifest import (
     read_artifact_set,
 )
 from calib_monai.bundle.outputs import SOURCE_KEY
-from calib_monai.bundle.weights import read_weights_file
+from calib_monai.bundle.weights import loaded_sha256, read_weights_file
 from calib_monai.metrics.case_quality import estimated_dice
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
@@ -51,7 +53,6 @@ __all__ = [
     "CalibratedNetwork",
     "NOT_APPLICABLE",
     "Uncalibrated",
-    "calibrate_settings",
     "calibrate_volume",
     "case_score_offsets",
     "calibration_set",
@@ -80,8 +81,9 @@ def _method(module: nn.Module) -> str:
     raise TypeError(f"can store {list(METHODS)} modules, got {type(module).__name__}")
 
 
-def _record(module: nn.Module, weights: str | os.PathLike, **info: Any) -> dict[str, Any]:
-    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": file_sha256(weights)}
+def _record(module: nn.Module, weights: str | os.PathLike, weights_sha: str | None = None, **info: Any) -> dict:
+    sha = weights_sha or file_sha256(weights)
+    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": sha}
     record.update(info)
     if isinstance(module, TemperatureScaling):
         record["temperature"] = float(module.temperature)
@@ -101,16 +103,6 @@ def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | 
     return path
 
 
-def calibrate_settings(fitter: Any) -> dict[str, Any]:
-    """The settings of a calibrate step (``RecalibrationFitter``'s: method, voxels, budgets, seed, the scheme that
-    scores the range (cross-fitting and its folds, or the split), review rule) that the manifest records as what made
-    its files; attributes it does not have are left out."""
-    names = ("method", "voxels", "max_voxels", "max_slices", "lts_steps", "seed", "spatial_dim", "crossfit", "folds")
-    names += ("split", "review")
-    settings = {name: getattr(fitter, name) for name in names if hasattr(fitter, name)}
-    return json.loads(json.dumps(settings, default=str))
-
-
 def publish_calibration(
     module: nn.Module,
     path: str | os.PathLike,
@@ -127,22 +119,30 @@ def publish_calibration(
     renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
     an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate
     step's method, voxels, seed, review rule); ``info``: the fit statistics, as :func:`save_calibration`.
-    ``fold_modules``: the cross-fitted recalibrations (of ``module``'s class) that scored the range, in the order of its
-    ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``."""
+
+    The set is published for the weights this process loaded (``loaded_sha256``: the bytes the recalibration was
+    fitted on), and refused (:class:`~calib_monai.bundle.manifest.WeightsChangedError`) when ``weights`` holds
+    others by now; the range records the SHA-256 of the recalibration it was measured with, so the files name each
+    other even without the manifest. ``fold_modules``: the cross-fitted recalibrations (of ``module``'s class) that
+    scored the range, in the order of its ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``."""
     path = Path(path)
-    record = _record(module, weights, **info)
-    stored = {**record, "state_dict": module.state_dict(), "fold_state_dicts": [f.state_dict() for f in fold_modules]}
+    weights_sha = loaded_sha256(weights) or file_sha256(weights)
+    record = _record(module, weights, weights_sha, **info)
+    stored = io.BytesIO()
+    folds = [f.state_dict() for f in fold_modules]
+    torch.save({**record, "state_dict": module.state_dict(), "fold_state_dicts": folds}, stored)
+    calibration_sha = hashlib.sha256(stored.getvalue()).hexdigest()
     writers = {
-        path.name: lambda tmp: torch.save(stored, tmp),
+        path.name: lambda tmp: Path(tmp).write_bytes(stored.getvalue()),
         path.with_suffix(".json").name: lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2) + "\n"),
     }
     if validated_range is not None:
         range_name = Path(range_path).name if range_path is not None else "validated_range.json"
         if range_path is not None and Path(range_path).parent.resolve() != path.parent.resolve():
             raise ValueError(f"the validated range {range_path} must sit beside the calibration {path} (one set)")
-        writers[range_name] = lambda tmp: validated_range.save(tmp, weights)
+        writers[range_name] = lambda tmp: validated_range.save(tmp, weights, weights_sha, calibration_sha)
     depends = {"validated_range.json": path.name}
-    return publish_artifacts(path.parent, weights, writers, settings, depends)
+    return publish_artifacts(path.parent, weights, writers, settings, depends, weights_sha256=weights_sha)
 
 
 def calibration_set(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ArtifactSet:

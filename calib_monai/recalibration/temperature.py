@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib_monai.checks import check_option
+from calib_monai.defaults import MAX_VOXELS, RECALIBRATION_VOXELS
 
 __all__ = ["TemperatureScaling", "calibration_voxels", "check_voxels", "fit_temperature", "sample_voxels"]
 
@@ -36,8 +37,8 @@ def sample_voxels(
 
 def calibration_voxels(
     volumes: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    voxels: str = "foreground",
-    max_voxels: int = 2_000_000,
+    voxels: str = RECALIBRATION_VOXELS,
+    max_voxels: int = MAX_VOXELS,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The voxels a temperature is fitted on: logits ``(N, C)`` and labels ``(N,)`` from ``(logits (C, *spatial),

@@ -17,6 +17,7 @@ import numpy as np
 from calib_monai.atomic import write_json_atomically
 from calib_monai.bundle.manifest import file_sha256
 from calib_monai.checks import check_option
+from calib_monai.defaults import REVIEW_ALPHA, REVIEW_SCORE_CHECK, REVIEW_VOLUME_FACTOR
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.review.conformal import (
     at_least,
@@ -29,9 +30,9 @@ from calib_monai.review.conformal import (
 )
 from calib_monai.review.input_signal import InputSignal
 from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
-from calib_monai.review.signals import FEATURE_DIM, MIN_INPUT_IMAGES, score_problem, signal_values
+from calib_monai.review.signals import MIN_INPUT_IMAGES, score_problem, signal_values
 
-__all__ = ["FEATURE_DIM", "MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
+__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
 
 DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
@@ -53,8 +54,8 @@ class ValidatedRange:
 
     scores: list[float]
     volumes: dict[str, list[float]] = field(default_factory=dict)
-    alpha: float = 0.05
-    volume_factor: float = 0.0
+    alpha: float = REVIEW_ALPHA
+    volume_factor: float = REVIEW_VOLUME_FACTOR
     info: dict[str, Any] = field(default_factory=dict)  # weights, calibration, split: what it was measured on
     inputs: list[list[float]] = field(default_factory=list)  # input_statistics of each validation image
     input_check: bool = False
@@ -67,7 +68,7 @@ class ValidatedRange:
     feature_reference: dict[str, Any] | None = None
     scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
     subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
-    score_check: bool = True  # whether the lowest case score is one of the flag's signals
+    score_check: bool = REVIEW_SCORE_CHECK  # whether the lowest case score is one of the flag's signals
     # the cross-fitted fold that scored each volume ([]: one recalibration scored them all and serves): a case is
     # compared with volume i as fold score_folds[i] scores it (signals.CASE_SCORE_OFFSETS)
     score_folds: list[int] = field(default_factory=list)
@@ -151,8 +152,8 @@ class ValidatedRange:
     def from_qualities(
         cls,
         qualities: Sequence[Mapping[str, Any]],
-        alpha: float = 0.05,
-        volume_factor: float = 0.0,
+        alpha: float = REVIEW_ALPHA,
+        volume_factor: float = REVIEW_VOLUME_FACTOR,
         inputs: Sequence[Sequence[float]] = (),
         input_check: bool = False,
         features: dict[str, Any] | None = None,
@@ -163,7 +164,7 @@ class ValidatedRange:
         feature_reference: dict[str, Any] | None = None,
         scored_on: str = "input grid",
         subjects: Sequence[str] = (),
-        score_check: bool = True,
+        score_check: bool = REVIEW_SCORE_CHECK,
         score_folds: Sequence[int] = (),
         **info: Any,
     ) -> ValidatedRange:
@@ -365,10 +366,18 @@ class ValidatedRange:
             "warnings": self.warnings,
         }
 
-    def save(self, path: str | os.PathLike, weights: str | os.PathLike) -> Path:
-        """Write the range (with the SHA-256 of ``weights``) to ``path`` atomically."""
-        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": file_sha256(weights)}
-        return write_json_atomically(Path(path), record)
+    def save(
+        self,
+        path: str | os.PathLike,
+        weights: str | os.PathLike,
+        weights_sha256: str | None = None,
+        calibration_sha256: str | None = None,
+    ) -> Path:
+        """Write the range to ``path`` atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes
+        it was measured with, default the file's) and of the recalibration it was measured with (None: none)."""
+        sha = weights_sha256 or file_sha256(weights)
+        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": sha}
+        return write_json_atomically(Path(path), {**record, "calibration_sha256": calibration_sha256})
 
     def describe(self) -> str:
         return describe_rule(self)

@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from calib_monai.defaults import FEATURE_DIM
+
 from .conformal import combined_scores, subject_maxima
 from .reasons import NO_CASE_SCORE
 
-__all__ = ["CASE_SCORE_OFFSETS", "FEATURE_DIM", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
+__all__ = ["CASE_SCORE_OFFSETS", "MIN_INPUT_IMAGES", "score_problem", "signal_bar", "signal_values"]
 
 MIN_INPUT_IMAGES = 2  # the input signal measures each image against the others: their standard deviation needs 2
-FEATURE_DIM = 16  # principal components of the augmented features the feature signal measures in
 # the case's t_full - t_j per cross-fitted fold j (CalibrateLogitsd puts them in the item, CaseQualityd in the quality)
 CASE_SCORE_OFFSETS = "case_score_offsets"
 

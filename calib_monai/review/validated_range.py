@@ -71,6 +71,7 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
 from calib_monai.bundle.manifest import file_sha256
+from calib_monai.defaults import LOW_CONFIDENCE
 from calib_monai.metrics.case_quality import case_quality
 from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
@@ -219,7 +220,7 @@ class CaseQualityd(MapTransform):
         label_names: Mapping | None = None,
         quality_key: str = "quality",
         image_key: str = "image",
-        confidence_threshold: float = 0.8,
+        confidence_threshold: float = LOW_CONFIDENCE,
         allow_missing_keys: bool = False,
         network: torch.nn.Module | None = None,
         segmentation_key: str = "segmentation",
@@ -253,15 +254,18 @@ class CaseQualityd(MapTransform):
             image = d.get(self.image_key)
             grid = prob if isinstance(prob, MetaTensor) else image
             segmentation, confidence = self._taken(d, key, prob)
-            quality = case_quality(
-                prob,
-                segmentation,
-                voxel_volume=voxel_volume_ml(grid),
-                threshold=self.confidence_threshold,
-                class_names=names,
-                volume_interval_scale=self._volume_interval_scale,
-                confidence=confidence,
-            )
+            try:
+                quality = case_quality(
+                    prob,
+                    segmentation,
+                    voxel_volume=voxel_volume_ml(grid),
+                    threshold=self.confidence_threshold,
+                    class_names=names,
+                    volume_interval_scale=self._volume_interval_scale,
+                    confidence=confidence,
+                )
+            except ValueError as err:  # the probabilities of which case: the line names it
+                raise ValueError(f"case {_case(d, self.image_key)}: {err}") from err
             if d.get(CASE_SCORE_OFFSETS) is not None:  # the case as each cross-fitted fold scores it (CalibrateLogitsd)
                 quality[CASE_SCORE_OFFSETS] = [float(o) for o in d[CASE_SCORE_OFFSETS]]
             stats = input_statistics(image) if image is not None else None

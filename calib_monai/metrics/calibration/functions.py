@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from calib_monai.checks import check_option, check_positive_int
-from calib_monai.defaults import NUM_BINS
+from calib_monai.defaults import L1ACE_NUM_BINS, NUM_BINS, TACE_THRESHOLD
 
 from .inputs import CALIBRATION_METRICS, REDUCTIONS, check_foreground, check_metric, metric_definition, selected_voxels
 from .statistics import selected_statistics, statistics_values, value_from_statistics
@@ -73,7 +73,7 @@ def calibration_statistics(
     num_bins: int = NUM_BINS,
     foreground: str = "gt",
     include_background: bool = True,
-    threshold: float = 1e-3,
+    threshold: float = TACE_THRESHOLD,
 ) -> dict[str, torch.Tensor]:
     """``{name: float64 statistics}`` of the selected voxels of all volumes binned together, on ``probs``' device:
     ECE ``(M, 3)``, CECE / mL1-ACE ``(C, M, 3)`` (count, sum of probabilities, hits per bin), NLL / Brier ``[count,
@@ -99,7 +99,7 @@ def calibration_errors(
     num_bins: int = NUM_BINS,
     foreground: str = "gt",
     include_background: bool = True,
-    threshold: float = 1e-3,
+    threshold: float = TACE_THRESHOLD,
 ) -> dict[str, float]:
     """Several calibration metrics of the same voxels at once, pooled over all volumes given: ``{name: value}``.
 
@@ -129,7 +129,7 @@ def segmentation_calibration(
     foreground: str | None = None,
     reduction: str = "mean",
     include_background: bool | None = None,
-    threshold: float = 1e-3,
+    threshold: float = TACE_THRESHOLD,
 ) -> float | np.ndarray:
     """One calibration metric over a batch of volumes, reduced over volumes.
 
@@ -212,7 +212,7 @@ def tace(
     num_bins: int = NUM_BINS,
     foreground: str = "gt",
     include_background: bool = True,
-    threshold: float = 1e-3,
+    threshold: float = TACE_THRESHOLD,
 ) -> float:
     """Thresholded adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over all volumes given.
 
@@ -267,7 +267,7 @@ def brier(probs: Any, labels: Any, foreground: str = "gt") -> float:
 def ml1ace(
     probs: Any,
     labels: Any,
-    num_bins: int = 20,
+    num_bins: int = L1ACE_NUM_BINS,
     foreground: str = "all",
     include_background: bool = False,
     reduction: str = "mean",
@@ -310,7 +310,7 @@ def ml1ace_gt(probs: Any, labels: Any, num_bins: int = NUM_BINS, include_backgro
 
 
 def cece_all(
-    probs: Any, labels: Any, num_bins: int = 20, include_background: bool = False, reduction: str = "mean"
+    probs: Any, labels: Any, num_bins: int = L1ACE_NUM_BINS, include_background: bool = False, reduction: str = "mean"
 ) -> float | np.ndarray:
     """Classwise ECE over every voxel, per volume, background excluded, 20 bins, then the mean over volumes: the
     "ECE" of the papers that score every voxel (MONAI's ``CalibrationErrorMetric`` with its default

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from calib_monai.checks import PROBABILITY_ROUNDING, check_number, check_option, check_positive_int
-from calib_monai.defaults import NUM_BINS
+from calib_monai.defaults import L1ACE_NUM_BINS, NUM_BINS
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -73,9 +73,19 @@ def check_metric(metric_name: Any, threshold: Any, named: bool = False) -> str:
 
 #: Metrics defined with their voxels, classes and bins: ``name: (formula, foreground, include_background, num_bins)``.
 METRIC_DEFINITIONS = {
-    "ml1ace": ("ml1ace", "all", False, 20),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
+    "ml1ace": (
+        "ml1ace",
+        "all",
+        False,
+        L1ACE_NUM_BINS,
+    ),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
     "ml1ace_gt": ("ml1ace", "gt", True, NUM_BINS),  # ground-truth foreground, background included
-    "cece_all": ("cece", "all", False, 20),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
+    "cece_all": (
+        "cece",
+        "all",
+        False,
+        L1ACE_NUM_BINS,
+    ),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
 }
 #: Names that say their voxels: another ``foreground`` contradicts them.
 _FIXED_VOXELS = ("ml1ace_gt", "cece_all")

@@ -9,6 +9,7 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option
+from calib_monai.defaults import TACE_THRESHOLD
 
 from .inputs import (
     POOLABLE_METRICS,
@@ -88,7 +89,7 @@ class SegmentationCalibrationMetric(CumulativeIterationMetric):
         foreground: str | None = None,
         reduction: str = "mean",
         include_background: bool | None = None,
-        threshold: float = 1e-3,
+        threshold: float = TACE_THRESHOLD,
     ) -> None:
         super().__init__()
         self.named_metric = check_metric(metric_name, threshold, named=True)

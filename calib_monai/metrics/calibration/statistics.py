@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from calib_monai.defaults import NUM_BINS
+from calib_monai.defaults import NUM_BINS, TACE_THRESHOLD
 
 __all__ = [
     "ADAPTIVE_METRICS",
@@ -265,7 +265,7 @@ def selected_statistics(
     names: Sequence[str],
     num_bins: int = NUM_BINS,
     include_background: bool = True,
-    threshold: float = 1e-3,
+    threshold: float = TACE_THRESHOLD,
 ) -> dict[str, torch.Tensor]:
     """``{name: float64 statistics}`` of the selected voxels of ``parts`` (``[(p (C, n), y (n,))]``, checked), binned
     together, on their device: ECE ``(M, 3)`` and CECE / mL1-ACE ``(C, M, 3)`` (count, sum of probabilities, hits per

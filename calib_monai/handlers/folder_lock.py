@@ -1,0 +1,37 @@
+"""``HoldOutputFolder``: hold a run folder's lock for the whole of an engine's run (the bundles' ``calibrate``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ignite.engine import Engine, Events
+
+from .checkpoint import OutputFolderLock
+
+__all__ = ["HoldOutputFolder"]
+
+
+class HoldOutputFolder:
+    """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`, the one a
+    training holds) when the engine starts, and give it back when it completes, after every handler attached before
+    this one took its turn (``calibrate``'s ``RecalibrationFitter`` publishes then). Attach it first: the weights are
+    loaded under the lock, so no training replaces them while ``calibrate`` fits for them, and a second ``calibrate``
+    on the folder is refused with the holder named. A run ended by an error line gives the lock back too.
+
+    Args:
+        folder: the run folder (``@output_dir``).
+        task: who holds it, for the message another process gets (``"calibrate"``).
+    """
+
+    def __init__(self, folder: str | os.PathLike, task: str = "calibrate", logger_name: str = "calib_monai") -> None:
+        self.lock = OutputFolderLock(folder, logging.getLogger(logger_name), task=task)
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._take)
+
+    def _take(self, engine: Engine) -> None:
+        self.lock.acquire()
+        # registered now, so it runs after the COMPLETED handlers attached with the engine (the publication)
+        if not engine.has_event_handler(self.lock.release, Events.COMPLETED):
+            engine.add_event_handler(Events.COMPLETED, self.lock.release)
