@@ -3,46 +3,25 @@ the project's evaluation report before and after a fitted temperature out (``cal
 
 Input formats (``format="auto"`` picks nnU-Net when the folder holds ``.npz`` files):
 
-* ``"nnunet"``: nnU-Net v2's ``--save_probabilities`` output. Per case, ``<case>.npz`` with one array
-  ``probabilities`` of shape ``(C, z, y, x)``, float, softmax over the classes, in the *original* image geometry
-  (the crop reverted, background 1 outside it); ``<case>.pkl``, the properties dict; ``<case>.nii.gz``, the
-  segmentation; and ``dataset.json`` (class names) in the folder. Source: MIC-DKFZ/nnUNet,
-  ``nnunetv2/inference/export_prediction.py`` (``export_prediction_from_logits`` saves
-  ``np.savez_compressed(<case>.npz, probabilities=...)`` and ``save_pickle(properties, <case>.pkl)``; the array is
-  transposed back with ``transpose_backward`` into the reader's axis order) and ``nnunetv2/imageio/``: ``SimpleITKIO``
-  reads ``sitk.GetArrayFromImage`` (``(z, y, x)``), ``NibabelIO`` transposes nibabel's ``(x, y, z)`` by ``(2, 1, 0)``
-  to the same order, and ``NibabelIOWithReorient`` does so after reorienting to RAS (``nibabel_stuff.reoriented_affine``
-  in the ``.pkl``; the labels are then reoriented the same way). Labels are read with nibabel (``(x, y, z)``), so the
-  probabilities are transposed by ``(0, 3, 2, 1)``. Region-based (sigmoid) models are refused.
-* ``"nifti"``: ``<case>.nii.gz`` probability maps, 4D ``(x, y, z, C)`` (one channel per class on the last axis) or
-  5D ``(x, y, z, 1, C)`` (nibabel's view of an intent-vector image), in the label's voxel grid.
+* ``"nnunet"``: nnU-Net v2's ``--save_probabilities`` output (``<case>.npz``, ``<case>.pkl``, ``<case>.nii.gz`` and
+  ``dataset.json``; :mod:`calib_monai.recalibration.nnunet_files`), transposed into nibabel's ``(x, y, z)`` order.
+  Region-based (sigmoid) models are refused.
+* ``"nifti"``: ``<case>.nii.gz`` probability maps, 4D ``(x, y, z, C)`` or 5D ``(x, y, z, 1, C)``, in the label's
+  voxel grid.
 
-Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``); predictions pair
-with labels by exact case name, and one named ``<case>_0000`` matches the label ``<case>`` when it is the only one (a
-folder holding both is refused). Shapes are checked and a mismatch names both files, both shapes and the likely
-cause. nnU-Net's ``.pkl`` must agree with its ``.npz`` (``calib_monai.recalibration.nnunet_files``: shape before
-cropping, background outside the crop box); without a ``.pkl`` the geometry comes from the segmentation beside the
-``.npz``, else the case is refused (shapes alone would score a mirrored image).
+Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``), paired by case name
+(:func:`calib_monai.recalibration.readers.match_cases`).
 
-Output folder (the metrics are :class:`calib_monai.metrics.SegmentationReportTable`'s, the table a bundle's
-``evaluating`` run writes, so the files read like a bundle's evaluation report):
+Output folder (:class:`calib_monai.metrics.SegmentationReportTable`'s files, as a bundle's ``evaluating`` writes):
+``before/`` and ``after/`` (``metrics.csv``, ``summary.json``, ``reliability.png``, ``risk_coverage.png``; temperature
+scaling keeps the argmax, so ``after/`` repeats the HD95 / ASD of ``before/``), ``comparison.csv`` (``metric, before,
+after``), ``temperature.json`` (``{"temperature", "fitted_on", "in_sample", "voxels"}``) and, with
+``write_calibrated=True``, ``calibrated/`` (``softmax(log(p) / T)`` in the input's format).
 
-* ``before/`` and ``after/``: ``metrics.csv`` (one row per case: DSC, HD95, ASD, ECE / CECE / TACE on ground-truth
-  foreground voxels, 15 bins, and the case quality a user could read without the label: estimated DSC per class and
-  ``est_mean_dice``, ECE over all voxels and around the structures, volumes from the probabilities), ``summary.json``
-  (mean over cases, pooled values, ``case_quality``: how well the estimate ranks the cases' failures; settings:
-  ``after/`` also ``temperature``, ``fitted_on``, ``in_sample``), ``reliability.png`` and ``risk_coverage.png``,
-  for the probabilities as given and after temperature scaling. Temperature scaling keeps the argmax, so ``after/``
-  repeats the HD95 / ASD of ``before/`` (DSC is recomputed);
-* ``comparison.csv``: ``metric, before, after``: the means over cases of the calibration columns and DSC, and the
-  pooled values: the first file to read;
-* ``temperature.json``: ``{"temperature", "fitted_on" (cases), "in_sample", "voxels"}``;
-* ``calibrated/`` (``write_calibrated=True``): ``softmax(log(p) / T)`` in the input's format.
-
-The temperature (:func:`calib_monai.recalibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on
-``fit_predictions`` / ``fit_labels`` when given, on a seeded sample of at most ``max_voxels`` voxels spread evenly
-over the cases. Without them it is fitted on the evaluated cases, and the ``after`` numbers are in-sample
-(optimistic): the log and ``summary.json`` say so. One volume is in memory at a time.
+The temperature (:func:`calib_monai.recalibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on a seeded
+sample of at most ``max_voxels`` voxels spread evenly over ``fit_predictions`` / ``fit_labels``, else over the
+evaluated cases (then the ``after`` numbers are in-sample, optimistic, and the log and ``summary.json`` say so). One
+volume is in memory at a time.
 """
 
 from __future__ import annotations

@@ -1,59 +1,34 @@
 """The validated range: what the served model's case quality looked like on its validation volumes, stored next to
 its weights, and the review flag of a new case against it.
 
-The bundle's ``calibrate`` step scores every validation volume with a recalibration it did not fit (2-fold
-cross-fitting by default, :mod:`calib_monai.recalibration.fitting`) and writes ``<models>/validated_range.json``: the
-case scores and expected volumes, the image statistics, the pooled bottleneck features (as a fitted
-:class:`~calib_monai.metrics.feature_distance.MahalanobisDistance`), the rule, its false-flag bound and the SHA-256 of
-the ``model.pt`` they were measured with (a range is never applied to other weights).
+The bundle's ``calibrate`` step scores every validation volume with a recalibration it did not fit (cross-fitting,
+:mod:`calib_monai.recalibration.fitting`) and writes ``<models>/validated_range.json``: the case scores and expected
+volumes, the image statistics, the pooled bottleneck features, the rule, its false-flag bound and the SHA-256 of the
+``model.pt`` they were measured with (a range is never applied to other weights).
 
 The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformity score. For the ``n + 1`` cases
 (the ``n`` validation volumes and the new case) each signal ``j`` gives each case a nonconformity ``a_j`` (larger:
 more extreme), each measured against the other ``n``:
 
-* (``score_check``) the case score (mean estimated DSC), negated (a volume without one, validation volume or case,
-  ranks below every other by it; a case without one cannot be judged by it);
-* (``input_check``) the image: how far its statistics lie from the training images' (a fixed reference, up to 200
-  of them through the served preprocessing; :func:`~calib_monai.metrics.image_statistics.input_statistics`): the
-  intensity statistics (per channel its mean, standard deviation, quantile skewness, and sharpness, roughness and
-  spectrum roughness along each axis), standardised ``(f_c - mean_c) / std_c``, together as a Mahalanobis distance
-  under the training images' Ledoit-Wolf precision (a gamma moves several at once, each by less than one alone
-  would need); the shading statistics (per channel and axis the slope and curvature of the mean intensity across
-  the image, which a bias field bends) together in the same way, under their own precision; and per axis the log of
-  its field of view and of its acquired voxel spacing, each alone (``|f_c - mean_c| / std_c``, ``std_c`` at least
-  ``log 1.1``); the largest counts. Without training images, or without a precision (a statistic not finite on
-  them), the largest single ``|f_c - mean_c| / std_c`` from the other ``n`` images' or the reference's;
+* (``score_check``) the case score (mean estimated DSC), negated;
+* (``input_check``) the image: the distance of its statistics from the training images'
+  (:class:`~calib_monai.review.input_signal.InputSignal`);
 * (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
-  bottleneck features from the training images' (fitted once on up to 200 of them, on their leading principal
-  components: a fixed function), or without them from the other ``n`` cases', on the ``n + 1`` vectors' own
-  leading principal components.
+  bottleneck features from the training images', or without them from the other ``n`` cases'.
 
 Each is put on one scale as a robust z-score against the other ``n`` (``z_j = (a_j - median) / (1.4826 MAD)``) and
-the combined score is ``T = max_j z_j``. The exchangeable units are the ``m`` validation **subjects** (patients:
-the datalist's ``subject``; ACDC's end-diastole and end-systole frames of one patient are one, elsewhere each volume
-is its own, ``m = n``), each represented by its most extreme volume ``max_{i in s} T_i``: the case is flagged when
-``1 + #{s: max_{i in s} T_i >= T_case} <= k``, ``k = floor(alpha (m + 1))`` (among the ``k`` most extreme, ties
-counted against it). ``T`` is a symmetric function of the ``n + 1`` cases, so for a case of a new subject
-exchangeable with the validation subjects its subject's rank is uniform over the ``m + 1`` up to ties and it is
+the combined score is ``T = max_j z_j``. The exchangeable units are the ``m`` validation **subjects** (the datalist's
+``subject``; each volume its own when absent), each represented by its most extreme volume ``max_{i in s} T_i``: the
+case is flagged when ``1 + #{s: max_{i in s} T_i >= T_case} <= k``, ``k = floor(alpha (m + 1))``. ``T`` is a
+symmetric function of the ``n + 1`` cases, so a case of a new subject exchangeable with the validation subjects is
 flagged with probability at most ``k / (m + 1) <= alpha`` (full conformal prediction, Vovk et al. 2005, "Algorithmic
-Learning in a Random World"), whatever the number of signals: no union bound. Counting a patient's frames as
-exchangeable volumes would not hold: they are near copies, so a new patient lies beyond all ``n`` of them about as
-often as beyond the ``m`` patients (measured: ``docs/results/acdc_split1``). Why z-scores and not the best
-per-signal rank ``min_j R_j``: ranks saturate at 1, so with ``k = 1`` each signal's most extreme case ties at
-``T = 1`` and a case would be flagged only when it is the most extreme in every signal; the z-score keeps how far
-beyond the others a case lies, so a case far out in one signal outranks the validation volume that is merely the
-lowest of a tight bunch. With cross-fitting (halves by subject) the validation scores come from the two half-fits
-(``score_folds``: which scored each) and the served case score from the fit on all validation volumes; the case
-score signal compares volume ``i`` with the served score ``t`` less ``t - t_j(i)``, the case's score under fold
-``j(i)`` (``case_score_offsets``, taken on the network's grid), so each comparison is between scores of one
-function (cross-conformal); the exchangeability is approximate (``calibration.json`` says so). When
-``m < 1 / alpha - 1`` then ``k = 0``: the rule cannot flag at that alpha and every case gets the flag ``None``
-with its rank and the number of subjects needed (raise ``review_alpha`` or validate on more). A signal
-that has nothing to judge (no image statistics, a TorchScript network without feature hook) is left out with the
-reason in ``review.left_out``; NaN features or statistics give the flag ``None`` with the reason. With
-``volume_factor`` > 0 a class's expected volume outside the validation volumes' range widened by it
-(``[min / f, max * f]``) also flags, adding at most ``2 / (m + 1)`` per class
-to the bound. Which signals the bundles use is a measured choice (``docs/results``).
+Learning in a Random World"), whatever the number of signals. Z-scores rather than the best per-signal rank, because
+ranks saturate at 1 and lose how far beyond the others a case lies. With cross-fitting the case score signal
+compares volume ``i`` with the served score shifted by the case's score under the fold that scored ``i``
+(``case_score_offsets``): cross-conformal, the exchangeability approximate. When ``m < 1 / alpha - 1`` then
+``k = 0`` and every case gets the flag ``None`` with the number of subjects needed. A signal with nothing to judge
+is left out with the reason in ``review.left_out``. With ``volume_factor`` > 0 a class's expected volume outside
+``[min / f, max * f]`` of the validation volumes' also flags, adding at most ``2 / (m + 1)`` per class to the bound.
 """
 
 from __future__ import annotations
