@@ -157,32 +157,18 @@ class TrainingCheckpoint:
     """Resumable checkpoints for a MONAI ``SupervisedTrainer``.
 
     At every ``EPOCH_COMPLETED`` it writes ``latest_filename`` (atomically, by DDP rank 0) with the network,
-    optimizer, scheduler, trainer state (epoch, iteration), the state of every ``extra`` object (``state_dict`` /
-    ``load_state_dict``: CRaC's loss with its multipliers, the ``ModelSelection`` and ``ValidationHistory`` handlers)
-    and the random-number state (``calib_monai.handlers.rng``: torch, CUDA, NumPy, Python, the training loader's
-    generators and random transforms). At ``STARTED``, when the file exists, everything is loaded back and training
-    continues at the next epoch, exactly: killed at any point and resumed, a run ends with the same weights as one
-    that was never stopped (same machine and settings; ``tests/test_resume_exact.py``). ``resume=False`` ignores (and
-    later overwrites) it. A file that cannot be read (cut off, of another network) is an error naming it and the fix
-    (delete it to start over); it is read with ``weights_only=True``.
+    optimizer, scheduler, trainer state, the state of every ``extra`` object and the random-number state
+    (``calib_monai.handlers.rng``). At ``STARTED``, when the file exists, everything is loaded back and training
+    continues at the next epoch, exactly as a run that was never stopped (same machine and settings). A file that
+    cannot be read is an error naming it and the fix; it is read with ``weights_only=True``.
 
-    The file also holds the run's settings (``settings``, default: those ``check_settings`` recorded: the learning
-    rate, batch size, loss, ROI, selection rule, every other command-line override but paths; ``epochs`` may
-    change). A resumed run whose settings differ is an error listing each ``key: checkpoint value -> command
-    value`` (the optimizer state would otherwise keep the checkpoint's learning rate without a word), unless
-    ``resume_changes="allow"`` (``--resume_changes allow``): the run then continues with the command's settings
-    (a new learning rate rescales the optimizer's and the scheduler's). While it trains, rank 0 holds
-    :class:`OutputFolderLock` on ``save_dir``: a second training into the same folder is an error naming the first.
-
-    Attach it after the handlers whose state it saves (bundle configs list it after them). A DDP network is unwrapped:
-    the file holds the plain network's keys, so a multi-GPU run resumes on one GPU and vice versa.
-
-    Why not MONAI's ``CheckpointSaver``/``CheckpointLoader`` (which unwrap DDP too)? The interval checkpoints are named
-    by epoch (``checkpoint_epoch=N.pt``; a fixed name exists only for the final and the key-metric files), while
-    ``CheckpointLoader`` reads one path fixed in the config and fails when it is absent (no "resume when the file
-    exists, else start fresh"), and raises on a checkpoint with more epochs than ``max_epochs`` (a shorter
-    ``--epochs``) instead of saying there is nothing left to train; MONAI's ``DiskSaver`` is created with
-    ``atomic=False`` (a run killed mid-write leaves a truncated file); and neither keeps the random-number state.
+    The file also holds the run's settings (default: :func:`~calib_monai.bundle.runtime.run_settings`; ``epochs``
+    may change). A resumed run whose settings differ is an error listing each ``key: checkpoint value -> command
+    value``, unless ``resume_changes="allow"`` (a new learning rate then rescales the optimizer's and the
+    scheduler's). While it trains, rank 0 holds :class:`OutputFolderLock` on ``save_dir``. Attach it after the
+    handlers whose state it saves. A DDP network is unwrapped, so a multi-GPU run resumes on one GPU and vice versa.
+    Not MONAI's ``CheckpointSaver``/``CheckpointLoader``: they name checkpoints by epoch, fail when the fixed file is
+    absent, write non-atomically and keep no random-number state.
 
     Args:
         save_dir: folder of the file.

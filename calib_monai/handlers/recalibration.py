@@ -33,33 +33,16 @@ class RecalibrationFitter:
     ``settings`` name on them and write ``output_path`` (``<models>/calibration.pt`` and its readable
     ``calibration.json``): :func:`calib_monai.recalibration.recalibrate` on the volumes it collected.
 
-    ``"temperature"`` fits one ``T`` on up to ``max_voxels`` voxels drawn evenly from the volumes (seeded), by
-    default their ground-truth foreground voxels (``voxels="foreground"``), the voxels the papers' ECE is measured
-    on: over all voxels (``"all"``) the NLL is dominated by easy background voxels, but the probabilities a user
-    reads over the whole image (case quality, volumes) are calibrated by a fit on all voxels; which to use is
-    measured in ``docs/results`` (the ``calibrated`` and ``quality`` studies);
-    ``"local_temperature"`` fits :class:`~calib_monai.recalibration.LocalTemperatureScaling` (for the classes of the
-    logits and the channels of the images) on up to ``max_slices`` 2D slices (logits, image, label) along
-    ``spatial_dim``, a fifth of them held out for early stopping.
-
-    Every validation volume in the validated range is scored by a recalibration it did not fit: by default
-    cross-fitting (``crossfit``: ``folds`` seeded folds of subjects, by default halves A and B, the fit on A scoring B
-    and the fit on B scoring A; the served recalibration is fitted on all volumes, so the range is approximately, not
-    exactly, exchangeable with a served case: :mod:`calib_monai.recalibration.fitting`), else a plain split
-    (``split`` of them fit, the others measure).
-    The log line and ``calibration.json`` name every number for what it was measured on (``range_volumes_*``: the
-    range's volumes, each by the fit that did not see it; ``heldout_slices_*``: the early-stopping slices;
-    ``in_sample_*``: the fitted data): NLL over all voxels, ECE over the ground-truth foreground voxels, before and
-    after, and which scheme was used (``split``).
+    The fit and the scheme that scores the range are those of ``settings``: every
+    validation volume in the range is scored by a recalibration it did not fit (cross-fitting by subject, else a
+    plain split; :mod:`calib_monai.recalibration.fitting`). The log line and ``calibration.json`` name every number
+    for what it was measured on (``range_volumes_*``, ``heldout_slices_*``, ``in_sample_*``).
 
     With ``validated_range_path``, the range's volumes are scored (:func:`calib_monai.metrics.case_quality`) and
     their case scores, volumes, image statistics and (``review_feature_check``) the pooled bottleneck features of
-    the evaluator's network (``engine.network``, captured by a
-    :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook while the evaluator runs, one volume per
-    batch), stored there (:class:`calib_monai.review.validated_range.ValidatedRange`, with the review rule of
-    ``settings`` and its false-flag bound): the range inference flags against. A volume whose evaluator item (or
-    batch item) has a ``"subject"`` (the data component's ``subject_of``: ACDC's patient) is counted with the other
-    volumes of that subject, by the cross-fitting halves and the rule's bound.
+    the evaluator's network (``engine.network``, one volume per batch) are stored there
+    (:class:`calib_monai.review.validated_range.ValidatedRange`, with the review rule of ``settings``). A volume
+    whose item has a ``"subject"`` (the data component's ``subject_of``) is counted with its subject's volumes.
 
     The evaluator's decollated outputs hold the logits under ``"pred"``, the label under ``"label"`` and the image
     under ``"image"``; its items may keep the label as read under ``INPUT_LABEL`` (``KeepInputLabeld``).

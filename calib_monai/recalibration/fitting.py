@@ -3,25 +3,19 @@
 
 The range's volumes are scored by a recalibration they did not fit. Two ways (:func:`split_volumes`):
 
-* cross-fitting (``crossfit``, the default; ``folds``, by default 2): the validation subjects are split (seeded)
-  into folds, by default halves A and B; the recalibration fitted on A scores B and the one fitted on B scores A
-  (with K folds each fold is scored by the fit on the other K - 1), so all ``n`` volumes are in the range; the
-  served recalibration is fitted on all of them. The fold recalibrations are stored too, and a served case is also
-  scored by each (its case score under fold ``j``, :func:`~calib_monai.recalibration.stored.case_score_offsets`), so
-  the case is compared with volume ``i`` as fold ``j(i)`` scores both (cross-conformal), not with scores of another
-  function (on Hippocampus the fold fits scored the validation volumes 0.03 higher than the full fit).
-  This is the standard cross-conformal construction (Vovk, Ann. Math. Artif. Intell. 2015, "Cross-conformal
-  predictors"; Barber et al., Ann. Statist. 2021, "Predictive inference with the jackknife+"): the whole validation
-  set sets the review threshold, which with 20-26 validation volumes is what lets ``k = floor(alpha (n + 1)) >= 1``
-  at alpha 0.05, at the cost of the exact finite-sample guarantee (the folds' fits differ from each other; the
-  image and feature signals do not depend on the recalibration).
+* cross-fitting (``crossfit``, the default): the validation subjects are split (seeded) into ``folds`` folds and each
+  fold is scored by the fit on the others, so all ``n`` volumes are in the range; the served recalibration is fitted
+  on all of them. The fold recalibrations are stored too, and a served case is also scored by each
+  (:func:`~calib_monai.recalibration.stored.case_score_offsets`), so the case is compared with volume ``i`` as the
+  fold that scored ``i`` scores both: cross-conformal (Vovk, Ann. Math. Artif. Intell. 2015, "Cross-conformal
+  predictors"; Barber et al., Ann. Statist. 2021, "Predictive inference with the jackknife+"). The whole validation
+  set sets the review threshold, at the cost of the exact finite-sample guarantee.
 * a plain split (``crossfit=False``): ``fit_share`` of the volumes fit the served recalibration, the others measure
-  the range with it: exactly exchangeable with a served case, on half the volumes.
+  the range with it: exactly exchangeable with a served case, on fewer volumes.
 
-Local temperature scaling also holds out a share of its fitting slices and keeps the parameters with the lowest
-held-out NLL (early stopping). Every number written is named for what it was measured on: ``range_volumes_*`` on
-the range's volumes (each by the fit that did not see it), ``heldout_slices_*`` on the early-stopping slices of the
-served fit, ``in_sample_*`` on what the served recalibration was fitted on.
+Local temperature scaling also holds out a share of its fitting slices for early stopping. Every number written is
+named for what it was measured on: ``range_volumes_*`` (each volume by the fit that did not see it),
+``heldout_slices_*`` (the early-stopping slices) and ``in_sample_*`` (what the served recalibration was fitted on).
 """
 
 from __future__ import annotations
