@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -341,22 +341,11 @@ class ValidatedRange:
     # ---- storage -----------------------------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """The JSON record (NaN as null)."""
-        clean = [None if s != s else s for s in self.scores]
+        stored = {name: getattr(self, name) for name in STORED_FIELDS}
         return {
-            **{k: getattr(self, k) for k in ("volumes", "alpha", "volume_factor", "info")},
-            "scores": clean,
+            **stored,
+            "scores": [None if s != s else s for s in self.scores],
             "inputs": [[None if v != v else v for v in f] for f in self.inputs],
-            "input_check": self.input_check,
-            "features": self.features,
-            "feature_check": self.feature_check,
-            "input_names": self.input_names,
-            "volume_interval_scale": self.volume_interval_scale,
-            "input_reference": self.input_reference,
-            "feature_reference": self.feature_reference,
-            "scored_on": self.scored_on,
-            "subjects": self.subjects,
-            "score_check": self.score_check,
-            "score_folds": self.score_folds,
             "rule": self.describe(),
             "signals": self.signals,
             "rank": self.rank,
@@ -381,3 +370,7 @@ class ValidatedRange:
 
     def describe(self) -> str:
         return describe_rule(self)
+
+
+#: what :meth:`ValidatedRange.save` writes and ``read_validated_range`` needs, beside the derived rule and bounds
+STORED_FIELDS = tuple(f.name for f in fields(ValidatedRange))

@@ -52,7 +52,7 @@ from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 from calib_monai.metrics.segmentation import label_map_dice
-from calib_monai.review.rule import ValidatedRange
+from calib_monai.review.rule import STORED_FIELDS, ValidatedRange
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
 __all__ = [
@@ -68,26 +68,6 @@ __all__ = [
 logger = logging.getLogger("calib_monai")
 VALIDATED_RANGE_FILE = "validated_range.json"
 _FIX = "delete it and run the bundle's calibrate step again"
-# what ValidatedRange.save writes and read_validated_range needs, beside the derived rule, bound and warnings
-_FIELDS = (
-    "scores",
-    "volumes",
-    "alpha",
-    "volume_factor",
-    "info",
-    "scored_on",
-    "inputs",
-    "input_check",
-    "features",
-    "feature_check",
-    "input_names",
-    "volume_interval_scale",
-    "input_reference",
-    "feature_reference",
-    "subjects",
-    "score_check",
-    "score_folds",
-)
 
 
 def read_validated_range(
@@ -110,7 +90,7 @@ def read_validated_range(
     missing = [k for k in ("scores", "volumes", "alpha", "volume_factor", "info") if k not in record]
     if missing:
         raise ValueError(f"{path} lacks {missing}: not a validated range of calib_monai; {_FIX}")
-    missing = [k for k in _FIELDS if k not in record]
+    missing = [k for k in STORED_FIELDS if k not in record]
     if missing:  # every field is written by ValidatedRange.save: a file without one was written by an older calibrate
         raise ValueError(f"{path} lacks {missing} (written by an older calib_monai): {_FIX}")
     if weights is not None and Path(weights).is_file() and record.get("weights_sha256") != file_sha256(weights):
@@ -120,7 +100,7 @@ def read_validated_range(
         )
         logger.warning(why)
         return None, why
-    fields = {k: record[k] for k in _FIELDS}
+    fields = {k: record[k] for k in STORED_FIELDS}
     try:
         validated = ValidatedRange(**fields)
     except (TypeError, ValueError, KeyError) as err:
