@@ -57,8 +57,6 @@ def main() -> None:
     ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``calibrate-probabilities``:
     :func:`calib_monai.recalibration.calibrate_probabilities`; ``site show`` / ``site reset``:
     :func:`calib_monai.review.show_site` / :func:`calib_monai.review.reset_site` (the site monitor's ``site.json``).
-    (The studies are not part of the installed package:
-    ``python scripts/experiments.py`` in the repository.)
 
     An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
     bad input (a missing file or folder, a wrong value), 1 for anything else; ``CALIB_MONAI_TRACEBACK=1`` prints the

@@ -1,17 +1,10 @@
 """Do two voxel grids describe the same place? The one geometry check wherever a label meets an image or a prediction.
 
-A grid is an array shape and its affine (voxel index -> RAS world mm, as nibabel and MONAI read NIfTI). Two grids
-that differ only in the order and direction in which their voxels are stored (RAS against LAS, or permuted axes)
-describe the same voxels: one is the other reoriented (:func:`reorientation`). Grids that differ in position,
-voxel size or axes do not, and scoring or training one against the other silently compares different places.
-
-:func:`grid_mismatch` compares the two grids after both are reoriented to RAS: the shapes must be equal and every
-column of the affines (the three voxel axes, i.e. voxel size and direction, and the origin) must agree within
-``tolerance`` times the smallest voxel size (:data:`GEOMETRY_TOLERANCE`, 1%: 0.01 mm for 1 mm voxels; headers written
-in float32 differ by ~1e-5 mm, a label shifted by one voxel by 100%).
-
-:func:`affine_problem`: a grid without a usable affine (no orientation recorded, a zero voxel size, a singular
-matrix) has no place to compare, and a reader guesses one (nibabel: x mirrored): refused, never guessed.
+A grid is an array shape and its affine (voxel index -> RAS world mm, as nibabel and MONAI read NIfTI). Grids that
+differ only in the order and direction of their voxels describe the same voxels (:func:`reorientation`); grids that
+differ in position, voxel size or axes do not. :func:`grid_mismatch` compares the two after both are reoriented to
+RAS: equal shapes, and every column of the affines within ``tolerance`` times the smallest voxel size
+(:data:`GEOMETRY_TOLERANCE`). :func:`affine_problem`: a grid without a usable affine is refused, never guessed.
 
 Floor 0: NumPy and nibabel only; the data components (training and evaluation) and ``calibrate-probabilities`` use it.
 """
@@ -37,7 +30,7 @@ __all__ = [
     "reorientation",
 ]
 
-GEOMETRY_TOLERANCE = 0.01
+GEOMETRY_TOLERANCE = 0.01  # of the smallest voxel: float32 headers differ by ~1e-5 mm, a one-voxel shift by 1
 AFFINE_FIX = (
     "write it again with its scanner geometry (convert it again from the DICOM series, or set it with nibabel's "
     "set_sform(affine, code=1))"

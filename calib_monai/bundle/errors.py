@@ -1,19 +1,12 @@
 """Errors as the user should see them: one clear last line, the traceback on request.
 
-MONAI's runner ends a bundle error with chained tracebacks whose last line is the generic "Failed to instantiate
-component", the project's own message somewhere in the middle, and threads torn down at interpreter exit can turn a
-data error into "terminate called without an active exception" (exit 134); ``docs/notes/errors.md`` has the
-measurements.
-
 :func:`error_line` finds the message that says what is wrong: the innermost exception of the chain raised by
-calib_monai's own code (else the innermost one), prefixed with the config id whose component failed to build.
-:func:`report_errors` (called first in every generated bundle's ``initialize``, never on import) installs a
-``sys.excepthook`` that prints that line last and ends the process with exit code 1 at once (``os._exit`` after
-flushing, so no thread teardown can turn it into an abort), in ``python -m monai.bundle run`` processes (a program
-that runs a ``ConfigWorkflow`` itself keeps its exceptions). ``CALIB_MONAI_TRACEBACK=1`` prints the full traceback
-before the line; ``CALIB_MONAI_TRACEBACK=python`` (or a config without the ``report_errors`` step) leaves Python's
-own handling in place. MONAI's ``SaveImage`` hides why a file could not be written behind "cannot find a suitable
-writer": the line names the file and the cause instead (read-only, no permission, disk full).
+calib_monai's own code (else the innermost one), prefixed with the config id whose component failed to build, not
+MONAI's generic "Failed to instantiate component". :func:`report_errors` (called first in every generated bundle's
+``initialize``) installs a ``sys.excepthook`` that prints that line last and ends the process with exit code 1 at
+once (``os._exit`` after flushing, so no thread teardown can turn it into an abort). ``CALIB_MONAI_TRACEBACK=1``
+prints the full traceback before the line; ``CALIB_MONAI_TRACEBACK=python`` leaves Python's own handling in place.
+MONAI's ``SaveImage`` "cannot find a suitable writer" is replaced by the file and the cause.
 """
 
 from __future__ import annotations

@@ -3,18 +3,15 @@
 belongs to, the settings that made it and the versions (calib_monai, monai, torch) that wrote it.
 
 Publication (:func:`publish_artifacts`, called by ``calibrate``; :func:`copy_artifact_set`, MONAI Label's fine-tune):
-every new file is first written complete under a temporary name in the folder and fsynced, then renamed to its
-final name, and ``manifest.json`` is replaced last: the manifest is the commit point. Why this and not a versioned
-subfolder with an atomic pointer: the bundles' configs, MONAI Label and users name the files by their fixed paths
-(``models/calibration.pt``...), which a versioned subfolder would move; and every reader already goes through here,
-so it can check each file against the manifest instead.
+every new file is written complete under a temporary name and fsynced, then renamed, and ``manifest.json`` is
+replaced last: the manifest is the commit point. The files keep their fixed paths, which configs, MONAI Label and
+users name.
 
-Reading (:func:`read_artifact_set`): the manifest is read and every file of the set is hashed and compared with it. A
-live reader during a publication sees the old set or the new set (a mismatch is re-read for a moment, as long as a
-publication takes); a folder left mixed by a killed ``calibrate`` (new calibration, old range), a file deleted or
-copied in from another run is refused with one line naming the files and the fix (run calibrate again). A manifest
-of another format than :data:`MANIFEST_FORMAT` is refused naming it. A folder without a manifest (copied without it)
-is said in the log, and read only when its files' own records name each other (``calib_monai.bundle.records``).
+Reading (:func:`read_artifact_set`): every file of the set is hashed and compared with the manifest. A live reader
+during a publication sees the old set or the new one (a mismatch is re-read for a moment); a mixed folder, a file
+deleted or copied in from another run, or a manifest of another format than :data:`MANIFEST_FORMAT` is refused in
+one line naming the files and the fix. A folder without a manifest is said in the log, and read only when its files'
+own records name each other (``calib_monai.bundle.records``).
 
 ``raw``: the user asked for the network's own probabilities (``--calibration_path none``): no recalibration, and the
 validated range, measured on recalibrated probabilities, is not applied.
