@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bundle_factory.specs import METHODS
@@ -36,17 +37,22 @@ from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
-from studies.site import site_study
+from studies.site import read_records, write_site_results
 from studies.study import StudySetup, command_line_overrides
 
 __all__ = ["COMMANDS", "run"]
 
 
-def _run(study, name: str, setup: StudySetup, *args: Any, **kwargs: Any) -> str:
-    """Run a study with the command line that started it (for its README); return its results folder."""
+def _command_line() -> str:
+    """The command line that started this study, for its README."""
     program = os.path.basename(sys.argv[0])
     program = "python scripts/experiments.py" if program == "experiments.py" else program  # or calib-monai
-    study(setup, *args, command=f"{program} {shlex.join(sys.argv[1:])}", **kwargs)
+    return f"{program} {shlex.join(sys.argv[1:])}"
+
+
+def _run(study, name: str, setup: StudySetup, *args: Any, **kwargs: Any) -> str:
+    """Run a study with the command line that started it (for its README); return its results folder."""
+    study(setup, *args, command=_command_line(), **kwargs)
     return str(setup.study_dir(name))
 
 
@@ -148,35 +154,14 @@ def quality(
     )
 
 
-def site(
-    dataset: str,
-    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
-    seeds: Sequence[int] = (0, 1),
-    other_dataset: str = "",
-    other_dir: str = "",
-    other_overrides: dict | str | None = None,
-    shifts: Sequence[str] = ("gamma", "resolution"),
-    strengths: Sequence[str] = ("mild", "strong"),
-    orders: int = 100,
-    **setup: Any,
-) -> str:
-    """The site monitor through the serving path (the quality study's runs and served cases): each signal's rank
-    histogram on the ordinary test volumes, false alarms over ``orders`` random orders, and the cases to an alarm for
-    each shift at each strength and ``other_dataset``'s images."""
-    other_overrides = command_line_overrides(other_overrides, "--other_overrides")
-    return _run(
-        site_study,
-        "site",
-        StudySetup(dataset, **setup),
-        methods,
-        seeds,
-        other_dataset,
-        other_dir,
-        other_overrides or {},
-        shifts,
-        strengths,
-        orders,
-    )
+def site(dataset: str, orders: int = 100, **options: Any) -> str:
+    """The site monitor through the serving path: the ``quality`` study with ``options`` (its runs reused, its cases
+    served), then from its served ranks each signal's rank histogram on the ordinary test volumes, false alarms over
+    ``orders`` random orders and the cases to an alarm for each stream, in ``<results_dir>/site``."""
+    served = Path(quality(dataset, **options))
+    records = read_records(served / "per_volume.csv.gz")
+    write_site_results(served.parent / "site", records, orders, _command_line())
+    return str(served.parent / "site")
 
 
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:

@@ -28,11 +28,10 @@ import numpy as np
 from scipy.stats import binom, kstest
 
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
-from studies.quality import quality_study
 from studies.quality_report import ID
-from studies.study import StudySetup, write_table
+from studies.study import write_table
 
-__all__ = ["alarm_rows", "rank_rows", "read_records", "site_study"]
+__all__ = ["alarm_rows", "rank_rows", "read_records", "write_site_results"]
 
 SIGNALS = ("case_score", "input", "features")
 
@@ -151,30 +150,10 @@ def alarm_rows(
     return rows
 
 
-def site_study(
-    setup: StudySetup,
-    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
-    seeds: Sequence[int] = (0, 1),
-    other_dataset: str = "",
-    other_dir: str = "",
-    other_overrides: Mapping[str, Any] | None = None,
-    shifts: Sequence[str] = ("gamma", "resolution"),
-    strengths: Sequence[str] = ("mild", "strong"),
-    orders: int = 100,
-    command: str = "",
-) -> str:
-    """Serve (through :func:`~studies.quality.quality_study`, reusing its trained and calibrated runs) and write
-    ``<results_dir>/site``: the rank histograms, the monitor's alarms and the README with the command."""
-    quality_study(setup, methods, seeds, other_dataset, other_dir, other_overrides, shifts, strengths, command=command)
-    records = read_records(setup.study_dir("quality") / "per_volume.csv.gz")
-    return write_site_results(setup, records, orders, command, seeds)
-
-
-def write_site_results(
-    setup: StudySetup, records: Sequence[Mapping], orders: int, command: str, seeds: Sequence[int]
-) -> str:
-    """The site study's tables and README from the served records."""
-    out = setup.study_dir("site")
+def write_site_results(out: Path, records: Sequence[Mapping], orders: int, command: str) -> str:
+    """Write ``out`` (``ranks``, ``alarms`` as CSV and Markdown, the README with ``command``) from the quality study's
+    served records; returns the tables' text."""
+    out.mkdir(parents=True, exist_ok=True)
     ranks = write_table(
         rank_rows(records),
         out / "ranks",
@@ -192,19 +171,12 @@ def write_site_results(
         "served monitor's martingale (`calib_monai.review.site_martingale.SiteMartingale`) on random orders."
     )
     text = "\n".join([intro, "", ranks, alarms])
-    (out / "README.md").write_text(
-        "\n".join(
-            [
-                f"# The site monitor on {setup.dataset}: rank histograms, false alarms, detection delay",
-                "",
-                "Command (from the repository root):",
-                "",
-                f"    {command or 'python scripts/experiments.py site ...'}",
-                "",
-                f"Budget: {setup.describe(seeds)}.",
-                "",
-                text,
-            ]
-        )
-    )
+    lines = [
+        "# The site monitor: rank histograms, false alarms, detection delay",
+        "",
+        "Command (from the repository root):",
+    ]
+    lines += ["", f"    {command or 'python scripts/experiments.py site ...'}", ""]
+    lines += ["Budget and runs: [the quality study](../quality/README.md), whose served cases these are.", "", text]
+    (out / "README.md").write_text("\n".join(lines))
     return text
