@@ -9,6 +9,7 @@ Example::
     calib-monai calibrate-probabilities preds/ labelsTr/ report/ --fit_predictions val/ --fit_labels labelsTr/
     calib-monai site show /path/to/deployment      # the site monitor's state: cases, value, alarm, evidence
     calib-monai site reset /path/to/deployment     # clear it (after re-validating at the site)
+    calib-monai site label /path/to/deployment /path/to/labels  # re-anchor the case score from the site's labels
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
 
     from calib_monai.export import export_bundle
     from calib_monai.recalibration.external import calibrate_probabilities
+    from calib_monai.review.site_labels import label_site
     from calib_monai.review.site_monitor import reset_site, show_site
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -73,7 +75,7 @@ def main() -> None:
         "export": export_bundle,
         "slicer": slicer,
         "calibrate-probabilities": calibrate_probabilities,
-        "site": {"show": show_site, "reset": reset_site},
+        "site": {"show": show_site, "reset": reset_site, "label": label_site},
     }
     try:
         fire.Fire(commands, name="calib-monai")  # fire prints the returned dict of written paths

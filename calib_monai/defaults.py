@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BAND_RADIUS",
+    "CASE_SCORE_BOUND_ALPHA",
     "CALIBRATION_SPLIT",
     "CROSSFIT",
     "CROSSFIT_FOLDS",
@@ -28,6 +29,7 @@ __all__ = [
     "REVIEW_INPUT_CHECK",
     "REVIEW_SCORE_CHECK",
     "REVIEW_VOLUME_FACTOR",
+    "SITE_LABELS_MIN",
     "TACE_THRESHOLD",
     "VOLUME_COVERAGE",
 ]
@@ -79,3 +81,9 @@ REVIEW_VOLUME_FACTOR = 0.0
 REVIEW_SCORE_CHECK = True
 REVIEW_INPUT_CHECK = True
 REVIEW_FEATURE_CHECK = True
+
+# ---- the case score's level (calib_monai.review.anchor)
+# The served lower bound on the true DSC holds with probability 1 - this; it needs 9 labelled validation subjects.
+CASE_SCORE_BOUND_ALPHA = 0.1
+# The fewest site labels that re-anchor the case score's level (the mean's t margin needs two).
+SITE_LABELS_MIN = 2

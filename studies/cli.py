@@ -32,6 +32,7 @@ from studies.ablations import (
     nacl_ablation_study,
     posthoc_study,
 )
+from studies.anchor import anchor_rows, read_ranges
 from studies.calibrated import calibrated_study
 from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
@@ -157,10 +158,13 @@ def quality(
 def site(dataset: str, orders: int = 100, **options: Any) -> str:
     """The site monitor through the serving path: the ``quality`` study with ``options`` (its runs reused, its cases
     served), then from its served ranks each signal's rank histogram on the ordinary test volumes, false alarms over
-    ``orders`` random orders and the cases to an alarm for each stream, in ``<results_dir>/site``."""
+    ``orders`` random orders and the cases to an alarm for each stream, and each stream's answers re-anchored from 2,
+    4 and 8 site labels (:mod:`studies.anchor`), in ``<results_dir>/site``."""
     served = Path(quality(dataset, **options))
     records = read_records(served / "per_volume.csv.gz")
-    write_site_results(served.parent / "site", records, orders, _command_line())
+    runs_dir = options.get("runs_dir") or StudySetup(dataset).runs_dir
+    anchors = anchor_rows(records, read_ranges(runs_dir, dataset, records))
+    write_site_results(served.parent / "site", records, orders, _command_line(), anchors)
     return str(served.parent / "site")
 
 

@@ -150,9 +150,11 @@ def alarm_rows(
     return rows
 
 
-def write_site_results(out: Path, records: Sequence[Mapping], orders: int, command: str) -> str:
-    """Write ``out`` (``ranks``, ``alarms`` as CSV and Markdown, the README with ``command``) from the quality study's
-    served records; returns the tables' text."""
+def write_site_results(
+    out: Path, records: Sequence[Mapping], orders: int, command: str, anchors: Sequence[Mapping] = ()
+) -> str:
+    """Write ``out`` (``ranks``, ``alarms`` and, given, ``anchors`` (:func:`studies.anchor.anchor_rows`) as CSV and
+    Markdown, the README with ``command``) from the quality study's served records; returns the tables' text."""
     out.mkdir(parents=True, exist_ok=True)
     ranks = write_table(
         rank_rows(records),
@@ -170,7 +172,17 @@ def write_site_results(out: Path, records: Sequence[Mapping], orders: int, comma
         "ordinary volumes; `within` says whether the count lies in the binomial 95% interval. The alarms replay the "
         "served monitor's martingale (`calib_monai.review.site_martingale.SiteMartingale`) on random orders."
     )
-    text = "\n".join([intro, "", ranks, alarms])
+    tables = [ranks, alarms]
+    if anchors:
+        tables.append(
+            write_table(
+                anchors,
+                out / "anchors",
+                "Each stream's answers re-anchored from L site labels (random draws of labelled subjects; the others "
+                "scored): estimate minus truth, MAE, the 90% lower bound's coverage, answers too high without a word",
+            )
+        )
+    text = "\n".join([intro, "", *tables])
     lines = [
         "# The site monitor: rank histograms, false alarms, detection delay",
         "",

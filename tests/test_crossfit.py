@@ -77,7 +77,8 @@ def test_the_case_score_error_is_the_score_minus_the_delivered_dsc():
         -0.1,
         0.2,
     )
-    assert case_score_error([float("nan")]) == {"volumes": 0}
+    assert summary["per_volume"] == [0.2, -0.1, None, 0.05]  # aligned with the volumes: the served bound's
+    assert case_score_error([float("nan")]) == {"volumes": 0, "per_volume": [None]}
 
 
 def test_the_plain_split_scores_the_range_with_the_served_fit():

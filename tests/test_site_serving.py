@@ -15,10 +15,12 @@ import subprocess
 import sys
 
 import nibabel as nib
+import numpy as np
 import pytest
 import torch
 
 from calib_monai.bundle.outputs import SOURCE_META
+from calib_monai.data.flare import FLARE22_TO_FLARE
 from calib_monai.data.phantoms import generate_phantom
 from calib_monai.recalibration import TemperatureScaling
 from calib_monai.recalibration.stored import publish_calibration
@@ -183,3 +185,41 @@ def test_a_corrupt_state_is_one_error_line_and_another_models_is_archived(site_b
     archived = json.loads((out / ARCHIVE_FOLDER / f"site_{'0' * 12}_{state['range_sha256'][:12]}.json").read_text())
     assert archived == state
     assert len(json.loads((out / SITE_FILE).read_text())["cases"]) == len(state["cases"])  # the same images, anew
+
+
+def test_site_labels_from_a_folder_re_anchor_what_inferring_serves_next(site_bundle, tmp_path):
+    out, labels = tmp_path / "out", tmp_path / "labels"
+    _infer(site_bundle, out)
+    labels.mkdir()
+    for i in range(2):
+        image, label, affine = generate_phantom(seed=40, index=i, shape=(40, 36, 10), spacing=(4.0, 4.0, 10.0))
+        raw = labels / f"site_{i:02d}.nii.gz"
+        if i == 0:  # in FLARE22's values first: refused, naming the file and the values it needs
+            nib.save(nib.Nifti1Image(label.astype("uint8"), affine), str(raw))
+            refused = _command("site", "label", str(out), str(labels))
+            assert refused.returncode == 2 and f"{raw}: the label holds the value 13" in refused.stderr
+        mapped = np.vectorize(FLARE22_TO_FLARE.get)(label).astype("uint8")  # the bundle's values, as delivered
+        nib.save(nib.Nifti1Image(mapped, affine), str(raw))
+    added = _command("site", "label", str(out), str(labels))
+    assert added.returncode == 0, added.stderr
+    state = json.loads((out / SITE_FILE).read_text())
+    errors = []
+    for entry in state["labels"]:  # the truth worked out here: each foreground class's DSC, present ones averaged
+        seg = nib.load(str(out / f"{entry['case']}_seg.nii.gz")).get_fdata()
+        label = nib.load(str(labels / f"{entry['case']}.nii.gz")).get_fdata()
+        dice = [
+            2 * ((seg == c) & (label == c)).sum() / ((seg == c).sum() + (label == c).sum())
+            for c in range(1, 5)
+            if (label == c).any()
+        ]
+        assert entry["truth"] == pytest.approx(sum(dice) / len(dice), abs=1e-6)
+        served = json.loads((out / f"{entry['case']}_quality.json").read_text())
+        assert entry["score"] == pytest.approx(served["case_score"])  # the raw score it was served with
+        errors.append(entry["score"] - entry["truth"])
+    assert [e["case"] for e in state["labels"]] == ["site_00", "site_01"]
+    _infer(site_bundle, out)  # served again: every answer re-anchored from the two labels
+    again = json.loads((out / "site_03_quality.json").read_text())
+    assert again["level"]["offset"] == pytest.approx(-sum(errors) / 2)
+    assert again["case_score"] == pytest.approx(max(0.0, again["level"]["raw_case_score"] - sum(errors) / 2))
+    missing = _command("site", "label", str(out), str(tmp_path))
+    assert missing.returncode == 2 and "no label in" in missing.stderr

@@ -139,6 +139,7 @@ class RecalibrationFitter:
                     *self._input_grid(item, batch_item),
                     geometry=image_geometry(item[image_key]),
                     subject=str(item.get("subject", batch_item.get("subject", "")) or ""),
+                    site=bool(item.get("site", batch_item.get("site", False))),
                 )
             )
 

@@ -76,6 +76,7 @@ class ValidationVolume:
     input_label: torch.Tensor | None = None
     geometry: list[float] | None = None  # image_geometry of the image while it had its metadata (None: unknown)
     subject: str = ""  # the subject (patient) it belongs to; "": its own (the datalist item's "subject")
+    site: bool = False  # a label of the served site (the datalist item's "site"): re-anchors, is not a source subject
 
     def scored(self, prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``(probabilities, label, voxel volume in mL)`` on the grid the case is scored on, from its calibrated
@@ -272,8 +273,9 @@ def case_score_error(values: Sequence[float]) -> dict[str, Any]:
     served ones. Reported, not subtracted from the served score: on the studies' splits the validation volumes' mean
     did not predict the test volumes' (``docs/results/level``)."""
     finite = np.array([float(v) for v in values if math.isfinite(v)])
+    per_volume = [round(float(v), 6) if math.isfinite(v) else None for v in values]  # the served lower bound's
     if not finite.size:
-        return {"volumes": 0}
+        return {"volumes": 0, "per_volume": per_volume}
     return {
         "volumes": int(finite.size),
         "mean": float(finite.mean()),
@@ -282,6 +284,7 @@ def case_score_error(values: Sequence[float]) -> dict[str, Any]:
         "lowest": float(finite.min()),
         "highest": float(finite.max()),
         "values": [round(float(v), 6) for v in finite],
+        "per_volume": per_volume,
     }
 
 
@@ -334,6 +337,9 @@ def measure_validated_range(
     scored_on = "input grid" if mapped == {True} else "network grid"
     scale, info["volume_interval"] = volume_interval_fit(qualities, truths)
     info["case_score_error"] = case_score_error(errors)
+    site = [n for n, i in enumerate(chosen) if volumes[i].site]
+    if site:
+        info["site_volumes"] = site  # their errors re-anchor the served score (review.anchor)
     references = fixed_references(
         reference_inputs, reference_features, [features[i] for i in chosen] if stored else None, input_names=names
     )

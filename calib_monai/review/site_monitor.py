@@ -67,6 +67,7 @@ import numpy as np
 
 from calib_monai.atomic import ensure_folder, write_error, write_json_atomically
 from calib_monai.checks import check_number
+from calib_monai.defaults import SITE_LABELS_MIN
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
 
 __all__ = [
@@ -181,6 +182,9 @@ def read_state(path: Path) -> dict[str, Any] | None:
             if not (isinstance(case["hash"], str) and isinstance(case["rank"], int) and case["rank"] >= 1):
                 raise TypeError(f"case {case!r:.60}")
             _signal_ranks(case["signal_ranks"])
+        for label in state.get("labels", []):
+            if not (isinstance(label["case"], str) and all(math.isfinite(label[k]) for k in ("score", "truth"))):
+                raise TypeError(f"label {label!r:.60}")
     except (KeyError, TypeError, ValueError) as err:
         raise corrupt(f"{type(err).__name__}: {err}") from None
     return state
@@ -226,7 +230,8 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
             f"{SIGNAL_WORDS.get(moved, moved)} "
             f"signal (evidence {evidence['value']:.0f} >= {test.threshold:.0f}; cases like the validation ones raise "
             f"this alarm at most {test.delta:.0%} of the time): the case score's level is not vouched for at this "
-            "site; label the typical cases MONAI Label's Next Sample offers, then Train, or run "
+            "site; label the typical cases MONAI Label's Next Sample offers (or `calib-monai site label "
+            f"{path.parent} LABELS`): from {SITE_LABELS_MIN} labels on the level is re-anchored; then Train, or run "
             f"{_reset_fix(path.parent)} after re-validating"
         )
     return {
@@ -240,6 +245,8 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         "signal_hits": hits,
         "weights_sha256": state["weights_sha256"],
         "range_sha256": state["range_sha256"],
+        "labels": len(state.get("labels", [])),
+        "label_errors": [label["score"] - label["truth"] for label in state.get("labels", [])],
     }
 
 
@@ -318,18 +325,34 @@ class SiteMonitor:
         rank = check_number("site monitor rank", rank, 1, self.test.m + 1, integer=True)
         signals = _signal_ranks(signal_ranks)
         with _locked(self.lock_path):
-            state = self._read() or {
-                "format_version": FORMAT_VERSION,
-                "weights_sha256": self.weights_sha256,
-                "range_sha256": self.range_sha256,
-                **self.test.settings(),
-                "cases": [],
-            }
+            state = self._read() or self._new_state()
             counted = all(case["hash"] != case_hash for case in state["cases"])
             if counted:
                 state["cases"].append({"hash": case_hash, "rank": rank, "signal_ranks": signals})
                 write_json_atomically(self.path, state)
         return {**summarise(state, self.path), "counted": counted}
+
+    def label(self, case: str, score: float, truth: float) -> dict[str, Any]:
+        """Record a site label: ``case`` (its name; labelled again: replaced) was served with the raw case score
+        ``score`` by these weights and range, and its delivered segmentation has the true mean DSC ``truth`` against
+        the label. The labels re-anchor the served score (:mod:`calib_monai.review.anchor`)."""
+        score = check_number(f"site label {case}: served case score", score, 0, 1)
+        truth = check_number(f"site label {case}: true mean DSC", truth, 0, 1)
+        with _locked(self.lock_path):
+            state = self._read() or self._new_state()
+            labels = [entry for entry in state.get("labels", []) if entry["case"] != str(case)]
+            state["labels"] = [*labels, {"case": str(case), "score": score, "truth": truth}]
+            write_json_atomically(self.path, state)
+        return summarise(state, self.path)
+
+    def _new_state(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "weights_sha256": self.weights_sha256,
+            "range_sha256": self.range_sha256,
+            **self.test.settings(),
+            "cases": [],
+        }
 
     def status(self) -> dict[str, Any]:
         """The stream's state as stored (nothing recorded)."""

@@ -16,6 +16,8 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 
 from calib_monai.bundle.outputs import SOURCE_KEY, SOURCE_META
+from calib_monai.defaults import SITE_LABELS_MIN
+from calib_monai.review.anchor import CaseScoreAnchor, anchor_quality
 from calib_monai.review.site_martingale import DEFAULT_DELTA
 from calib_monai.review.site_monitor import SiteMonitor
 
@@ -93,10 +95,22 @@ class SiteMonitord(MapTransform):
             state = monitor.observe(image_content_hash(d[self.image_key]), review["rank"], review.get("signals"))
             site = {"monitored": True, **{k: state[k] for k in ("file", "cases", "value", "threshold", "alarm")}}
             site.update(counted=state["counted"], evidence=state["evidence"], message=state["message"])
+            site["labels"] = state["labels"]
+            anchored = state["labels"] >= SITE_LABELS_MIN
+            if state["labels"]:  # the site's labels re-anchor the served score's level and its bound
+                quality = anchor_quality(
+                    quality, CaseScoreAnchor.from_range(self.validated_range, state["label_errors"])
+                )
             if state["alarm"]:
-                review["flag"] = True
-                review["reasons"] = [state["message"], *[r for r in review.get("reasons", []) if r != state["message"]]]
-                logger.warning(state["message"])
+                if anchored:  # judged case by case again, at the re-anchored level
+                    offset = (quality.get("level") or {}).get("offset", 0.0)
+                    message = f"{state['message']}; re-anchored from {state['labels']} site labels ({offset:+.3f})"
+                    review["reasons"] = [*review.get("reasons", []), message]
+                else:
+                    message = state["message"]
+                    review["flag"] = True
+                    review["reasons"] = [message, *[r for r in review.get("reasons", []) if r != message]]
+                logger.warning(message)
                 # the alarm joins the outputs' source: the NIfTI descrip says "site=ALARM" (source_descrip)
                 quality = {**quality, "source": {**(quality.get("source") or {}), "site_alarm": True}}
                 for name in ("segmentation", "confidence"):

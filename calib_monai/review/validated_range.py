@@ -52,6 +52,7 @@ from calib_monai.metrics.image_statistics import input_statistics
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import voxel_spacing
 from calib_monai.metrics.segmentation import label_map_dice
+from calib_monai.review.anchor import CaseScoreAnchor, anchor_quality
 from calib_monai.review.rule import STORED_FIELDS, ValidatedRange
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
@@ -193,6 +194,7 @@ class CaseQualityd(MapTransform):
         if isinstance(validated_range, (str, os.PathLike)):
             validated_range, self.missing = read_validated_range(validated_range, weights)
         self.validated_range = validated_range
+        self.anchor = CaseScoreAnchor.from_range(validated_range) if validated_range is not None else None
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
         self.quality_key, self.image_key = quality_key, image_key
         self.confidence_threshold = float(confidence_threshold)
@@ -230,6 +232,8 @@ class CaseQualityd(MapTransform):
             if validated is not None and validated.scored_on == "network grid" and other_grid:
                 validated, missing = None, _GRIDS_DIFFER
             quality = review_case(quality, validated, stats, missing, features, why)
+            if validated is not None:  # the served estimate's lower bound (re-anchored by the site monitor)
+                quality = anchor_quality(quality, self.anchor)
             if quality["review"]["flag"]:
                 logger.warning(f"case {_case(d, self.image_key)}: review: " + "; ".join(quality["review"]["reasons"]))
             d[self.quality_key] = quality

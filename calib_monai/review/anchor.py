@@ -1,0 +1,140 @@
+"""The case score's level, from labelled cases the served model did not train on: a lower bound on every served
+estimate, and the level re-anchored once the site has labels.
+
+An error is a labelled case's served case score minus the true mean DSC of the segmentation it delivered
+(``calibrate``'s ``info.case_score_error.per_volume``, each validation volume scored by a recalibration it did not
+fit; a site label, scored by the served weights and recalibration before it was submitted).
+
+* **Lower bound** (the validation subjects alone): each of the ``m`` subjects counts with its most optimistic volume
+  (its largest error); with ``k = ceil((m + 1)(1 - alpha))`` a case of a new subject exchangeable with them has a true
+  DSC of at least ``score - e_(k)`` with probability at least ``1 - alpha`` (split conformal, one-sided; Vovk et al.
+  2005). When ``k > m`` there is no bound, and the answer says how many subjects it needs.
+* **Re-anchored** (``n >= SITE_LABELS_MIN`` site labels): the served estimate is the score minus the site labels'
+  mean error. Its bound: with ``n`` enough for the conformal bound above, that bound on the site errors alone (the
+  site's cases exchangeable with each other); with fewer, the validation errors' spread about their mean, shifted by
+  the site's mean error and widened by that mean's one-sided Student-t margin (it assumes the site moves the level,
+  not the spread, and says so).
+
+The validation volumes that are site labels (a fine-tune's held-out labels, ``info.site_volumes``) count as site
+labels, not as validation subjects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calib_monai.defaults import CASE_SCORE_BOUND_ALPHA, SITE_LABELS_MIN
+
+__all__ = ["CaseScoreAnchor", "conformal_upper_error"]
+
+
+def conformal_upper_error(errors: Sequence[float], alpha: float) -> float | None:
+    """``e_(k)``, ``k = ceil((m + 1)(1 - alpha))``, of ``m`` exchangeable errors: a new error stays at most this with
+    probability at least ``1 - alpha``; None when ``k > m`` (too few)."""
+    values = np.sort(np.asarray([e for e in errors if math.isfinite(e)], dtype=np.float64))
+    k = math.ceil((len(values) + 1) * (1 - alpha) - 1e-9)
+    return float(values[k - 1]) if 1 <= k <= len(values) else None
+
+
+def subjects_needed(alpha: float) -> int:
+    """The fewest exchangeable errors with ``k <= m``: ``ceil((1 - alpha) / alpha)``."""
+    return math.ceil((1 - alpha) / alpha - 1e-9)
+
+
+@dataclass(frozen=True)
+class CaseScoreAnchor:
+    """The errors of the labelled cases like a served one, and what they say of its case score.
+
+    Args:
+        subject_errors: each validation subject's largest error (NaN: none measured).
+        site_errors: the site's labelled cases' errors (not trained on).
+        alpha: one minus the lower bound's coverage.
+    """
+
+    subject_errors: tuple[float, ...] = ()
+    site_errors: tuple[float, ...] = ()
+    alpha: float = CASE_SCORE_BOUND_ALPHA
+
+    @classmethod
+    def from_range(cls, validated: Any, site_errors: Sequence[float] = (), alpha: float = CASE_SCORE_BOUND_ALPHA):
+        """From a :class:`~calib_monai.review.ValidatedRange` (its stored per-volume errors and subjects; its site
+        volumes join ``site_errors``)."""
+        info = getattr(validated, "info", None) or {}
+        per_volume = (info.get("case_score_error") or {}).get("per_volume")
+        if per_volume is None or validated is None or len(per_volume) != validated.n:
+            return cls((), tuple(site_errors), alpha)
+        errors = np.array([math.nan if e is None else float(e) for e in per_volume])
+        site = set(info.get("site_volumes") or [])
+        worst: dict[int, float] = {}
+        for i, (subject, error) in enumerate(zip(validated.subject_of, errors)):
+            if i not in site and math.isfinite(error):
+                worst[int(subject)] = max(worst.get(int(subject), -math.inf), float(error))
+        ranged_site = [float(errors[i]) for i in sorted(site) if math.isfinite(errors[i])]
+        return cls(tuple(worst.values()), (*ranged_site, *map(float, site_errors)), alpha)
+
+    @property
+    def anchored(self) -> bool:
+        return len(self.site_errors) >= SITE_LABELS_MIN
+
+    @property
+    def offset(self) -> float:
+        """What re-anchoring adds to the served score: minus the site labels' mean error (0 when not anchored)."""
+        return -float(np.mean(self.site_errors)) if self.anchored else 0.0
+
+    def margin(self) -> tuple[float | None, str]:
+        """``(how far below the estimate the bound lies, how it was made)``; None and what it lacks when none."""
+        needed = subjects_needed(self.alpha)
+        if self.anchored and len(self.site_errors) >= needed:
+            return conformal_upper_error(self.site_errors, self.alpha) + self.offset, (
+                f"{len(self.site_errors)} site labels"
+            )
+        upper = conformal_upper_error(self.subject_errors, self.alpha)
+        if upper is None:
+            return None, (
+                f"no lower bound at {1 - self.alpha:.0%}: it needs the errors of {needed} labelled validation subjects "
+                f"(or site labels), the range has {len(self.subject_errors)} (run calibrate again with more)"
+            )
+        if not self.anchored:
+            return upper, f"{len(self.subject_errors)} validation subjects"
+        from scipy.stats import t
+
+        n = len(self.site_errors)
+        spread = upper - float(np.mean(self.subject_errors))
+        level = float(t.ppf(1 - self.alpha, n - 1) * np.std(self.site_errors, ddof=1) / math.sqrt(n))
+        return spread + level, (
+            f"{n} site labels for the level and {len(self.subject_errors)} validation subjects for the spread "
+            "(assumes the site moves the level, not the spread)"
+        )
+
+    def answer(self, score: float | None) -> dict[str, Any]:
+        """The served estimate and its lower bound for a raw case score: ``{"case_score", "case_score_low",
+        "coverage", "from", "site_labels", "offset", "raw_case_score"}`` (None where undefined)."""
+        margin, made_from = self.margin()
+        finite = score is not None and math.isfinite(float(score))
+        estimate = min(1.0, max(0.0, float(score) + self.offset)) if finite else None
+        low = max(0.0, estimate - margin) if finite and margin is not None else None
+        return {
+            "case_score": estimate,
+            "case_score_low": low,
+            "coverage": 1 - self.alpha,
+            "from": made_from,
+            "site_labels": len(self.site_errors),
+            "offset": self.offset,
+            "raw_case_score": float(score) if finite else None,
+        }
+
+
+def anchor_quality(quality: Mapping[str, Any], anchor: CaseScoreAnchor) -> dict[str, Any]:
+    """``quality`` with its case score re-anchored (when the anchor has site labels) and ``quality["level"]`` (the
+    lower bound and what it comes from); the raw score stays in ``level.raw_case_score``."""
+    raw = quality.get("level", {}).get("raw_case_score", quality.get("case_score"))
+    level = anchor.answer(raw)
+    out = {**quality, "level": level, "case_score_low": level["case_score_low"]}
+    if level["case_score"] is not None:
+        out["case_score"] = level["case_score"]
+    return out
