@@ -157,15 +157,21 @@ def quality(
 
 def site(dataset: str, orders: int = 100, **options: Any) -> str:
     """The site monitor through the serving path: the ``quality`` study with ``options`` (its runs reused, its cases
-    served), then from its served ranks each signal's rank histogram on the ordinary test volumes, false alarms over
-    ``orders`` random orders and the cases to an alarm for each stream, and each stream's answers re-anchored from 2,
-    4 and 8 site labels (:mod:`studies.anchor`), in ``<results_dir>/site``."""
+    served), then :func:`site_tables` from its served records, in ``<results_dir>/site``."""
     served = Path(quality(dataset, **options))
-    records = read_records(served / "per_volume.csv.gz")
-    runs_dir = options.get("runs_dir") or StudySetup(dataset).runs_dir
-    anchors = anchor_rows(records, read_ranges(runs_dir, dataset, records))
-    write_site_results(served.parent / "site", records, orders, _command_line(), anchors)
-    return str(served.parent / "site")
+    return site_tables(dataset, orders, str(served.parent), options.get("runs_dir", ""))
+
+
+def site_tables(dataset: str, orders: int = 100, results_dir: str = "", runs_dir: str = "") -> str:
+    """From the ``quality`` study's served records (``<results_dir>/quality``) and its runs' validated ranges: each
+    signal's rank histogram on the ordinary test volumes, false alarms over ``orders`` random orders, the cases to an
+    alarm for each stream, and each stream's answers re-anchored from 2, 4 and 8 site labels (:mod:`studies.anchor`),
+    in ``<results_dir>/site``. Serves nothing."""
+    setup = StudySetup(dataset, results_dir=results_dir, runs_dir=runs_dir)
+    records = read_records(Path(setup.results_dir) / "quality" / "per_volume.csv.gz")
+    anchors = anchor_rows(records, read_ranges(setup.runs_dir, dataset, records))
+    write_site_results(Path(setup.results_dir) / "site", records, orders, _command_line(), anchors)
+    return str(Path(setup.results_dir) / "site")
 
 
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
@@ -190,6 +196,7 @@ COMMANDS = {
     "calibrated": calibrated,
     "quality": quality,
     "site": site,
+    "site_tables": site_tables,
     "posthoc": posthoc,
     "logit_epochs": logit_epochs,
 }

@@ -61,6 +61,7 @@ def test_two_site_labels_shift_the_level_and_widen_the_bound_by_the_t_margin():
     assert "2 site labels" in answer["from"] and "assumes the site moves the level" in answer["from"]
     one = CaseScoreAnchor(subject, (0.1,), 0.1).answer(0.8)  # one label does not re-anchor
     assert one["case_score"] == 0.8 and one["offset"] == 0.0
+    assert one["from"].endswith("not re-anchored: 1 site label(s), it needs 2")
     many = CaseScoreAnchor(subject, tuple([0.1] * 8 + [0.2]), 0.1).answer(0.8)  # 9 site labels: their own bound
     # the conformal bound on the site errors alone: the raw score minus their largest (k = 9 of 9)
     assert many["from"] == "9 site labels" and many["case_score_low"] == pytest.approx(0.8 - 0.2)

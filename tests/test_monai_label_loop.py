@@ -160,9 +160,10 @@ def _labelled(server) -> set[str]:
 SLICER_ORDER = ["pancreas", "spleen", "kidney", "liver", "liver (uncertain)"]
 
 
-def _submit_labels(server, count: int) -> list[str]:
+def _submit_labels(server, count: int, answers: list | None = None) -> list[str]:
     """Ground-truth labels of the datastore phantoms, saved as Slicer saves them: segment i has value i + 1, in the
-    order of its label_info (here the reverse of the bundle's, with part of the liver as "liver (uncertain)")."""
+    order of its label_info (here the reverse of the bundle's, with part of the liver as "liver (uncertain)");
+    ``answers`` collects the server's answers."""
     from calib_monai.data.phantoms import generate_phantom
 
     order = SLICER_ORDER
@@ -178,9 +179,30 @@ def _submit_labels(server, count: int) -> list[str]:
         path = server["root"] / "tmp" / f"label_{image_id}.nii.gz"
         nib.save(nib.Nifti1Image(slicer, AFFINE), str(path))
         label_info = [{"name": name, "idx": position + 1} for position, name in enumerate(order)]
-        _client(server, "save_label", image_id=image_id, label=str(path), params={"label_info": label_info})
+        answer = _client(server, "save_label", image_id=image_id, label=str(path), params={"label_info": label_info})
+        if answers is not None:
+            answers.append(answer)
         saved.append(image_id)
     return saved
+
+
+def test_a_saved_label_re_anchors_the_served_case_score(server):
+    from calib_monai.bundle import TrainedBundle
+    from calib_monai.data.phantoms import generate_phantom
+
+    answers = []
+    _submit_labels(server, 1, answers)
+    assert answers[0]["calib_monai_site_labels"][BUNDLE]["labels"] == 1
+    state = json.loads((server["root"] / "studies" / "calib_monai_site" / BUNDLE / "site.json").read_text())
+    assert [label["case"] for label in state["labels"]] == ["study_0"]
+    # its truth: the served segmentation (the same bundle, here) against the phantom's organs, by numpy
+    bundle = TrainedBundle(server["app"] / "model" / BUNDLE, overrides={"site_dir": ""})
+    prediction = bundle.predict(str(server["root"] / "studies" / "study_0.nii.gz"))
+    seg = prediction.segmentation[0].numpy()
+    _, truth, _ = generate_phantom(seed=20, index=0, shape=(40, 36, 10), spacing=(4.0, 4.0, 10.0))
+    dice = [2 * ((seg == c) & (truth == c)).sum() / ((seg == c).sum() + (truth == c).sum()) for c in range(1, 5)]
+    assert state["labels"][0]["truth"] == pytest.approx(float(np.mean(dice)), abs=1e-6)
+    assert state["labels"][0]["score"] == pytest.approx(prediction.quality["level"]["raw_case_score"], abs=1e-6)
 
 
 def test_training_on_submitted_labels_serves_new_weights_and_calibration(server):

@@ -163,6 +163,7 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "case": case,
         "case_score": quality["case_score"],
+        "case_score_low": quality.get("case_score_low"),  # the true DSC's lower bound (review.anchor), or empty
         "review": "" if flag is None else ("yes" if flag else "no"),
         "reasons": "; ".join(review.get("reasons", [])),
     }

@@ -306,6 +306,9 @@ def _quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
     flag = review.get("flag")
     return {
         "calib_monai_case_score": f"{float(quality['case_score']):.4f}",
+        "calib_monai_case_score_low": "-"
+        if quality.get("case_score_low") is None
+        else f"{quality['case_score_low']:.4f}",
         "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
         "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-",
     }

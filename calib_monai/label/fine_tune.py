@@ -124,18 +124,38 @@ class FineTune:
             items.append({"image": str(Path(case.image).resolve()), "label": str(target.resolve())})
         random.Random(self.seed).shuffle(items)
         held_out = max(1, round(float(self.validation_fraction) * len(items)))
-        self.counts = {"trained_on": len(items) - held_out, "validated_on": held_out}
+        site = [{**item, "site": True} for item in items[:held_out]]  # re-anchor the case score (review.anchor)
+        source = self.source_validation()
+        self.counts = {"trained_on": len(items) - held_out, "validated_on": held_out, "source_validation": len(source)}
         datalist = {
             "given": True,
             "source": "submitted labels",
             "training": items[held_out:],
-            "validation": items[:held_out],
+            "validation": site + source,
             "test": [],
         }
         self.models.mkdir(parents=True, exist_ok=True)
         path = self.models / "datalist.json"
         path.write_text(json.dumps(datalist, indent=1))
         return path
+
+    def source_validation(self) -> list[dict[str, Any]]:
+        """The served bundle's own validation volumes (``models/datalist.json``) whose image and label files are
+        here: validated and calibrated on again, so the review flag keeps the source subjects' evidence after a
+        fine-tune (with only the held-out labels it could not judge)."""
+        path = self.bundle_dir / "models" / "datalist.json"
+        try:
+            items = json.loads(path.read_text()).get("validation", []) if path.is_file() else []
+        except (OSError, ValueError) as err:
+            logger.warning(f"{path} cannot be read ({err}): the fine-tune validates on the submitted labels alone")
+            return []
+        present = [i for i in items if all(Path(str(i.get(k, ""))).is_file() for k in ("image", "label"))]
+        if len(present) < len(items):
+            logger.warning(
+                f"{self.bundle_dir.name}: {len(items) - len(present)} of the {len(items)} source validation volumes "
+                f"of {path} are not on this machine: the review flag keeps the evidence of the {len(present)} here"
+            )
+        return present
 
     def _run(self, step: str, configs: Sequence[str], **overrides: Any) -> None:
         files = json.dumps([str(self.bundle_dir / "configs" / c) for c in configs])
@@ -225,7 +245,8 @@ class FineTune:
         self.prepare(cases, label_names)
         logger.info(
             f"{self.bundle_dir.name}: fine-tuning on {self.counts['trained_on']} submitted label(s), holding "
-            f"{self.counts['validated_on']} out to validate, calibrate and re-measure the validated range on"
+            f"{self.counts['validated_on']} out to validate, calibrate and re-measure the validated range on, with "
+            f"{self.counts['source_validation']} source validation volume(s)"
         )
         self.train_and_calibrate(calibration_method)
         return self.publish()

@@ -140,6 +140,18 @@ def _mapped_values(source: Path, mapping: Mapping[int, int], case: str, image: P
     return values, affine
 
 
+def bundle_label(
+    label: str | os.PathLike, mapping: Mapping[int, int], case: str, image: str | os.PathLike | None = None
+) -> np.ndarray:
+    """A submitted label map in the bundle's values (``mapping``: :func:`value_map`), on ``image``'s grid, as the
+    served segmentation holds them (a ValueError naming what is wrong, else)."""
+    values, _ = _mapped_values(Path(label), mapping, case, None if image is None else Path(image))
+    lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
+    for value, bundle_value in mapping.items():
+        lookup[value] = bundle_value
+    return lookup[values]
+
+
 def remap_label(
     source: str | os.PathLike,
     target: str | os.PathLike,

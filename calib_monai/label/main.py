@@ -130,7 +130,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         if isinstance(result, dict) and "trained_on" in result:  # last in the status' details, which Slicer shows
             logger.info(
                 f"{request.get('model')}: done: trained on {result['trained_on']} submitted label(s), validated and "
-                f"calibrated on {result['validated_on']} ({result.get('calibration_method')}), scored "
+                f"calibrated on {result['validated_on']} held out and {result.get('source_validation', 0)} source "
+                f"validation volume(s) ({result.get('calibration_method')}), scored "
                 f"{result.get('scored_images', 0)} unlabelled image(s)"
             )
         return result
@@ -154,6 +155,27 @@ class CalibMONAILabelApp(MONAILabelApp):
                 refusals.setdefault(str(err), []).append(name)
         detail = "; ".join(f"{', '.join(names)}: {message}" for message, names in refusals.items())
         raise HTTPException(status_code=422, detail=f"{detail}; nothing was saved")
+
+    def on_save_label(self, image_id, label_id):
+        """A saved final label re-anchors the case score of each served bundle that knows its segments
+        (``ServedBundle.add_site_label``); the answer to the client says, per bundle, the site's labels or why not.
+        Saving never fails because of it."""
+        out = super().on_save_label(image_id, label_id) or {}
+        datastore = self.datastore()
+        if datastore.get_labels_by_image_id(image_id).get("final") != label_id:
+            return out
+        label = datastore.get_label_uri(image_id, "final")
+        label_info = datastore.get_label_info(image_id, "final").get("label_info")
+        image = datastore.get_image_uri(image_id)
+        anchored = {}
+        for name, served in self.served.items():
+            try:
+                state = served.add_site_label(image_id, image, label, label_info)
+                anchored[name] = {"labels": state["labels"], "alarm": state["alarm"]}
+            except Exception as err:  # noqa: BLE001 - the label is saved whatever the re-anchoring says
+                logger.warning(f"{name}: the label of {image_id} does not re-anchor the case score: {err}")
+                anchored[name] = {"not_counted": str(err)}
+        return {**out, "calib_monai_site_labels": anchored}
 
     def next_sample(self, request):
         """MONAI Label's Next Sample without its scoring of every image on each click: the scores are kept up to date

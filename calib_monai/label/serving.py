@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -17,6 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
@@ -24,10 +26,12 @@ import torch
 from monai.data import MetaTensor
 
 from calib_monai.bundle import TrainedBundle
-from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError
+from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError, file_sha256
 from calib_monai.data.transforms import unwrap_case_error
 from calib_monai.defaults import LOW_CONFIDENCE
+from calib_monai.label.labels import bundle_label, value_map
 from calib_monai.metrics.network_features import BottleneckFeatures
+from calib_monai.review.site_labels import delivered_dice, record_site_label
 from calib_monai.review.site_monitor import SITE_FILE, SiteStateError, read_state, summarise
 
 __all__ = [
@@ -295,6 +299,24 @@ class ServedBundle:
             self._last = (key, served)
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served
+
+    def add_site_label(self, case: str, image: str, label: str, label_info: Any = None) -> dict:
+        """Record a submitted final label as a site label (:mod:`calib_monai.review.site_labels`): the image's served
+        raw case score against the true mean DSC of its served segmentation; the site's state after it. An image
+        the served weights were fine-tuned on tells nothing of the level: refused (ValueError), as a label without
+        a site folder."""
+        if not self.site_dir:
+            raise ValueError(f"{self.name} has no site folder: the label cannot re-anchor its case score")
+        run = self.bundle_dir / "runs" / "label_training" / "models"  # FineTune's: the served weights' own run?
+        fine_tuned = self.weights is not None and (run / "model.pt").is_file() and (run / "datalist.json").is_file()
+        if fine_tuned and file_sha256(run / "model.pt") == file_sha256(self.weights):
+            images = {item.get("image") for item in json.loads((run / "datalist.json").read_text()).get("training", [])}
+            if str(Path(image).resolve()) in images:
+                raise ValueError(f"{case} trained the served weights of {self.name}: its label cannot re-anchor them")
+        served = self.predict(image)
+        values = bundle_label(label, value_map(label_info, self.label_names, case), case, image)
+        truth = delivered_dice(served.segmentation[0].numpy(), values, len(self.label_names))
+        return record_site_label(self.site_dir, case, served.quality or {}, truth)
 
     def review(self, served: Served, threshold: float) -> MetaTensor:
         """The review label map of a prediction (:func:`review_label_map`) on the input's grid, uint8."""

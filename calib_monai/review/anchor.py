@@ -115,6 +115,8 @@ class CaseScoreAnchor:
         """The served estimate and its lower bound for a raw case score: ``{"case_score", "case_score_low",
         "coverage", "from", "site_labels", "offset", "raw_case_score"}`` (None where undefined)."""
         margin, made_from = self.margin()
+        if 0 < len(self.site_errors) < SITE_LABELS_MIN:
+            made_from += f"; not re-anchored: {len(self.site_errors)} site label(s), it needs {SITE_LABELS_MIN}"
         finite = score is not None and math.isfinite(float(score))
         estimate = min(1.0, max(0.0, float(score) + self.offset)) if finite else None
         low = max(0.0, estimate - margin) if finite and margin is not None else None
