@@ -154,7 +154,7 @@ def dice_and_error(bundle_dir: Path, cases) -> dict:
 
     bundle = TrainedBundle(bundle_dir, ("inference.json",), {"output_dir": str(bundle_dir / "eval_tmp")}, device="cpu")
     classes = [v for v in bundle.label_names if v > 0]
-    dices, errors, flags = [], [], []
+    dices, errors, flags, signed, anchored = [], [], [], [], 0
     for _, image, label in cases:
         segmentation, _, quality = bundle.predict(str(image))
         seg = np.asarray(segmentation[0])
@@ -162,10 +162,14 @@ def dice_and_error(bundle_dir: Path, cases) -> dict:
         per = [2 * ((seg == c) & (truth == c)).sum() / max((seg == c).sum() + (truth == c).sum(), 1) for c in classes]
         dices.append(float(np.mean(per)))
         errors.append(abs(float(quality["case_score"]) - dices[-1]))
+        signed.append(float(quality["case_score"]) - dices[-1])
         flags.append(quality["review"]["flag"])
+        anchored = (quality.get("level") or {}).get("site_labels", 0)  # the range's held-out site labels
     return {
         "mean_dsc": float(np.mean(dices)),
         "case_score_error": float(np.mean(errors)),
+        "case_score_minus_truth": float(np.mean(signed)),
+        "anchored_on": anchored,
         "flagged": flags.count(True),
         "not_flagged": flags.count(False),
         "flag_null": flags.count(None),
@@ -297,11 +301,13 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     table = [
-        "| order | labels | mean DSC (held-out site images) | case-score error | flagged / not / null |",
-        "|---|---|---|---|---|",
+        "| order | labels | mean DSC (held-out site images) | case-score error | estimate minus truth | re-anchored on "
+        "| flagged / not / null |",
+        "|---|---|---|---|---|---|---|",
     ]
     table += [
         f"| {r['order']} | {r['labels']} | {r['mean_dsc']:.3f} | {r['case_score_error']:.3f} | "
+        f"{r['case_score_minus_truth']:+.3f} | {r['anchored_on']} | "
         f"{r['flagged']} / {r['not_flagged']} / {r['flag_null']} |"
         for r in rows
     ]

@@ -87,6 +87,27 @@ def _write_phantom(path: Path, seed: int, shape: tuple[int, int, int]) -> Path:
     return path
 
 
+def _small_source_validation(bundle: Path, root: Path) -> None:
+    """The bundle's own validation volumes, which Train validates and calibrates on again (``FineTune.
+    source_validation``): two labelled phantoms of the datastore's scale (the tiny training phantoms span 384 mm,
+    slow at the bundle's own spacing), and a third whose files are not on this machine (left out, with a warning)."""
+    from calib_monai.data.phantoms import generate_phantom
+
+    folder = root / "source_validation"
+    folder.mkdir()
+    items = []
+    for index in range(2):
+        image, label, _ = generate_phantom(seed=60 + index, index=0, shape=(40, 36, 10), spacing=(4.0, 4.0, 10.0))
+        paths = {"image": folder / f"source_{index}.nii.gz", "label": folder / f"source_{index}_label.nii.gz"}
+        nib.save(nib.Nifti1Image(image, AFFINE), str(paths["image"]))
+        nib.save(nib.Nifti1Image(label, AFFINE), str(paths["label"]))
+        items.append({key: str(path) for key, path in paths.items()})
+    items.append({"image": str(folder / "elsewhere.nii.gz"), "label": str(folder / "elsewhere_label.nii.gz")})
+    path = bundle / "models" / "datalist.json"
+    datalist = json.loads(path.read_text())
+    path.write_text(json.dumps({**datalist, "validation": items}))
+
+
 def _write_images(folder: Path) -> dict[str, Path]:
     from calib_monai.data.phantoms import generate_phantom
 
@@ -168,6 +189,7 @@ def served_folder(tmp_path_factory):
     # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
     loop = _copy_weights(bundle, app / "model" / "loop_flare")
     _calibrate(loop, root)
+    _small_source_validation(loop, root)
     # confident_flare: the same weights with the output layer scaled up (a confident network: exact ones in its
     # softmax), calibrated by the bundle's calibrate step; it serves the full-size CT
     confident = _copy_weights(bundle, app / "model" / "confident_flare")

@@ -220,6 +220,10 @@ def test_training_on_submitted_labels_serves_new_weights_and_calibration(server)
     )
     new = {name: _sha(models / name) for name in old}
     assert all(new[name] != old[name] for name in old)  # new weights, calibration and validated range published
+    # measured on the held-out label (a site label) and the bundle's own two validation volumes that are here
+    validated = json.loads((models / "validated_range.json").read_text())
+    assert len(validated["scores"]) == 3 and validated["info"]["site_volumes"] == [0]
+    assert any("1 held out and 2 source validation volume(s)" in line for line in done["details"])
     assert _sha(models / "model.previous.pt") == old["model.pt"]
     # the server serves them without a restart: another confidence map, calibrated for the new weights
     after = _client(server, "infer", model=f"{BUNDLE}_confidence", image=image)
