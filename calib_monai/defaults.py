@@ -10,6 +10,9 @@ from __future__ import annotations
 __all__ = [
     "BAND_RADIUS",
     "CALIBRATION_SPLIT",
+    "CONTOUR_ALPHA",
+    "CONTOUR_EPSILON",
+    "CONTOUR_RISK",
     "CROSSFIT",
     "CROSSFIT_FOLDS",
     "EMPTY_CLASS",
@@ -79,3 +82,10 @@ REVIEW_VOLUME_FACTOR = 0.0
 REVIEW_SCORE_CHECK = True
 REVIEW_INPUT_CHECK = True
 REVIEW_FEATURE_CHECK = True
+
+# ---- the contours (calib_monai.review.contours, calibrate.json's contour_*)
+# Each structure's outer contour holds at least 1 - epsilon of it, and its inner contour lies at least 1 - epsilon
+# inside it, each for at least 1 - alpha of cases ("per_case"); "expected": the expected missed fraction <= alpha.
+CONTOUR_ALPHA = 0.1
+CONTOUR_EPSILON = 0.02
+CONTOUR_RISK = "per_case"
