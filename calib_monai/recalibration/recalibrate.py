@@ -122,7 +122,7 @@ class ContourCollector:
         subjects = [self.volumes[i].subject for i in chosen]
         subjects = subject_names(subjects) if any(subjects) else [f"volume {i}" for i in chosen]
         return ContourMargins.from_validation(
-            [self.required[i] for i in chosen], subjects, **contours, scored_on=scored_on, volumes=len(chosen),
+            [self.required[i] for i in chosen], subjects, **contours, scored_on=scored_on, scored_volumes=len(chosen),
             crossfit=bool(split.get("crossfit")),
         )  # fmt: skip
 
