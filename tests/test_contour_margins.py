@@ -14,6 +14,7 @@ from monai.data import MetaTensor
 from calib_monai.review import ContourMargins, ContourMarginsd, read_contour_margins
 from calib_monai.review.contours import GRID, contour_masks, volume_requirements
 from calib_monai.review.morphological import choose_margin, morphological_contours, morphological_requirements
+from calib_monai.review.rule import write_measured
 
 F32 = np.float32
 
@@ -177,7 +178,7 @@ def test_a_stored_set_is_refused_with_other_weights(tmp_path):
     weights.write_bytes(b"weights")
     other.write_bytes(b"other weights")
     margins = ContourMargins.from_validation(_needs([0.2] * 9, [0.8] * 9), [str(i) for i in range(9)])
-    path = margins.save(tmp_path / "contours.json", weights)
+    path = write_measured(tmp_path / "contours.json", margins.record(), weights)
     read, why = read_contour_margins(tmp_path, weights)
     assert why == "" and read.classes["c"]["lambda_out"] == 0.2 and read.alpha == 0.1 and read.epsilon == 0.02
     assert json.loads(path.read_text())["guarantee"].startswith("for a new case")
