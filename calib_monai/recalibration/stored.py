@@ -43,6 +43,7 @@ from calib_monai.bundle.outputs import SOURCE_KEY
 from calib_monai.bundle.weights import loaded_sha256, read_weights_file
 from calib_monai.metrics.case_quality import estimated_dice
 from calib_monai.review.contours import CONTOURS_FILE
+from calib_monai.review.rule import write_measured
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
 from .local_temperature import LocalTemperatureScaling
@@ -146,7 +147,8 @@ def publish_calibration(
             raise ValueError(f"the validated range {range_path} must sit beside the calibration {path} (one set)")
         writers[range_name] = lambda tmp: validated_range.save(tmp, weights, weights_sha, calibration_sha)
     if contours is not None:
-        writers[CONTOURS_FILE] = lambda tmp: contours.save(tmp, weights, weights_sha, calibration_sha)
+        record_of = contours.record()
+        writers[CONTOURS_FILE] = lambda tmp: write_measured(tmp, record_of, weights, weights_sha, calibration_sha)
     depends = {"validated_range.json": path.name, CONTOURS_FILE: path.name}
     return publish_artifacts(path.parent, weights, writers, settings, depends, weights_sha256=weights_sha)
 

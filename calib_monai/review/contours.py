@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.atomic import write_json_atomically
 from calib_monai.bundle.manifest import file_sha256, short_sha
 from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK
@@ -243,6 +242,8 @@ class ContourMargins:
         )
 
     def record(self) -> dict[str, Any]:
+        """The JSON record; ``calibrate`` writes it with the weights' SHA-256
+        (:func:`~calib_monai.review.rule.write_measured`)."""
         classes = {n: {k: v for k, v in e.items()} for n, e in self.classes.items()}
         return {
             "alpha": self.alpha,
@@ -252,19 +253,6 @@ class ContourMargins:
             "classes": classes,
             "info": self.info,
         }
-
-    def save(
-        self,
-        path: str | os.PathLike,
-        weights: str | os.PathLike,
-        weights_sha256: str | None = None,
-        calibration_sha256: str | None = None,
-    ) -> Path:
-        """Write ``contours.json`` atomically with the SHA-256 of the weights (and of the recalibration) it was
-        chosen with."""
-        sha = weights_sha256 or file_sha256(weights)
-        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": sha}
-        return write_json_atomically(Path(path), {**record, "calibration_sha256": calibration_sha256})
 
 
 def read_contour_margins(
