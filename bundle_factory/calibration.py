@@ -25,7 +25,14 @@ from bundle_factory.common import FLOAT_PRED
 from bundle_factory.specs import Dataset, Method
 from calib_monai import defaults
 
-__all__ = ["CALIBRATION_PATH", "calibrate_config", "calibrate_logits", "case_quality_keys", "evaluation_case_quality"]
+__all__ = [
+    "CALIBRATION_PATH",
+    "calibrate_config",
+    "calibrate_logits",
+    "case_quality_keys",
+    "contour_keys",
+    "evaluation_case_quality",
+]
 
 CALIBRATION_PATH = "$@output_dir + '/calibration.pt'"
 VALIDATED_RANGE_PATH = "$@output_dir + '/validated_range.json'"
@@ -41,6 +48,14 @@ REVIEW = {
     "review_feature_check": defaults.REVIEW_FEATURE_CHECK,
     "review_score_check": defaults.REVIEW_SCORE_CHECK,
 }
+#: Each structure's inner and outer contour (calib_monai.review.contours): the outer holds >= 1 - epsilon of the true
+#: structure and the inner lies >= 1 - epsilon inside it, each for >= 1 - alpha of cases ("per_case", counted by
+#: subject: m >= 9 at alpha 0.1), or the expected missed fraction <= alpha ("expected"); stored as contours.json
+CONTOURS = {
+    "contour_alpha": defaults.CONTOUR_ALPHA,
+    "contour_epsilon": defaults.CONTOUR_EPSILON,
+    "contour_risk": defaults.CONTOUR_RISK,
+}
 #: calibrate.json's keys, each an argument of calib_monai.recalibration.RecalibrationSettings (checked there once)
 SETTINGS_KEYS = {
     "method": "@calibration_method",
@@ -50,6 +65,7 @@ SETTINGS_KEYS = {
     "split": "@calibration_split",
     "seed": "@seed",
     **{key: f"@{key}" for key in REVIEW},
+    **{key: f"@{key}" for key in CONTOURS},
 }
 
 
@@ -65,6 +81,21 @@ def case_quality_keys() -> dict[str, Any]:
             "weights": "@model_path",
             "label_names": "@label_names",
             "network": "@network",  # its bottleneck features: the range's feature signal
+        },
+    }
+
+
+def contour_keys() -> dict[str, Any]:
+    """``inference.json``'s contours: the margins ``calibrate`` chose (``contours.json`` next to the weights) and the
+    transform that makes each case's inner and outer contours after the review verdict."""
+    return {
+        "contours_path": "$os.path.join(os.path.dirname(@model_path), 'contours.json')",
+        "contour_margins": {
+            "_target_": "calib_monai.review.ContourMarginsd",
+            "keys": "pred",
+            "contours": "@contours_path",
+            "weights": "@model_path",
+            "label_names": "@label_names",
         },
     }
 
@@ -113,6 +144,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         "keep_input_label": True,  # the validation volumes keep their label as read: the range is scored on it
         **REVIEW,
         **dataset.review,
+        **CONTOURS,
         # every setting above as one object, each value range-checked once when initialize builds it; its fit
         # budgets (max_voxels, max_slices, steps, max_reference) are set as --calibration_settings#max_voxels ...
         "calibration_settings": {"_target_": "calib_monai.recalibration.RecalibrationSettings", **SETTINGS_KEYS},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bundle_factory.calibration import calibrate_logits, case_quality_keys
+from bundle_factory.calibration import calibrate_logits, case_quality_keys, contour_keys
 from bundle_factory.checks import DATA_CHECK, REPORT_ERRORS, check_settings
 from bundle_factory.common import FLOAT_PRED, SLICE_INFERER
 from bundle_factory.configs import common_keys
@@ -27,6 +27,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
             # next to the weights, as the calibrate step writes it
             "calibration_path": "$os.path.join(os.path.dirname(@model_path), 'calibration.pt')",
             **case_quality_keys(),
+            **contour_keys(),  # each structure's inner and outer contour, <case>_inner/_outer.nii.gz
             # the site monitor of this deployment: site.json beside the outputs ("" switches it off)
             "site_dir": "@output_dir",
             "site_monitor": {
@@ -58,7 +59,7 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                     FLOAT_PRED,  # fp16 logits under amp
                     calibrate_logits("@model_path"),  # the calibrate step's temperature, when fitted for model_path
                     "$calib_monai.data.segmentation_and_confidence(@preprocessing, @output_dir, @case_quality, "
-                    "@site_monitor)",
+                    "@site_monitor, @contour_margins)",
                 ],
             },
             "handlers": [

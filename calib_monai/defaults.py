@@ -9,8 +9,11 @@ from __future__ import annotations
 
 __all__ = [
     "BAND_RADIUS",
-    "CASE_SCORE_BOUND_ALPHA",
     "CALIBRATION_SPLIT",
+    "CASE_SCORE_BOUND_ALPHA",
+    "CONTOUR_ALPHA",
+    "CONTOUR_EPSILON",
+    "CONTOUR_RISK",
     "CROSSFIT",
     "CROSSFIT_FOLDS",
     "EMPTY_CLASS",
@@ -87,3 +90,10 @@ REVIEW_FEATURE_CHECK = True
 CASE_SCORE_BOUND_ALPHA = 0.1
 # The fewest site labels that re-anchor the case score's level (the mean's t margin needs two).
 SITE_LABELS_MIN = 2
+
+# ---- the contours (calib_monai.review.contours, calibrate.json's contour_*)
+# Each structure's outer contour holds at least 1 - epsilon of it, and its inner contour lies at least 1 - epsilon
+# inside it, each for at least 1 - alpha of cases ("per_case"); "expected": the expected missed fraction <= alpha.
+CONTOUR_ALPHA = 0.1
+CONTOUR_EPSILON = 0.02
+CONTOUR_RISK = "per_case"

@@ -475,6 +475,13 @@ def _other_runs_range(bundle: Path) -> None:
     _edit_json(bundle / "models" / "validated_range.json", lambda r: r.update(calibration_sha256=other))
 
 
+def _other_weights_contours(bundle: Path) -> None:
+    """No manifest, and a contour set whose record names other weights than the folder's model.pt."""
+    _without_manifest(bundle)
+    other = hashlib.sha256(b"other weights").hexdigest()
+    _edit_json(bundle / "models" / "contours.json", lambda r: r.update(weights_sha256=other))
+
+
 def _other_weights_calibration(bundle: Path) -> None:
     _without_manifest(bundle)
     record = torch.load(bundle / "models" / "calibration.pt", weights_only=True)
@@ -502,6 +509,12 @@ RECORDS = [
         _other_weights_calibration,
         "error",
         ("no manifest.json in", "calibration.pt was fitted for the weights sha256", "run calibrate again"),
+    ),
+    Row(
+        "no manifest, a contour set of other weights",
+        _other_weights_contours,
+        "error",
+        ("contours.json is a contour set from other weights", "run the bundle's calibrate step again"),
     ),
     Row(
         "a manifest of an unknown format",
@@ -545,6 +558,19 @@ def test_run_folder_records(ctx, calibrated, tmp_path, row):
         assert line == "", line
         assert all(any(w in m for m in logged.lines) for w in row.words), logged.lines
         assert (tmp_path / "out" / "case_seg.nii.gz").is_file()
+
+
+def test_too_few_subjects_leave_the_contours_null_with_the_count(calibrated, ctx, tmp_path):
+    """The fixture's few validation volumes at the default contour_alpha 0.1 (9 needed): calibrate stores null
+    lambdas with the count needed, and inferring writes no contour and says why in the quality."""
+    record = json.loads((calibrated / "models" / "contours.json").read_text())
+    for entry in record["classes"].values():
+        assert entry["lambda_out"] is None and entry["lambda_in"] is None
+        assert "cannot vouch at contour_alpha = 0.1" in entry["reason"] and "needs at least 9" in entry["reason"]
+    args = _image(ctx, tmp_path, lambda d: d)
+    assert _infer(ctx, **args, bundle=calibrated) == ""
+    quality = json.loads((tmp_path / "out" / "case_quality.json").read_text())
+    assert quality["contours"]["vouched"] is not True and "needs at least 9" in json.dumps(quality["contours"])
 
 
 class _LogLines(logging.Handler):
@@ -689,6 +715,24 @@ SETTINGS = [
         lambda c, t: _calibrate(c, t, review_alpha=1.5),
         "error",
         ("review_alpha must be", "> 0 and < 1", "got 1.5", "--review_alpha"),
+    ),
+    Row(
+        "a contour alpha above 1",
+        lambda c, t: _calibrate(c, t, contour_alpha=1.5),
+        "error",
+        ("contour_alpha must be", "> 0 and < 1", "got 1.5", "--contour_alpha"),
+    ),
+    Row(
+        "a contour epsilon of 0",
+        lambda c, t: _calibrate(c, t, contour_epsilon=0),
+        "error",
+        ("contour_epsilon must be", "> 0 and < 1", "got 0", "--contour_epsilon"),
+    ),
+    Row(
+        "a contour risk that is not one",
+        lambda c, t: _calibrate(c, t, contour_risk="mean"),
+        "error",
+        ("contour_risk must be one of", "'per_case', 'expected'", "got 'mean'"),
     ),
     Row(
         "a fit budget of 0 voxels",

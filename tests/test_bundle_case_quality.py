@@ -47,7 +47,8 @@ def calibrated(tmp_path_factory):
     shutil.copytree(CONFIGS, root / "bundle" / "configs")
     overrides = {**TINY, "output_dir": str(root / "bundle" / "models"), "data#cache_dir": str(root / "phantoms")}
     _workflow(["train.json"], "run", epochs=2, **overrides)
-    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, **overrides)
+    # contour_alpha 0.2: j = floor(0.2 * 5) = 1 of the 4 validation volumes (0.1 needs 9)
+    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, contour_alpha=0.2, **overrides)
     return root, overrides
 
 
@@ -314,3 +315,57 @@ def test_the_served_features_on_cuda_are_the_cpus(calibrated):
         gap = float(np.abs(on_gpu.features - on_cpu.features).max())
         print(f"{image.name}: max |feature gap| {gap:.1e} over {on_cpu.features.size} features")
         np.testing.assert_allclose(on_gpu.features, on_cpu.features, rtol=1e-2, atol=1e-3)  # TF32 convolutions
+
+
+def test_calibrate_chooses_the_contours_and_inferring_writes_them(calibrated, tmp_path):
+    """contours.json beside the weights (issue 49): per structure the conformal lambdas of the 4 cross-fitted
+    validation volumes; inferring writes each case's inner and outer contours and their volumes."""
+    root, overrides = calibrated
+    models = root / "bundle" / "models"
+    record = json.loads((models / "contours.json").read_text())
+    manifest = json.loads((models / "manifest.json").read_text())
+    assert record["weights_sha256"] == manifest["weights"]["sha256"] and "contours.json" in manifest["artifacts"]
+    assert (record["alpha"], record["epsilon"], record["risk"]) == (0.2, 0.02, "per_case")
+    assert record["info"]["scored_volumes"] == 4 and record["info"]["scored_on"] == "input grid"
+    for entry in record["classes"].values():  # j = 1, k = 4 of m = 4: the smallest l_out, the largest l_in
+        assert entry["subjects"] == 4 and entry["rank"] == 4
+        assert entry["lambda_out"] == min(entry["required_out"]) and entry["lambda_in"] == max(entry["required_in"])
+    image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
+    (tmp_path / "in").mkdir()
+    shutil.copy(image, tmp_path / "in" / image.name)
+    workflow = ConfigWorkflow(
+        config_file=str(root / "bundle" / "configs" / "inference.json"),
+        workflow_type="infer",
+        logging_file=False,
+        dataset_dir=str(tmp_path / "in"),
+        output_dir=str(tmp_path / "out"),
+        bundle_root=str(root / "bundle"),
+        roi_size=overrides["roi_size"],
+        **{"data#spacing": overrides["data#spacing"]},
+    )
+    workflow.initialize()
+    workflow.run()
+    case = image.name[: -len(".nii.gz")]
+    out = tmp_path / "out"
+    segmentation = np.asarray(nib.load(str(out / f"{case}_seg.nii.gz")).dataobj)
+    inner = np.asarray(nib.load(str(out / f"{case}_inner.nii.gz")).dataobj)
+    outer = np.asarray(nib.load(str(out / f"{case}_outer.nii.gz")).dataobj)
+    assert inner.shape == outer.shape == (*INPUT_SHAPE, 4) and inner.dtype == outer.dtype == np.uint8
+    quality = json.loads((out / f"{case}_quality.json").read_text())
+    contours = quality["contours"]
+    assert (contours["alpha"], contours["epsilon"]) == (0.2, 0.02)
+    for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
+        predicted = segmentation == c
+        assert np.all(inner[..., c - 1] <= predicted) and np.all(predicted <= outer[..., c - 1])  # nested
+        entry = contours["classes"][name]
+        assert entry["lambda_out"] == record["classes"][name]["lambda_out"]
+        assert entry["predicted_ml"] == pytest.approx(predicted.sum() * INPUT_VOXEL_ML)
+        assert entry["inner_ml"] == pytest.approx(inner[..., c - 1].sum() * INPUT_VOXEL_ML)
+        assert entry["outer_ml"] == pytest.approx(outer[..., c - 1].sum() * INPUT_VOXEL_ML)
+    flag = quality["review"]["flag"]
+    assert contours["vouched"] is (None if flag is None else not flag)
+    if flag:
+        assert contours["reason"].startswith("not vouched for: the case lies outside what validation measured")
+    with open(out / "quality.csv") as f:
+        row = next(csv.DictReader(f))
+    assert float(row["outer_ml_liver"]) == pytest.approx(contours["classes"]["liver"]["outer_ml"])

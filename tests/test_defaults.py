@@ -40,6 +40,9 @@ NAMES = {
     "REVIEW_INPUT_CHECK": ("input_check", "review_input_check"),
     "REVIEW_FEATURE_CHECK": ("feature_check", "review_feature_check"),
     "REVIEW_SCORE_CHECK": ("score_check", "review_score_check"),
+    "CONTOUR_ALPHA": ("contour_alpha",),
+    "CONTOUR_EPSILON": ("epsilon", "contour_epsilon"),
+    "CONTOUR_RISK": ("risk", "contour_risk"),
 }
 
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
 TINY = {"roi_size": [32, 32, 8], "batch_size": 8, "data#num_phantoms": 6, "data#spacing": [12.0, 12.0, 30.0]}
 INFER = {"roi_size": TINY["roi_size"], "data#spacing": TINY["data#spacing"]}
-SET = ("model.pt", "calibration.pt", "calibration.json", "validated_range.json")
+SET = ("model.pt", "calibration.pt", "calibration.json", "validated_range.json", "contours.json")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A trained bundle's ``models/`` folder as one versioned unit: ``manifest.json`` names each artifact (``model.pt``,
-``calibration.pt``, ``calibration.json``, ``validated_range.json``) with its SHA-256, the SHA-256 of the weights it
-belongs to, the settings that made it and the versions (calib_monai, monai, torch) that wrote it.
+``calibration.pt``, ``calibration.json``, ``validated_range.json``, ``contours.json``) with its SHA-256, the SHA-256
+of the weights it belongs to, the settings that made it and the versions (calib_monai, monai, torch) that wrote it.
 
 Publication (:func:`publish_artifacts`, called by ``calibrate``; :func:`copy_artifact_set`, MONAI Label's fine-tune):
 every new file is written complete under a temporary name and fsynced, then renamed, and ``manifest.json`` is
@@ -57,7 +57,7 @@ logger = logging.getLogger("calib_monai")
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1  # the layout publish_artifacts writes; the only one read
 WEIGHTS_FILE = "model.pt"
-CALIBRATION_SET = ("calibration.pt", "calibration.json", "validated_range.json")  # what calibrate publishes
+CALIBRATION_SET = ("calibration.pt", "calibration.json", "validated_range.json", "contours.json")  # calibrate's
 RAW_CALIBRATION = "none"  # --calibration_path none: the network's own probabilities, asked for
 NOT_APPLICABLE = "no recalibration: range not applicable"
 CALIBRATE_AGAIN = 'run calibrate again (python -m monai.bundle run calibrate --config_file "[<bundle>/configs/'
@@ -259,7 +259,7 @@ def copy_artifact_set(source_dir: str | os.PathLike, target_dir: str | os.PathLi
     entries = (source.manifest or {}).get("artifacts", {})
     names = [WEIGHTS_FILE, *(n for n in CALIBRATION_SET if (Path(source_dir) / n).is_file())]
     writers = {n: (lambda tmp, n=n: shutil.copyfile(Path(source_dir) / n, tmp)) for n in names}
-    depends = {"validated_range.json": "calibration.pt"}
+    depends = {"validated_range.json": "calibration.pt", "contours.json": "calibration.pt"}
     return publish_artifacts(target_dir, Path(target_dir) / WEIGHTS_FILE, writers, None, depends, entries)
 
 

@@ -22,6 +22,7 @@ from calib_monai.atomic import save_atomically
 from .manifest import short_sha
 
 __all__ = [
+    "CONTOUR_POSTFIXES",
     "OUTPUT_EXT",
     "OUTPUT_KEYS",
     "OUTPUT_POSTFIXES",
@@ -44,6 +45,9 @@ __all__ = [
 
 OUTPUT_KEYS = ("segmentation", "confidence")  # the item keys of the two outputs (``ConfidenceAndSegmentationd``)
 OUTPUT_POSTFIXES = {"segmentation": "seg", "confidence": "conf"}  # <case>_<postfix><ext>
+#: the contours (calib_monai.review.ContourMarginsd): <case>_inner.nii.gz, <case>_outer.nii.gz, uint8, 4D (one volume
+#: per foreground class, in label order; a single structure: 3D)
+CONTOUR_POSTFIXES = {"contour_inner": "inner", "contour_outer": "outer"}
 OUTPUT_EXT = ".nii.gz"
 QUALITY_POSTFIX = "quality.json"  # <case>_quality.json
 QUALITY_TABLE = "quality.csv"  # one row per case of the folder
@@ -125,10 +129,12 @@ class OutputFiles(NamedTuple):
 
 
 def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = OUTPUT_EXT) -> Path:
-    """``<output_dir>/<case>_<postfix><ext>`` of the output ``key`` ("segmentation" or "confidence")."""
-    if key not in OUTPUT_POSTFIXES:
-        raise KeyError(f"unknown output {key!r}: expected one of {list(OUTPUT_POSTFIXES)}")
-    return Path(output_dir) / f"{case}_{OUTPUT_POSTFIXES[key]}{ext}"
+    """``<output_dir>/<case>_<postfix><ext>`` of the output ``key`` ("segmentation", "confidence", "contour_inner"
+    or "contour_outer")."""
+    postfixes = {**OUTPUT_POSTFIXES, **CONTOUR_POSTFIXES}
+    if key not in postfixes:
+        raise KeyError(f"unknown output {key!r}: expected one of {list(postfixes)}")
+    return Path(output_dir) / f"{case}_{postfixes[key]}{ext}"
 
 
 def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:
@@ -179,6 +185,9 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
     }
     for name, values in quality["classes"].items():
         row.update({f"{column}_{name}": values[key] for key, column in names.items()})
+    contours = quality.get("contours") or {}
+    for name, values in (contours.get("classes") or {}).items():
+        row.update({f"{kind}_ml_{name}": values[f"{kind}_ml"] for kind in ("inner", "outer")})
     return row
 
 

@@ -17,6 +17,7 @@ from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveI
 
 from calib_monai.bundle.manifest import NOT_APPLICABLE
 from calib_monai.bundle.outputs import (
+    CONTOUR_POSTFIXES,
     OUTPUT_POSTFIXES,
     SOURCE_KEY,
     SOURCE_META,
@@ -126,6 +127,14 @@ def inference_preprocessing(component) -> Compose:
     ``preprocessing_steps()`` without label checks and crops (``calib_monai.data.preprocessing``), as bundle
     ``inference.json`` writes it. One instance per component, so ``Invertd`` finds the same transform instances."""
     return component.inference_preprocessing()
+
+
+def _contour_savers(save: dict) -> list[SaveImaged]:
+    """Write ``ContourMarginsd``'s masks when it made them (a case without a contour set has none)."""
+    return [
+        SaveImaged(key, output_postfix=postfix, output_dtype="uint8", allow_missing_keys=True, **save)
+        for key, postfix in CONTOUR_POSTFIXES.items()
+    ]
 
 
 class ConfidenceAndSegmentationd(MapTransform):
@@ -328,6 +337,7 @@ def segmentation_and_confidence(
     output_dir: str | os.PathLike,
     case_quality: MapTransform | None = None,
     site_monitor: MapTransform | None = None,
+    contours: MapTransform | None = None,
 ) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
@@ -340,7 +350,9 @@ def segmentation_and_confidence(
     each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
     volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for. With
     ``site_monitor`` (``calib_monai.review.SiteMonitord``) each case also feeds the deployment's site monitor, and
-    after its alarm every case's outputs say so.
+    after its alarm every case's outputs say so. With ``contours`` (``calib_monai.review.ContourMarginsd``, after the
+    verdict it reads) each case also gets ``<name>_inner.nii.gz`` and ``<name>_outer.nii.gz`` (uint8, 4D: one volume
+    per foreground class, in label order) and their volumes in its quality.
     """
     keys = ("segmentation", "confidence")
     save = {
@@ -363,9 +375,11 @@ def segmentation_and_confidence(
             CaseNamed(keys),
             RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
             *([] if site_monitor is None or case_quality is None else [site_monitor]),
+            *([] if contours is None else [contours]),  # after the verdict: a flagged case's contours say so
             CheckOutputFolderd(output_dir),
             SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
             SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
+            *([] if contours is None else _contour_savers(save)),
             *saved,
         ]
     )

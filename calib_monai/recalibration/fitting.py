@@ -298,6 +298,7 @@ def measure_validated_range(
     features: Sequence[np.ndarray | None] | None = None,
     reference_inputs: Sequence[Sequence[float]] | None = None,
     reference_features: Sequence[np.ndarray] | None = None,
+    on_scored: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
     **info: Any,
 ) -> ValidatedRange:
     """The validated range of the scored volumes (in volume order), each scored with its fold's recalibration (as
@@ -306,7 +307,9 @@ def measure_validated_range(
     none);
     ``reference_inputs``: the image statistics of training images, the input signal's fixed reference (None: the
     validation images measure each other); ``reference_features``: the training images' pooled features, the
-    feature signal's fixed reference (None: the validation cases measure each other)."""
+    feature signal's fixed reference (None: the validation cases measure each other); ``on_scored(i, prob, label)``:
+    called with each scored volume's cross-fitted probabilities and label on the grid it is scored on (the contours'
+    margins are chosen on them, :mod:`calib_monai.review.contours`)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     fold_of = {i: j for j, (_, scored) in enumerate(scorers) for i in scored}
     chosen = sorted(scorer_of)
@@ -318,6 +321,8 @@ def measure_validated_range(
             prob, label, voxel_ml = v.scored(prob)  # on the input grid, as the served case is scored
             qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
             truths.append((label, voxel_ml))
+            if on_scored is not None:
+                on_scored(i, prob, label)
             errors.append(score_minus_truth(qualities[-1], prob, label))
     inputs = [input_statistics(volumes[i].image, volumes[i].geometry) for i in chosen]
     image = volumes[chosen[0]].image if chosen else None

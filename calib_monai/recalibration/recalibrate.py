@@ -16,7 +16,9 @@ from torch import nn
 from calib_monai.defaults import CALIBRATION_SPLIT, VOLUME_COVERAGE
 from calib_monai.recalibration.fitting import ValidationVolume, cross_fit, measure_validated_range, split_volumes
 from calib_monai.recalibration.settings import RecalibrationSettings
+from calib_monai.recalibration.splits import subject_names
 from calib_monai.recalibration.stored import publish_calibration
+from calib_monai.review.contours import ContourMargins, volume_requirements
 from calib_monai.review.reasons import describe_bar
 from calib_monai.review.signals import signal_bar
 from calib_monai.review.validated_range import ValidatedRange
@@ -72,6 +74,7 @@ def recalibrate(
     calibration = {"method": settings.method}
     if settings.method == "temperature":
         calibration["temperature"] = float(module.temperature)
+    contours = ContourCollector(volumes, settings.contours["epsilon"], class_names)
     validated = measure_validated_range(
         scorers,
         volumes,
@@ -81,6 +84,7 @@ def recalibrate(
         spatial_dim,
         features,
         *references,
+        on_scored=contours,
         calibration=calibration,
         fitted_on=stats["fitted_on"],
     )
@@ -88,13 +92,51 @@ def recalibrate(
         validated.info["features_left_out"] = features_left_out or "no network features were collected"
     validated.info["flag_bar"] = signal_bar(validated)
     folds = [scorer for scorer, _ in scorers] if split_of.crossfit else []  # they score a served case too
-    publish_calibration(  # calibration, its range and models/manifest.json: one set (calib_monai.bundle.manifest)
-        module, output_path, weights, validated, validated_range_path, settings=record, fold_modules=folds, **stats
-    )
+    margins = contours.margins(settings.contours, validated.scored_on, validated.info["split"])
+    publish_calibration(  # calibration, its range, contours and models/manifest.json: one set (bundle.manifest)
+        module, output_path, weights, validated, validated_range_path, settings=record, fold_modules=folds,
+        contours=margins, **stats,
+    )  # fmt: skip
+    _log_contours(margins)
     _log_range(validated, split_of.crossfit, validated_range_path)
     if split_of.crossfit and validated.rank >= 1:
         logger.info(f"calibrate: {exact_scheme_hint(validated, settings.split)}")
     return module, stats, validated
+
+
+class ContourCollector:
+    """Each scored validation volume's contour requirements (:func:`~calib_monai.review.contours.volume_requirements`),
+    collected as :func:`measure_validated_range` scores it (its ``on_scored``), then the margins chosen on them."""
+
+    def __init__(
+        self, volumes: Sequence[ValidationVolume], epsilon: float, class_names: Sequence[str] | None = None
+    ) -> None:
+        self.volumes, self.epsilon, self.class_names = volumes, epsilon, class_names
+        self.required: dict[int, dict] = {}
+
+    def __call__(self, i: int, prob, label) -> None:
+        self.required[i] = volume_requirements(prob, label, self.epsilon, self.class_names)
+
+    def margins(self, contours: dict[str, Any], scored_on: str, split: dict) -> ContourMargins:
+        chosen = sorted(self.required)
+        subjects = [self.volumes[i].subject for i in chosen]
+        subjects = subject_names(subjects) if any(subjects) else [f"volume {i}" for i in chosen]
+        return ContourMargins.from_validation(
+            [self.required[i] for i in chosen], subjects, **contours, scored_on=scored_on, scored_volumes=len(chosen),
+            crossfit=bool(split.get("crossfit")),
+        )  # fmt: skip
+
+
+def _log_contours(margins: ContourMargins) -> None:
+    for name, entry in margins.classes.items():
+        if entry.get("lambda_out") is None:
+            logger.warning(f"calibrate: contours: {entry['reason']}")
+        else:
+            logger.info(
+                f"calibrate: contours of {name}: lambda_out {entry['lambda_out']:.4g}, lambda_in "
+                f"{entry['lambda_in']:.4g} over {entry['subjects']} validation subjects ({margins.risk}, alpha "
+                f"{margins.alpha:g}, epsilon {margins.epsilon:g})"
+            )
 
 
 def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLike) -> None:

@@ -22,6 +22,7 @@ from calib_monai import defaults
 from calib_monai.bundle.runtime import as_bool
 from calib_monai.checks import check_number, check_option
 from calib_monai.recalibration.temperature import VOXEL_CHOICES
+from calib_monai.review.contours import RISKS
 
 __all__ = ["METHODS", "RecalibrationSettings"]
 
@@ -37,6 +38,8 @@ _NUMBERS = {
     "steps": ("calibration_settings#steps", 1, None, False, False, True, "local temperature's Adam steps"),
     "max_reference": ("calibration_settings#max_reference", 0, None, False, False, True, "training images"),
     "review_alpha": ("review_alpha", 0, 1, True, True, False, "the review rule's false-flag bound"),
+    "contour_alpha": ("contour_alpha", 0, 1, True, True, False, "the share of cases a contour may fail"),
+    "contour_epsilon": ("contour_epsilon", 0, 1, True, True, False, "the fraction of a structure a contour may miss"),
 }
 _SWITCHES = {
     "crossfit": "calibration_crossfit",
@@ -66,6 +69,8 @@ class RecalibrationSettings:
         max_reference: training images measured as the input and feature signals' reference (0: none).
         review_alpha, review_volume_factor, review_input_check, review_feature_check, review_score_check: the
             review rule stored with the range (:class:`~calib_monai.review.ValidatedRange`).
+        contour_alpha, contour_epsilon, contour_risk: the contours' guarantee, each in (0, 1), and ``"per_case"``
+            or ``"expected"`` (:mod:`calib_monai.review.contours`, stored as ``contours.json``).
     """
 
     method: str = defaults.RECALIBRATION_METHOD
@@ -83,11 +88,15 @@ class RecalibrationSettings:
     review_input_check: bool = defaults.REVIEW_INPUT_CHECK
     review_feature_check: bool = defaults.REVIEW_FEATURE_CHECK
     review_score_check: bool = defaults.REVIEW_SCORE_CHECK
+    contour_alpha: float = defaults.CONTOUR_ALPHA
+    contour_epsilon: float = defaults.CONTOUR_EPSILON
+    contour_risk: str = defaults.CONTOUR_RISK
 
     def __post_init__(self) -> None:
         checked = {
             "method": check_option("calibration_method", self.method, METHODS),
             "voxels": check_option("calibration_voxels", self.voxels, VOXEL_CHOICES),
+            "contour_risk": check_option("contour_risk", self.contour_risk, RISKS),
         }
         defaults_of = {f.name: f.default for f in fields(self)}
         for name, (key, low, high, low_open, high_open, integer, what) in _NUMBERS.items():
@@ -118,6 +127,11 @@ class RecalibrationSettings:
     def review(self) -> dict[str, Any]:
         """The review rule's settings as :class:`~calib_monai.review.ValidatedRange` takes them (``alpha``, ...)."""
         return {f.name.removeprefix("review_"): getattr(self, f.name) for f in fields(self) if f.name in _REVIEW}
+
+    @property
+    def contours(self) -> dict[str, Any]:
+        """The contours' guarantee as :meth:`~calib_monai.review.ContourMargins.from_validation` takes it."""
+        return {"alpha": self.contour_alpha, "epsilon": self.contour_epsilon, "risk": self.contour_risk}
 
     def record(self) -> dict[str, Any]:
         """What the manifest records as the settings that made the calibration and its range."""

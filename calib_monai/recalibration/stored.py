@@ -42,6 +42,8 @@ from calib_monai.bundle.manifest import (
 from calib_monai.bundle.outputs import SOURCE_KEY
 from calib_monai.bundle.weights import loaded_sha256, read_weights_file
 from calib_monai.metrics.case_quality import estimated_dice
+from calib_monai.review.contours import CONTOURS_FILE
+from calib_monai.review.rule import write_measured
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
 from .local_temperature import LocalTemperatureScaling
@@ -111,6 +113,7 @@ def publish_calibration(
     range_path: str | os.PathLike | None = None,
     settings: Mapping[str, Any] | None = None,
     fold_modules: Sequence[nn.Module] = (),
+    contours: Any = None,
     **info: Any,
 ) -> Path:
     """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
@@ -124,7 +127,9 @@ def publish_calibration(
     fitted on), and refused (:class:`~calib_monai.bundle.manifest.WeightsChangedError`) when ``weights`` holds
     others by now; the range records the SHA-256 of the recalibration it was measured with, so the files name each
     other even without the manifest. ``fold_modules``: the cross-fitted recalibrations (of ``module``'s class) that
-    scored the range, in the order of its ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``."""
+    scored the range, in the order of its ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``.
+    ``contours``: the :class:`~calib_monai.review.ContourMargins` chosen on the same scored volumes, published
+    beside the range as ``contours.json``."""
     path = Path(path)
     weights_sha = loaded_sha256(weights) or file_sha256(weights)
     record = _record(module, weights, weights_sha, **info)
@@ -141,7 +146,10 @@ def publish_calibration(
         if range_path is not None and Path(range_path).parent.resolve() != path.parent.resolve():
             raise ValueError(f"the validated range {range_path} must sit beside the calibration {path} (one set)")
         writers[range_name] = lambda tmp: validated_range.save(tmp, weights, weights_sha, calibration_sha)
-    depends = {"validated_range.json": path.name}
+    if contours is not None:
+        record_of = contours.record()
+        writers[CONTOURS_FILE] = lambda tmp: write_measured(tmp, record_of, weights, weights_sha, calibration_sha)
+    depends = {"validated_range.json": path.name, CONTOURS_FILE: path.name}
     return publish_artifacts(path.parent, weights, writers, settings, depends, weights_sha256=weights_sha)
 
 

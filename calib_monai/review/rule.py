@@ -32,7 +32,7 @@ from calib_monai.review.input_signal import InputSignal
 from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
 from calib_monai.review.signals import MIN_INPUT_IMAGES, score_problem, signal_values
 
-__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised"]
+__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised", "write_measured"]
 
 DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
@@ -364,12 +364,25 @@ class ValidatedRange:
     ) -> Path:
         """Write the range to ``path`` atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes
         it was measured with, default the file's) and of the recalibration it was measured with (None: none)."""
-        sha = weights_sha256 or file_sha256(weights)
-        record = {**self.record(), "weights": Path(weights).name, "weights_sha256": sha}
-        return write_json_atomically(Path(path), {**record, "calibration_sha256": calibration_sha256})
+        return write_measured(path, self.record(), weights, weights_sha256, calibration_sha256)
 
     def describe(self) -> str:
         return describe_rule(self)
+
+
+def write_measured(
+    path: str | os.PathLike,
+    record: Mapping[str, Any],
+    weights: str | os.PathLike,
+    weights_sha256: str | None = None,
+    calibration_sha256: str | None = None,
+) -> Path:
+    """Write ``record`` (of what was measured on the validation volumes: the range, the contours) to ``path``
+    atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes it was measured with, default the
+    file's) and of the recalibration it was measured with (None: none)."""
+    sha = weights_sha256 or file_sha256(weights)
+    record = {**record, "weights": Path(weights).name, "weights_sha256": sha}
+    return write_json_atomically(Path(path), {**record, "calibration_sha256": calibration_sha256})
 
 
 #: what :meth:`ValidatedRange.save` writes and ``read_validated_range`` needs, beside the derived rule and bounds
