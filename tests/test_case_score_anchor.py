@@ -135,3 +135,9 @@ def test_the_delivered_dice_leaves_an_absent_structure_out():
     assert delivered_dice(segmentation, label, 3) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="not one grid"):
         delivered_dice(segmentation, label[:, :3], 3)
+
+
+def test_a_fine_tune_range_of_held_out_labels_alone_says_what_it_lacks():
+    alone = _range([0.1, 0.2], site_volumes=[0, 1])
+    assert "the bundle's own validation images were not on this machine at Train" in alone.too_few_reason
+    assert "were not on this machine" not in _range([0.1, 0.2], site_volumes=[1]).too_few_reason

@@ -254,6 +254,11 @@ class ValidatedRange:
         """Why the rule cannot flag at this alpha with these validation subjects, and what it needs."""
         unit = "subjects" if self.m < self.n else "volumes"
         needs = f"needs at least {self.volumes_needed} {unit} (or review_alpha >= {1 / (self.m + 1):.3g})"
+        if len(self.info.get("site_volumes") or []) == self.n:  # a fine-tune measured on its held-out labels alone
+            needs += (
+                "; the bundle's own validation images were not on this machine at Train: put them where its "
+                "models/datalist.json says, then Train again"
+            )
         return f"cannot judge at alpha = {self.alpha:g} with {self.counted_as}: {needs}"
 
     @property
