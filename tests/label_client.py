@@ -48,6 +48,22 @@ def compare(client: MONAILabelClient, image: str, bundle: str, threshold: float 
     }
 
 
+def margins(client: MONAILabelClient, image: str, bundle: str, save_to: str) -> dict:
+    """The margins result (saved to ``save_to`` as .npy in NIfTI index order, i, j, k) against the segmentation of
+    the same image: the predicted and inner segments of a structure cover exactly its segmented voxels."""
+    info, m = _infer(client, f"{bundle}_margins", image)
+    _, s = _infer(client, bundle, image)
+    m, s = m.astype(np.int64), s.astype(np.int64)
+    np.save(save_to, m.transpose(2, 1, 0))
+    predicted = (m > 0) & (m % 3 != 1)  # 3k - 1 (predicted) and 3k (inner)
+    return {
+        "info": info,
+        "values": sorted(int(v) for v in np.unique(m)),
+        "same_support": bool(np.array_equal(predicted, s > 0)),
+        "same_structures": bool(np.array_equal(np.where(predicted, (m + 2) // 3, 0), s)),
+    }
+
+
 def main() -> None:
     """Print the answer as JSON; a request the server refuses prints ``{"refused": "<the client's message>"}``
     (``Status: <code>; Response: <the server's JSON>``) instead of a traceback."""
@@ -65,6 +81,8 @@ def _command(client: MONAILabelClient, command: str, arguments: dict):
         out = infer(client, **arguments)
     elif command == "compare":
         out = compare(client, **arguments)
+    elif command == "margins":
+        out = margins(client, **arguments)
     elif command == "next_sample":
         out = client.next_sample(arguments["strategy"], {})
     elif command == "save_label":

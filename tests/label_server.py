@@ -186,9 +186,10 @@ def served_folder(tmp_path_factory):
         calibrated / "models" / "model.pt",
         ValidatedRange([0.99] * 19, {}),
     )
-    # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range)
+    # loop_flare: the same weights, calibrated by the bundle's own calibrate step (calibration + validated range, and
+    # contours at contour_alpha 0.5: its one validation subject vouches for j = floor(0.5 * 2) = 1)
     loop = _copy_weights(bundle, app / "model" / "loop_flare")
-    _calibrate(loop, root)
+    _calibrate(loop, root, "--contour_alpha", "0.5")
     _small_source_validation(loop, root)
     # confident_flare: the same weights with the output layer scaled up (a confident network: exact ones in its
     # softmax), calibrated by the bundle's calibrate step; it serves the full-size CT

@@ -14,8 +14,9 @@ import pytest
 import torch
 from monai.bundle import ConfigWorkflow
 
-from calib_monai.bundle import TrainedBundle
+from calib_monai.bundle import TrainedBundle, output_paths
 from calib_monai.data.flare import FLARE22_TO_FLARE
+from calib_monai.export import slicer_files_from_inference
 from calib_monai.review import load_validated_range
 from conftest import REPO_ROOT, run_bundle_workflow
 
@@ -369,3 +370,32 @@ def test_calibrate_chooses_the_contours_and_inferring_writes_them(calibrated, tm
     with open(out / "quality.csv") as f:
         row = next(csv.DictReader(f))
     assert float(row["outer_ml_liver"]) == pytest.approx(contours["classes"]["liver"]["outer_ml"])
+
+    # TrainedBundle.predict gives the same contours in memory, on the input's grid, and write writes them as inferring
+    bundle = TrainedBundle(root / "bundle", overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
+    prediction = bundle.predict(tmp_path / "in" / image.name)
+    assert prediction.contours["inner"].shape == prediction.contours["outer"].shape == (4, *INPUT_SHAPE)
+    assert prediction.contours["inner"].dtype == torch.uint8
+    np.testing.assert_array_equal(np.moveaxis(prediction.contours["inner"].numpy(), 0, -1), inner)
+    np.testing.assert_array_equal(np.moveaxis(prediction.contours["outer"].numpy(), 0, -1), outer)
+    assert prediction.quality["contours"]["classes"] == contours["classes"]
+    written = bundle.write(*prediction, output_dir=tmp_path / "again", contours=prediction.contours)
+    assert written == output_paths(tmp_path / "again", case)
+    for path, expected in ((written.inner, inner), (written.outer, outer)):
+        again = nib.load(str(path))
+        assert again.get_data_dtype() == np.uint8
+        np.testing.assert_allclose(again.affine, nib.load(str(out / f"{case}_seg.nii.gz")).affine, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(again.dataobj), expected)
+
+    # the Slicer files of the case: per structure its outer and inner contour as segments
+    nrrd = pytest.importorskip("nrrd", reason="pynrrd reads the Slicer file back (pip install pynrrd)")
+    files = slicer_files_from_inference(out, case, bundle.label_names, tmp_path / "slicer")
+    data, header = nrrd.read(str(files.segmentation), index_order="F")
+    names = {value: key for key, value in header.items() if key.startswith("Segment") and key.endswith("_Name")}
+    for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
+        for kind, mask in (("outer", outer[..., c - 1]), ("inner", inner[..., c - 1])):
+            key = names[f"{name} ({kind} 80%)"][: -len("Name")]
+            layer, value = int(header[key + "Layer"]), int(header[key + "LabelValue"])
+            np.testing.assert_array_equal(data[layer] == value, mask > 0)
+            assert header[key + "Extent"] == " ".join(f"0 {n - 1}" for n in INPUT_SHAPE)
+    assert header["calib_monai_contours_alpha"] == "0.2" and header["calib_monai_contours_epsilon"] == "0.02"

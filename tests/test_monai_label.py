@@ -46,7 +46,7 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
     models = info["models"]
     # ce_dice_hpc has no weights: not offered
     served = ("confident_flare", "loop_flare", "nacl_flare", "nacl_flare_calibrated", "nacl_flare_ts")
-    assert sorted(models) == sorted(f"{b}{s}" for b in served for s in ("", "_confidence", "_review"))
+    assert sorted(models) == sorted(f"{b}{s}" for b in served for s in ("", "_confidence", "_review", "_margins"))
     assert models["nacl_flare"]["type"] == "segmentation"
     assert models["nacl_flare_confidence"]["type"] == "others"
     assert models["nacl_flare_review"]["type"] == "segmentation"  # listed by Slicer's segmentation selector
@@ -54,6 +54,14 @@ def test_info_lists_the_tasks_of_every_bundle_with_weights(server):
         if name.endswith("_review"):  # confident and uncertain part of each structure, consecutive values
             assert task["labels"] == REVIEW_NAMES
             assert task["config"] == {"uncertainty_threshold": 0.8}  # a scalar: Slicer's options table takes it
+        elif name.endswith("_margins"):  # outer band, prediction and inner contour of each structure, consecutive
+            percent = "50%" if name == "loop_flare_margins" else "90%"  # loop_flare's contours: contour_alpha 0.5
+            assert list(task["labels"].values()) == list(range(13)) and task["type"] == "segmentation"
+            assert list(task["labels"])[1:4] == [
+                f"liver (outer {percent})",
+                "liver (predicted)",
+                f"liver (inner {percent})",
+            ]
         else:
             assert task["labels"] == {name: value for value, name in LABEL_NAMES.items()}
             assert task["config"] == {}
@@ -347,3 +355,25 @@ def test_upload_checks_name_the_problem(tmp_path):
     four = tmp_path / "four4.nii.gz"
     nib.save(nib.Nifti1Image(np.zeros((8, 8, 3, 4), np.float32), np.eye(4)), str(four))
     served.check_upload(str(four))
+
+
+def test_margins_label_map_by_hand():
+    """Outer bands first (the kidney's over the liver's), then the predictions, then the inner contours."""
+    from calib_monai.label.margins import margins_label_map, margins_label_names
+
+    segmentation = np.array([[0, 1, 1, 2, 2, 0]])
+    inner = np.array([[[0, 0, 1, 0, 0, 0]], [[0, 0, 0, 1, 0, 0]]])
+    outer = np.array([[[1, 1, 1, 1, 0, 0]], [[0, 0, 1, 1, 1, 1]]])
+    margins = margins_label_map(segmentation, inner, outer)
+    assert margins.dtype == np.uint8 and margins.tolist() == [[1, 2, 3, 6, 5, 4]]
+    assert margins_label_names({0: "background", 1: "liver", 2: "kidney"}, 0.1) == {
+        "background": 0,
+        "liver (outer 90%)": 1,
+        "liver (predicted)": 2,
+        "liver (inner 90%)": 3,
+        "kidney (outer 90%)": 4,
+        "kidney (predicted)": 5,
+        "kidney (inner 90%)": 6,
+    }
+    with pytest.raises(ValueError, match=r"the contours \(1, 1, 6\) / \(2, 1, 6\) are not one volume per structure"):
+        margins_label_map(segmentation, inner[:1], outer)

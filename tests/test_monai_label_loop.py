@@ -112,6 +112,42 @@ def test_review_task_names_every_value_and_covers_the_segmentation(server):
     assert stricter["uncertain_voxels"] >= out["uncertain_voxels"]
 
 
+def test_margins_task_serves_the_contours_as_nested_named_segments(server, tmp_path):
+    """``loop_flare_margins`` with Slicer's parameters: per structure "(outer 50%)", "(predicted)" and "(inner 50%)"
+    (alpha 0.5: the fixture's contour set), every value named in order, the predicted and inner segments exactly the
+    segmentation, the map the one made from ``TrainedBundle.predict``'s contours, and the guarantee in the JSON."""
+    from calib_monai.bundle import TrainedBundle
+    from calib_monai.label.margins import margins_label_map
+
+    image = str(server["images"]["case"])
+    out = _client(server, "margins", image=image, bundle=BUNDLE, save_to=str(tmp_path / "margins.npy"))
+    names = out["info"]["label_names"]
+    expected_names = {"background": 0}
+    for k, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
+        expected_names.update({f"{name} (outer 50%)": 3 * k - 2, f"{name} (predicted)": 3 * k - 1})
+        expected_names[f"{name} (inner 50%)"] = 3 * k
+    assert names == expected_names and list(names.values()) == list(range(13))  # consecutive: Slicer names by position
+    assert set(out["values"]) <= set(names.values())
+    assert out["same_support"] and out["same_structures"]
+    contours = out["info"]["quality"]["contours"]
+    assert (contours["alpha"], contours["epsilon"], contours["risk"]) == (0.5, 0.02, "per_case")
+    assert "holds at least 0.98 of the true structure" in contours["guarantee"]
+    assert set(contours["classes"]) == {"liver", "kidney", "spleen", "pancreas"}
+    assert all(e["inner_ml"] <= e["predicted_ml"] <= e["outer_ml"] for e in contours["classes"].values())
+    # the map of the bundle's own contours for this image (main environment, TrainedBundle.predict)
+    prediction = TrainedBundle(server["root"] / "app" / "model" / BUNDLE).predict(image)
+    inner, outer = (prediction.contours[kind].numpy() for kind in ("inner", "outer"))
+    expected = margins_label_map(prediction.segmentation[0].numpy(), inner, outer)
+    np.testing.assert_array_equal(np.load(tmp_path / "margins.npy"), expected)
+    # what the JSON says of each contour is what the map holds (volumes in mL of 4 x 4 x 10 mm voxels)
+    for k, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
+        assert contours["classes"][name]["outer_ml"] == pytest.approx(outer[k - 1].sum() * 0.16)
+        assert contours["classes"][name]["inner_ml"] == pytest.approx((expected == 3 * k).sum() * 0.16)
+    # a bundle without a contour set: refused with why and the fix
+    refused = _client(server, "infer", model="nacl_flare_margins", image=image)["refused"]
+    assert "409" in refused and "nacl_flare' has no contours for this image" in refused, refused
+
+
 def test_next_sample_hands_out_the_least_confident_image_once(server):
     _request_scoring(server, f"{BUNDLE}_case_quality")
     scores = _wait(

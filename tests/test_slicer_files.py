@@ -292,3 +292,96 @@ def test_outputs_of_two_models_in_one_case_are_refused(tmp_path):
         slicer_files_from_inference(tmp_path, "case", {0: "background", 1: "liver"})
     assert "w=aaaaaaaaaaaa" in str(info.value) and "w=bbbbbbbbbbbb" in str(info.value)
     assert not list(tmp_path.glob("*.nrrd"))
+
+
+def _contour_case():
+    """Inner and outer contours of liver, kidney and spleen (structure last, as inferring writes them): the liver's
+    inner is its prediction less one voxel, its outer one row more; the kidney's outer reaches into the liver's (the
+    outer contours overlap); the spleen's are empty."""
+    seg, conf = synthetic_case()
+    inner = np.stack([seg == c for c in (1, 2, 3)], axis=-1).astype(np.uint8)
+    inner[1, 1, 0, 0] = 0
+    outer = np.stack([seg == c for c in (1, 2, 3)], axis=-1).astype(np.uint8)
+    outer[0, 1:3, 0:2, 0] = 1
+    outer[3, 2, 1, 1] = 1  # the kidney's outer contour over a liver voxel
+    contours = {
+        "alpha": 0.1,
+        "epsilon": 0.02,
+        "risk": "per_case",
+        "vouched": True,
+        "reason": None,
+        "classes": {
+            "liver": {"lambda_in": 0.7, "lambda_out": 0.25, "inner_ml": 1.5, "outer_ml": 4.0},
+            "kidney": {"lambda_in": 0.8, "lambda_out": 0.125, "inner_ml": 2.0, "outer_ml": 3.0},
+            "spleen": {"lambda_in": None, "lambda_out": None, "inner_ml": 0.0, "outer_ml": 0.0},
+        },
+    }
+    return seg, conf, inner, outer, contours
+
+
+def test_contours_become_outer_and_inner_segments(tmp_path, nrrd):
+    """<case>_inner/_outer.nii.gz: per structure the segments "<name> (outer 90%)" and "(inner 90%)", the inner ones
+    in one layer (value: the label), each outer one in its own; the lambdas, alpha and epsilon in tags and header."""
+    import json
+
+    seg, conf, inner, outer, contours = _contour_case()
+    folder = tmp_path / "inference"
+    folder.mkdir()
+    for name, volume in (("seg", seg), ("conf", conf), ("inner", inner), ("outer", outer)):
+        nib.save(nib.Nifti1Image(volume, AFFINE_FLIPPED), folder / f"case7_{name}.nii.gz")
+    quality = {"case_score": 0.8, "review": {"flag": False, "reasons": []}, "classes": {}, "contours": contours}
+    (folder / "case7_quality.json").write_text(json.dumps({"case": "case7", **quality}))
+    names = ["background", "liver", "kidney", "spleen"]
+    files = slicer_files_from_inference(folder, "case7", names, tmp_path / "slicer")
+    data, header = nrrd.read(str(files.segmentation))
+    # labels, low confidence, the inner contours, then one layer per outer contour
+    assert data.shape == (3 + 3, *SHAPE) and data.dtype == np.uint8
+    segments = segments_of(header)
+    assert [s["Name"] for s in segments.values()][4:] == [
+        "liver (outer 90%)", "liver (inner 90%)", "kidney (outer 90%)", "kidney (inner 90%)",
+        "spleen (outer 90%)", "spleen (inner 90%)",
+    ]  # fmt: skip
+    for c in range(1, 4):
+        for kind, masks in (("outer", outer), ("inner", inner)):
+            fields = segments[f"{kind}_{c}"]
+            layer, value = int(fields["Layer"]), int(fields["LabelValue"])
+            assert (layer, value) == ((2 + c, 1) if kind == "outer" else (2, c))
+            assert fields["Extent"] == "0 5 0 4 0 3"
+            np.testing.assert_array_equal(data[layer] == value, masks[..., c - 1] > 0)
+    assert segments["outer_1"]["Tags"] == (
+        "calib_monai.contour:outer|calib_monai.lambda:0.25|calib_monai.alpha:0.1|calib_monai.epsilon:0.02|"
+        "calib_monai.risk:per_case|calib_monai.volume_ml:4|"
+    )
+    assert "calib_monai.lambda" not in segments["inner_3"]["Tags"]  # the spleen: too few subjects, no lambdas
+    assert header["calib_monai_contours_alpha"] == "0.1" and header["calib_monai_contours_epsilon"] == "0.02"
+    assert header["calib_monai_contours_lambdas"] == (
+        "liver in=0.7 out=0.25; kidney in=0.8 out=0.125; spleen in=null out=null"
+    )
+    assert header["calib_monai_contours_vouched"] == "yes" and header["calib_monai_contours_reason"] == "-"
+    colors = [tuple(floats(s["Color"])) for s in segments.values()]
+    assert len(set(colors)) == len(colors), "segment colours must differ"
+
+    # TrainedBundle.predict's contours (the structure first) give the same file
+    memory = {"inner": np.moveaxis(inner, -1, 0), "outer": np.moveaxis(outer, -1, 0)}
+    again = write_slicer_files(
+        seg, conf, AFFINE_FLIPPED, names, tmp_path / "memory", "case7", quality=quality, contours=memory
+    )
+    np.testing.assert_array_equal(nrrd.read(str(again.segmentation))[0], data)
+    # no contour files: no contour segments
+    for kind in ("inner", "outer"):
+        (folder / f"case7_{kind}.nii.gz").unlink()
+    plain = slicer_files_from_inference(folder, "case7", names, tmp_path / "plain")
+    assert nrrd.read(str(plain.segmentation))[0].shape == (2, *SHAPE)
+
+
+def test_contours_off_the_grid_are_refused(tmp_path):
+    seg, conf, inner, outer, _ = _contour_case()
+    short = nib.Nifti1Image(inner[:, :, :3], AFFINE)
+    with pytest.raises(ValueError, match=r"the inner contours has shape \(3, 6, 5, 3\), not one volume per structure"):
+        write_slicer_files(seg, conf, AFFINE, LABEL_NAMES, tmp_path, "c", contours={"inner": short, "outer": outer})
+    with pytest.raises(ValueError, match="the inner contours is not on the segmentation's grid"):
+        moved = {"inner": nib.Nifti1Image(inner, AFFINE), "outer": outer}
+        write_slicer_files(seg, conf, AFFINE_FLIPPED, LABEL_NAMES, tmp_path, "c", contours=moved)
+    two = {"inner": np.moveaxis(inner, -1, 0)[:2], "outer": np.moveaxis(outer, -1, 0)}
+    with pytest.raises(ValueError, match=r"the inner \(2, 6, 5, 4\) and outer \(3, 6, 5, 4\) contours do not hold"):
+        write_slicer_files(seg, conf, AFFINE, LABEL_NAMES, tmp_path, "c", contours=two)

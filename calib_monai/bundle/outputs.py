@@ -112,20 +112,34 @@ class OutputWriter:
     memory), the ``inferring`` run keeps it."""
 
 
-class Prediction(NamedTuple):
-    """One case segmented in memory (``TrainedBundle.predict``)."""
-
+class _Outputs(NamedTuple):
     segmentation: Any  # (1, *spatial) uint8 MetaTensor on the input's grid
     confidence: Any  # (1, *spatial) float32 MetaTensor, the max softmax probability
     quality: dict | None = None  # case quality and review flag (calib_monai.review.CaseQualityd), if configured
 
 
+class Prediction(_Outputs):
+    """One case segmented in memory (``TrainedBundle.predict``): it unpacks as ``(segmentation, confidence,
+    quality)``; ``contours`` is ``{"inner": ..., "outer": ...}``, each structure's contour
+    (:class:`~calib_monai.review.ContourMarginsd`: ``(C - 1, *spatial)`` uint8 MetaTensors on the input's grid), or
+    None when no contour set applies (no ``contours.json``, or raw probabilities)."""
+
+    contours: dict | None = None
+
+    def __new__(cls, segmentation: Any, confidence: Any, quality: dict | None = None, contours: dict | None = None):
+        self = super().__new__(cls, segmentation, confidence, quality)
+        self.contours = contours
+        return self
+
+
 class OutputFiles(NamedTuple):
-    """The two output files of one case (``None`` for one that was not written)."""
+    """The output files of one case (``None`` for one that was not written)."""
 
     segmentation: Path | None  # <case>_seg.nii.gz: uint8 label values on the input's grid
     confidence: Path | None  # <case>_conf.nii.gz: float32 max softmax probability on the input's grid
     quality: Path | None = None  # <case>_quality.json: case quality and review flag
+    inner: Path | None = None  # <case>_inner.nii.gz: each structure's inner contour (uint8, 4D: one per structure)
+    outer: Path | None = None  # <case>_outer.nii.gz: each structure's outer contour
 
 
 def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = OUTPUT_EXT) -> Path:
@@ -138,8 +152,11 @@ def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = O
 
 
 def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:
-    """The output files of ``case`` in ``output_dir`` (what an ``inferring`` run writes there)."""
-    return OutputFiles(*(output_path(output_dir, case, key) for key in OUTPUT_KEYS), quality_path(output_dir, case))
+    """The output files of ``case`` in ``output_dir`` (what an ``inferring`` run writes there; the contours only with
+    a contour set)."""
+    images = (output_path(output_dir, case, key) for key in (*OUTPUT_KEYS, *CONTOUR_POSTFIXES))
+    segmentation, confidence, inner, outer = images
+    return OutputFiles(segmentation, confidence, quality_path(output_dir, case), inner, outer)
 
 
 def output_case(meta: Mapping) -> str:

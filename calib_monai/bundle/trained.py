@@ -22,7 +22,16 @@ from monai.transforms import Compose, SaveImaged
 from monai.utils import get_equivalent_dtype
 
 from .manifest import ArtifactSet, is_raw_request, read_artifact_set
-from .outputs import OUTPUT_KEYS, OutputFiles, OutputWriter, Prediction, output_case, output_path, write_case_quality
+from .outputs import (
+    CONTOUR_POSTFIXES,
+    OUTPUT_KEYS,
+    OutputFiles,
+    OutputWriter,
+    Prediction,
+    output_case,
+    output_path,
+    write_case_quality,
+)
 from .runtime import as_bool
 from .weights import WeightsFileError, load_network_weights, read_weights_file
 
@@ -103,7 +112,7 @@ class TrainedBundle:
 
         bundle = TrainedBundle("bundles/nacl_flare")
         prediction = bundle.predict("case_0000.nii.gz")  # MetaTensors on the input's grid, and the case quality
-        bundle.write(*prediction, output_dir="out")  # out/case_seg.nii.gz, case_conf.nii.gz, case_quality.json
+        bundle.write(*prediction, output_dir="out", contours=prediction.contours)  # out/case_seg.nii.gz, ...
     """
 
     def __init__(
@@ -297,14 +306,19 @@ class TrainedBundle:
             dtype = savers[key].saver.init_kwargs.get("output_dtype") if key in savers else None
             if dtype is not None:
                 outputs[key] = outputs[key].to(get_equivalent_dtype(dtype, torch.Tensor))
-        return Prediction(outputs["segmentation"].cpu(), outputs["confidence"].cpu(), outputs.get("quality"))
+        contours = None
+        if all(key in outputs for key in CONTOUR_POSTFIXES):  # ContourMarginsd made them: a contour set applies
+            contours = {postfix: outputs[key].cpu() for key, postfix in CONTOUR_POSTFIXES.items()}
+        return Prediction(outputs["segmentation"].cpu(), outputs["confidence"].cpu(), outputs.get("quality"), contours)
 
     def predict(self, image: Any, case: str | None = None) -> Prediction:
         """Segment ``image`` in memory: ``(segmentation, confidence, quality)``, uint8 labels and float32 max softmax
         probability, each ``(1, *spatial)`` on the CPU on the input's grid (its affine in ``.affine``), and the case
         quality with its review flag (None when the postprocessing has no ``CaseQualityd``): the numbers that
         ``monai.bundle run inferring`` writes to ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
-        ``<case>_quality.json``."""
+        ``<case>_quality.json``. ``.contours``: ``{"inner", "outer"}``, each structure's contour ``(C - 1,
+        *spatial)`` uint8 on the same grid (``<case>_inner.nii.gz``, ``<case>_outer.nii.gz``), or None without a
+        contour set (``models/contours.json``, written by the bundle's ``calibrate``)."""
         return self.predict_item(self.preprocess(image, case))
 
     def write(
@@ -314,17 +328,21 @@ class TrainedBundle:
         quality: dict | None = None,
         output_dir: str | os.PathLike | None = None,
         case: str | None = None,
+        contours: Mapping[str, MetaTensor] | None = None,
     ) -> OutputFiles:
         """Write the outputs of ``predict`` as the ``inferring`` run does (the bundle's own writers: NIfTI with the
-        input's affine, uint8 and float32) to ``<output_dir>/<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``, and the
-        quality to ``<case>_quality.json`` and a row of ``quality.csv`` (``calib_monai.bundle.outputs``);
+        input's affine, uint8 and float32) to ``<output_dir>/<case>_seg.nii.gz`` and ``<case>_conf.nii.gz``, the
+        quality to ``<case>_quality.json`` and a row of ``quality.csv`` (``calib_monai.bundle.outputs``), and the
+        ``contours`` (``Prediction.contours``) to ``<case>_inner.nii.gz`` and ``<case>_outer.nii.gz``;
         ``output_dir`` defaults to the config's ``output_dir``, ``case`` to the one the outputs carry. Any output may
         be left out; returns the paths written."""
         savers = self._postprocessing_parts[1]
         folder = Path(output_dir if output_dir is not None else self.get("output_dir"))
         written: dict[str, Path | None] = {}
-        for key, value in zip(OUTPUT_KEYS, (segmentation, confidence)):
-            written[key] = None
+        images = {"segmentation": segmentation, "confidence": confidence}
+        images.update({key: (contours or {}).get(postfix) for key, postfix in CONTOUR_POSTFIXES.items()})
+        for key, value in images.items():
+            written[CONTOUR_POSTFIXES.get(key, key)] = None
             if value is None:
                 continue
             if key not in savers:
@@ -337,10 +355,10 @@ class TrainedBundle:
             path = output_path(folder, case or output_case(meta), key, ext=saver.output_ext)
             folder.mkdir(parents=True, exist_ok=True)
             saver(value, filename=str(path)[: -len(saver.output_ext)])  # SaveImage appends the extension
-            written[key] = path
+            written[CONTOUR_POSTFIXES.get(key, key)] = path
         if quality is not None:
-            images = [v for v in (segmentation, confidence) if isinstance(v, MetaTensor)]
-            name = case or (output_case(images[0].meta) if images else None)
+            given = [v for v in images.values() if isinstance(v, MetaTensor)]
+            name = case or (output_case(given[0].meta) if given else None)
             if name is None:
                 raise ValueError("write(quality=...) without an image output needs case=...")
             written["quality"] = write_case_quality(folder, name, quality)

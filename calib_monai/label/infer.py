@@ -6,6 +6,10 @@
 - ``<bundle>_review`` (``segmentation``): each structure split into its confident part (``"liver"``, confidence >=
   ``uncertainty_threshold``) and its uncertain part (``"liver (uncertain)"``), values ``2k - 1`` and ``2k``
   (:func:`calib_monai.label.serving.review_label_names`), with each structure's uncertain share.
+- ``<bundle>_margins`` (``segmentation``): each structure's inner and outer contour with its guarantee (issue 49) as
+  three nested segments, ``"liver (outer 90%)"``, ``"liver (predicted)"`` and ``"liver (inner 90%)"``
+  (:mod:`calib_monai.label.margins`); its JSON's ``quality["contours"]`` has the lambdas, alpha, epsilon, the
+  guarantee, whether it is vouched for and each contour's volume. A bundle without a contour set answers 409 why.
 - ``<bundle>_confidence`` (``others``: not in Slicer's segmentation list): the max softmax probability, float32.
 
 All take the prediction from ``ServedBundle.predict`` (one inference per image) and write only the file they return.
@@ -19,11 +23,23 @@ from typing import Any
 import numpy as np
 from monailabel.interfaces.tasks.infer_v2 import InferTask, InferType
 
+from calib_monai.defaults import CONTOUR_ALPHA
+from calib_monai.label.margins import margins_label_names
 from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle, review_label_names
+from calib_monai.review.contours import read_contour_margins
 
-__all__ = ["CONFIDENCE_SUFFIX", "REVIEW_SUFFIX", "BundleConfidence", "BundleReview", "BundleSegmentation"]
+__all__ = [
+    "CONFIDENCE_SUFFIX",
+    "MARGINS_SUFFIX",
+    "REVIEW_SUFFIX",
+    "BundleConfidence",
+    "BundleMargins",
+    "BundleReview",
+    "BundleSegmentation",
+]
 
 CONFIDENCE_SUFFIX = "_confidence"
+MARGINS_SUFFIX = "_margins"
 REVIEW_SUFFIX = "_review"
 UNCERTAINTY_THRESHOLD = 0.8  # the Slicer files' "low confidence" threshold too
 
@@ -65,6 +81,9 @@ class _BundleTask(InferTask):
             "source": result.source,
             "latencies": {"total": round(time.time() - start, 3)},
         }
+        if self.keep == "margins":  # named with the alpha the answer's contours were chosen at
+            alpha = ((result.quality or {}).get("contours") or {}).get("alpha", CONTOUR_ALPHA)
+            info["label_names"] = margins_label_names(self.served.label_names, alpha)
         if self.keep == "confidence":
             info["confidence"] = dict(zip(("min", "mean", "max"), result.confidence_range))
         if self.keep == "review":
@@ -108,6 +127,25 @@ class BundleReview(_BundleTask):
             "parts as separate segments; JSON: case quality and review flag",
             labels=review_label_names(served.label_names),
             config={"uncertainty_threshold": UNCERTAINTY_THRESHOLD},
+        )
+
+
+class BundleMargins(_BundleTask):
+    """``<bundle>_margins``: each structure's outer contour, prediction and inner contour as nested segments (uint8)."""
+
+    keep = "margins"
+
+    def __init__(self, served: ServedBundle):
+        try:
+            margins, _ = read_contour_margins(served.bundle_dir / "models")
+        except ValueError:  # a damaged contours.json: each answer says so (409), the names take the default alpha
+            margins = None
+        super().__init__(
+            served,
+            InferType.SEGMENTATION,
+            f"{served.name}: margins - each structure's outer contour, prediction and inner contour as nested "
+            "segments, with a per-case guarantee; JSON: the lambdas, alpha, epsilon and volumes",
+            labels=margins_label_names(served.label_names, margins.alpha if margins else CONTOUR_ALPHA),
         )
 
 

@@ -25,7 +25,15 @@ from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelEr
 import calib_monai
 from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident, MostTypical, TypicalLeastConfident
 from calib_monai.label.fine_tune import check_label
-from calib_monai.label.infer import CONFIDENCE_SUFFIX, REVIEW_SUFFIX, BundleConfidence, BundleReview, BundleSegmentation
+from calib_monai.label.infer import (
+    CONFIDENCE_SUFFIX,
+    MARGINS_SUFFIX,
+    REVIEW_SUFFIX,
+    BundleConfidence,
+    BundleMargins,
+    BundleReview,
+    BundleSegmentation,
+)
 from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import SITE_FOLDER, InputError, ServedBundle, find_bundles
 from calib_monai.label.train import BundleTrainer
@@ -34,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 class CalibMONAILabelApp(MONAILabelApp):
-    """The annotation loop for every bundle of ``<app_dir>/model``: three infer tasks (segmentation, review,
+    """The annotation loop for every bundle of ``<app_dir>/model``: four infer tasks (segmentation, review, margins,
     confidence), a scoring method and a Next Sample strategy by case quality, and a train task that fine-tunes,
     calibrates and serves the new weights.
 
@@ -93,6 +101,7 @@ class CalibMONAILabelApp(MONAILabelApp):
                 logger.warning(served.missing_weights_message())
             tasks[name] = BundleSegmentation(served)
             tasks[name + REVIEW_SUFFIX] = BundleReview(served)
+            tasks[name + MARGINS_SUFFIX] = BundleMargins(served)
             tasks[name + CONFIDENCE_SUFFIX] = BundleConfidence(served)
         return tasks
 

@@ -30,6 +30,7 @@ from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError, file_sh
 from calib_monai.data.transforms import unwrap_case_error
 from calib_monai.defaults import LOW_CONFIDENCE
 from calib_monai.label.labels import bundle_label, value_map
+from calib_monai.label.margins import margins_label_map
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.review.site_labels import delivered_dice, record_site_label
 from calib_monai.review.site_monitor import SITE_FILE, SiteStateError, read_state, summarise
@@ -74,6 +75,7 @@ class Served:
     quality: dict | None = None  # case quality and review flag (calib_monai.review.CaseQualityd)
     source: dict | None = None  # weights, recalibration and validated range it came from (SHA-256s)
     features: np.ndarray | None = None  # the network's pooled bottleneck features (None: a network without hooks)
+    contours: dict | None = None  # {"inner", "outer"}: (C - 1, *spatial) uint8 (Prediction.contours), or None
 
 
 def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
@@ -285,17 +287,19 @@ class ServedBundle:
             self._last = None  # the last volumes are freed before the next inference needs the memory
             with _pooled_features(self.bundle.network) as pooled:
                 try:
-                    segmentation, confidence, quality = self.bundle.predict_item(item)
+                    prediction = self.bundle.predict_item(item)
                 except RuntimeError as err:  # MONAI wraps a transform's error: a site state the admin must clear
                     site_error = _site_state_error(err)
                     if site_error is None:
                         raise
                     raise InputError(str(site_error), status=503) from err
+            segmentation, confidence, quality = prediction
             seg_array, conf_array = segmentation[0].numpy(), confidence[0].numpy()
             summary = confidence_summary(seg_array, conf_array, self.label_names)
             stats = (float(conf_array.min()), float(conf_array.mean(dtype=np.float64)), float(conf_array.max()))
             source = (quality or {}).get("source") or self.bundle.source
-            served = Served(segmentation, confidence, summary, stats, quality, source, pooled.get("vector"))
+            features = pooled.get("vector")
+            served = Served(segmentation, confidence, summary, stats, quality, source, features, prediction.contours)
             self._last = (key, served)
             logger.info(f"{self.name}: segmented {Path(path).name} with {self.bundle.weights} on {self.bundle.device}")
             return served
@@ -325,14 +329,31 @@ class ServedBundle:
             torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
         )
 
-    def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
-        """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``,
-        with the segmentation's writer), as the ``inferring`` run does, under a name of its own in the temporary folder
-        (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and removes) it."""
-        case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
-        value, writer = (
-            (self.review(served, threshold), "segmentation") if key == "review" else (getattr(served, key), key)
+    def margins(self, served: Served) -> MetaTensor:
+        """The margins label map of a prediction (:func:`calib_monai.label.margins.margins_label_map`) on the input's
+        grid, uint8; an ``InputError`` (409) saying why when the bundle has no contours for it."""
+        if served.contours is None:
+            why = ((served.quality or {}).get("contours") or {}).get("reason") or "the bundle made no contours"
+            raise InputError(f"model {self.name!r} has no contours for this image: {why}", status=409)
+        inner, outer = (served.contours[kind].numpy() for kind in ("inner", "outer"))
+        values = margins_label_map(served.segmentation[0].numpy(), inner, outer)
+        return MetaTensor(
+            torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
         )
+
+    def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
+        """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``)
+        or margins map (``"margins"``), each with the segmentation's writer, as the ``inferring`` run does, under a
+        name of its own in the temporary folder (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and
+        removes) it."""
+        case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
+        if key in ("review", "margins"):
+            value, writer = (
+                (self.review(served, threshold) if key == "review" else self.margins(served)),
+                "segmentation",
+            )
+        else:
+            value, writer = getattr(served, key), key
         with self._lock:  # the bundle's writers are not thread-safe
             written = self.bundle.write(**{writer: value}, output_dir=self._output_dir, case=case)
         return str(getattr(written, writer))

@@ -54,6 +54,7 @@ __all__ = [
     "RISKS",
     "ContourMargins",
     "contour_masks",
+    "contour_segment_name",
     "read_contour_margins",
     "subject_requirements",
     "volume_requirements",
@@ -301,3 +302,9 @@ def contour_masks(
         outer[c - 1] = (predicted | (p[c] >= float(entry["lambda_out"]))).to(torch.uint8)
         inner[c - 1] = (predicted & (p[c] >= float(entry["lambda_in"]))).to(torch.uint8)
     return inner, outer
+
+
+def contour_segment_name(name: str, kind: str, alpha: float) -> str:
+    """``"liver (outer 90%)"``: the structure, the contour (``"inner"`` or ``"outer"``) and ``1 - alpha`` in percent,
+    as the Slicer files and MONAI Label's margins task name the segments."""
+    return f"{name} ({kind} {round(100 * (1 - alpha), 6):g}%)"
