@@ -102,11 +102,11 @@ def contour_keys() -> dict[str, Any]:
 
 def evaluation_case_quality() -> dict[str, Any]:
     """``evaluate.json``'s case quality: ``inference.json``'s transform on the calibrated softmax of the test volumes
-    mapped back to their input grid (``prob_input``), so ``eval/metrics.csv`` holds the review flag ``inferring``
-    gives beside the true DSC."""
+    on the network's grid (``prob``), as ``inferring`` scores a case, so ``eval/metrics.csv`` holds the review flag
+    ``inferring`` gives beside the true DSC."""
     keys = case_quality_keys()
     keys["validated_range_path"] = VALIDATED_RANGE_PATH
-    keys["case_quality"] = {**keys["case_quality"], "keys": "prob_input", "weights": "$@output_dir + '/model.pt'"}
+    keys["case_quality"] = {**keys["case_quality"], "keys": "prob", "weights": "$@output_dir + '/model.pt'"}
     return keys
 
 
@@ -141,7 +141,9 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": defaults.CALIBRATION_SPLIT,
         "validated_range_path": VALIDATED_RANGE_PATH,
-        "keep_input_label": True,  # the validation volumes keep their label as read: the range is scored on it
+        # the range scored on the network's grid, as inferring scores a case (true: on the input grid, which
+        # inferring does not serve)
+        "keep_input_label": False,
         **REVIEW,
         **dataset.review,
         **CONTOURS,
@@ -168,7 +170,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "settings": "@calibration_settings",
                 "validated_range_path": "@validated_range_path",
                 "label_names": "@label_names",
-                # the range scored on each volume's input grid (the label as read), as inferring scores a case
+                # the reference images through the served chain (and keep_input_label true: the input grid's inverse)
                 "preprocessing": "@validate#preprocessing",
                 # the input and feature signals' fixed reference: the training images through the served chain
                 "reference_images": "$@data.datalist()['training']",

@@ -256,28 +256,29 @@ def evaluate_config(name: str, method: Method, dataset: Dataset) -> dict[str, An
         **evaluation_case_quality(),
         "validate#postprocessing": _postprocessing(
             calibrate_logits("$@output_dir + '/model.pt'", "prob_uncalibrated"),
-            # the case quality on the input grid (as inferring: the probabilities mapped back by Invertd), then (as
-            # inferring) no review against the range without the recalibration it assumes
+            # the case quality on the network's grid (as inferring), then (as inferring) no review against the range
+            # without the recalibration it assumes
             on_prob=(
-                {"_target_": "CopyItemsd", "keys": "prob", "names": "prob_input"},
+                "@case_quality",
+                # the true DSC of the segmentation inferring delivers: the argmax, nearest on the input grid
+                {"_target_": "CopyItemsd", "keys": "prob", "names": "delivered"},
+                {"_target_": "AsDiscreted", "keys": "delivered", "argmax": True},
                 {
                     "_target_": "Invertd",
-                    "keys": "prob_input",
+                    "keys": "delivered",
                     "transform": "@validate#preprocessing",
                     "orig_keys": "image",
-                    "nearest_interp": False,
+                    "nearest_interp": True,
                     "to_tensor": True,
                 },
-                "@case_quality",
-                # the true DSC of the segmentation inferring delivers (argmax on the input grid), beside the estimate
                 {
                     "_target_": "calib_monai.review.DeliveredDiced",
-                    "keys": "prob_input",
+                    "keys": "delivered",
                     "label_key": "input_label",
                     "label_names": "@label_names",
                 },
                 {"_target_": "calib_monai.data.inference.RecordSourced", "keys": "prob", "quality_key": "quality"},
-                {"_target_": "DeleteItemsd", "keys": "prob_input"},  # scored: not kept for the whole iteration
+                {"_target_": "DeleteItemsd", "keys": "delivered"},  # scored: not kept for the whole iteration
             ),
         ),
         "validate#handlers": [

@@ -1,14 +1,15 @@
 """What scoring the case on the input grid costs on the serving path: time and peak memory of the postprocessing of
-one CT-sized case, against the chain it replaced, each variant in its own process.
+one CT-sized case, against the network-grid chain, each variant in its own process.
 
 The case: a 512 x 512 x 100 image of 0.8 x 0.8 x 2.5 mm (a FLARE-sized CT), preprocessed as the FLARE bundles do
 (RAS, ``Spacingd`` to 1.6 x 1.6 x 6 mm: a 256 x 256 x 42 network grid), and smooth random logits of 5 classes on that
 grid. Variants, after the softmax:
 
-- ``input grid`` (the bundles now, ``calib_monai.data.segmentation_and_confidence``): ``Invertd`` of the 5 probability
-  channels to the input grid, then the case quality, the argmax and the confidence there;
-- ``network grid`` (the chain before issue 29.1): the case quality, the argmax and the confidence on the network grid,
-  then ``Invertd`` of the segmentation (nearest) and the confidence back to the input grid.
+- ``input grid`` (the bundles from issue 29.1 to issue 50): ``Invertd`` of the 5 probability channels to the input
+  grid, then the case quality, the argmax and the confidence there;
+- ``network grid`` (the bundles now, ``calib_monai.data.segmentation_and_confidence``): the case quality, the argmax
+  and the confidence on the network grid, then ``Invertd`` of the segmentation (nearest) and the confidence back to
+  the input grid.
 
 Prints a Markdown table: median seconds over ``--repeats`` calls and the process's peak resident memory above what
 the inputs took, and the ratios of the first to the second. Run: ``python scripts/benchmark_serving.py``.

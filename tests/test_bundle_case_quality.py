@@ -34,7 +34,7 @@ TINY = {
     "data#spacing": [12.0, 12.0, 30.0],
     "data#phantom_shape": [48, 48, 8],
 }
-INPUT_SHAPE, INPUT_VOXEL_ML = (48, 48, 8), 8 * 8 * 30 / 1000
+INPUT_SHAPE, INPUT_VOXEL_ML, NETWORK_VOXEL_ML = (48, 48, 8), 8 * 8 * 30 / 1000, 12 * 12 * 30 / 1000
 
 
 def _workflow(configs: list[str], run_id: str, **overrides) -> ConfigWorkflow:
@@ -135,12 +135,15 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     segmentation, confidence, quality = bundle.predict(images[0].parent / f"{case}.nii.gz")
     assert quality["case_score"] == pytest.approx(written["case_score"], rel=1e-6)
     _assert_same_review(quality["review"], written["review"])
-    # scored on the input grid, the delivered segmentation's (48 x 48 x 8 of 1.92 mL; the network's is 32 x 32 x 8)
-    assert tuple(segmentation.shape[1:]) == INPUT_SHAPE and quality["voxel_volume"] == pytest.approx(INPUT_VOXEL_ML)
+    # delivered on the input grid (48 x 48 x 8 of 1.92 mL), scored on the network's (32 x 32 x 8 of 4.32 mL), whose
+    # labels the delivered segmentation carries: whole network voxels, about the delivered volume
+    assert tuple(segmentation.shape[1:]) == INPUT_SHAPE and quality["voxel_volume"] == pytest.approx(NETWORK_VOXEL_ML)
     assert set(quality["classes"]) == {"liver", "kidney", "spleen", "pancreas"}
     predicted = {name: q["volume_predicted"] for name, q in quality["classes"].items()}
-    for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):  # the delivered segmentation's
-        assert predicted[name] == pytest.approx(float((segmentation == c).sum()) * INPUT_VOXEL_ML)
+    for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
+        voxels = predicted[name] / NETWORK_VOXEL_ML
+        assert voxels == pytest.approx(round(voxels), abs=1e-6)
+        assert predicted[name] == pytest.approx(float((segmentation == c).sum()) * INPUT_VOXEL_ML, rel=0.2, abs=10)
     for entry in quality["classes"].values():
         assert entry["volume_low"] <= entry["volume"] <= entry["volume_high"]
 
@@ -232,7 +235,7 @@ def test_evaluating_and_inferring_give_the_same_scores_and_flags(calibrated, tmp
 def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
     """One path from validation to serving: with the recalibration fitted in-sample (the range's scorer is then the
     served one), each validation image served by ``TrainedBundle.predict`` gets the case score and expected volumes
-    the range stored for it, both measured on the input grid."""
+    the range stored for it, both measured on the network's grid."""
     root, overrides = calibrated
     bundle = tmp_path / "bundle"
     shutil.copytree(root / "bundle" / "configs", bundle / "configs")
@@ -243,7 +246,7 @@ def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
     run = {"calibration_crossfit": False, "calibration_split": 0.0, "review_alpha": 0.2}
     _workflow(["train.json", "calibrate.json"], "calibrate", **run, **settings)
     record = json.loads((bundle / "models" / "validated_range.json").read_text())
-    assert record["scored_on"] == "input grid" and record["info"]["split"]["in_sample"]
+    assert record["scored_on"] == "network grid" and record["info"]["split"]["in_sample"]
     served = TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
     datalist = json.loads((bundle / "models" / "datalist.json").read_text())
     images = {Path(item["image"]).name: item["image"] for item in datalist["validation"]}
@@ -257,9 +260,9 @@ def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
             assert quality["classes"][organ]["volume"] == pytest.approx(volumes[i], rel=1e-4)
 
 
-def test_a_range_scored_on_the_network_grid_is_not_applied_to_input_grid_cases(calibrated, tmp_path):
-    """calibrate with keep_input_label false scores the range on the network's grid; served cases are scored on their
-    input grid, so the flag is null with that reason, not a comparison of two grids."""
+def test_a_range_scored_on_the_input_grid_is_not_applied_to_network_grid_cases(calibrated, tmp_path):
+    """calibrate with keep_input_label true scores the range on the input grid; served cases are scored on the
+    network's grid, so the flag is null with that reason, not a comparison of two grids."""
     root, overrides = calibrated
     bundle = tmp_path / "bundle"
     shutil.copytree(root / "bundle" / "configs", bundle / "configs")
@@ -267,13 +270,14 @@ def test_a_range_scored_on_the_network_grid_is_not_applied_to_input_grid_cases(c
     for name in ("model.pt", "datalist.json"):
         shutil.copy(root / "bundle" / "models" / name, bundle / "models" / name)
     settings = {**overrides, "output_dir": str(bundle / "models")}
-    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, keep_input_label="false", **settings)
-    assert json.loads((bundle / "models" / "validated_range.json").read_text())["scored_on"] == "network grid"
+    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, keep_input_label="true", **settings)
+    assert json.loads((bundle / "models" / "validated_range.json").read_text())["scored_on"] == "input grid"
     image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
     served = TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
     review = served.predict(image).quality["review"]
-    assert review["flag"] is None and "scored on the network's grid" in review["reasons"][0]
-    assert "keep_input_label true" in review["reasons"][0]
+    (reason,) = [r for r in review["reasons"] if "grid" in r]
+    assert review["flag"] is None and "scored on the input grid and this case on the network grid" in reason
+    assert "keep_input_label false" in reason
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (MONAI Label serves on one)")

@@ -79,3 +79,39 @@ def test_inference_writes_segmentation_and_confidence_on_the_original_grid(tmp_p
         assert set(np.unique(np.asarray(seg.dataobj)).tolist()) <= {0, 1, 2, 3, 4}
         confidence = np.asarray(conf.dataobj)
         assert confidence.min() >= 0.2 - 1e-5 and confidence.max() <= 1.0 + 1e-5  # max of 5 probabilities
+
+
+def test_only_the_segmentation_and_confidence_cross_to_the_input_grid(tmp_path):
+    """The served chain takes the argmax, the confidence and the case quality on the network's grid (3 mm here, of a
+    1 mm file; voxel centres aligned at the corner) and maps back only the two outputs: each input voxel takes the
+    label of the network voxel whose centre is nearest (input voxels 0..6 at 0..6 mm, network ones at 0, 3, 6 mm:
+    0 0 1 1 1 2 2), and the volumes count network voxels of 27 mm^3 = 0.027 mL."""
+    from monai.data import MetaTensor
+    from monai.transforms import Compose, Spacingd
+
+    from calib_monai.review import CaseQualityd
+
+    chain = Compose([Spacingd("image", pixdim=(3.0, 3.0, 3.0), mode="bilinear", dtype=torch.float32)])
+    item = chain({"image": MetaTensor(torch.rand(1, 7, 7, 4), affine=torch.eye(4, dtype=torch.float64))})
+    assert item["image"].shape == (1, 3, 3, 2)
+    labels = torch.tensor([[[1, 0], [0, 0], [2, 0]], [[0, 0], [1, 1], [0, 0]], [[0, 2], [0, 0], [0, 0]]])
+    logits = 5.0 * torch.nn.functional.one_hot(labels, 3).permute(3, 0, 1, 2).float()
+    item["image"].meta["filename_or_obj"] = str(tmp_path / "case.nii.gz")
+    item["pred"] = MetaTensor(logits, meta=dict(item["image"].meta))
+    quality = CaseQualityd("pred", label_names={"0": "background", "1": "a", "2": "b"})
+    out = segmentation_and_confidence(chain, tmp_path / "out", quality)(item)
+    nearest, nearest_z = torch.tensor([0, 0, 1, 1, 1, 2, 2]), torch.tensor([0, 0, 1, 1])
+    delivered = labels[nearest][:, nearest][:, :, nearest_z]
+    assert out["segmentation"].dtype == torch.uint8 and out["segmentation"].shape == (1, 7, 7, 4)
+    assert torch.equal(out["segmentation"][0].long(), delivered)
+    written = nib.load(tmp_path / "out" / "case_seg.nii.gz")
+    np.testing.assert_array_equal(np.asarray(written.dataobj), delivered.numpy())
+    np.testing.assert_allclose(written.affine, np.eye(4), atol=1e-6)
+    top = 1 / (1 + 2 * np.exp(-5.0))  # softmax of (5, 0, 0): the confidence of every voxel, on either grid
+    np.testing.assert_allclose(np.asarray(nib.load(tmp_path / "out" / "case_conf.nii.gz").dataobj), top, rtol=1e-6)
+    scored = out["quality"]
+    assert scored["voxel_volume"] == pytest.approx(0.027)  # the network grid's voxel, from its affine
+    assert scored["classes"]["a"]["volume_predicted"] == pytest.approx(3 * 0.027)  # 3 network voxels
+    assert scored["classes"]["b"]["volume_predicted"] == pytest.approx(2 * 0.027)
+    expected = 3 * top + 15 * (1 - top) / 2  # its own 3 voxels, and half of what the other 15 leave
+    assert scored["classes"]["a"]["volume"] == pytest.approx(expected * 0.027)

@@ -3,7 +3,9 @@
 
 A confident network (a trained one whose output layer is scaled up, as a well-trained network is) gives exact ones
 after the softmax; ``Invertd``'s float32 interpolation back to the image's grid turns some into 1 + 1.2e-7, which
-the case quality's exact check refused ("it looks like logits") before the clip.
+the case quality's exact check refused ("it looks like logits") before the clip. The served chain now maps back only
+the segmentation (nearest) and the confidence; the clip stays where the confidence and calibrate's input-grid map
+(``keep_input_label true``) are made.
 """
 
 from __future__ import annotations
@@ -119,3 +121,70 @@ def test_a_full_size_ct_is_served_with_each_recalibration(confident_bundle, meth
     with open(out / "quality.csv") as f:
         (row,) = list(csv.DictReader(f))
     assert row["case"] == "FullCT_0000" and 0 <= float(row["case_score"]) <= 1
+
+
+# ------------------------------------------------------------------------- the outputs mapped back, axis by axis
+
+
+def _reoriented_and_resampled():
+    """An LPS-stored image (flipped axes, a z offset that is not a whole voxel) through ``Orientationd`` and
+    ``Spacingd`` to a coarser grid, and a smooth confidence and label map on that grid."""
+    from monai.transforms import Orientationd
+
+    affine = torch.tensor([[-0.8, 0, 0, 30.0], [0, -0.8, 0, 20.0], [0, 0, 2.5, -41.3], [0, 0, 0, 1]]).double()
+    chain = Compose(
+        [
+            Orientationd("image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+            Spacingd("image", pixdim=(3.2, 3.0, 12.0), mode="bilinear", dtype=torch.float32),
+        ]
+    )
+    image = chain({"image": MetaTensor(torch.rand(1, 61, 47, 29), affine=affine)})["image"]
+    g = torch.Generator().manual_seed(1)
+    confidence = MetaTensor(torch.rand(1, *image.shape[1:], generator=g), meta=dict(image.meta))
+    labels = MetaTensor(torch.randint(0, 5, (1, *image.shape[1:]), generator=g).to(torch.uint8), meta=dict(image.meta))
+    return chain, image, confidence, labels
+
+
+def test_the_outputs_mapped_axis_by_axis_are_what_invertd_gives():
+    """The confidence interpolated axis by axis equals ``Invertd``'s trilinear ``grid_sample`` up to float rounding,
+    on the file's grid and affine; the label map equals its nearest ``grid_sample`` except at exact ties between two
+    network voxels (the upper taken here, float32 rounding decides there), and keeps its uint8."""
+    from calib_monai.data import ToInputGridd
+    from calib_monai.data.input_grid import axis_map
+
+    chain, image, confidence, labels = _reoriented_and_resampled()
+    axes = axis_map(image)
+    assert [a for a, _, _ in axes] == [0, 1, 2] and axes[0][1] == pytest.approx(-0.8 / 3.2)  # x flipped back
+    item = {"image": image, "conf": confidence, "seg": labels}
+    fast = ToInputGridd(["conf", "seg"], chain, nearest=(False, True))(dict(item))
+    slow = Invertd(["conf", "seg"], transform=chain, orig_keys="image", nearest_interp=(False, True))(
+        {k: v.clone() if k != "image" else v for k, v in item.items()}
+    )
+    for key in ("conf", "seg"):
+        assert fast[key].shape == slow[key].shape == (1, 61, 47, 29)
+        np.testing.assert_allclose(fast[key].affine.numpy(), slow[key].affine.numpy(), atol=1e-5)
+    np.testing.assert_allclose(fast["conf"].numpy(), slow["conf"].numpy(), atol=2e-6)
+    assert fast["seg"].dtype == torch.uint8
+    differ = fast["seg"][0].float() != slow["seg"][0].float()
+    midway = torch.zeros(differ.shape, dtype=torch.bool)  # input planes that lie midway between two network planes
+    for a, (_, scale, offset) in enumerate(axes):
+        coordinate = torch.arange(differ.shape[a], dtype=torch.float64) * scale + offset
+        tie = ((coordinate - coordinate.floor()) - 0.5).abs() < 1e-5
+        midway |= tie.reshape([-1 if i == a else 1 for i in range(3)]).expand(differ.shape)
+    assert differ.any() and not (differ & ~midway).any()  # ties only
+
+
+def test_other_spatial_steps_fall_back_to_invertd():
+    """A crop is not an axis-to-axis map of the whole grid: ``Invertd`` through the chain, the label map its uint8."""
+    from monai.transforms import SpatialCropd
+
+    from calib_monai.data import ToInputGridd
+    from calib_monai.data.input_grid import axis_map
+
+    chain = Compose([SpatialCropd("image", roi_start=(2, 2, 1), roi_end=(10, 9, 5))])
+    image = chain({"image": MetaTensor(torch.rand(1, 12, 11, 6), affine=torch.eye(4, dtype=torch.float64))})["image"]
+    assert axis_map(image) is None
+    labels = MetaTensor(torch.ones(1, *image.shape[1:], dtype=torch.uint8), meta=dict(image.meta))
+    out = ToInputGridd("seg", chain, nearest=True)({"image": image, "seg": labels})["seg"]
+    assert out.shape == (1, 12, 11, 6) and out.dtype == torch.uint8
+    assert int(out.sum()) == 8 * 7 * 4  # the crop's voxels, zeros around

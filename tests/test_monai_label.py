@@ -146,8 +146,8 @@ def test_a_calibrated_bundle_serves_the_calibrated_confidence(server, tmp_path):
     status, kind, body = _infer(server, "nacl_flare_calibrated", server["images"]["case"])
     assert status == 200, body[:2000]
     parts = _multipart(kind, body)
-    # the argmax of the calibrated probabilities mapped back to the input grid, as the bundle's own chain gives it (a
-    # temperature keeps the argmax on the network's grid; linear interpolation back can move boundary voxels)
+    # the argmax of the calibrated probabilities on the network's grid, mapped back to the input grid (nearest), as
+    # the bundle's own chain gives it
     expected = TrainedBundle(server["app"] / "model" / "nacl_flare_calibrated").predict(server["images"]["case"])
     served = np.asarray(_nifti(parts["image"], tmp_path / "s.nii.gz").dataobj)
     np.testing.assert_array_equal(served, expected.segmentation[0].numpy())
@@ -195,8 +195,8 @@ def test_a_corrupt_site_state_is_a_503_naming_the_fix_and_a_reset_serves_again(s
 
 @needs_label_env
 def test_a_full_size_ct_is_served_by_a_confident_calibrated_bundle(server, tmp_path):
-    # 512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm: the probabilities mapped back hold exact ones, whose float32
-    # interpolation rounds above 1 (the served chain clips the rounding where it makes them)
+    # 512 x 512 x 200 at 0.8 x 0.8 x 2.5 mm: the confidence mapped back holds exact ones, whose float32
+    # interpolation rounds above 1 (the served chain clips the rounding where it makes it)
     status, kind, body = _infer(server, "confident_flare", server["images"]["full_size"])
     assert status == 200, body[:2000]
     parts = _multipart(kind, body)

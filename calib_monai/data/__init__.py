@@ -20,6 +20,7 @@ from calib_monai.data.inference import (
     inference_preprocessing,
     segmentation_and_confidence,
 )
+from calib_monai.data.input_grid import ToInputGridd
 from calib_monai.data.kits import KiTS
 from calib_monai.data.layouts import FLARE_LAYOUTS, find_flare_cases, find_msd_cases, split_cases, split_sizes
 from calib_monai.data.mrbrains import MRBRAINS18_TO_TISSUE, MRBrainS
@@ -45,6 +46,7 @@ __all__ = [
     "DatasetFacts",
     "Hippocampus",
     "InputGrid",
+    "ToInputGridd",
     "KeepInputLabeld",
     "KiTS",
     "LoadBUSId",

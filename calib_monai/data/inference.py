@@ -29,6 +29,7 @@ from calib_monai.bundle.outputs import (
     write_durably,
 )
 from calib_monai.checks import clip_probability_rounding
+from calib_monai.data.input_grid import ToInputGridd
 from calib_monai.data.layouts import NIFTI_SUFFIXES
 
 __all__ = [
@@ -159,9 +160,9 @@ class ConfidenceAndSegmentationd(MapTransform):
 
 
 class InputGrid:
-    """Map tensors on the network's grid back to an image's input grid, as ``segmentation_and_confidence`` maps the
-    served probabilities (``Invertd`` through ``preprocessing`` with the image's applied operations, interpolated as
-    the image was). Keeps the image's meta data and operations only, not its voxels.
+    """Map probabilities on the network's grid back to an image's input grid (``Invertd`` through ``preprocessing``
+    with the image's applied operations, interpolated as the image was): ``calibrate`` with ``keep_input_label`` true
+    scores its validation volumes there. Keeps the image's meta data and operations only, not its voxels.
 
     Args:
         preprocessing: the chain that made ``image`` (one ``Compose`` instance, as ``Invertd`` needs).
@@ -177,15 +178,15 @@ class InputGrid:
 
     def __call__(self, tensor: torch.Tensor) -> MetaTensor:
         """Probabilities ``tensor`` ``(C, *spatial)`` on the network's grid, on the input grid (with its affine; the
-        interpolation's float rounding clipped into [0, 1], as ``segmentation_and_confidence`` does)."""
+        interpolation's float rounding clipped into [0, 1])."""
         tensor = tensor if isinstance(tensor, MetaTensor) else MetaTensor(tensor)  # Invertd skips a plain tensor
         return clip_probability_rounding(self._invert({"x": tensor, "image": self.reference})["x"])
 
 
 class ClipProbabilityRoundingd(MapTransform):
     """Clip the float rounding of probabilities under ``keys`` into [0, 1] where they are made (``Invertd``'s
-    interpolation of a softmax reaches 1 + 1.2e-7), so that the exact checks of the case quality and the metrics
-    downstream accept them; values further out are an error (:func:`calib_monai.checks.clip_probability_rounding`)."""
+    interpolation of a softmax or of its confidence reaches 1 + 1.2e-7), so that the exact checks downstream accept
+    them; values further out are an error (:func:`calib_monai.checks.clip_probability_rounding`)."""
 
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
         d = dict(data)
@@ -341,20 +342,26 @@ def segmentation_and_confidence(
 ) -> Compose:
     """Post-processing of a ``SupervisedEvaluator`` over ``inference_preprocessing`` outputs.
 
-    softmax -> ``Invertd`` back to each input's grid (the probabilities interpolated as the image was; with several
-    input files per case, the grid of the first, which they share) -> ``segmentation`` (argmax) and ``confidence``
-    (max probability) -> ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's
-    affine; a PNG's outputs are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
+    softmax -> ``segmentation`` (argmax) and ``confidence`` (max probability) on the network's grid -> the case
+    quality there -> only those two mapped back to each input's grid (``ToInputGridd``: the label map nearest, the
+    confidence linearly; with several input files per case, the grid of the first, which they share) ->
+    ``<output_dir>/<name>_seg.nii.gz`` and ``<name>_conf.nii.gz`` (NIfTI with the input's affine; a PNG's outputs
+    are 2D, ``(H, W)``, with an identity affine), where ``<name>`` is the item's ``"case"``
     (``image_datalist``: the BraTS case, the MRBrainS subject, the BUSI/PROMISE12 image name) or else the input
-    file's name without extension. With ``case_quality`` (``calib_monai.review.CaseQualityd`` on ``"pred"``)
-    each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated DSC,
-    volumes and review flag, scored on the input grid, the grid of the segmentation it speaks for. With
-    ``site_monitor`` (``calib_monai.review.SiteMonitord``) each case also feeds the deployment's site monitor, and
-    after its alarm every case's outputs say so. With ``contours`` (``calib_monai.review.ContourMarginsd``, after the
-    verdict it reads) each case also gets ``<name>_inner.nii.gz`` and ``<name>_outer.nii.gz`` (uint8, 4D: one volume
-    per foreground class, in label order) and their volumes in its quality.
+    file's name without extension. Two channels cross to the input grid, not C probability channels (a full-size CT's
+    input grid holds about 30x the network's voxels). With ``case_quality`` (``calib_monai.review.CaseQualityd`` on
+    ``"pred"``) each case also gets ``<name>_quality.json`` and a row of ``<output_dir>/quality.csv``: its estimated
+    DSC, volumes (mL, from the network grid's affine) and review flag, scored on the network's grid, the grid whose
+    labels the delivered segmentation carries (each input voxel takes its nearest network voxel's), as ``calibrate``
+    scores the validated range. With ``site_monitor`` (``calib_monai.review.SiteMonitord``) each case also feeds the
+    deployment's site monitor, and after its alarm every case's outputs say so. With ``contours``
+    (``calib_monai.review.ContourMarginsd``, after the verdict it reads) each case also gets ``<name>_inner.nii.gz``
+    and ``<name>_outer.nii.gz`` (uint8, 4D: one volume per foreground class, in label order), made on the network's
+    grid as ``calibrate`` chose their margins and mapped back nearest as the segmentation, and their volumes in its
+    quality.
     """
     keys = ("segmentation", "confidence")
+    delivered = (*keys, *CONTOUR_POSTFIXES)  # what crosses to the input grid
     save = {
         "output_dir": str(output_dir),
         "separate_folder": False,
@@ -368,14 +375,15 @@ def segmentation_and_confidence(
     return Compose(
         [
             Activationsd("pred", softmax=True),
-            Invertd("pred", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True),
-            ClipProbabilityRoundingd("pred"),
             ConfidenceAndSegmentationd("pred"),
             *quality,  # after: it scores the case with the segmentation and confidence just taken
             CaseNamed(keys),
             RecordSourced(keys, quality_key=getattr(case_quality, "quality_key", "quality")),
             *([] if site_monitor is None or case_quality is None else [site_monitor]),
             *([] if contours is None else [contours]),  # after the verdict: a flagged case's contours say so
+            # only what is delivered crosses to the input grid: the label maps nearest, as their uint8
+            ToInputGridd(delivered, preprocessing, nearest=(True, False, True, True), allow_missing_keys=True),
+            ClipProbabilityRoundingd("confidence"),
             CheckOutputFolderd(output_dir),
             SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
             SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),

@@ -145,8 +145,8 @@ def voxel_volume_ml(image: Any) -> float:
 
 
 class CaseQualityd(MapTransform):
-    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``; in the bundles mapped back
-    to the input grid first, the grid of the delivered segmentation) and its review flag, as ``data[quality_key]``
+    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``; in the bundles on the
+    network's grid, whose labels the delivered segmentation carries) and its review flag, as ``data[quality_key]``
     (a plain dict of numbers, see :func:`calib_monai.metrics.case_quality` and :func:`review_case`); a flagged case
     gets one warning line in the log. ``inferring``, ``TrainedBundle.predict`` and ``evaluating`` run this same
     transform.
@@ -228,9 +228,10 @@ class CaseQualityd(MapTransform):
             stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
             validated, missing = self.validated_range, self.missing
-            other_grid = image is not None and tuple(prob.shape[1:]) != tuple(image.shape[1:])
-            if validated is not None and validated.scored_on == "network grid" and other_grid:
-                validated, missing = None, _GRIDS_DIFFER
+            if validated is not None and image is not None and _resampled(image):  # else both grids hold one voxel set
+                grid = "input grid" if tuple(prob.shape[1:]) != tuple(image.shape[1:]) else "network grid"
+                if validated.scored_on != grid:
+                    validated, missing = None, _GRIDS_DIFFER.format(range=validated.scored_on, case=grid)
             quality = review_case(quality, validated, stats, missing, features, why)
             if validated is not None:  # the served estimate's lower bound (re-anchored by the site monitor)
                 quality = anchor_quality(quality, self.anchor)
@@ -262,8 +263,9 @@ class CaseQualityd(MapTransform):
 
 
 class DeliveredDiced(MapTransform):
-    """The true DSC of the delivered segmentation, beside the served case score: the argmax of the probabilities under
-    ``keys`` (on the input grid, as ``inferring`` delivers it) against the label as read (``label_key``), per
+    """The true DSC of the delivered segmentation, beside the served case score: the label map under ``keys``
+    (``(1, *spatial)``, on the input grid as ``inferring`` delivers it; probabilities ``(C, *spatial)``: their
+    argmax) against the label as read (``label_key``), per
     foreground class (as MONAI's ``compute_dice``; a class absent from the label: NaN, left out of the mean, as
     ``segmentation_metrics_per_volume``'s default ``empty_class="nan"``), into ``data[quality_key]["delivered"]``:
     ``{"mean_dice", "dice": {name: value}}``. ``evaluating`` runs it after :class:`CaseQualityd`."""
@@ -283,10 +285,11 @@ class DeliveredDiced(MapTransform):
             if tuple(prob.shape[1:]) != tuple(label.shape[1:]):
                 raise ValueError(
                     f"DeliveredDiced: {key} is {tuple(prob.shape[1:])}, {self.label_key} {tuple(label.shape[1:])}: "
-                    "both must be on the input grid (Invertd the probabilities; keep_input_label true)"
+                    "both must be on the input grid (Invertd the segmentation; keep_input_label true)"
                 )
-            classes = prob.shape[0]
-            pred = prob.as_subclass(torch.Tensor).argmax(0)
+            label_map = prob.shape[0] == 1 and self.class_names is not None
+            classes = len(self.class_names) if label_map else prob.shape[0]
+            pred = prob.as_subclass(torch.Tensor)[0].long() if label_map else prob.as_subclass(torch.Tensor).argmax(0)
             dice = label_map_dice(pred, label.as_subclass(torch.Tensor), classes).tolist()  # no truth: NaN
             names = self.class_names[1:] if self.class_names else [f"class_{c}" for c in range(1, classes)]
             finite = [v for v in dice if v == v]
@@ -296,9 +299,23 @@ class DeliveredDiced(MapTransform):
 
 
 _GRIDS_DIFFER = (
-    "the validated range was scored on the network's grid (calibrate with keep_input_label false) and this case on "
-    "its input grid: run the bundle's calibrate step again with keep_input_label true"
+    "the validated range was scored on the {range} and this case on the {case} of another voxel size: run the "
+    "bundle's calibrate step again (keep_input_label false: the network grid, as inferring scores a case)"
 )
+
+
+def _resampled(image: Any) -> bool:
+    """Whether the preprocessing changed the voxels of ``image`` (the preprocessed image), not only their order or
+    direction: another voxel volume or voxel count than the file's (the reader's meta data; without it: unknown,
+    counted as changed). A range scored on either grid then speaks for that grid only."""
+    meta = getattr(image, "meta", None) or {}
+    shape, original = meta.get("spatial_shape"), meta.get("original_affine")
+    if shape is None or original is None:
+        return True
+    original = torch.as_tensor(original, dtype=torch.float64)
+    volume = float(torch.linalg.det(original[:-1, :-1]).abs()) / 1000.0
+    counts = math.prod(int(n) for n in torch.as_tensor(shape).reshape(-1).tolist())
+    return counts != math.prod(image.shape[1:]) or not math.isclose(volume, voxel_volume_ml(image), rel_tol=1e-4)
 
 
 def _case(d: Mapping, image_key: str) -> str:

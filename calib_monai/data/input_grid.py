@@ -1,0 +1,143 @@
+"""The served outputs mapped back from the network's grid to the input grid: one axis at a time where the
+preprocessing only reoriented and resampled the image, ``Invertd`` otherwise.
+
+Reorientation (``Orientationd``) and resampling (``Spacingd``) map an input voxel index ``k`` to a network voxel
+coordinate ``M k`` (``M = network affine^-1 @ file affine``) whose rotation part is a signed permutation times a
+diagonal: each input axis reads one network axis, ``c = scale * k + offset``. Linear interpolation is then the
+product of 1D ones (trilinear = three 1D lerps), and nearest the nearest index along each axis, so the map costs a
+few passes over the output instead of ``Invertd``'s ``grid_sample`` with a 3 x N coordinate grid (for a
+512 x 512 x 200 CT: 0.3 s against 2.8 s per channel on 2 threads). Edges are clamped (``Spacingd``'s ``border``
+padding); nearest takes the upper voxel at a tie. Any other spatial step (crop, pad, resize), another padding or a
+rotation: ``Invertd`` through the chain, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.data import MetaTensor
+from monai.transforms import Compose, Invertd, MapTransform
+from monai.utils import ensure_tuple_rep
+
+__all__ = ["AFFINE_ONLY", "ToInputGridd", "axis_map", "input_shape", "map_axis_by_axis"]
+
+#: the recorded operations whose inverse is the affine map alone (``Spacingd`` records ``SpatialResample``)
+AFFINE_ONLY = ("Orientation", "SpatialResample")
+_TOLERANCE = 1e-6
+
+
+def axis_map(image: torch.Tensor) -> list[tuple[int, float, float]] | None:
+    """Per input axis ``(network axis, scale, offset)`` of the preprocessed 3D ``image`` (a MetaTensor that tracked
+    its operations): the network coordinate of input voxel ``k`` is ``scale * k + offset``. None when the map is not
+    axis by axis (another operation than reorientation and ``border`` resampling, or a rotation)."""
+    operations = getattr(image, "applied_operations", None)
+    if image.ndim != 4 or not operations:
+        return None
+    for op in operations:
+        padding = (op.get("extra_info") or {}).get("padding_mode", "border")
+        if op.get("class") not in AFFINE_ONLY or str(padding) != "border":
+            return None
+    network = np.asarray(torch.as_tensor(image.affine, dtype=torch.float64))
+    m = np.linalg.solve(network, _input_affine(operations[0]))
+    rotation = m[:3, :3]
+    present = np.abs(rotation) > _TOLERANCE * np.abs(rotation).max()
+    if not (present.sum(0) == 1).all() or not (present.sum(1) == 1).all():
+        return None
+    sources = present.argmax(0)  # the network axis each input axis reads
+    return [(int(s), float(rotation[s, a]), float(m[s, 3])) for a, s in enumerate(sources)]
+
+
+def _input_affine(first: Mapping) -> np.ndarray:
+    """The input grid's affine, as the first operation recorded it (``Orientation``: ``original_affine``,
+    ``SpatialResample``: ``src_affine``)."""
+    info = first.get("extra_info") or {}
+    affine = info.get("original_affine", info.get("src_affine"))
+    return np.asarray(torch.as_tensor(affine, dtype=torch.float64))
+
+
+def input_shape(image: torch.Tensor) -> list[int]:
+    """The input grid's spatial shape, as the first recorded operation saw it."""
+    return [int(n) for n in torch.as_tensor(image.applied_operations[0]["orig_size"]).reshape(-1).tolist()]
+
+
+def _along(x: torch.Tensor, dim: int, coordinate: torch.Tensor, nearest: bool) -> torch.Tensor:
+    """``x`` sampled along ``dim`` at the (clamped) ``coordinate``s: the nearest voxel, or the 1D linear
+    interpolation of its two neighbours."""
+    size = x.shape[dim]
+    coordinate = coordinate.clamp(0, size - 1)
+    if nearest:
+        return x.index_select(dim, torch.floor(coordinate + 0.5).long().clamp_max(size - 1))
+    low = coordinate.floor().long()
+    shape = [1] * x.ndim
+    shape[dim] = -1
+    weight = (coordinate - low).to(x.dtype).reshape(shape)
+    return torch.lerp(x.index_select(dim, low), x.index_select(dim, (low + 1).clamp_max(size - 1)), weight)
+
+
+def map_axis_by_axis(
+    x: torch.Tensor, axes: Sequence[tuple[int, float, float]], shape: Sequence[int], nearest: bool
+) -> torch.Tensor:
+    """``x (C, *network grid)`` on the input grid ``shape`` through :func:`axis_map`'s ``axes``."""
+    out = x.permute(0, *(1 + s for s, _, _ in axes)).contiguous()  # input axis a reads network axis s: put s at a
+    # the innermost axis first: the passes that make the most voxels then copy whole rows (3x faster than outermost
+    # first for a CT's confidence)
+    for a in reversed(range(len(axes))):
+        _, scale, offset = axes[a]
+        coordinate = torch.arange(int(shape[a]), dtype=torch.float64, device=x.device) * scale + offset
+        out = _along(out, a + 1, coordinate, nearest)
+    return out
+
+
+class ToInputGridd(MapTransform):
+    """Map the tensors under ``keys`` (``(C, *network grid)``, MetaTensors) back to the input grid of ``orig_key``
+    (the preprocessed image), axis by axis where :func:`axis_map` allows, else by ``Invertd`` through
+    ``preprocessing``; ``nearest`` per key (label maps), else linear. The result keeps its dtype (the label map its
+    integer type) and the file's affine.
+
+    Args:
+        keys: the tensors to map back.
+        preprocessing: the chain that made ``orig_key`` (one ``Compose`` instance, as ``Invertd`` needs).
+        nearest: per key, nearest (True) or linear interpolation.
+        orig_key: the preprocessed image whose operations and file geometry define the input grid.
+        allow_missing_keys: leave out the keys an item lacks (the contours of a case without a contour set).
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        preprocessing: Compose,
+        nearest: bool | Sequence[bool] = False,
+        orig_key: str = "image",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.nearest = ensure_tuple_rep(nearest, len(self.keys))
+        self.orig_key = orig_key
+        self._invert = Invertd(
+            self.keys,
+            transform=preprocessing,
+            orig_keys=orig_key,
+            nearest_interp=self.nearest,
+            to_tensor=True,
+            allow_missing_keys=allow_missing_keys,
+        )
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict:
+        d = dict(data)
+        image = d[self.orig_key]
+        axes = axis_map(image) if isinstance(image, MetaTensor) else None
+        if axes is None:
+            inverted = self._invert(d)
+            for key in self.key_iterator(d):  # Invertd resamples in float32: a label map gets its type back
+                d[key] = inverted[key].to(d[key].dtype)
+            return d
+        shape, affine = input_shape(image), torch.as_tensor(_input_affine(image.applied_operations[0]))
+        for key, nearest in self.key_iterator(d, self.nearest):
+            value = d[key]
+            meta = {**(value.meta if isinstance(value, MetaTensor) else image.meta), "affine": affine}
+            plain = value.as_tensor() if isinstance(value, MetaTensor) else torch.as_tensor(value)
+            d[key] = MetaTensor(map_axis_by_axis(plain, axes, shape, nearest), meta=meta)
+        return d
