@@ -83,7 +83,8 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     assert "too few for 95%" in record["info"]["volume_interval"]["note"]
     # each scored volume's case score minus the true DSC of its delivered segmentation, summed up
     error = record["info"]["case_score_error"]
-    assert error["volumes"] == len(error["values"]) == 4 and error["mean"] == pytest.approx(np.mean(error["values"]))
+    assert error["volumes"] == len(error["values"]) == 4
+    assert error["mean"] == pytest.approx(np.mean(error["values"]), abs=1e-6)  # the values are stored to 6 decimals
     # what a case must lie beyond to be flagged (k = 1: the most extreme of the 4 validation volumes)
     bar = record["info"]["flag_bar"]
     assert bar["signal"] in record["signals"] and bar["z"] == max(v for v in bar["largest"].values() if v is not None)
@@ -136,14 +137,15 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
     assert quality["case_score"] == pytest.approx(written["case_score"], rel=1e-6)
     _assert_same_review(quality["review"], written["review"])
     # delivered on the input grid (48 x 48 x 8 of 1.92 mL), scored on the network's (32 x 32 x 8 of 4.32 mL), whose
-    # labels the delivered segmentation carries: whole network voxels, about the delivered volume
+    # labels the delivered segmentation carries: each network voxel is the nearest of 1 or 2 input voxels along x and
+    # y (8 mm against 12 mm) and of 1 along z, so a class's delivered voxels number 1 to 4 times its network voxels
     assert tuple(segmentation.shape[1:]) == INPUT_SHAPE and quality["voxel_volume"] == pytest.approx(NETWORK_VOXEL_ML)
     assert set(quality["classes"]) == {"liver", "kidney", "spleen", "pancreas"}
     predicted = {name: q["volume_predicted"] for name, q in quality["classes"].items()}
     for c, name in enumerate(["liver", "kidney", "spleen", "pancreas"], start=1):
-        voxels = predicted[name] / NETWORK_VOXEL_ML
-        assert voxels == pytest.approx(round(voxels), abs=1e-6)
-        assert predicted[name] == pytest.approx(float((segmentation == c).sum()) * INPUT_VOXEL_ML, rel=0.2, abs=10)
+        voxels, delivered = round(predicted[name] / NETWORK_VOXEL_ML), int((segmentation == c).sum())
+        assert predicted[name] == pytest.approx(voxels * NETWORK_VOXEL_ML)  # whole network voxels
+        assert voxels <= delivered <= 4 * voxels
     for entry in quality["classes"].values():
         assert entry["volume_low"] <= entry["volume"] <= entry["volume_high"]
 
