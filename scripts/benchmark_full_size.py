@@ -6,8 +6,8 @@ Variants, each a run folder of ``bundles/nacl_flare`` (``model.pt`` and what its
 - ``forward``: the plain forward pass of the first run's network: the preprocessing, the inferer over every slice
   and the softmax, nothing mapped back or written;
 - ``<name>``: the served chain of run ``<name>`` (``--runs name=folder``; ``calibration none`` adds the first run's
-  weights without their recalibration): recalibration, softmax, ``Invertd`` to the input grid, case quality,
-  segmentation and confidence, in memory.
+  weights without their recalibration): recalibration, softmax, segmentation, confidence and case quality on the
+  network grid, the segmentation and confidence mapped back to the input grid, in memory.
 
 Prints a Markdown table: the median seconds over ``--repeats`` calls after one warm-up, the process's peak resident
 memory, and both against the forward pass. Example (the demo run of README, calibrated once per method)::

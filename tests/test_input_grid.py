@@ -150,7 +150,7 @@ def test_a_range_from_an_older_calibrate_is_refused_in_one_line(tmp_path):
     weights = tmp_path / "model.pt"
     weights.write_bytes(b"weights")
     ValidatedRange([0.9] * 19).save(tmp_path / "validated_range.json", weights)
-    assert read_validated_range(tmp_path, weights)[0].scored_on == "input grid"
+    assert read_validated_range(tmp_path, weights)[0].scored_on == "network grid"  # the served grid
     record = json.loads((tmp_path / "validated_range.json").read_text())
     del record["scored_on"]
     (tmp_path / "validated_range.json").write_text(json.dumps(record))

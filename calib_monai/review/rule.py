@@ -66,7 +66,7 @@ class ValidatedRange:
     input_reference: dict[str, Any] | None = None  # {"mean", "std", "images"} of the training images' statistics
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
     feature_reference: dict[str, Any] | None = None
-    scored_on: str = "input grid"  # the grid of the scores and volumes: the delivered segmentation's, or "network grid"
+    scored_on: str = "network grid"  # the grid of the scores and volumes: the served one, or "input grid"
     subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
     score_check: bool = REVIEW_SCORE_CHECK  # whether the lowest case score is one of the flag's signals
     # the cross-fitted fold that scored each volume ([]: one recalibration scored them all and serves): a case is
@@ -162,7 +162,7 @@ class ValidatedRange:
         volume_interval_scale: float | None = None,
         input_reference: dict[str, Any] | None = None,
         feature_reference: dict[str, Any] | None = None,
-        scored_on: str = "input grid",
+        scored_on: str = "network grid",
         subjects: Sequence[str] = (),
         score_check: bool = REVIEW_SCORE_CHECK,
         score_folds: Sequence[int] = (),
