@@ -5,10 +5,11 @@ Reorientation (``Orientationd``) and resampling (``Spacingd``) map an input voxe
 coordinate ``M k`` (``M = network affine^-1 @ file affine``) whose rotation part is a signed permutation times a
 diagonal: each input axis reads one network axis, ``c = scale * k + offset``. Linear interpolation is then the
 product of 1D ones (trilinear = three 1D lerps), and nearest the nearest index along each axis, so the map costs a
-few passes over the output instead of ``Invertd``'s ``grid_sample`` with a 3 x N coordinate grid (for a
-512 x 512 x 200 CT: 0.3 s against 2.8 s per channel on 2 threads). Edges are clamped (``Spacingd``'s ``border``
-padding); nearest takes the upper voxel at a tie. Any other spatial step (crop, pad, resize), another padding or a
-rotation: ``Invertd`` through the chain, as before.
+few passes over the output instead of ``Invertd``'s ``grid_sample`` with a 3 x N coordinate grid (a
+512 x 512 x 200 CT from a 129 x 129 x 42 grid, 2 threads: the confidence 5x, the uint8 label map 35x faster).
+Edges are clamped (``Spacingd``'s ``border`` padding); nearest takes the upper voxel at a tie (``grid_sample``'s
+float32 coordinates decide those either way). Any other spatial step (crop, pad, resize), another padding or a
+rotation: ``Invertd`` through the chain.
 """
 
 from __future__ import annotations
