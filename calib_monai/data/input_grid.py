@@ -133,7 +133,10 @@ class ToInputGridd(MapTransform):
         if axes is None:
             inverted = self._invert(d)
             for key in self.key_iterator(d):  # Invertd resamples in float32: a label map gets its type back
-                d[key] = inverted[key].to(d[key].dtype)
+                out = inverted[key].to(d[key].dtype)
+                if isinstance(out, MetaTensor) and isinstance(d[key], MetaTensor):  # the input grid's geometry, and
+                    out.meta = {**d[key].meta, **out.meta}  # what was recorded on the value (case name, source)
+                d[key] = out
             return d
         shape, affine = input_shape(image), torch.as_tensor(_input_affine(image.applied_operations[0]))
         for key, nearest in self.key_iterator(d, self.nearest):

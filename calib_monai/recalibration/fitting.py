@@ -318,7 +318,7 @@ def measure_validated_range(
         for i in chosen:
             v = volumes[i]
             prob = torch.softmax(calibrate_volume(scorer_of[i], v.logits, v.image, spatial_dim), dim=0)
-            prob, label, voxel_ml = v.scored(prob)  # on the input grid, as the served case is scored
+            prob, label, voxel_ml = v.scored(prob)  # on the network grid, as a served case (keep_input_label: input)
             qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
             truths.append((label, voxel_ml))
             if on_scored is not None:
