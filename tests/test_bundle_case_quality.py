@@ -333,7 +333,7 @@ def test_calibrate_chooses_the_contours_and_inferring_writes_them(calibrated, tm
     manifest = json.loads((models / "manifest.json").read_text())
     assert record["weights_sha256"] == manifest["weights"]["sha256"] and "contours.json" in manifest["artifacts"]
     assert (record["alpha"], record["epsilon"], record["risk"]) == (0.2, 0.02, "per_case")
-    assert record["info"]["scored_volumes"] == 4 and record["info"]["scored_on"] == "input grid"
+    assert record["info"]["scored_volumes"] == 4 and record["info"]["scored_on"] == "network grid"
     for entry in record["classes"].values():  # j = 1, k = 4 of m = 4: the smallest l_out, the largest l_in
         assert entry["subjects"] == 4 and entry["rank"] == 4
         assert entry["lambda_out"] == min(entry["required_out"]) and entry["lambda_in"] == max(entry["required_in"])
@@ -366,9 +366,11 @@ def test_calibrate_chooses_the_contours_and_inferring_writes_them(calibrated, tm
         assert np.all(inner[..., c - 1] <= predicted) and np.all(predicted <= outer[..., c - 1])  # nested
         entry = contours["classes"][name]
         assert entry["lambda_out"] == record["classes"][name]["lambda_out"]
-        assert entry["predicted_ml"] == pytest.approx(predicted.sum() * INPUT_VOXEL_ML)
-        assert entry["inner_ml"] == pytest.approx(inner[..., c - 1].sum() * INPUT_VOXEL_ML)
-        assert entry["outer_ml"] == pytest.approx(outer[..., c - 1].sum() * INPUT_VOXEL_ML)
+        # made on the network grid (4.32 mL voxels), each of its voxels delivered as 1 to 4 input voxels (nearest)
+        for kind, delivered in (("predicted", predicted), ("inner", inner[..., c - 1]), ("outer", outer[..., c - 1])):
+            voxels = round(entry[f"{kind}_ml"] / NETWORK_VOXEL_ML)
+            assert entry[f"{kind}_ml"] == pytest.approx(voxels * NETWORK_VOXEL_ML)
+            assert voxels <= int(delivered.sum()) <= 4 * voxels
     flag = quality["review"]["flag"]
     assert contours["vouched"] is (None if flag is None else not flag)
     if flag:
