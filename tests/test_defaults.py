@@ -43,6 +43,8 @@ NAMES = {
     "CONTOUR_ALPHA": ("contour_alpha",),
     "CONTOUR_EPSILON": ("epsilon", "contour_epsilon"),
     "CONTOUR_RISK": ("risk", "contour_risk"),
+    "CASE_SCORE_BOUND_ALPHA": ("bound_alpha",),  # the anchor's alpha is named by its class, not by "alpha"
+    "SITE_LABELS_MIN": ("site_labels_min",),
 }
 
 
