@@ -270,6 +270,13 @@ def margins_study(
         "",
         *[f"- {r}" for r in runs],
         "",
+        "Conditions: the test split"
+        + (
+            f" and under the site shifts {', '.join(f'{k} {s}' for k, s in shifts)}."
+            if shifts
+            else " only (no site shift asked: `--shifts`)."
+        ),
+        "",
         "Coverage: the share of test cases whose outer contour holds at least 1 - epsilon of the true structure",
         "(inner: lies at least 1 - epsilon inside it), with the 95% Clopper-Pearson interval; the target holds when",
         "1 - alpha is not above the interval. Excess: the outer set's mean volume outside the truth (mL per case);",
