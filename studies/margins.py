@@ -75,7 +75,7 @@ def summary_rows(records: Sequence[Mapping[str, Any]], alpha: float) -> list[dic
     for key, rows in groups.items():
         n, first = len(rows), rows[0]
         row: dict[str, Any] = dict(zip(keys, key))
-        row.update(n=n, lambda_out=first["lambda_out"], lambda_in=first["lambda_in"])
+        row.update(n=n, m=first["m"], lambda_out=first["lambda_out"], lambda_in=first["lambda_in"])
         row.update(d_out=first["d_out"], d_in=first["d_in"])
         covered = True
         for name, column in (
@@ -92,6 +92,7 @@ def summary_rows(records: Sequence[Mapping[str, Any]], alpha: float) -> list[dic
                 covered &= high >= 1 - alpha
         excess = float(np.mean([r["excess_ml"] for r in rows]))
         morph_excess = float(np.mean([r["morph_excess_ml"] for r in rows]))
+        row["flagged"] = int(sum(bool(r["flagged"]) for r in rows))  # served as "not vouched for"
         row["true_ml"] = float(np.mean([r["true_ml"] for r in rows]))
         row["excess_ml"], row["morph_excess_ml"] = excess, morph_excess
         row["missing_ml"] = float(np.mean([r["missing_ml"] for r in rows]))
@@ -197,10 +198,12 @@ def _records(served: Path, items, names, mapping, record, margins, key) -> list[
         truth = read_label(item["label"], mapping)
         seg = _load(served / f"{case}_seg.nii.gz")
         inner, outer = _load(served / f"{case}_inner.nii.gz"), _load(served / f"{case}_outer.nii.gz")
+        review = json.loads((served / f"{case}_quality.json").read_text()).get("review", {})
         for c, name in enumerate(names, start=1):
             entry, (d_out, d_in) = record["classes"][name], margins[name]
-            row = {**key, "structure": name, "case": case}
-            row.update(lambda_out=entry.get("lambda_out"), lambda_in=entry.get("lambda_in"), d_out=d_out, d_in=d_in)
+            row = {**key, "structure": name, "case": case, "flagged": review.get("flag") is True}
+            row.update(m=entry.get("subjects"), lambda_out=entry.get("lambda_out"), lambda_in=entry.get("lambda_in"))
+            row.update(d_out=d_out, d_in=d_in)
             row.update(structure_row(truth == c, inner[..., c - 1] > 0, outer[..., c - 1] > 0, eps, voxel_ml))
             if d_out is None or d_in is None:  # too few subjects, or beyond the largest margin: the whole image
                 m_in, m_out = np.zeros_like(seg, bool), np.ones_like(seg, bool)
@@ -255,7 +258,7 @@ def margins_study(
                     served = _served(record, work, items, condition)
                     key = {"method": method, "seed": int(seed), "epsilon": float(eps), "condition": condition}
                     records += _records(served, items, names, mapping, contours, margins, key)
-                runs.append(f"{run} (epsilon {eps}: {work})")
+                runs.append(f"{run} (budget {json.dumps(record['overrides'])}; epsilon {eps}: {work})")
     write_csv(out / "per_case.csv.gz", records)
     summary = summary_rows(records, alpha)
     table = write_table(summary, out / "summary", "Contours against the morphological margin")
@@ -281,7 +284,11 @@ def margins_study(
         "(inner: lies at least 1 - epsilon inside it), with the 95% Clopper-Pearson interval; the target holds when",
         "1 - alpha is not above the interval. Excess: the outer set's mean volume outside the truth (mL per case);",
         f"the target is the contours' at least {EXCESS_TARGET:.0%} below the morphological margin's. d_out/d_in: the",
-        "margin in voxels (6-connected steps) chosen on the same validation subjects' served segmentations.",
+        "margin in voxels (6-connected steps) chosen on the same validation subjects' served segmentations; m: the",
+        "validation subjects (each lambda and d is the floor(alpha (m + 1))-th most extreme of m: at m = 10 the most",
+        "extreme subject's, so one badly segmented subject sets it). Missing: the inner set's mean volume short of the",
+        "truth (mL per case); true_ml: the mean true volume; flagged: test cases the review flag served as outside",
+        'what validation measured (their contours "not vouched for"; counted in the coverage all the same).',
         "",
         "## Where the targets hold",
         "",

@@ -41,7 +41,7 @@ def test_binomial_interval():
 
 def test_summary_rows_coverage_and_excess():
     key = {"method": "ce_dice", "seed": 0, "epsilon": 0.02, "condition": "test", "structure": "A"}
-    margin = {"lambda_out": 0.01, "lambda_in": 0.9, "d_out": 2, "d_in": 1, "true_ml": 10.0}
+    margin = {"m": 25, "lambda_out": 0.01, "lambda_in": 0.9, "d_out": 2, "d_in": 1, "true_ml": 10.0}
     records = [
         {
             **key,
@@ -51,6 +51,7 @@ def test_summary_rows_coverage_and_excess():
             "morph_outer_holds": True,
             "morph_inner_inside": m,
             "excess_ml": e,
+            "flagged": m,
             "morph_excess_ml": 4.0,
             "missing_ml": 1.0,
             "morph_missing_ml": 3.0,
@@ -58,8 +59,8 @@ def test_summary_rows_coverage_and_excess():
         for o, m, e in ((True, True, 1.0), (True, False, 2.0), (False, False, 3.0))
     ]
     (row,) = summary_rows(records, alpha=0.1)
-    assert row["n"] == 3 and row["outer_covered"] == "2/3" and row["inner_covered"] == "3/3"
-    assert row["morph_inner_covered"] == "1/3" and row["outer_ci"] == "0.09-0.99"
+    assert row["n"] == 3 and row["m"] == 25 and row["outer_covered"] == "2/3" and row["inner_covered"] == "3/3"
+    assert row["flagged"] == 1 and row["morph_inner_covered"] == "1/3" and row["outer_ci"] == "0.09-0.99"
     assert row["excess_ml"] == 2.0 and row["morph_excess_ml"] == 4.0 and row["excess_reduction"] == 0.5
     assert row["coverage_target"] == "yes" and row["excess_target"] == "yes"  # 0.9 inside 0.09-0.99; 50% >= 30%
     records[2]["excess_ml"] = 9.0  # mean 4.0: no reduction
