@@ -24,7 +24,7 @@ from typing import Any
 
 from bundle_factory.specs import METHODS
 from calib_monai.data.site_shift import SITE_SHIFT_KINDS
-from calib_monai.defaults import LTS_STEPS
+from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, LTS_STEPS
 from studies.ablations import (
     NACL_ABLATIONS,
     crac_vs_nacl_study,
@@ -36,6 +36,7 @@ from studies.anchor import anchor_rows, read_ranges
 from studies.calibrated import calibrated_study
 from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
+from studies.margins import margins_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
 from studies.site import read_records, write_site_results
@@ -174,6 +175,37 @@ def site_tables(dataset: str, orders: int = 100, results_dir: str = "", runs_dir
     return str(Path(setup.results_dir) / "site")
 
 
+def margins(
+    dataset: str,
+    runs_dir: str,
+    results_dir: str = "",
+    work_dir: str = "",
+    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
+    seeds: Sequence[int] = (0, 1),
+    epsilons: Sequence[float] = (CONTOUR_EPSILON, 0.1),
+    alpha: float = CONTOUR_ALPHA,
+    shifts: Sequence[str] = (),
+) -> str:
+    """Issue 49's contour study on the quality study's finished runs (``<runs_dir>/seed<s>/<method>_<dataset>``;
+    trains nothing): each run's weights copied to ``work_dir`` (default ``/tmp/calib_monai_margins/<dataset>``),
+    recalibrated with contours at each of ``epsilons`` and served on its test split (and each ``kind_strength`` of
+    ``shifts``, e.g. ``contrast_strong``) and validation split; coverage, excess and missing volume of the served
+    contours and of the morphological margin, in ``<results_dir>`` (default ``docs/results/margins/<dataset>``)."""
+    pairs = [tuple(s.rsplit("_", 1)) for s in ([shifts] if isinstance(shifts, str) else shifts)]
+    return margins_study(
+        dataset,
+        runs_dir,
+        results_dir or f"docs/results/margins/{dataset}",
+        work_dir or f"/tmp/calib_monai_margins/{dataset}",
+        [methods] if isinstance(methods, str) else methods,
+        [seeds] if isinstance(seeds, int) else seeds,
+        [epsilons] if isinstance(epsilons, float) else epsilons,
+        alpha,
+        pairs,
+        _command_line(),
+    )
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -197,6 +229,7 @@ COMMANDS = {
     "quality": quality,
     "site": site,
     "site_tables": site_tables,
+    "margins": margins,
     "posthoc": posthoc,
     "logit_epochs": logit_epochs,
 }

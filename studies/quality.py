@@ -36,7 +36,7 @@ from studies.quality_report import ID, write_quality_results
 from studies.runs import calibrate
 from studies.study import StudySetup
 
-__all__ = ["ID", "quality_study", "shifted_items", "served_record"]
+__all__ = ["ID", "label_mapping", "quality_study", "read_label", "shifted_items", "served_record"]
 
 
 def _test_items(
@@ -50,14 +50,20 @@ def _test_items(
         ("train.json", *demo),
         {"dataset_dir": dataset_dir, "output_dir": str(Path(setup.runs_dir) / ".lists" / dataset), **overrides},
     )
+    return [dict(item) for item in parser.get_parsed_content("data").datalist()["test"]], label_mapping(parser)
+
+
+def label_mapping(parser) -> dict[int, int]:
+    """The map from the label files' values to the classes of a bundle's ``train.json`` parser (its validation
+    chain's ``MapLabelValued`` step; empty: the same values)."""
     mapping = {}
     for step in parser.get("train#deterministic_transforms", []):  # the validation chain's steps
         if isinstance(step, dict) and step.get("_target_") == "MapLabelValued":
             mapping = {int(o): int(t) for o, t in zip(step["orig_labels"], step["target_labels"])}
-    return [dict(item) for item in parser.get_parsed_content("data").datalist()["test"]], mapping
+    return mapping
 
 
-def _label(path: str, mapping: Mapping[int, int]) -> np.ndarray:
+def read_label(path: str, mapping: Mapping[int, int]) -> np.ndarray:
     """The label file's classes (its values mapped as the bundle maps them)."""
     raw = np.asarray(nib.load(path).dataobj).round().astype(np.int64)
     return MapLabelValue(list(mapping), list(mapping.values()), dtype=np.int64)(raw) if mapping else raw
@@ -137,7 +143,7 @@ def served_record(
         "seconds": round(seconds, 3),
     }
     if item.get("label"):
-        label = _label(item["label"], mapping or {})
+        label = read_label(item["label"], mapping or {})
         record["mean_dice"] = _true_dice(prediction.segmentation, label, bundle.num_classes)
         if coverage and quality:
             # the segmentation is on the input's grid and carries its affine: no second read of the image
