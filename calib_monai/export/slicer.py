@@ -8,9 +8,8 @@ confidence volume as NRRD, both on the reference image's grid.
       fields of Slicer's storage node) of two layers: the predicted labels, one segment per foreground label, and
       the overlapping segment "low confidence" where the confidence is below the threshold;
     - ``<case>_confidence.nrrd``: the confidence (max softmax) as float32;
-    - with the case's quality: the JSON beside them, the case score and review flag as header fields
-      (``calib_monai_case_score``, ``calib_monai_review``, ``calib_monai_review_reasons``), each structure's
-      estimated DSC and volume as segment tags, and the recorded source (``calib_monai_*_sha256``);
+    - with the case's quality: the JSON beside them, the case score, its lower bound and the review flag as
+      ``calib_monai_*`` header fields, each structure's DSC and volume as segment tags, and the recorded source;
     - with the case's contours (``<case>_inner.nii.gz``, ``<case>_outer.nii.gz``): per structure the segments
       ``"<name> (outer 90%)"`` and ``"<name> (inner 90%)"`` (:mod:`calib_monai.export.slicer_contours`).
 
@@ -38,6 +37,7 @@ from calib_monai.checks import check_number
 from calib_monai.defaults import LOW_CONFIDENCE
 
 from .slicer_contours import contour_segments, contour_stack
+from .slicer_fields import quality_fields, quality_tags, source_fields
 from .slicer_inputs import ArrayOrPath, check_same_source, load_volume, reference_geometry, spatial_volume
 
 __all__ = [
@@ -170,20 +170,16 @@ def write_slicer_files(
         reference_image: the geometry: a NIfTI path or nibabel image (its affine and shape), a 4x4 RAS affine, or
             ``None`` to use the affine of ``segmentation`` (then a file or a nibabel image). NIfTI inputs must have
             the reference's affine: they are not resampled.
-        label_names: ``{label value: name}`` (keys may be strings, as in a bundle's ``configs/train.json``) or a
-            sequence of names indexed by label value. Label 0 is background and gets no segment; every other label
-            gets one (empty if absent from this case), and labels found in the data but not named are called
-            ``"label <value>"``.
+        label_names: ``{label value: name}`` (string keys too, as in ``configs/train.json``) or names by value;
+            every label but 0 gets a segment (empty if absent), an unnamed one found in the data ``"label <value>"``.
         output_dir: created if needed.
         case: file name stem.
         low_confidence: voxels with ``confidence < low_confidence`` (compared in float32, as stored) form the
             segment "low confidence" (its own layer, so it overlaps the organs).
         quality: the case's quality and review flag (``calib_monai.review.CaseQualityd``), put into the
             segmentation's header and segment tags and written as ``<case>_quality.json``.
-        contours: ``{"inner": ..., "outer": ...}``: each structure's contour, ``<case>_inner.nii.gz`` and
-            ``<case>_outer.nii.gz`` (the structure last) or ``Prediction.contours`` (the structure first), on the
-            segmentation's grid; each becomes the segment ``"<name> (inner 90%)"`` / ``"(outer 90%)"``, with the
-            lambdas, alpha and epsilon of ``quality["contours"]`` in its tags and the header.
+        contours: ``{"inner", "outer"}``: ``<case>_inner/_outer.nii.gz`` (structure last) or ``Prediction.contours``
+            (structure first) on the segmentation's grid: the segments ``"<name> (inner/outer 90%)"``, tagged.
 
     Returns:
         The paths written.
@@ -245,8 +241,8 @@ def write_slicer_files(
         "Segmentation_ReferenceImageExtentOffset": "0 0 0",
     }
     if quality is not None:
-        header.update(_quality_fields(quality))
-        header.update(_source_fields(quality.get("source")))
+        header.update(quality_fields(quality))
+        header.update(source_fields(quality.get("source")))
     per_class = (quality or {}).get("classes", {})
     segments = [
         (
@@ -255,7 +251,7 @@ def write_slicer_files(
             segment_color(v),
             v,
             LABEL_LAYER,
-            _quality_tags(per_class.get(names.get(v, ""), {})),
+            quality_tags(per_class.get(names.get(v, ""), {})),
         )
         for v in values
     ]
@@ -297,7 +293,7 @@ def write_slicer_files(
         "space origin": origin,
         "encoding": "gzip",
     }
-    conf_header.update(_source_fields((quality or {}).get("source")))
+    conf_header.update(source_fields((quality or {}).get("source")))
     write_durably(conf_path, lambda tmp: nrrd.write(tmp, conf32, conf_header, index_order="F"))
     written = None
     if quality is not None:
@@ -323,38 +319,6 @@ def _segment_fields(header: dict[str, Any], segments: Sequence[tuple], extent: s
         header[key + "Layer"] = str(layer)
         if tags:
             header[key + "Tags"] = tags
-
-
-def _quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
-    """The case's score and review verdict as custom NRRD header fields (Slicer keeps unknown fields)."""
-    review = quality.get("review", {})
-    flag = review.get("flag")
-    return {
-        "calib_monai_case_score": f"{float(quality['case_score']):.4f}",
-        "calib_monai_case_score_low": "-"
-        if quality.get("case_score_low") is None
-        else f"{quality['case_score_low']:.4f}",
-        "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
-        "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-",
-    }
-
-
-def _source_fields(source: Mapping[str, Any] | None) -> dict[str, str]:
-    """The outputs' source (weights, recalibration, validated range: full SHA-256s) as custom NRRD header fields."""
-    if not source:
-        return {}
-    keys = ("weights_sha256", "calibration_sha256", "validated_range_sha256")
-    return {f"calib_monai_{key}": str(source.get(key) or "none") for key in keys}
-
-
-def _quality_tags(entry: Mapping[str, Any]) -> str:
-    """A structure's estimated DSC and expected volume as Slicer segment tags (``key:value|``)."""
-    tags = []
-    if entry.get("est_dice") is not None and entry["est_dice"] == entry["est_dice"]:
-        tags.append(f"calib_monai.est_dice:{float(entry['est_dice']):.3f}|")
-    if entry.get("volume") is not None:
-        tags.append(f"calib_monai.volume_ml:{float(entry['volume']):.3g}|")
-    return "".join(tags)
 
 
 def _check_low_confidence(value: Any) -> float:

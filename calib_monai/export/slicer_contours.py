@@ -98,7 +98,7 @@ def contour_segments(
     fields = {}
     if contours:
         lambdas = "; ".join(
-            f"{name} in={_number(e.get('lambda_in'))} out={_number(e.get('lambda_out'))}" for name, e in classes.items()
+            f"{name} in={_lambda(e.get('lambda_in'))} out={_lambda(e.get('lambda_out'))}" for name, e in classes.items()
         )
         fields = {
             "calib_monai_contours_alpha": f"{contours['alpha']:g}",
@@ -112,5 +112,5 @@ def contour_segments(
     return layers, segments, fields
 
 
-def _number(value: Any) -> str:
+def _lambda(value: Any) -> str:
     return "null" if value is None else f"{float(value):.6g}"

@@ -1,9 +1,8 @@
 """One served bundle: its ``configs/inference.json`` run on one uploaded image, without MONAI Label.
 
-``ServedBundle`` is a thin layer over ``calib_monai.bundle.TrainedBundle`` (so a served image gets exactly what
-``inferring`` writes for it) that checks the upload (``InputError``: a 4xx for the client), summarises the
-confidence per label and keeps the last prediction, so the tasks of one image cost one inference. Nothing here
-imports MONAI Label.
+``ServedBundle`` is a thin layer over ``TrainedBundle`` (a served image gets what ``inferring`` writes for it): it
+checks the upload (``InputError``: a 4xx), summarises the confidence per label and keeps the last prediction, so the
+tasks of one image cost one inference. Nothing here imports MONAI Label.
 """
 
 from __future__ import annotations
@@ -305,10 +304,8 @@ class ServedBundle:
             return served
 
     def add_site_label(self, case: str, image: str, label: str, label_info: Any = None) -> dict:
-        """Record a submitted final label as a site label (:mod:`calib_monai.review.site_labels`): the image's served
-        raw case score against the true mean DSC of its served segmentation; the site's state after it. An image
-        the served weights were fine-tuned on tells nothing of the level: refused (ValueError), as a label without
-        a site folder."""
+        """Record a submitted final label as a site label (:mod:`calib_monai.review.site_labels`); the site's state.
+        A ValueError without a site folder or for an image the served weights were fine-tuned on."""
         if not self.site_dir:
             raise ValueError(f"{self.name} has no site folder: the label cannot re-anchor its case score")
         run = self.bundle_dir / "runs" / "label_training" / "models"  # FineTune's: the served weights' own run?
@@ -342,10 +339,8 @@ class ServedBundle:
         )
 
     def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
-        """Write ``served.<key>`` ("segmentation" or "confidence"), or its review map (``"review"``, at ``threshold``)
-        or margins map (``"margins"``), each with the segmentation's writer, as the ``inferring`` run does, under a
-        name of its own in the temporary folder (``calib_monai_<bundle>_<uuid>_seg.nii.gz``); the caller owns (and
-        removes) it."""
+        """Write ``served.<key>`` ("segmentation", "confidence"), its review map (at ``threshold``) or margins map as
+        ``inferring`` does, under a name of its own in the temporary folder; the caller owns (and removes) it."""
         case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
         if key in ("review", "margins"):
             value, writer = (
