@@ -155,9 +155,10 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
     error = validated.info.get("case_score_error", {})
     if error.get("volumes"):
         logger.info(
-            f"calibrate: case score minus the true mean DSC of the delivered segmentation, over the {error['volumes']}"
-            f" scored validation volumes: {error['mean']:+.3f} on average, {error['lowest']:+.3f} to "
-            f"{error['highest']:+.3f}, {error['mean_absolute']:.3f} mean absolute (info.case_score_error)"
+            f"calibrate: case score minus the true mean DSC of the segmentation on the {validated.scored_on}, over the "
+            f"{error['volumes']} scored validation volumes: {error['mean']:+.3f} on average, {error['lowest']:+.3f} to "
+            f"{error['highest']:+.3f}, {error['mean_absolute']:.3f} mean absolute (info.case_score_error; the served "
+            "lower bound, case_score_low, comes from them)"
         )
     interval = validated.info.get("volume_interval", {})
     if validated.volume_interval_scale is not None:
