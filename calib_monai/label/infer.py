@@ -6,7 +6,7 @@
 - ``<bundle>_review`` (``segmentation``): each structure split into its confident part (``"liver"``, confidence >=
   ``uncertainty_threshold``) and its uncertain part (``"liver (uncertain)"``), values ``2k - 1`` and ``2k``
   (:func:`calib_monai.label.serving.review_label_names`), with each structure's uncertain share.
-- ``<bundle>_margins`` (``segmentation``): each structure's inner and outer contour with its guarantee (issue 49) as
+- ``<bundle>_margins`` (``segmentation``): each structure's inner and outer contour with its per-case guarantee as
   three nested segments, ``"liver (outer 90%)"``, ``"liver (predicted)"`` and ``"liver (inner 90%)"``
   (:mod:`calib_monai.label.margins`); its JSON's ``quality["contours"]`` has the lambdas, alpha, epsilon, the
   guarantee, whether it is vouched for and each contour's volume. A bundle without a contour set answers 409 why.
