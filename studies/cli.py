@@ -36,6 +36,7 @@ from studies.anchor import anchor_rows, read_ranges
 from studies.calibrated import calibrated_study
 from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
+from studies.margin_figures import margin_figures as margin_figures_study
 from studies.margins import margins_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
@@ -206,6 +207,31 @@ def margins(
     )
 
 
+def margin_figures(
+    dataset: str,
+    runs_dir: str,
+    results_dir: str = "",
+    work_dir: str = "",
+    methods: Sequence[str] = ("ce_dice", "nacl", "sl1ace"),
+    seeds: Sequence[int] = (0, 1),
+    epsilon: float = CONTOUR_EPSILON,
+    alphas: Sequence[float] = (0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3),
+) -> str:
+    """The contour study's pictures from its served runs (run ``margins`` first, same ``work_dir``): the test cases'
+    coverage against alpha, and one case's contours over its image, in ``<results_dir>`` (default
+    ``docs/results/margins/<dataset>``)."""
+    return margin_figures_study(
+        dataset,
+        runs_dir,
+        work_dir or f"/tmp/calib_monai_margins/{dataset}",
+        results_dir or f"docs/results/margins/{dataset}",
+        [methods] if isinstance(methods, str) else methods,
+        [seeds] if isinstance(seeds, int) else seeds,
+        float(epsilon),
+        [alphas] if isinstance(alphas, float) else alphas,
+    )
+
+
 def posthoc(dataset: str, methods: Sequence[str] = ("ce_dice", "nacl"), **setup: Any) -> str:
     """Temperature scaling and local temperature scaling, fitted on validation, on each method's test volumes."""
     return _run(posthoc_study, "posthoc", StudySetup(dataset, **setup), methods)
@@ -230,6 +256,7 @@ COMMANDS = {
     "site": site,
     "site_tables": site_tables,
     "margins": margins,
+    "margin_figures": margin_figures,
     "posthoc": posthoc,
     "logit_epochs": logit_epochs,
 }

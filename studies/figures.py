@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from calib_monai.metrics import plot_reliability
 
 __all__ = [
+    "contour_slices",
+    "coverage_curves",
     "grouped_bars",
     "line_plot",
     "logit_histograms",
@@ -211,4 +214,68 @@ def scatter_panels(
     axes[0][0].set_ylabel(ylabel)
     if title:
         fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def coverage_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], alpha_served: float, path: str | Path) -> Path:
+    """``curves``: ``{label: [{"alpha", "kind" ("outer"/"inner"), "covered", "cases", "low", "high"}, ...]}``, the
+    share of cases whose contour holds and its interval, against the line 1 - alpha; ``alpha_served`` marked."""
+    fig, axes = _pyplot().subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    for ax, kind in zip(axes, ("outer", "inner")):
+        alphas = sorted({p["alpha"] for c in curves.values() for p in c})
+        ax.plot(alphas, [1 - a for a in alphas], "k--", lw=1, label="1 - alpha (the guarantee)")
+        for label, points in curves.items():
+            pts = [p for p in points if p["kind"] == kind and p["cases"]]
+            x = np.array([p["alpha"] for p in pts])
+            y = np.array([p["covered"] / p["cases"] for p in pts])
+            band = np.array([(p["low"], p["high"]) for p in pts])
+            ax.plot(x, y, marker="o", ms=3, label=label)
+            ax.fill_between(x, band[:, 0], band[:, 1], alpha=0.12)
+        ax.axvline(alpha_served, color="grey", lw=0.8, ls=":")
+        word = "holds 1 - eps of the truth" if kind == "outer" else "lies 1 - eps inside the truth"
+        ax.set_title(f"{kind} contour {word}")
+        ax.set_xlabel("alpha")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of test cases (band: 95% interval)")
+    axes[0].legend(fontsize=7, loc="lower left")
+    return _save(fig, path)
+
+
+def contour_slices(
+    img: np.ndarray,
+    label: np.ndarray,
+    seg: np.ndarray,
+    inner: np.ndarray,
+    outer: np.ndarray,
+    names: Sequence[str],
+    title: str,
+    path: str | Path,
+    axis: int = 2,
+) -> Path:
+    """One case's slice with the most truth (3D arrays on one grid; ``inner``/``outer`` with a last axis per
+    structure): the image, and per structure the truth (white), the prediction (yellow), the inner (green) and
+    outer (red) contour lines."""
+    index = int(np.argmax(np.moveaxis(label > 0, axis, 0).reshape(label.shape[axis], -1).sum(1)))
+
+    def cut(a: np.ndarray) -> np.ndarray:
+        return np.take(a, index, axis=axis).T  # rows: the second axis, as a radiological view
+
+    fig, axes = _pyplot().subplots(1, len(names), figsize=(4.2 * len(names), 4.4), squeeze=False)
+    for c, (ax, name) in enumerate(zip(axes[0], names), start=1):
+        ax.imshow(cut(img), cmap="gray", origin="lower", interpolation="nearest")
+        layers = (
+            (label == c, "white", "truth"),
+            (seg == c, "yellow", "prediction"),
+            (inner[..., c - 1] > 0, "lime", "inner"),
+            (outer[..., c - 1] > 0, "red", "outer"),
+        )
+        for mask, colour, what in layers:
+            m = cut(mask.astype(np.float32))
+            if m.any():
+                ax.contour(m, levels=[0.5], colors=colour, linewidths=1.2)
+            ax.plot([], [], color=colour, label=f"{what}: {int(m.sum())} px here, {int(mask.sum())} in 3D")
+        ax.set_title(f"{name}", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", framealpha=0.6)
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)

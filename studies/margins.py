@@ -32,7 +32,15 @@ from studies.quality import label_mapping, read_label, shifted_items
 from studies.runs import RECORD, RunSpec
 from studies.study import write_csv, write_table
 
-__all__ = ["binomial_interval", "margins_study", "structure_row", "summary_rows"]
+__all__ = [
+    "binomial_interval",
+    "case_name",
+    "margins_study",
+    "run_label_mapping",
+    "served_settings",
+    "structure_row",
+    "summary_rows",
+]
 
 EXCESS_TARGET = 0.3  # the outer contour's excess volume at least 30% below the morphological margin's (issue 49)
 
@@ -108,7 +116,7 @@ def _load(path: Path) -> np.ndarray:
     return np.asarray(nib.load(os.fspath(path)).dataobj)
 
 
-def _case(image: str) -> str:
+def case_name(image: str) -> str:
     return Path(image).name.split(".")[0]
 
 
@@ -149,15 +157,26 @@ def _calibrated(record: Mapping, work: Path, models: Path, epsilon: float, alpha
     return target
 
 
+def served_settings(record: Mapping) -> dict[str, Any]:
+    """The run's recorded settings that its ``inference.json`` knows (its preprocessing), less ``dataset_dir``."""
+    known = read_bundle_config(locate_bundle(record["bundle"]), ("inference.json",), {}).get()
+    return {k: v for k, v in record["overrides"].items() if k.split("#")[0] in known and k != "dataset_dir"}
+
+
+def run_label_mapping(record: Mapping, lists_dir: str | os.PathLike) -> dict[int, int]:
+    """The map from the run's label files' values to its classes (``lists_dir``: where its data list may be made)."""
+    overrides = {**record["overrides"], "output_dir": os.fspath(lists_dir)}
+    return label_mapping(read_bundle_config(locate_bundle(record["bundle"]), ("train.json",), overrides))
+
+
 def _served(record: Mapping, work: Path, items: Sequence[Mapping], name: str) -> Path:
     """``work/out_<name>``: ``items`` served by the bundle's ``inferring`` with the recalibration in ``work/models``
     and the run's preprocessing settings (reused when every case's contours are there)."""
     out = work / f"out_{name}"
-    if all((out / f"{_case(i['image'])}_outer.nii.gz").is_file() for i in items):
+    if all((out / f"{case_name(i['image'])}_outer.nii.gz").is_file() for i in items):
         return out
     bundle = record["bundle"]
-    known = read_bundle_config(locate_bundle(bundle), ("inference.json",), {}).get()
-    settings = {k: v for k, v in record["overrides"].items() if k.split("#")[0] in known and k != "dataset_dir"}
+    settings = served_settings(record)
     command = [sys.executable, "-m", "monai.bundle", "run", "inferring", "--config_file"]
     command += [os.fspath(Path(locate_bundle(bundle)) / "configs" / "inference.json"), "--bundle_root", str(work)]
     command += ["--model_path", str(work / "models" / "model.pt"), "--dataset_dir", str(_inputs(items, work / name))]
@@ -175,7 +194,7 @@ def _margins(
     (a subject requires its volumes' largest; structures absent from both prediction and truth left out)."""
     need: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     for item, subject in zip(items, subjects):
-        seg, truth = _load(served / f"{_case(item['image'])}_seg.nii.gz"), read_label(item["label"], mapping)
+        seg, truth = _load(served / f"{case_name(item['image'])}_seg.nii.gz"), read_label(item["label"], mapping)
         for c, name in enumerate(names, start=1):
             if (truth == c).any() or (seg == c).any():
                 d = morphological_requirements(seg == c, truth == c, eps)
@@ -192,7 +211,7 @@ def _records(served: Path, items, names, mapping, record, margins, key) -> list[
     rows = []
     eps = record["epsilon"]
     for item in items:
-        case = _case(item["image"])
+        case = case_name(item["image"])
         label = nib.load(item["label"])
         voxel_ml = float(abs(np.linalg.det(label.affine[:3, :3]))) / 1000.0
         truth = read_label(item["label"], mapping)
@@ -237,8 +256,7 @@ def margins_study(
         for seed in seeds:
             run = Path(runs_dir) / f"seed{int(seed)}" / f"{method}_{dataset}"
             record = json.loads((run / RECORD).read_text())
-            overrides = {**record["overrides"], "output_dir": str(Path(work_dir) / ".lists")}
-            mapping = label_mapping(read_bundle_config(locate_bundle(record["bundle"]), ("train.json",), overrides))
+            mapping = run_label_mapping(record, Path(work_dir) / ".lists")
             split = json.loads((run / "models" / "datalist.json").read_text())
             validation, test = split["validation"], split["test"]
             first = None
@@ -247,7 +265,7 @@ def margins_study(
                 models = _calibrated(record, work, run / "models", float(eps), float(alpha))
                 contours = json.loads((models / "contours.json").read_text())
                 subjects = json.loads((models / "validated_range.json").read_text()).get("subjects") or [
-                    _case(i["image"]) for i in validation
+                    case_name(i["image"]) for i in validation
                 ]
                 first = first or _served(record, work, validation, "validation")  # one served segmentation per run
                 names = list(contours["classes"])

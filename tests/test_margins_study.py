@@ -66,3 +66,28 @@ def test_summary_rows_coverage_and_excess():
     records[2]["excess_ml"] = 9.0  # mean 4.0: no reduction
     (row,) = summary_rows(records, alpha=0.1)
     assert row["excess_reduction"] == 0.0 and row["excess_target"] == "NO"
+
+
+def test_coverage_at_alpha_from_stored_requirements():
+    """m = 9 subjects: alpha 0.1 -> k = floor(0.1 * 10) = 1, lambda_out the smallest stored requirement, lambda_in the
+    largest; a test case's outer holds when its own requirement is at least lambda_out (a tie holds), its inner when
+    its own is at most lambda_in; alpha 0.05 -> k = 0: cannot vouch (None)."""
+    from studies.margin_figures import coverage_at
+
+    outer = [0.3, 0.1, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    inner = [0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99]
+    contours = {"classes": {"LV": {"required_out": outer, "required_in": inner}}}
+    tests = [
+        {"LV": {"outer": 0.05, "inner": 0.995}},  # misses both
+        {"LV": {"outer": 0.1, "inner": 0.99}},  # ties: holds both
+        {"LV": {"outer": 0.5, "inner": 0.2}},
+        {"LV": None},  # absent and not predicted: not counted
+    ]
+    got = coverage_at(contours, tests, 0.1)["LV"]
+    assert (got["lambda_out"], got["lambda_in"]) == (0.1, 0.99)
+    assert (got["outer"], got["inner"], got["cases"]) == (2, 2, 3)
+    # alpha 0.2: k = floor(2.0) = 2 -> the second smallest (0.2) and the second largest (0.98)
+    got = coverage_at(contours, tests, 0.2)["LV"]
+    assert (got["lambda_out"], got["lambda_in"]) == (0.2, 0.98)
+    assert (got["outer"], got["inner"]) == (1, 1)
+    assert coverage_at(contours, tests, 0.05) == {"LV": None}
