@@ -26,6 +26,7 @@ from test_external_probabilities import _affine, _peaked, _random_label, _save_l
 
 from calib_monai.export.slicer_contours import contour_stack
 from calib_monai.recalibration import calibrate_probabilities
+from calib_monai.review.contours import GRID
 
 SHAPE = (4, 4, 2)
 NAMES = {"labels": {"background": 0, "organ": 1}}
@@ -182,6 +183,23 @@ def test_without_a_fit_set_nothing_is_vouched_for(tmp_path, caplog):
     assert organ["lambda_out"] is None and "no calibration set" in organ["reason"] and "in-sample" in organ["reason"]
     assert record["info"]["in_sample_cases"] == ["eval_0"]
     assert "contours: not vouched for: no calibration set" in caplog.text
+
+
+def test_the_expected_rate(sets, tmp_path, caplog):
+    """``contour_risk="expected"``: each fit case misses 1 of its 13 true voxels once ``l_out`` passes its ``s(a_i)``
+    (and has 1 of 13 inner voxels outside while ``l_in`` is at most ``s(b_i)``). Conformal risk control at 0.15 over
+    9 cases allows a summed loss of ``0.15 * 10 - 1 = 0.5``: 6 cases, not 7. So ``lambda_out`` is the largest grid
+    value at most the 7th smallest ``s(a_i)`` and ``lambda_in`` the smallest above the 3rd smallest ``s(b_i)``."""
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        result = _run(sets, tmp_path / "out", contour_alpha=0.15, contour_risk="expected")
+    record = json.loads((tmp_path / "out" / "contours" / "contours.json").read_text())
+    organ = record["classes"]["organ"]
+    assert record["risk"] == "expected" and organ["rank"] is None
+    need_out, need_in = sorted(organ["required_out"]), sorted(organ["required_in"])  # s(a_i), just above s(b_i)
+    assert organ["lambda_out"] == pytest.approx(float(GRID[GRID <= np.float32(need_out[6])].max()))
+    assert organ["lambda_in"] == pytest.approx(float(GRID[GRID >= np.float32(need_in[2])].min()))
+    assert 0 < organ["lambda_out"] < 0.5 < organ["lambda_in"] < 1
+    assert result["contours"]["organ"]["cases"] == 3 and "(expected rate)" in caplog.text
 
 
 def test_contours_off_writes_nothing(sets, tmp_path):
