@@ -13,7 +13,6 @@ segmentations of the same validation subjects (:mod:`calib_monai.review.morpholo
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import numpy as np
 from scipy.stats import beta
 
 from calib_monai.bundle import locate_bundle, read_bundle_config
+from calib_monai.review.contours import contour_losses
 from calib_monai.review.morphological import choose_margin, morphological_contours, morphological_requirements
 from studies.quality import label_mapping, read_label, shifted_items
 from studies.runs import RECORD, RunSpec
@@ -60,13 +60,13 @@ def structure_row(
     ``inner`` lies at least ``1 - epsilon`` inside it (an empty inner set does), the outer set's excess volume
     outside the truth and the inner set's missing part of it, and the true volume (``voxel_ml`` per voxel)."""
     truth, inner, outer = (np.asarray(a, bool) for a in (truth, inner, outer))
-    n_true, n_inner = int(truth.sum()), int(inner.sum())
+    held = contour_losses(truth, inner, outer, epsilon)
     return {
-        "outer_holds": int((truth & ~outer).sum()) <= math.floor(epsilon * n_true + 1e-9),
-        "inner_inside": int((inner & ~truth).sum()) <= math.floor(epsilon * n_inner + 1e-9),
+        "outer_holds": held["outer_holds"],
+        "inner_inside": held["inner_inside"],
         "excess_ml": float((outer & ~truth).sum()) * voxel_ml,
         "missing_ml": float((truth & ~inner).sum()) * voxel_ml,
-        "true_ml": n_true * voxel_ml,
+        "true_ml": int(truth.sum()) * voxel_ml,
     }
 
 

@@ -104,6 +104,18 @@ CALIBRATE = [
     Row("--num_bins=-5", lambda t: [*_nnunet(t), "--num_bins=-5"], "error", ("--num_bins -5", "whole number")),
     Row("--num_bins=2.5", lambda t: [*_nnunet(t), "--num_bins=2.5"], "error", ("--num_bins 2.5", "whole number")),
     Row(
+        "--contour_alpha=1.5",
+        lambda t: [*_nnunet(t), "--contour_alpha=1.5"],
+        "error",
+        ("--contour_alpha 1.5", "in (0, 1)", "--contour_alpha 0.1"),
+    ),
+    Row(
+        "--contour_risk=per-case",
+        lambda t: [*_nnunet(t), "--contour_risk=per-case"],
+        "error",
+        ("--contour_risk", "'per-case'", "Did you mean 'per_case'?"),
+    ),
+    Row(
         "a corrupt .pkl",
         lambda t: _nnunet(t, lambda f: (f / "case_001.pkl").write_bytes(b"\x80\x04garbage")),
         "error",

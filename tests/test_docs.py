@@ -129,6 +129,9 @@ def test_runnable_block(tmp_path, doc, index):
         # the fixture's fit cases are the scored ones: the record says so
         fitted = json.loads((scratch / "report" / "temperature.json").read_text())
         assert fitted["temperature"] > 0 and fitted["fitted_on"] == ["case_001"] and fitted["in_sample"] is True
+        # one fit case cannot be cross-fitted: the contours' lambdas are null and say why
+        contours = json.loads((scratch / "report" / "contours" / "contours.json").read_text())
+        assert all(c["lambda_out"] is None and "needs at least" in c["reason"] for c in contours["classes"].values())
     if doc == "docs/trainer.md" and "runs/check" in runnable_blocks(doc)[index]:
         history = json.loads((scratch / "runs" / "check" / "validation_history.json").read_text())
         assert len(history) == 1 and (scratch / "runs" / "check" / "model.pt").is_file()

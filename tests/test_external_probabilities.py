@@ -285,7 +285,10 @@ def test_command_line(tmp_path, monkeypatch, capsys):
     )
     main()
     assert "temperature" in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"before", "after", "comparison.csv", "temperature.json"}
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert written == {"before", "after", "comparison.csv", "temperature.json", "contours"}
+    # no calibration set: no lambdas, contours.json says why (tests/test_calibrate_probabilities_contours.py)
+    assert {p.name for p in (tmp_path / "out" / "contours").iterdir()} == {"contours.json", "contours.csv"}
     report = {"metrics.csv", "summary.json", "reliability.png"}
     assert {p.name for p in (tmp_path / "out" / "after").iterdir()} == report
 

@@ -3,7 +3,7 @@ its logits (or to saved probabilities) without changing the segmentation on the 
 measured with them (:func:`recalibrate`; the range and its review rule are :mod:`calib_monai.review`'s). Measuring
 calibration error is :mod:`calib_monai.metrics.calibration`."""
 
-from calib_monai.recalibration.external import calibrate_probabilities, temperature_scale
+from calib_monai.recalibration.external import calibrate_probabilities
 from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
 from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.settings import RecalibrationSettings
@@ -18,7 +18,13 @@ from calib_monai.recalibration.stored import (
     load_calibrations,
     save_calibration,
 )
-from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, fit_temperature, sample_voxels
+from calib_monai.recalibration.temperature import (
+    TemperatureScaling,
+    calibration_voxels,
+    fit_temperature,
+    sample_voxels,
+    temperature_scale,
+)
 
 __all__ = [
     "CALIBRATION_FILE",

@@ -22,6 +22,11 @@ The temperature (:func:`calib_monai.recalibration.fit_temperature` on ``log(max(
 sample of at most ``max_voxels`` voxels spread evenly over ``fit_predictions`` / ``fit_labels``, else over the
 evaluated cases (then the ``after`` numbers are in-sample, optimistic, and the log and ``summary.json`` say so). One
 volume is in memory at a time.
+
+``contours/`` (``contours=False``: none): each structure's inner and outer contour of every evaluated case with the
+guarantee of :mod:`calib_monai.review.contours`, the lambdas chosen on the calibration set cross-fitted
+(:mod:`calib_monai.recalibration.external_contours`, which describes the files); without a calibration set the
+lambdas are null and ``contours.json`` says why.
 """
 
 from __future__ import annotations
@@ -38,13 +43,21 @@ import torch
 
 from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
 from calib_monai.checks import check_number, check_option
-from calib_monai.defaults import EMPTY_CLASS, MAX_VOXELS, NUM_BINS
+from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK, EMPTY_CLASS, MAX_VOXELS, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable
 from calib_monai.recalibration import readers
+from calib_monai.recalibration.external_contours import (
+    CONTOURS_FOLDER,
+    NO_FIT_SET,
+    ContourWriter,
+    check_contour_options,
+    choose_contours,
+    unchosen_contours,
+)
 from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
-from calib_monai.recalibration.temperature import TemperatureScaling, fit_temperature, sample_voxels
+from calib_monai.recalibration.temperature import LOG_FLOOR, fit_temperature, sample_voxels, temperature_scale
 
-__all__ = ["calibrate_probabilities", "temperature_scale"]
+__all__ = ["calibrate_probabilities"]
 
 logger = logging.getLogger("calib_monai")
 #: ``comparison.csv`` rows: summary columns (mean over cases) then pooled values.
@@ -65,12 +78,6 @@ COMPARED = (
     "mean_dice",
     "est_mean_dice",
 )
-LOG_FLOOR = 1e-12
-
-
-def temperature_scale(probabilities: torch.Tensor, temperature: float, dim: int = 0) -> torch.Tensor:
-    """``softmax(log(max(p, 1e-12)) / T)`` along ``dim``: temperature scaling of saved probabilities."""
-    return torch.softmax(TemperatureScaling(temperature)(probabilities.clamp_min(LOG_FLOOR).log()), dim=dim)
 
 
 def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int, int]:
@@ -114,6 +121,10 @@ def calibrate_probabilities(
     write_calibrated: bool = False,
     ignore_extra_labels: bool = True,
     device: str = "cpu",
+    contours: bool = True,
+    contour_alpha: float = CONTOUR_ALPHA,
+    contour_epsilon: float = CONTOUR_EPSILON,
+    contour_risk: str = CONTOUR_RISK,
 ) -> dict[str, Any]:
     """Evaluate saved probabilities against labels, fit a temperature, evaluate again; write the report.
 
@@ -141,11 +152,18 @@ def calibrate_probabilities(
         ignore_extra_labels: True (default) evaluates the predicted cases and leaves out labels without a
             prediction, the usual layout (labelsTr against one fold's predictions); False makes them an error.
         device: where the metrics run ("cuda" on a GPU machine).
+        contours: False leaves out contours/ (each structure's inner and outer contour of every case).
+        contour_alpha: the contours fail for at most this share of cases (risk "per_case").
+        contour_epsilon: the share of the structure the outer contour may miss (and of the inner contour that may
+            lie outside it).
+        contour_risk: "per_case" (the share of cases) or "expected" (the expected missed fraction <= contour_alpha).
 
     Returns:
-        ``{"temperature", "in_sample", "cases", "output_dir", "comparison"}``.
+        ``{"temperature", "in_sample", "cases", "output_dir", "comparison", "contours"}`` (``contours``: per
+        structure with lambdas, how many of the counted cases each contour held; None with contours=False).
     """
     _check_arguments(num_bins=num_bins, max_voxels=max_voxels, seed=seed, empty_class=empty_class)
+    check_contour_options(contours, contour_alpha, contour_epsilon, contour_risk)
     output_dir = check_folder(Path(output_dir), "output_dir")  # not a file (created when the report is written)
     cases = _resolve(predictions, labels, format, ignore_extra_labels)
     if (fit_predictions is None) != (fit_labels is None):
@@ -166,6 +184,24 @@ def calibrate_probabilities(
     temperature, voxels, fit_classes = _fit(fit_cases, max_voxels, seed)
     fitted_on = [c.name for c in fit_cases]
     logger.info(f"temperature {temperature:.4f} fitted on {voxels} voxels of {len(fit_cases)} case(s)")
+    names = label_names or label_names_from(cases[0].probabilities.parent, fit_classes)
+    listed = [str(names[k]) for k in sorted(names, key=int)]  # as the report lists them
+    if len(listed) != fit_classes:
+        raise ValueError(
+            f"label_names names {len(listed)} classes ({listed}) but the probabilities have {fit_classes}: give one "
+            "name per class, background first"
+        )
+    writer = None
+    if contours:
+        options = {"alpha": contour_alpha, "epsilon": contour_epsilon, "risk": contour_risk}
+        fit_info = {"temperature": temperature, "fitted_on": fitted_on, "in_sample_cases": overlap}
+        if fit_predictions is None:
+            logger.warning(f"contours: not vouched for: {NO_FIT_SET}")
+            margins = unchosen_contours(listed, **options, **fit_info)
+        else:
+            fit_one = lambda chosen: _fit(chosen, max_voxels, seed)[0]  # noqa: E731
+            margins = choose_contours(fit_cases, fit_one, listed, **options, seed=seed, device=device, **fit_info)
+        writer = ContourWriter(margins, listed, output_dir / CONTOURS_FOLDER)
 
     before = after = None
     for case in cases:
@@ -177,7 +213,6 @@ def calibrate_probabilities(
                 "classes as the predictions"
             )
         if before is None:
-            names = label_names or label_names_from(case.probabilities.parent, volume.probabilities.shape[0])
             before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
             after = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
         if volume.probabilities.shape[0] != len(before.class_names):
@@ -195,6 +230,8 @@ def calibrate_probabilities(
         after.add(scaled, label, spacing=spacing, case=case.name, same_segmentation_as=row)  # the argmax is unchanged
         if write_calibrated:
             readers.write_calibrated(case, volume, scaled.cpu().numpy(), output_dir / "calibrated")
+        if writer is not None:
+            writer.add(case, volume, scaled)
         del volume, scaled
 
     settings = {
@@ -223,6 +260,7 @@ def calibrate_probabilities(
     )
     write_json_atomically(output_dir / "temperature.json", fit_info)
     comparison = _write_comparison(output_dir / "comparison.csv", before, after)
+    coverage = writer.finish() if writer is not None else None
     logger.info(
         "before -> after temperature scaling: "
         + ", ".join(
@@ -235,6 +273,7 @@ def calibrate_probabilities(
         "cases": len(cases),
         "output_dir": str(output_dir),
         "comparison": comparison,
+        "contours": coverage,
     }
 
 

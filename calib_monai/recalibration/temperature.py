@@ -18,10 +18,18 @@ from torch.nn import functional as F
 from calib_monai.checks import check_option
 from calib_monai.defaults import MAX_VOXELS, RECALIBRATION_VOXELS
 
-__all__ = ["TemperatureScaling", "calibration_voxels", "check_voxels", "fit_temperature", "sample_voxels"]
+__all__ = [
+    "TemperatureScaling",
+    "calibration_voxels",
+    "check_voxels",
+    "fit_temperature",
+    "sample_voxels",
+    "temperature_scale",
+]
 
 VOXEL_CHOICES = ("foreground", "all")
 TEMPERATURE_RANGE = (0.01, 100.0)
+LOG_FLOOR = 1e-12  # saved probabilities are clamped to it before the log
 logger = logging.getLogger("calib_monai")
 
 
@@ -144,3 +152,8 @@ class TemperatureScaling(nn.Module):
 
     def extra_repr(self) -> str:
         return f"temperature={float(self.temperature):.4f}"
+
+
+def temperature_scale(probabilities: torch.Tensor, temperature: float, dim: int = 0) -> torch.Tensor:
+    """``softmax(log(max(p, 1e-12)) / T)`` along ``dim``: temperature scaling of saved probabilities."""
+    return torch.softmax(TemperatureScaling(temperature)(probabilities.clamp_min(LOG_FLOOR).log()), dim=dim)

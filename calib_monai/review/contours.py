@@ -53,6 +53,7 @@ __all__ = [
     "GRID",
     "RISKS",
     "ContourMargins",
+    "contour_losses",
     "contour_masks",
     "contour_segment_name",
     "read_contour_margins",
@@ -302,6 +303,22 @@ def contour_masks(
         outer[c - 1] = (predicted | (p[c] >= float(entry["lambda_out"]))).to(torch.uint8)
         inner[c - 1] = (predicted & (p[c] >= float(entry["lambda_in"]))).to(torch.uint8)
     return inner, outer
+
+
+def contour_losses(truth: np.ndarray, inner: np.ndarray, outer: np.ndarray, epsilon: float) -> dict[str, Any]:
+    """What the guarantee speaks of for one structure of one case (boolean masks): ``outer_holds`` (``outer``
+    misses at most ``floor(eps |T|)`` of the truth ``T``), ``inner_inside`` (at most ``floor(eps |I|)`` of ``inner``
+    lies outside it; an empty set does), and the fractions the expected rate bounds, ``outer_missed`` ``|T \\ O| /
+    |T|`` and ``inner_outside`` ``|I \\ T| / |I|`` (0 for an empty ``T`` or ``I``)."""
+    truth, inner, outer = (np.asarray(a, bool) for a in (truth, inner, outer))
+    n_true, n_inner = int(truth.sum()), int(inner.sum())
+    missed, outside = int((truth & ~outer).sum()), int((inner & ~truth).sum())
+    return {
+        "outer_holds": missed <= _allowed(epsilon, n_true),
+        "inner_inside": outside <= _allowed(epsilon, n_inner),
+        "outer_missed": missed / n_true if n_true else 0.0,
+        "inner_outside": outside / n_inner if n_inner else 0.0,
+    }
 
 
 def contour_segment_name(name: str, kind: str, alpha: float) -> str:
