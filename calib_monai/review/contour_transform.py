@@ -71,21 +71,23 @@ class ContourMarginsd(MapTransform):
                 if isinstance(quality, Mapping):
                     d[self.quality_key] = {**quality, "contours": {"vouched": None, "reason": why}}
                 continue
-            prob = d[key]
-            names = self.class_names if self.class_names and len(self.class_names) == prob.shape[0] else None
-            inner, outer = contour_masks(prob, self.contours.classes, names)
-            meta = getattr(d.get(self.segmentation_key), "meta", None) or getattr(prob, "meta", {})
+            given = d[key]
+            names = self.class_names if self.class_names and len(self.class_names) == given.shape[0] else None
+            prob = given.as_tensor() if isinstance(given, MetaTensor) else torch.as_tensor(given)  # no meta per op
+            pred = prob.argmax(0)
+            inner, outer = contour_masks(prob, self.contours.classes, names, pred)
+            meta = getattr(d.get(self.segmentation_key), "meta", None) or getattr(given, "meta", {})
             d[CONTOUR_KEYS[0]] = MetaTensor(inner, meta=dict(meta))
             d[CONTOUR_KEYS[1]] = MetaTensor(outer, meta=dict(meta))
             if isinstance(quality, Mapping):
-                voxel_ml = voxel_volume_ml(prob if isinstance(prob, MetaTensor) else d.get("image"))
-                d[self.quality_key] = {**quality, "contours": self._record(prob, inner, outer, voxel_ml, quality)}
+                voxel_ml = voxel_volume_ml(given if isinstance(given, MetaTensor) else d.get("image"))
+                record = self._record(pred, inner, outer, voxel_ml, quality)
+                d[self.quality_key] = {**quality, "contours": record}
         return d
 
-    def _record(self, prob: Any, inner: torch.Tensor, outer: torch.Tensor, voxel_ml: float, quality: Mapping) -> dict:
+    def _record(self, pred: torch.Tensor, inner: torch.Tensor, outer: torch.Tensor, voxel_ml: float, quality) -> dict:
         margins = self.contours
-        pred = torch.as_tensor(prob).argmax(0)
-        names = self.class_names[1:] if self.class_names else [f"class_{c}" for c in range(1, prob.shape[0])]
+        names = self.class_names[1:] if self.class_names else [f"class_{c}" for c in range(1, inner.shape[0] + 1)]
         classes = {}
         for c, name in enumerate(names, start=1):
             entry = margins.classes.get(name, {})

@@ -285,13 +285,17 @@ def read_contour_margins(
 
 
 def contour_masks(
-    prob: torch.Tensor, lambdas: Mapping[str, Mapping[str, Any]], class_names: Sequence[str] | None = None
+    prob: torch.Tensor,
+    lambdas: Mapping[str, Mapping[str, Any]],
+    class_names: Sequence[str] | None = None,
+    pred: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inner, outer)``, each ``(C - 1, *spatial)`` uint8, one channel per foreground class in label order, from the
     probabilities ``prob`` ``(C, *spatial)`` and each class's ``{"lambda_in", "lambda_out"}`` (by name; a class
-    without lambdas gets empty channels). Thresholds compare in float32, as they were chosen."""
+    without lambdas gets empty channels); ``pred``: ``prob``'s argmax, when the caller has it. Thresholds compare in
+    float32, as they were chosen."""
     p = torch.as_tensor(prob).float()
-    pred = p.argmax(0)
+    pred = p.argmax(0) if pred is None else pred
     names = list(class_names)[1:] if class_names else [f"class_{c}" for c in range(1, p.shape[0])]
     inner = torch.zeros((p.shape[0] - 1, *p.shape[1:]), dtype=torch.uint8, device=p.device)
     outer = torch.zeros_like(inner)
