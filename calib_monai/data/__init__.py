@@ -15,7 +15,6 @@ from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
-    InputGrid,
     image_datalist,
     inference_preprocessing,
     segmentation_and_confidence,
@@ -45,7 +44,6 @@ __all__ = [
     "CheckChannelsd",
     "DatasetFacts",
     "Hippocampus",
-    "InputGrid",
     "ToInputGridd",
     "KeepInputLabeld",
     "KiTS",

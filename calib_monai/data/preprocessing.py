@@ -187,9 +187,8 @@ def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
 
 def keep_input_label() -> dict[str, Any]:
     """The label as read, before any spatial step, kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the
-    grid the delivered segmentation is on, which ``calibrate`` scores the validated range against. Evaluation chain
-    only, and only where the bundle sets ``keep_input_label`` (``calibrate.json``, ``evaluate.json``): cached
-    validation volumes carry the copy."""
+    grid the delivered segmentation is on (``evaluating``'s ``DeliveredDiced``). Evaluation chain only, and only where
+    the bundle sets ``keep_input_label`` (``evaluate.json``): cached validation volumes carry the copy."""
     step = {"_target_": "calib_monai.data.KeepInputLabeld", "keys": LABEL, "names": INPUT_LABEL}
     # as_bool: the command line's --keep_input_label false is the string "false", which is truthy
     return only(

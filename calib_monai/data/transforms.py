@@ -265,8 +265,8 @@ class ValidateSegmentationd(MapTransform):
 
 class KeepInputLabeld(MapTransform):
     """Keep a copy of the label as read (``keys`` -> ``names``), before any spatial step: the truth on the input grid,
-    the grid the delivered segmentation is on (``Invertd`` maps the probabilities back to it). Stored as the smallest
-    unsigned integer type that holds the classes, as a cached volume's copy costs memory."""
+    the grid the delivered segmentation is on. Stored as the smallest unsigned integer type that holds the classes,
+    as a cached volume's copy costs memory."""
 
     def __init__(self, keys: KeysCollection, names: str | Iterable[str] = "input_label") -> None:
         super().__init__(keys)
