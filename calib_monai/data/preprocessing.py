@@ -126,14 +126,14 @@ def compose_config(steps: Sequence[Mapping[str, Any]], phase: str) -> dict[str, 
     return {"_target_": "Compose", "transforms": phase_transforms(steps, phase)}
 
 
-def compose(steps: Sequence[Mapping[str, Any]], phase: str, component, keep_label: bool = False) -> Compose:
+def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compose:
     """The ``phase`` chain of ``steps`` for ``component``, instantiated as a bundle would: ``@data`` is the component,
-    ``@roi_size`` its ``roi_size``, ``@keep_input_label`` ``keep_label``."""
+    ``@roi_size`` its ``roi_size``, ``@keep_input_label`` false."""
     parser = ConfigParser(
         {
             "data": component,
             "roi_size": list(component.roi_size),
-            "keep_input_label": bool(keep_label),
+            "keep_input_label": False,
             "preprocessing": compose_config(steps, phase),
         },
         globals={"calib_monai": "calib_monai"},
