@@ -141,9 +141,6 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
         # without cross-fitting, the share of validation volumes that fit the recalibration; the others measure
         "calibration_split": defaults.CALIBRATION_SPLIT,
         "validated_range_path": VALIDATED_RANGE_PATH,
-        # the range scored on the network's grid, as inferring scores a case (true: on the input grid, which
-        # inferring does not serve)
-        "keep_input_label": False,
         **REVIEW,
         **dataset.review,
         **CONTOURS,
@@ -170,7 +167,7 @@ def calibrate_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                 "settings": "@calibration_settings",
                 "validated_range_path": "@validated_range_path",
                 "label_names": "@label_names",
-                # the reference images through the served chain (and keep_input_label true: the input grid's inverse)
+                # the reference images through the served chain
                 "preprocessing": "@validate#preprocessing",
                 # the input and feature signals' fixed reference: the training images through the served chain
                 "reference_images": "$@data.datalist()['training']",

@@ -164,7 +164,7 @@ def train_config(name: str, method: Method, dataset: Dataset) -> dict[str, Any]:
             "pin_memory": "$calib_monai.bundle.pin_memory(@device)",
             "val_interval": 1,
             "train_fraction": 1.0,  # share of the training cases (data-size studies)
-            # validation volumes also keep their label as read (calibrate scores the validated range on that grid)
+            # validation volumes also keep their label as read (evaluate.json: the delivered segmentation's truth)
             "keep_input_label": False,
             "init_weights": "",  # a model.pt to start from (fine-tuning: MONAI Label's train task); "" : random
             # which validation epoch becomes model.pt: the best selection_metric (DSC, as in the papers; or val_nll

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.export import load_bundle_network
+from calib_monai.bundle import TrainedBundle
 from calib_monai.recalibration import TemperatureScaling
 from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.review import ValidatedRange
@@ -170,7 +170,7 @@ def served_folder(tmp_path_factory):
         cwd=root,
     )
     # the same weights as TorchScript only (what ckpt_export puts in model.ts: the scripted 2D network)
-    network = load_bundle_network(bundle, config_file="inference.json")
+    network = TrainedBundle(bundle, device="cpu").network
     (app / "model" / "nacl_flare_ts" / "models").mkdir()
     torch.jit.save(torch.jit.script(network.cpu()), str(app / "model" / "nacl_flare_ts" / "models" / "model.ts"))
     # the same weights, calibrated with T = 100: every confidence near 1 / 5, the segmentation unchanged

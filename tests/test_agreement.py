@@ -75,7 +75,7 @@ def test_absent_class_is_nan_and_excluded_from_the_mean():
     image = torch.rand(1, 6, 6, 3)
     result = flip_agreement(lambda x: one_hot_probs(torch.zeros(x.shape[1:], dtype=torch.long), 3), image)
     assert all(math.isnan(v) for v in result.dice) and math.isnan(result.mean_dice)
-    assert result.as_dict()["passes"] == 4
+    assert result.passes == 4
 
 
 def test_bad_arguments():

@@ -12,7 +12,7 @@ import torch
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle
-from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
+from calib_monai.export import SegmentationWithConfidence, export_bundle
 from calib_monai.recalibration import load_calibration
 from calib_monai.recalibration.stored import NOT_APPLICABLE
 from conftest import REPO_ROOT, run_bundle_workflow
@@ -103,7 +103,7 @@ def test_inference_and_export_apply_the_temperature(calibrated, tmp_path):
     # the exported module equals the eager network with the temperature, and differs from it without
     paths = export_bundle(bundle_dir, output_dir=tmp_path / "export", example_shape=(1, 1, 32, 32, 2))
     exported = torch.jit.load(paths["segmentation_confidence.ts"])
-    network = load_bundle_network(bundle_dir)
+    network = TrainedBundle(bundle_dir, ("train.json",), device="cpu").network
     x = torch.rand(1, 1, 32, 32, 5, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         seg, conf = exported(x)

@@ -15,6 +15,8 @@ import torch
 from monai.bundle import ConfigWorkflow
 
 from calib_monai.bundle import TrainedBundle, output_paths
+from calib_monai.bundle.errors import error_line
+from calib_monai.bundle.manifest import file_sha256
 from calib_monai.data.flare import FLARE22_TO_FLARE
 from calib_monai.export import slicer_files_from_inference
 from calib_monai.review import load_validated_range
@@ -262,24 +264,24 @@ def test_the_range_is_scored_as_inferring_scores_a_case(calibrated, tmp_path):
             assert quality["classes"][organ]["volume"] == pytest.approx(volumes[i], rel=1e-4)
 
 
-def test_a_range_scored_on_the_input_grid_is_not_applied_to_network_grid_cases(calibrated, tmp_path):
-    """calibrate with keep_input_label true scores the range on the input grid; served cases are scored on the
-    network's grid, so the flag is null with that reason, not a comparison of two grids."""
+def test_a_range_scored_on_the_input_grid_is_refused_in_one_line(calibrated, tmp_path):
+    """A range an earlier calibrate scored on the input grid: serving scores a case on the network grid, so the range
+    is refused in one line that names the file and says to run calibrate again."""
     root, overrides = calibrated
     bundle = tmp_path / "bundle"
-    shutil.copytree(root / "bundle" / "configs", bundle / "configs")
-    (bundle / "models").mkdir()
-    for name in ("model.pt", "datalist.json"):
-        shutil.copy(root / "bundle" / "models" / name, bundle / "models" / name)
-    settings = {**overrides, "output_dir": str(bundle / "models")}
-    _workflow(["train.json", "calibrate.json"], "calibrate", review_alpha=0.2, keep_input_label="true", **settings)
-    assert json.loads((bundle / "models" / "validated_range.json").read_text())["scored_on"] == "input grid"
-    image = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
-    served = TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")})
-    review = served.predict(image).quality["review"]
-    (reason,) = [r for r in review["reasons"] if "grid" in r]
-    assert review["flag"] is None and "scored on the input grid and this case on the network grid" in reason
-    assert "keep_input_label false" in reason
+    shutil.copytree(root / "bundle", bundle)
+    path, manifest = bundle / "models" / "validated_range.json", bundle / "models" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "scored_on": "input grid"}))
+    record = json.loads(manifest.read_text())  # published as one set, as that calibrate published it
+    record["artifacts"]["validated_range.json"]["sha256"] = file_sha256(path)
+    manifest.write_text(json.dumps(record))
+    with pytest.raises(RuntimeError) as error:  # MONAI's "Failed to instantiate": the line the user sees is ours
+        TrainedBundle(bundle, overrides={k: overrides[k] for k in ("roi_size", "data#spacing")}).predict(
+            sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[0]
+        )
+    message = error_line(error.value)
+    assert "\n" not in message and str(path) in message and "scored_on is 'input grid'" in message
+    assert message.endswith("run the bundle's calibrate step again")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (MONAI Label serves on one)")

@@ -7,9 +7,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-import torch
 
-from calib_monai.data import BraTS, brats_regions
+from calib_monai.data import BraTS
 
 SHAPE = (12, 10, 8)
 MODALITIES = ("flair", "t1", "t1ce", "t2")
@@ -53,18 +52,6 @@ def test_default_resize_gives_192x192x128(tmp_path):
     volume = data.preprocessing()(data.datalist()["test"][0])
     assert volume["image"].shape == (4, 192, 192, 128) and volume["label"].shape == (1, 192, 192, 128)
     assert set(volume["label"].unique().tolist()) <= {0.0, 1.0, 2.0, 3.0}
-
-
-def test_brats_regions():
-    label = torch.tensor([0, 1, 2, 3]).reshape(1, 4)
-    regions = brats_regions(label)
-    # rows ET, TC, WT; columns background, NCR/NET, ED, ET
-    expected = [[False, False, False, True], [False, True, False, True], [False, True, True, True]]
-    assert regions.tolist() == expected
-    raw = np.array([[[0, 1, 2, 4]]])  # (B=1, 1, 4), ET stored as 4 in the files
-    assert brats_regions(raw, enhancing=4, dim=1)[0].tolist() == expected
-    with pytest.raises(ValueError, match="channel axis of size 1"):
-        brats_regions(torch.zeros(2, 4))
 
 
 def test_missing_modality_and_wrong_folder(tmp_path):

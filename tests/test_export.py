@@ -11,7 +11,8 @@ import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from calib_monai.export import SegmentationWithConfidence, export_bundle, load_bundle_network
+from calib_monai.bundle import TrainedBundle
+from calib_monai.export import SegmentationWithConfidence, export_bundle
 
 # loading model.ts here is the point of the test; torch >= 2.10 flags every torch.jit call as deprecated
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.load` is deprecated:DeprecationWarning")
@@ -78,7 +79,7 @@ def test_loaded_with_torch_only_equal_eager(exported):
     subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(out)], check=True, timeout=120)
     outputs = torch.load(out / "outputs.pt")
 
-    network = load_bundle_network(BUNDLE, tmp / "model.pt")
+    network = TrainedBundle(BUNDLE, ("train.json",), device="cpu", weights=tmp / "model.pt").network
     with torch.no_grad():
         logits = network(volume.movedim(4, 1).flatten(0, 1))
         segmentation, confidence = SegmentationWithConfidence(network).eval()(volume)
@@ -113,7 +114,7 @@ def test_wrapper_equals_slice_loop(spatial_dim):
 
 def test_wrapper_equals_slice_loop_bundle_network(exported):
     tmp, _ = exported
-    network = load_bundle_network(BUNDLE, tmp / "model.pt")
+    network = TrainedBundle(BUNDLE, ("train.json",), device="cpu", weights=tmp / "model.pt").network
     volume = torch.rand(1, 1, 32, 32, 3, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         segmentation, confidence = SegmentationWithConfidence(network).eval()(volume)

@@ -3,9 +3,8 @@
 
 A confident network (a trained one whose output layer is scaled up, as a well-trained network is) gives exact ones
 after the softmax; ``Invertd``'s float32 interpolation back to the image's grid turns some into 1 + 1.2e-7, which
-the case quality's exact check refused ("it looks like logits") before the clip. The served chain now maps back only
-the segmentation (nearest) and the confidence; the clip stays where the confidence and calibrate's input-grid map
-(``keep_input_label true``) are made.
+the case quality's exact check refused ("it looks like logits") before the clip. The served chain maps back only
+the segmentation (nearest) and the confidence; the clip stays where the confidence is made.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd, Spacingd
 
 from calib_monai.checks import PROBABILITY_ROUNDING, clip_probability_rounding
-from calib_monai.data import ClipProbabilityRoundingd, InputGrid
+from calib_monai.data import ClipProbabilityRoundingd
 from calib_monai.data.phantoms import generate_phantom
 from conftest import REPO_ROOT, make_confident, run_bundle_workflow
 
@@ -74,8 +73,6 @@ def test_the_interpolation_back_exceeds_one_and_the_served_chain_clips_it():
     clipped = ClipProbabilityRoundingd("pred")({"pred": raw.clone()})["pred"]
     assert float(clipped.max()) == 1.0 and float(clipped.min()) >= 0.0
     np.testing.assert_array_equal(clipped.numpy(), raw.clamp(0, 1).numpy())  # only the rounding moved
-    mapped = InputGrid(preprocessing, image)(prob.clone())  # the calibrate step's map to the input grid
-    assert mapped.shape == raw.shape and float(mapped.max()) == 1.0
 
 
 # ------------------------------------------------------------------------------------- a full-size CT, served

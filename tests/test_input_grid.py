@@ -1,5 +1,5 @@
-"""The case scored on the input grid: the label kept as read, probabilities mapped back as the served chain maps them,
-and the true DSC of the delivered segmentation beside the served estimate."""
+"""The truth on the input grid: the label kept as read, the true DSC of the delivered segmentation beside the served
+estimate, and a range scored on any grid but the served one refused."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from monai.metrics import compute_dice
 from monai.networks.utils import one_hot
 from monai.transforms import Compose, EnsureTyped, Orientationd, Resized
 
-from calib_monai.data import InputGrid, KeepInputLabeld
+from calib_monai.data import KeepInputLabeld
 from calib_monai.metrics.report_table import served_verdict
-from calib_monai.recalibration.fitting import ValidationVolume
 from calib_monai.review import DeliveredDiced, ValidatedRange
 from calib_monai.review.validated_range import read_validated_range
 
@@ -55,43 +54,6 @@ def test_the_label_is_kept_as_read_in_the_smallest_integer_type():
         KeepInputLabeld(["label", "image"], names="x")
 
 
-def test_input_grid_maps_network_grid_tensors_back_to_the_image():
-    item = _volume()
-    chain = _chain()
-    out = chain(dict(item))
-    to_input = InputGrid(chain, out["image"])
-    # the preprocessed image itself comes back on the input grid with the input affine: shape and geometry exact
-    back = to_input(out["image"].as_tensor())
-    assert tuple(back.shape) == (1, 12, 10, 3)
-    assert torch.allclose(torch.as_tensor(back.affine, dtype=torch.float64), item["image"].affine.double())
-    # a constant map stays constant (interpolation preserves it), a 2-class probability map still sums to 1
-    prob = torch.softmax(torch.randn(2, 6, 5, 3, generator=torch.Generator().manual_seed(1)), dim=0)
-    mapped = to_input(prob)
-    assert torch.allclose(mapped.sum(0), torch.ones(12, 10, 3), atol=1e-5)
-    with pytest.raises(TypeError, match="MetaTensor"):
-        InputGrid(chain, out["image"].as_tensor())
-
-
-def test_a_validation_volume_is_scored_on_its_input_grid():
-    item = _volume()
-    chain = _chain()
-    out = chain(dict(item))
-    prob = torch.softmax(torch.randn(3, 6, 5, 3, generator=torch.Generator().manual_seed(2)), dim=0)
-    volume = ValidationVolume(
-        torch.zeros(3, 6, 5, 3), out["label"][0].long(), out["image"].as_tensor(), 0.1, "case",
-        InputGrid(chain, out["image"]), out["input_label"][0].long(),
-    )  # fmt: skip
-    scored, label, voxel_ml = volume.scored(prob)
-    assert tuple(scored.shape) == (3, 12, 10, 3) and torch.equal(label, item["label"][0].long())
-    assert voxel_ml == pytest.approx(2.0 * 1.5 * 5.0 / 1000)  # the input grid's voxel, not the network's
-    # without the input grid: the network's
-    plain = ValidationVolume(torch.zeros(3, 6, 5, 3), out["label"][0].long(), out["image"].as_tensor(), 0.1)
-    assert plain.scored(prob)[2] == 0.1 and plain.scored(prob)[0] is prob
-    wrong = ValidationVolume(*[torch.zeros(1)] * 3, 1.0, "bad", lambda p: p, torch.zeros(4, 4))
-    with pytest.raises(ValueError, match="case .bad..*must invert"):
-        wrong.scored(torch.zeros(2, 3, 3))
-
-
 def test_delivered_dice_equals_monai_compute_dice_with_an_absent_class():
     g = torch.Generator().manual_seed(3)
     prob = torch.softmax(torch.randn(4, 9, 8, 2, generator=g) * 3, dim=0)
@@ -124,26 +86,6 @@ def test_the_report_row_shows_the_served_score_and_the_delivered_truth():
     assert served_verdict({"case_score": 0.8}) is None and served_verdict(None) is None
 
 
-def test_a_2d_image_resized_in_plane_maps_back_to_its_pixels():
-    """BUSI's chain: a depth-1 PNG volume resized in plane to (H, W, 1); its label kept before the resize."""
-    affine = torch.eye(4)
-    item = {
-        "image": MetaTensor(torch.rand(1, 30, 20, 1), affine=affine),
-        "label": MetaTensor(torch.randint(0, 2, (1, 30, 20, 1)).float(), affine=affine),
-    }
-    chain = Compose(
-        [KeepInputLabeld("label"), Resized(["image", "label"], spatial_size=(16, 16, 1), mode=("area", "nearest"))]
-    )
-    out = chain(item)
-    prob = torch.softmax(torch.randn(2, 16, 16, 1), dim=0)
-    volume = ValidationVolume(
-        torch.zeros(2, 16, 16, 1), out["label"][0].long(), out["image"].as_tensor(), 1.0, "png",
-        InputGrid(chain, out["image"]), out["input_label"][0],
-    )  # fmt: skip
-    scored, label, voxel_ml = volume.scored(prob)
-    assert tuple(scored.shape) == (2, 30, 20, 1) and tuple(label.shape) == (30, 20, 1) and voxel_ml == 1e-3
-
-
 def test_a_range_from_an_older_calibrate_is_refused_in_one_line(tmp_path):
     """A validated_range.json without ``scored_on`` (an older calibrate's): a one-line error naming the file, the
     missing field and the fix."""
@@ -159,10 +101,13 @@ def test_a_range_from_an_older_calibrate_is_refused_in_one_line(tmp_path):
     message = str(error.value)
     assert str(tmp_path / "validated_range.json") in message and "'scored_on'" in message and "\n" not in message
     assert message.endswith("delete it and run the bundle's calibrate step again")
-    record["scored_on"] = "grid"  # nor one that names no grid
+    record["scored_on"] = "input grid"  # an earlier calibrate's: served cases are scored on the network grid
     (tmp_path / "validated_range.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="validated_range.json: validated range scored_on must be one of"):
+    with pytest.raises(ValueError) as error:
         read_validated_range(tmp_path, weights)
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'validated_range.json'}: validated range scored_on is 'input grid'")
+    assert "\n" not in message and message.endswith("delete it and run the bundle's calibrate step again")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the label copy stays on the CPU, prob on GPU")

@@ -40,7 +40,6 @@ __all__ = [
     "CALIBRATION_SET",
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
-    "RAW_CALIBRATION",
     "ArtifactSet",
     "ArtifactSetError",
     "WeightsChangedError",
@@ -58,7 +57,6 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1  # the layout publish_artifacts writes; the only one read
 WEIGHTS_FILE = "model.pt"
 CALIBRATION_SET = ("calibration.pt", "calibration.json", "validated_range.json", "contours.json")  # calibrate's
-RAW_CALIBRATION = "none"  # --calibration_path none: the network's own probabilities, asked for
 NOT_APPLICABLE = "no recalibration: range not applicable"
 CALIBRATE_AGAIN = 'run calibrate again (python -m monai.bundle run calibrate --config_file "[<bundle>/configs/'
 CALIBRATE_AGAIN += 'train.json, <bundle>/configs/calibrate.json]")'

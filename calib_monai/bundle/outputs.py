@@ -91,7 +91,7 @@ def _source_of_row(row: Mapping[str, Any]) -> tuple:
 def check_output_folder(output_dir: str | os.PathLike, source: Mapping[str, Any] | None) -> None:
     """Refuse to add outputs of ``source`` to a folder whose ``quality.csv`` holds another source's rows (another
     model, recalibration or range: their rows would mix in one table): a ``ValueError`` naming the folder and the
-    fix. Rows without a source (written before outputs recorded it) count as another source: nothing says whose."""
+    fix. Rows without a source count as another source: nothing says whose."""
     table = Path(output_dir) / QUALITY_TABLE
     if not table.is_file():
         return

@@ -125,42 +125,41 @@ def _examples(names: list[str], limit: int = 2) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def load_network_weights(network, source, map_location="cpu", strict: bool = True, name: str | None = None):
+def load_network_weights(network, source, map_location="cpu", name: str | None = None):
     """Load ``source`` (see :func:`weights_state_dict`: a path or a loaded state_dict, plain, ``module.``-prefixed
     or nested under ``"model"``) into ``network`` (unwrapped first if it is DDP/DataParallel); returns ``network``.
 
     Every reader of ``model.pt`` goes through here (bundle ``evaluate.json``/``inference.json`` via
     ``calib_monai.handlers.NetworkWeightsLoader``; ``TrainedBundle``, and through it the export, MONAI Label serving
-    and the experiment evaluation), so a file saved from a DDP or DataParallel network loads with ``strict=True``.
+    and the experiment evaluation), so a file saved from a DDP or DataParallel network loads strictly.
     Weights of another network (other keys or shapes) raise a ``WeightsFileError`` naming the file (``name``, default
     the path given), how many tensors differ, an example of each kind, and the fix.
     """
     name = name or (str(source) if isinstance(source, (str, os.PathLike)) else "the state_dict")
     state = weights_state_dict(source, map_location)
     target = unwrap_network(network)
-    if strict:
-        own = target.state_dict()
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
-        shapes = [
-            f"{k}: file {tuple(state[k].shape)}, network {tuple(own[k].shape)}"
-            for k in own
-            if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
-        ]
-        if missing or unexpected or shapes:
-            parts = [
-                f"{len(items)} {what} (e.g. {_examples(items)})"
-                for items, what in (
-                    (missing, "tensors of the network missing"),
-                    (unexpected, "unexpected tensors"),
-                    (shapes, "tensors of another shape"),
-                )
-                if items
-            ]
-            raise WeightsFileError(
-                f"{name} holds the weights of another network than this {type(target).__name__} ({'; '.join(parts)}): "
-                "it was trained with other settings (backbone, in_channels, num_classes or the bundle); use the "
-                "settings it was trained with, or train the bundle again"
+    own = target.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)}, network {tuple(own[k].shape)}"
+        for k in own
+        if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        parts = [
+            f"{len(items)} {what} (e.g. {_examples(items)})"
+            for items, what in (
+                (missing, "tensors of the network missing"),
+                (unexpected, "unexpected tensors"),
+                (shapes, "tensors of another shape"),
             )
-    target.load_state_dict(state, strict=strict)
+            if items
+        ]
+        raise WeightsFileError(
+            f"{name} holds the weights of another network than this {type(target).__name__} ({'; '.join(parts)}): "
+            "it was trained with other settings (backbone, in_channels, num_classes or the bundle); use the "
+            "settings it was trained with, or train the bundle again"
+        )
+    target.load_state_dict(state)
     return network

@@ -7,7 +7,7 @@ on unlabelled images (``image_datalist``, ``segmentation_and_confidence``).
 from __future__ import annotations
 
 from calib_monai.data.acdc import ACDC
-from calib_monai.data.brats import BRATS_REGIONS, BraTS, brats_regions
+from calib_monai.data.brats import BraTS
 from calib_monai.data.busi import BUSI, LoadBUSId
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
@@ -15,7 +15,6 @@ from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
-    InputGrid,
     image_datalist,
     inference_preprocessing,
     segmentation_and_confidence,
@@ -39,13 +38,11 @@ from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
 
 __all__ = [
     "ACDC",
-    "BRATS_REGIONS",
     "BUSI",
     "BraTS",
     "CheckChannelsd",
     "DatasetFacts",
     "Hippocampus",
-    "InputGrid",
     "ToInputGridd",
     "KeepInputLabeld",
     "KiTS",
@@ -54,7 +51,6 @@ __all__ = [
     "MRBrainS",
     "PROMISE12",
     "Prostate",
-    "brats_regions",
     "FLARE",
     "FLARE22_TO_FLARE",
     "FLARE_LABEL_NAMES",

@@ -6,9 +6,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import intensity_scaling, require_file
@@ -19,10 +16,8 @@ __all__ = [
     "BRATS_LABEL_NAMES",
     "BRATS_LAYOUTS",
     "BRATS_MODALITIES",
-    "BRATS_REGIONS",
     "BRATS_REGION_CLASSES",
     "BraTS",
-    "brats_regions",
 ]
 
 logger = logging.getLogger("calib_monai.data")
@@ -32,34 +27,12 @@ BRATS_MODALITIES = ("flair", "t1", "t1ce", "t2")
 # 4 becomes 3 so that the classes are 0..3
 BRATS_LABEL_NAMES = {"0": "background", "1": "NCR/NET", "2": "ED", "3": "ET"}
 BRATS_TO_CLASSES = {0: 0, 1: 1, 2: 2, 4: 3}
-# the evaluation regions as unions of classes (ET enhancing tumour, TC tumour core, WT whole tumour): brats_regions
+# the evaluation regions as unions of classes (ET enhancing tumour, TC tumour core, WT whole tumour)
 BRATS_REGION_CLASSES = {"ET": (3,), "TC": (1, 3), "WT": (1, 2, 3)}
-BRATS_REGIONS = tuple(BRATS_REGION_CLASSES)
 BRATS_LAYOUTS = (
     "BraTS 2019: <dataset_dir>/MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_{flair,t1,t1ce,t2,seg}.nii.gz "
     "(dataset_dir may also be MICCAI_BraTS_2019_Data_Training itself)",
 )
-
-
-def brats_regions(label, enhancing: int = 3, dim: int = 0):
-    """The BraTS evaluation regions of a class-index map, as boolean masks ``[ET, TC, WT]`` along ``dim``.
-
-    ET (enhancing tumour) = ``enhancing``; TC (tumour core) = NCR/NET (1) + ET; WT (whole tumour) = 1 + ED (2) + ET.
-    ``label`` (torch or numpy) has a channel axis of size 1 at ``dim`` (``(1, H, W, D)``, or ``(B, 1, H, W, D)`` with
-    ``dim=1``), e.g. a preprocessed label or an ``argmax(keepdim=True)`` prediction; the output has 3 channels
-    there. ``enhancing=4`` reads raw BraTS files (ET stored as 4); the default 3 is this component's training label.
-    """
-    if label.shape[dim] != 1:
-        raise ValueError(
-            f"label must have a channel axis of size 1 at dim {dim} (class indices, not one-hot), "
-            f"got shape {tuple(label.shape)}"
-        )
-    et = label == enhancing
-    tc = (label == 1) | et
-    wt = tc | (label == 2)
-    if isinstance(label, torch.Tensor):
-        return torch.cat([et, tc, wt], dim=dim)
-    return np.concatenate([et, tc, wt], axis=dim)
 
 
 def _nifti_suffix(name: str) -> str:
@@ -88,7 +61,7 @@ def _case_file(folder: Path, case: str, modality: str) -> str:
 @data_component
 class BraTS(VolumeSegmentationData):
     """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes background, NCR/NET (1),
-    ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``brats_regions``).
+    ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``BRATS_REGION_CLASSES``).
 
     Layout (``BRATS_LAYOUTS``): ``MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_<modality>.nii.gz`` as
     downloaded (335 cases: 259 HGG, 76 LGG), split at random 235/35/65 (NACL journal).

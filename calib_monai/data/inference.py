@@ -13,7 +13,7 @@ from monai.config import KeysCollection
 from monai.data import MetaTensor
 from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
-from monai.transforms import Activationsd, Compose, Invertd, MapTransform, SaveImaged
+from monai.transforms import Activationsd, Compose, MapTransform, SaveImaged
 
 from calib_monai.bundle.manifest import NOT_APPLICABLE
 from calib_monai.bundle.outputs import (
@@ -38,7 +38,6 @@ __all__ = [
     "ConfidenceAndSegmentationd",
     "CheckOutputFolderd",
     "GridNibabelWriter",
-    "InputGrid",
     "RecordSourced",
     "SaveCaseQualityd",
     "image_datalist",
@@ -157,30 +156,6 @@ class ConfidenceAndSegmentationd(MapTransform):
             d[self.segmentation_key] = segmentation.to(torch.uint8)
             d[f"{self.confidence_key}_of"] = key  # CaseQualityd reuses both only for the probabilities they came from
         return d
-
-
-class InputGrid:
-    """Map probabilities on the network's grid back to an image's input grid (``Invertd`` through ``preprocessing``
-    with the image's applied operations, interpolated as the image was): ``calibrate`` with ``keep_input_label`` true
-    scores its validation volumes there. Keeps the image's meta data and operations only, not its voxels.
-
-    Args:
-        preprocessing: the chain that made ``image`` (one ``Compose`` instance, as ``Invertd`` needs).
-        image: the preprocessed image, a ``MetaTensor`` that tracked its operations.
-    """
-
-    def __init__(self, preprocessing: Compose, image: MetaTensor) -> None:
-        if not isinstance(image, MetaTensor):
-            raise TypeError("InputGrid needs the preprocessed image as a MetaTensor that tracked its operations")
-        self.reference = MetaTensor(torch.zeros(1), meta=dict(image.meta))
-        self.reference.applied_operations = [dict(op) for op in image.applied_operations]
-        self._invert = Invertd("x", transform=preprocessing, orig_keys="image", nearest_interp=False, to_tensor=True)
-
-    def __call__(self, tensor: torch.Tensor) -> MetaTensor:
-        """Probabilities ``tensor`` ``(C, *spatial)`` on the network's grid, on the input grid (with its affine; the
-        interpolation's float rounding clipped into [0, 1])."""
-        tensor = tensor if isinstance(tensor, MetaTensor) else MetaTensor(tensor)  # Invertd skips a plain tensor
-        return clip_probability_rounding(self._invert({"x": tensor, "image": self.reference})["x"])
 
 
 class ClipProbabilityRoundingd(MapTransform):

@@ -126,14 +126,14 @@ def compose_config(steps: Sequence[Mapping[str, Any]], phase: str) -> dict[str, 
     return {"_target_": "Compose", "transforms": phase_transforms(steps, phase)}
 
 
-def compose(steps: Sequence[Mapping[str, Any]], phase: str, component, keep_label: bool = False) -> Compose:
+def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compose:
     """The ``phase`` chain of ``steps`` for ``component``, instantiated as a bundle would: ``@data`` is the component,
-    ``@roi_size`` its ``roi_size``, ``@keep_input_label`` ``keep_label``."""
+    ``@roi_size`` its ``roi_size``, ``@keep_input_label`` false."""
     parser = ConfigParser(
         {
             "data": component,
             "roi_size": list(component.roi_size),
-            "keep_input_label": bool(keep_label),
+            "keep_input_label": False,
             "preprocessing": compose_config(steps, phase),
         },
         globals={"calib_monai": "calib_monai"},
@@ -187,9 +187,8 @@ def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
 
 def keep_input_label() -> dict[str, Any]:
     """The label as read, before any spatial step, kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the
-    grid the delivered segmentation is on, which ``calibrate`` scores the validated range against. Evaluation chain
-    only, and only where the bundle sets ``keep_input_label`` (``calibrate.json``, ``evaluate.json``): cached
-    validation volumes carry the copy."""
+    grid the delivered segmentation is on (``evaluating``'s ``DeliveredDiced``). Evaluation chain only, and only where
+    the bundle sets ``keep_input_label`` (``evaluate.json``): cached validation volumes carry the copy."""
     step = {"_target_": "calib_monai.data.KeepInputLabeld", "keys": LABEL, "names": INPUT_LABEL}
     # as_bool: the command line's --keep_input_label false is the string "false", which is truthy
     return only(

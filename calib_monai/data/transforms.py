@@ -88,8 +88,8 @@ class CheckedLoadImaged(MapTransform):
 
     Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
     worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
-    each a ``CaseDataError`` naming the file: 3D (a 2D image reached the 2D inferer as a bad shape), finite and not
-    constant (:func:`check_image_values`; a NaN image was segmented into all-NaN confidence maps). Every volume read
+    each a ``CaseDataError`` naming the file: 3D (a 2D image would reach the 2D inferer as a bad shape), finite and
+    not constant (:func:`check_image_values`; a NaN image would give all-NaN confidence maps). Every volume read
     must have a usable affine (:func:`calib_monai.geometry.affine_problem`): without one a reader guesses the
     orientation (x mirrored), and the segmentation is silently wrong.
     """
@@ -265,8 +265,8 @@ class ValidateSegmentationd(MapTransform):
 
 class KeepInputLabeld(MapTransform):
     """Keep a copy of the label as read (``keys`` -> ``names``), before any spatial step: the truth on the input grid,
-    the grid the delivered segmentation is on (``Invertd`` maps the probabilities back to it). Stored as the smallest
-    unsigned integer type that holds the classes, as a cached volume's copy costs memory."""
+    the grid the delivered segmentation is on. Stored as the smallest unsigned integer type that holds the classes,
+    as a cached volume's copy costs memory."""
 
     def __init__(self, keys: KeysCollection, names: str | Iterable[str] = "input_label") -> None:
         super().__init__(keys)

@@ -3,7 +3,7 @@ and 3D Slicer review files of their outputs (``slicer``)."""
 
 from __future__ import annotations
 
-from .bundle_export import export_bundle, load_bundle_network
+from .bundle_export import export_bundle
 from .slicer import (
     LOW_CONFIDENCE_SEGMENT_NAME,
     SlicerFiles,
@@ -20,7 +20,6 @@ __all__ = [
     "SlicerFiles",
     "bundle_label_names",
     "export_bundle",
-    "load_bundle_network",
     "lps_geometry",
     "slicer_files_from_inference",
     "write_slicer_files",

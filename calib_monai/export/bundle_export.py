@@ -29,7 +29,7 @@ from calib_monai.recalibration.stored import CALIBRATION_FILE, load_calibration
 
 from .wrapper import SegmentationWithConfidence
 
-__all__ = ["export_bundle", "load_bundle_network"]
+__all__ = ["export_bundle"]
 
 logger = logging.getLogger("calib_monai")
 
@@ -63,32 +63,6 @@ def _trained_bundle(bundle_dir, checkpoint, config_file: str, net_id: str, key_i
     return TrainedBundle(
         bundle_dir, (config_file,), device="cpu", weights=checkpoint, key_in_ckpt=key_in_ckpt, network_id=net_id
     )
-
-
-def load_bundle_network(
-    bundle_dir: str | os.PathLike,
-    checkpoint: str | os.PathLike | None = None,
-    config_file: str = "train.json",
-    net_id: str = "network_def",
-    key_in_ckpt: str = "",
-) -> torch.nn.Module:
-    """Build the bundle's ``network_def`` from ``configs/<config_file>`` and load ``checkpoint`` into it
-    (``calib_monai.bundle.TrainedBundle``).
-
-    Args:
-        bundle_dir: the bundle folder (holding ``configs/``).
-        checkpoint: a state_dict file; defaults to ``<bundle>/models/model.pt``. ``None`` and no file there
-            raises ``FileNotFoundError``. A ``module.``-prefixed state_dict (older multi-GPU runs) or ``{"model": ...}``
-            is read too (``calib_monai.bundle.load_network_weights``).
-        config_file: the config that defines the network.
-        net_id: the config id of the network.
-        key_in_ckpt: key of the weights in a nested checkpoint (``{"model": ..., "optimizer": ...}``); ``""`` for a
-            plain state_dict.
-
-    Returns:
-        the network on the CPU in eval mode.
-    """
-    return _trained_bundle(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt).network
 
 
 def _example_shape(parser, example_shape: Sequence[int] | None) -> tuple[int, ...]:

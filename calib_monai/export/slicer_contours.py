@@ -20,9 +20,8 @@ from calib_monai.review.contours import contour_segment_name
 
 from .slicer_inputs import ArrayOrPath, load_volume
 
-__all__ = ["CONTOUR_KINDS", "contour_segments", "contour_stack"]
+__all__ = ["contour_segments", "contour_stack"]
 
-CONTOUR_KINDS = ("outer", "inner")
 _FIX = "write the contours with the segmentation again (the bundle's inferring step)"
 
 

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import torch
 from ignite.engine import Engine, Events
-from monai.data import MetaTensor
 
-from calib_monai.data.inference import InputGrid
-from calib_monai.data.preprocessing import INPUT_LABEL
 from calib_monai.metrics.image_statistics import image_geometry
 from calib_monai.metrics.network_features import BottleneckFeatures
 from calib_monai.metrics.report_table import case_name
@@ -45,7 +42,7 @@ class RecalibrationFitter:
     whose item has a ``"subject"`` (the data component's ``subject_of``) is counted with its subject's volumes.
 
     The evaluator's decollated outputs hold the logits under ``"pred"``, the label under ``"label"`` and the image
-    under ``"image"``; its items may keep the label as read under ``INPUT_LABEL`` (``KeepInputLabeld``).
+    under ``"image"``; every volume is scored on the network's grid, as ``inferring`` scores a case.
 
     Args:
         output_path: the calibration file.
@@ -54,9 +51,8 @@ class RecalibrationFitter:
         settings: :class:`~calib_monai.recalibration.RecalibrationSettings` (checked when made; None: the defaults).
         validated_range_path: where to store the validated range (None: not stored).
         label_names: ``{"0": "background", ...}`` (the range's class names).
-        preprocessing: the validation chain (``@validate#preprocessing``, the served chain with the label). With
-            the label as read, the range's volumes are scored on their input grid through its inverse, as
-            ``inferring`` scores a case (else on the network's grid).
+        preprocessing: the validation chain (``@validate#preprocessing``, the served chain with the label), through
+            which the reference images go.
         reference_images: the training items (``@data.datalist()['training']``): the image statistics and pooled
             features (through the evaluator's inferer) of up to ``settings.max_reference`` of them through
             ``preprocessing``, evenly spaced, are the input and feature signals' fixed references (None: the
@@ -136,28 +132,11 @@ class RecalibrationFitter:
                     image.as_subclass(torch.Tensor),
                     voxel_volume_ml(item[image_key]),
                     case_name(item, len(self._volumes)),
-                    *self._input_grid(item, batch_item),
                     geometry=image_geometry(item[image_key]),
                     subject=str(item.get("subject", batch_item.get("subject", "")) or ""),
                     site=bool(item.get("site", batch_item.get("site", False))),
                 )
             )
-
-    def _input_grid(self, item: Mapping, batch_item: Mapping) -> tuple:
-        """``(to_input_grid, input_label)`` of a volume whose evaluator item kept the label as read, else
-        ``(None, None)``."""
-        kept = item.get(INPUT_LABEL, batch_item.get(INPUT_LABEL))
-        image = item[KEYS[2]]
-        if kept is None:
-            return (None, None)
-        if self.preprocessing is None or not isinstance(image, MetaTensor):
-            raise ValueError(
-                f"calibrate: the validation volumes keep their label as read ({INPUT_LABEL}) but the range "
-                "cannot be scored on their input grid: pass preprocessing=@validate#preprocessing to "
-                "RecalibrationFitter (and keep the image a MetaTensor), or set keep_input_label false"
-            )
-        kept = torch.as_tensor(kept).detach().cpu().as_subclass(torch.Tensor)
-        return InputGrid(self.preprocessing, image), kept[0]  # its own integer type: a uint8 copy is 8x smaller
 
     def _fit(self, engine: Engine) -> None:
         if self._hook is not None:

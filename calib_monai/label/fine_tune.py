@@ -188,21 +188,17 @@ class FineTune:
                 f"nothing was published, the previous weights keep serving (log: {log})"
             )
 
-    def train_and_calibrate(self, calibration_method: str | None = None) -> None:
-        """Fine-tune from the served weights, then calibrate with ``calibration_method`` (None: the method the served
-        ``calibration.json`` records, else the bundle's default; :func:`served_calibration`)."""
-        if calibration_method is None:
-            calibration_method, self.calibration_source = served_calibration(self.bundle_dir)
-        else:
-            self.calibration_source = "asked for"
-        self.calibration_method = calibration_method
+    def train_and_calibrate(self) -> None:
+        """Fine-tune from the served weights, then calibrate with the method the served ``calibration.json``
+        records, else the bundle's default (:func:`served_calibration`)."""
+        self.calibration_method, self.calibration_source = served_calibration(self.bundle_dir)
         served = self.bundle_dir / "models" / "model.pt"
         read_weights_file(served, what=f"the served weights of {self.bundle_dir.name}", fix=RESTORE)
         init = self.workdir / "init_model.pt"
         shutil.copyfile(served, init)  # the served weights, as they are now
         self._started = time.time()
         self._run("training", ["train.json"], epochs=int(self.epochs), lr=float(self.lr), init_weights=str(init))
-        self._run("calibrate", ["train.json", "calibrate.json"], calibration_method=calibration_method)
+        self._run("calibrate", ["train.json", "calibrate.json"], calibration_method=self.calibration_method)
 
     def publish(self) -> dict[str, Any]:
         """Copy the new calibration, validated range and weights into ``<bundle>/models`` (``model.pt`` last)."""
@@ -234,12 +230,7 @@ class FineTune:
             out["calibration_source"] = getattr(self, "calibration_source", None)
         return out
 
-    def run(
-        self,
-        cases: Sequence[SubmittedLabel],
-        label_names: Mapping[int, str],
-        calibration_method: str | None = None,
-    ) -> dict[str, Any]:
+    def run(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str]) -> dict[str, Any]:
         """Prepare, train, calibrate and publish; returns the final stats (with ``trained_on`` / ``validated_on``, the
         numbers of submitted labels trained and held out, and the calibration method and where it came from)."""
         self.prepare(cases, label_names)
@@ -248,7 +239,7 @@ class FineTune:
             f"{self.counts['validated_on']} out to validate, calibrate and re-measure the validated range on, with "
             f"{self.counts['source_validation']} source validation volume(s)"
         )
-        self.train_and_calibrate(calibration_method)
+        self.train_and_calibrate()
         return self.publish()
 
 

@@ -32,14 +32,6 @@ class FlipAgreement:
     disagreement: float
     passes: int
 
-    def as_dict(self) -> dict:
-        return {
-            "dice": list(self.dice),
-            "mean_dice": self.mean_dice,
-            "disagreement": self.disagreement,
-            "passes": self.passes,
-        }
-
 
 def pairwise_dice(labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per foreground class the mean DSC ``2|A and B| / (|A| + |B|)`` over the pairs of the label maps ``labels``

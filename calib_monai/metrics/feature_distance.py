@@ -141,16 +141,15 @@ class MahalanobisDistance:
             out[ok] = mahalanobis(self._project(rows[ok]) - self.center, self.precision)
         return float(out[0]) if x.ndim == 1 else out
 
-    def conformal_distances(self, features: Any, conformal_dim: int | None = None) -> np.ndarray:
+    def conformal_distances(self, features: Any) -> np.ndarray:
         """The distance of each of the ``n`` reference cases and of one case's ``features`` (last) from the other
         ``n``, in the stored projection: the new case and the reference cases treated alike (full conformal; exact
         without a stored projection, else up to the projection fitted on the reference cases alone).
 
-        ``conformal_dim``: first project the ``n + 1`` vectors on their own leading ``conformal_dim`` principal
-        components (at most ``n - 1``), fitted on all ``n + 1``: the distances stay a symmetric function of the
-        ``n + 1`` vectors (exchangeable cases keep the full-conformal guarantee exactly), and a new case's shift
-        along a direction the reference cases do not span is among the directions kept. Store the distance without
-        a projection (``max_dim`` >= the features' length) for this."""
+        With more than ``FEATURE_DIM`` dimensions the ``n + 1`` vectors are first projected on their own leading
+        ``FEATURE_DIM`` principal components (at most ``n - 1``), fitted on all ``n + 1``: the distances stay a
+        symmetric function of the ``n + 1`` vectors (exchangeable cases keep the full-conformal guarantee exactly),
+        and a new case's shift along a direction the reference cases do not span is among the directions kept."""
         self._fitted()
         vector = np.asarray(features, dtype=np.float64).reshape(1, -1)
         if vector.shape[1] != len(self.mean) or not np.isfinite(vector).all():
@@ -160,8 +159,9 @@ class MahalanobisDistance:
                 "cannot judge"
             )
         points = np.concatenate([self.reference, self._project(vector)])
-        if conformal_dim is not None and points.shape[1] > min(int(conformal_dim), len(points) - 2):
-            points = _principal_scores(points, min(int(conformal_dim), len(points) - 2))
+        dim = min(FEATURE_DIM, len(points) - 2)
+        if points.shape[1] > dim:
+            points = _principal_scores(points, dim)
         return np.array([_distance_to(np.delete(points, i, 0), points[i : i + 1])[0] for i in range(len(points))])
 
     def to_dict(self) -> dict[str, Any]:

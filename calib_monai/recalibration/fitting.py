@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
 from torch import nn
 from torch.nn import functional as F
 
@@ -44,7 +43,7 @@ from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.splits import Split, split_volumes, subject_names
 from calib_monai.recalibration.stored import calibrate_volume
 from calib_monai.recalibration.temperature import TemperatureScaling, calibration_voxels, check_voxels
-from calib_monai.review.validated_range import ValidatedRange, voxel_volume_ml
+from calib_monai.review.validated_range import ValidatedRange
 
 __all__ = [
     "Split",
@@ -62,35 +61,18 @@ HELD_OUT_SHARE = 0.2  # of local temperature scaling's fitting slices, for early
 
 @dataclass
 class ValidationVolume:
-    """One validation volume: raw logits ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)`` on the
-    network's grid (the recalibration's); ``to_input_grid`` (``calib_monai.data.InputGrid``) and ``input_label`` (the
-    label as read) put the range's score on the grid of the delivered segmentation (without them: the network's);
-    ``geometry``: the image's field of view and acquired spacing (``image_geometry``)."""
+    """One validation volume on the network's grid (the recalibration's and the served case score's): raw logits
+    ``(C, *spatial)``, label ``(*spatial)``, image ``(C_in, *spatial)``; ``geometry``: the image's field of view and
+    acquired spacing (``image_geometry``)."""
 
     logits: torch.Tensor
     label: torch.Tensor
     image: torch.Tensor
     voxel_ml: float = 1.0
     case: str = ""
-    to_input_grid: Callable[[torch.Tensor], torch.Tensor] | None = None
-    input_label: torch.Tensor | None = None
     geometry: list[float] | None = None  # image_geometry of the image while it had its metadata (None: unknown)
     subject: str = ""  # the subject (patient) it belongs to; "": its own (the datalist item's "subject")
     site: bool = False  # a label of the served site (the datalist item's "site"): re-anchors, is not a source subject
-
-    def scored(self, prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """``(probabilities, label, voxel volume in mL)`` on the grid the case is scored on, from its calibrated
-        probabilities on the network's grid."""
-        if self.to_input_grid is None or self.input_label is None:
-            return prob, self.label, self.voxel_ml
-        mapped = self.to_input_grid(prob)
-        if tuple(mapped.shape[1:]) != tuple(self.input_label.shape):
-            raise ValueError(
-                f"calibrate: case {self.case!r}: its probabilities mapped back are {tuple(mapped.shape[1:])}, its "
-                f"label as read {tuple(self.input_label.shape)}; the evaluation chain's spatial steps must invert"
-            )
-        plain = mapped.as_tensor() if isinstance(mapped, MetaTensor) else mapped
-        return plain, self.input_label, voxel_volume_ml(mapped)
 
 
 def _slice_groups(
@@ -308,7 +290,7 @@ def measure_validated_range(
     ``reference_inputs``: the image statistics of training images, the input signal's fixed reference (None: the
     validation images measure each other); ``reference_features``: the training images' pooled features, the
     feature signal's fixed reference (None: the validation cases measure each other); ``on_scored(i, prob, label)``:
-    called with each scored volume's cross-fitted probabilities and label on the grid it is scored on (the contours'
+    called with each scored volume's cross-fitted probabilities and label on the network grid (the contours'
     margins are chosen on them, :mod:`calib_monai.review.contours`)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     fold_of = {i: j for j, (_, scored) in enumerate(scorers) for i in scored}
@@ -318,12 +300,11 @@ def measure_validated_range(
         for i in chosen:
             v = volumes[i]
             prob = torch.softmax(calibrate_volume(scorer_of[i], v.logits, v.image, spatial_dim), dim=0)
-            prob, label, voxel_ml = v.scored(prob)  # on the network grid, as a served case (keep_input_label: input)
-            qualities.append(case_quality(prob, voxel_volume=voxel_ml, class_names=class_names))
-            truths.append((label, voxel_ml))
+            qualities.append(case_quality(prob, voxel_volume=v.voxel_ml, class_names=class_names))
+            truths.append((v.label, v.voxel_ml))
             if on_scored is not None:
-                on_scored(i, prob, label)
-            errors.append(score_minus_truth(qualities[-1], prob, label))
+                on_scored(i, prob, v.label)
+            errors.append(score_minus_truth(qualities[-1], prob, v.label))
     inputs = [input_statistics(volumes[i].image, volumes[i].geometry) for i in chosen]
     image = volumes[chosen[0]].image if chosen else None
     names = input_statistic_names(image.shape[0], image.ndim - 1) if image is not None else []
@@ -336,10 +317,6 @@ def measure_validated_range(
             info["features_left_out"] = why
     if split.in_sample:
         info["warning"] = "the range was measured on the volumes that fitted the recalibration (in-sample)"
-    mapped = {volumes[i].to_input_grid is not None for i in chosen}
-    if len(mapped) > 1:
-        raise ValueError("calibrate: some validation volumes map back to their input grid and others do not")
-    scored_on = "input grid" if mapped == {True} else "network grid"
     scale, info["volume_interval"] = volume_interval_fit(qualities, truths)
     info["case_score_error"] = case_score_error(errors)
     site = [n for n, i in enumerate(chosen) if volumes[i].site]
@@ -360,7 +337,6 @@ def measure_validated_range(
         features=stored,
         input_names=names,
         volume_interval_scale=scale,
-        scored_on=scored_on,
         score_folds=[fold_of[i] for i in chosen] if split.crossfit else [],
         **references,
         **info,

@@ -16,7 +16,6 @@ import numpy as np
 
 from calib_monai.atomic import write_json_atomically
 from calib_monai.bundle.manifest import file_sha256
-from calib_monai.checks import check_option
 from calib_monai.defaults import REVIEW_ALPHA, REVIEW_SCORE_CHECK, REVIEW_VOLUME_FACTOR
 from calib_monai.metrics.feature_distance import feature_distance_from_dict
 from calib_monai.review.conformal import (
@@ -66,7 +65,7 @@ class ValidatedRange:
     input_reference: dict[str, Any] | None = None  # {"mean", "std", "images"} of the training images' statistics
     # {"distance": MahalanobisDistance.to_dict() fitted on training images' features, "validation": the n distances}
     feature_reference: dict[str, Any] | None = None
-    scored_on: str = "network grid"  # the grid of the scores and volumes: the served one, or "input grid"
+    scored_on: str = "network grid"  # the grid of the scores and volumes: the network's, as a served case's
     subjects: list[str] = field(default_factory=list)  # each volume's subject (patient); []: each its own
     score_check: bool = REVIEW_SCORE_CHECK  # whether the lowest case score is one of the flag's signals
     # the cross-fitted fold that scored each volume ([]: one recalibration scored them all and serves): a case is
@@ -84,7 +83,10 @@ class ValidatedRange:
                 "review_volume_factor to 0 or e.g. 1.5"
             )
         self.alpha, self.volume_factor = float(self.alpha), float(self.volume_factor)
-        self.scored_on = check_option("validated range scored_on", self.scored_on, ("input grid", "network grid"))
+        if self.scored_on != "network grid":  # an earlier calibrate's "input grid"
+            raise ValueError(
+                f"validated range scored_on is {self.scored_on!r}; a served case is scored on the 'network grid'"
+            )
         self.input_check, self.feature_check = bool(self.input_check), bool(self.feature_check)
         self.score_check = bool(self.score_check)
         if not (self.score_check or self.input_check or self.feature_check):
@@ -162,7 +164,6 @@ class ValidatedRange:
         volume_interval_scale: float | None = None,
         input_reference: dict[str, Any] | None = None,
         feature_reference: dict[str, Any] | None = None,
-        scored_on: str = "network grid",
         subjects: Sequence[str] = (),
         score_check: bool = REVIEW_SCORE_CHECK,
         score_folds: Sequence[int] = (),
@@ -191,10 +192,9 @@ class ValidatedRange:
             volume_interval_scale,
             input_reference,
             feature_reference,
-            scored_on,
-            [str(s) for s in subjects],
-            score_check,
-            [int(j) for j in score_folds],
+            subjects=[str(s) for s in subjects],
+            score_check=score_check,
+            score_folds=[int(j) for j in score_folds],
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.defaults import FEATURE_DIM
-
 from .conformal import combined_scores, subject_maxima
 from .reasons import NO_CASE_SCORE
 
@@ -75,7 +73,7 @@ def signal_values(
                 validation = np.asarray(rule.feature_reference["validation"], dtype=np.float64)
                 values["features"] = np.append(validation, rule.reference_distance.distance(vector))
             else:
-                values["features"] = rule.feature_distance.conformal_distances(vector, conformal_dim=FEATURE_DIM)
+                values["features"] = rule.feature_distance.conformal_distances(vector)
     return values, left_out, unknown, farthest
 
 

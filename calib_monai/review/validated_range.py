@@ -227,13 +227,8 @@ class CaseQualityd(MapTransform):
                 quality[CASE_SCORE_OFFSETS] = [float(o) for o in d[CASE_SCORE_OFFSETS]]
             stats = input_statistics(image) if image is not None else None
             features, why = self._pop_features()
-            validated, missing = self.validated_range, self.missing
-            if validated is not None and image is not None and _resampled(image):  # else both grids hold one voxel set
-                grid = "input grid" if tuple(prob.shape[1:]) != tuple(image.shape[1:]) else "network grid"
-                if validated.scored_on != grid:
-                    validated, missing = None, _GRIDS_DIFFER.format(range=validated.scored_on, case=grid)
-            quality = review_case(quality, validated, stats, missing, features, why)
-            if validated is not None:  # the served estimate's lower bound (re-anchored by the site monitor)
+            quality = review_case(quality, self.validated_range, stats, self.missing, features, why)
+            if self.validated_range is not None:  # the served estimate's lower bound (re-anchored by the site monitor)
                 quality = anchor_quality(quality, self.anchor)
             if quality["review"]["flag"]:
                 logger.warning(f"case {_case(d, self.image_key)}: review: " + "; ".join(quality["review"]["reasons"]))
@@ -296,26 +291,6 @@ class DeliveredDiced(MapTransform):
             delivered = {"mean_dice": sum(finite) / len(finite) if finite else math.nan, "dice": dict(zip(names, dice))}
             d[self.quality_key] = {**(d.get(self.quality_key) or {}), "delivered": delivered}
         return d
-
-
-_GRIDS_DIFFER = (
-    "the validated range was scored on the {range} and this case on the {case} of another voxel size: run the "
-    "bundle's calibrate step again (keep_input_label false: the network grid, as inferring scores a case)"
-)
-
-
-def _resampled(image: Any) -> bool:
-    """Whether the preprocessing changed the voxels of ``image`` (the preprocessed image), not only their order or
-    direction: another voxel volume or voxel count than the file's (the reader's meta data; without it: unknown,
-    counted as changed). A range scored on either grid then speaks for that grid only."""
-    meta = getattr(image, "meta", None) or {}
-    shape, original = meta.get("spatial_shape"), meta.get("original_affine")
-    if shape is None or original is None:
-        return True
-    original = torch.as_tensor(original, dtype=torch.float64)
-    volume = float(torch.linalg.det(original[:-1, :-1]).abs()) / 1000.0
-    counts = math.prod(int(n) for n in torch.as_tensor(shape).reshape(-1).tolist())
-    return counts != math.prod(image.shape[1:]) or not math.isclose(volume, voxel_volume_ml(image), rel_tol=1e-4)
 
 
 def _case(d: Mapping, image_key: str) -> str:
