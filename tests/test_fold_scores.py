@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from calib_monai.recalibration import TemperatureScaling
+from calib_monai.metrics import estimated_dice
+from calib_monai.recalibration import LocalTemperatureScaling, TemperatureScaling, temperature_maps
 from calib_monai.recalibration.stored import (
     CalibrateLogitsd,
     case_score_offsets,
@@ -29,7 +30,7 @@ FULL, FOLDS = TemperatureScaling(1.0), [TemperatureScaling(2.0), TemperatureScal
 
 def test_the_offset_is_the_full_fits_score_minus_each_folds():
     with torch.no_grad():
-        offsets = case_score_offsets(FULL(LOGITS), FOLDS, LOGITS, IMAGE, spatial_dim=2)
+        offsets = case_score_offsets(FULL(LOGITS), [fold(LOGITS) for fold in FOLDS], LOGITS.argmax(0))
     assert offsets == pytest.approx([T_FULL - T_FOLD0, T_FULL - T_FOLD1])  # [0.1160, -0.15]
 
 
@@ -90,6 +91,61 @@ def test_calibrate_stores_the_folds_and_serving_applies_them(tmp_path):
     publish_calibration(FULL, plain / "calibration.pt", weights, _range())
     assert load_calibrations(plain, weights)[1] == []
     assert "case_score_offsets" not in CalibrateLogitsd("pred", plain, weights)({"pred": LOGITS, "image": IMAGE})
+
+
+def _constant(temperature: float, classes: int = 2) -> LocalTemperatureScaling:
+    """Local temperature scaling whose map is ``temperature`` everywhere: zero weights and biases, the last bias
+    ``softplus^-1(temperature - 0.05)``."""
+    module = LocalTemperatureScaling(classes, 1)
+    with torch.no_grad():
+        for conv in module.body[::2]:
+            conv.weight.zero_(), conv.bias.zero_()
+        module.body[-1].bias.fill_(math.log(math.expm1(temperature - 0.05)))
+    return module.eval()
+
+
+def _publish(tmp_path, served, folds):
+    weights = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1)}, weights)
+    validated = _range(score_folds=[0, 0, 0, 1, 1, 1])
+    publish_calibration(served, tmp_path / "calibration.pt", weights, validated, fold_modules=folds)
+    return CalibrateLogitsd("pred", tmp_path / "calibration.pt", weights)
+
+
+def test_local_temperature_fits_run_as_one_network_and_score_as_their_temperatures(tmp_path):
+    # maps of 1, 2 and 0.5 everywhere: the three fits in one pass give those maps, and serving scores the case as
+    # temperature scaling at those temperatures does (the hand-computed offsets above)
+    served, folds = _constant(1.0), [_constant(2.0), _constant(0.5)]
+    maps = temperature_maps([served, *folds], LOGITS.movedim(3, 0), IMAGE.movedim(3, 0))  # (slices, 3, H, W)
+    assert maps.shape == (1, 3, 2, 2)
+    assert torch.allclose(maps, torch.tensor([1.0, 2.0, 0.5]).reshape(1, 3, 1, 1).expand(1, 3, 2, 2), atol=1e-6)
+    with torch.no_grad():
+        item = _publish(tmp_path, served, folds)({"pred": LOGITS.clone(), "image": IMAGE})
+    assert torch.allclose(item["pred"], LOGITS, atol=1e-6)  # the served map is 1
+    assert item["case_score_offsets"] == pytest.approx([T_FULL - T_FOLD0, T_FULL - T_FOLD1], abs=1e-6)
+
+
+def test_serving_the_fits_as_one_network_equals_applying_each_on_its_own(tmp_path):
+    # fits whose maps vary over the slice: the served logits and the offsets against the straightforward computation,
+    # each module on each 2D slice and each case score taken on its own (with the raw logits' argmax)
+    torch.manual_seed(0)
+    served, *folds = modules = [LocalTemperatureScaling(3, 1) for _ in range(3)]
+    for module in modules:
+        torch.nn.init.normal_(module.body[-1].weight, std=0.5)
+        module.eval()
+    logits, image = torch.randn(3, 9, 7, 5) * 4, torch.rand(1, 9, 7, 5)
+    with torch.no_grad():
+        item = _publish(tmp_path, served, folds)({"pred": logits.clone(), "image": image})
+        by_module = [
+            torch.stack([m(logits[None, ..., d], image[None, ..., d])[0] for d in range(5)], dim=-1) for m in modules
+        ]
+        scores = [float(estimated_dice(torch.softmax(z, 0), logits.argmax(0)).nanmean()) for z in by_module]
+    assert torch.allclose(item["pred"], by_module[0], rtol=1e-5, atol=1e-6)
+    assert item["case_score_offsets"] == pytest.approx([scores[0] - scores[1], scores[0] - scores[2]], abs=1e-6)
+    assert len({round(s, 6) for s in scores}) == 3  # three fits that score the case differently
+    mixed = [LocalTemperatureScaling(3, 1), LocalTemperatureScaling(3, 1, hidden=8)]
+    with pytest.raises(ValueError, match=r"differ in \(num_classes, in_channels, hidden\).*one calibration.pt"):
+        temperature_maps(mixed, logits.movedim(3, 0), image.movedim(3, 0))
 
 
 def test_a_range_without_score_folds_is_refused_naming_the_fix(tmp_path):

@@ -14,6 +14,7 @@ rotation: ``Invertd`` through the chain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
@@ -65,17 +66,21 @@ def input_shape(image: torch.Tensor) -> list[int]:
 
 
 def _along(x: torch.Tensor, dim: int, coordinate: torch.Tensor, nearest: bool) -> torch.Tensor:
-    """``x`` sampled along ``dim`` at the (clamped) ``coordinate``s: the nearest voxel, or the 1D linear
-    interpolation of its two neighbours."""
+    """``x`` (contiguous) sampled along ``dim`` at the (clamped) ``coordinate``s: the nearest voxel, or the 1D
+    linear interpolation of its two neighbours."""
     size = x.shape[dim]
     coordinate = coordinate.clamp(0, size - 1)
+    # ``dim`` as the middle axis of a 3D view: index_select then copies whole blocks (along another axis of a
+    # multi-channel map it is several times slower with 2 CPU threads: 1.8 s instead of 0.3 s for a contour set's
+    # 4-channel uint8 masks of a full-size CT)
+    blocks = x.reshape(math.prod(x.shape[:dim]), size, -1)
+    shape = (*x.shape[:dim], coordinate.numel(), *x.shape[dim + 1 :])
     if nearest:
-        return x.index_select(dim, torch.floor(coordinate + 0.5).long().clamp_max(size - 1))
+        return blocks.index_select(1, torch.floor(coordinate + 0.5).long().clamp_max(size - 1)).reshape(shape)
     low = coordinate.floor().long()
-    shape = [1] * x.ndim
-    shape[dim] = -1
-    weight = (coordinate - low).to(x.dtype).reshape(shape)
-    return torch.lerp(x.index_select(dim, low), x.index_select(dim, (low + 1).clamp_max(size - 1)), weight)
+    weight = (coordinate - low).to(x.dtype).reshape(-1, 1)
+    high = blocks.index_select(1, (low + 1).clamp_max(size - 1))
+    return blocks.index_select(1, low).lerp_(high, weight).reshape(shape)  # in place: one volume less
 
 
 def map_axis_by_axis(

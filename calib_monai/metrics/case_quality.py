@@ -136,10 +136,12 @@ def _class_sums(
     confidence: torch.Tensor | None = None,
     threshold: float | None = None,
     argmax: bool = False,
+    square: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Per class ``(C,)`` float64, from a few passes over the volume and no copy of it per class: the voxels predicted
     as the class (``count``), the sum of its probability (``expected``), its largest (``largest``), the sum of its
-    square (``square``) and of it where the class is predicted (``overlap``) and, given the voxels' ``confidence``
+    square (``square``, the volume interval's; left out with ``square`` false, the costliest pass) and of it where
+    the class is predicted (``overlap``) and, given the voxels' ``confidence``
     (``max_c p``; equal to that probability when ``label`` is the ``argmax``), its sum (``confidence``) and, with
     ``threshold``, the count below it (``low``) over the voxels predicted as the class. On the input's device, with
     no read-back."""
@@ -155,9 +157,10 @@ def _class_sums(
         "count": per_class(torch.ones((), dtype=f64, device=prob.device).expand(labels.shape)),
         "expected": flat.sum(1, dtype=f64),
         "largest": flat.amax(1).to(f64) if flat.shape[1] else torch.zeros(classes, dtype=f64, device=prob.device),
-        "square": torch.stack([torch.dot(q, q) for q in (p.to(f64) for p in flat)]),  # exact: one class at a time
         "overlap": per_class(own),
     }
+    if square:
+        sums["square"] = torch.stack([torch.dot(q, q) for q in (p.to(f64) for p in flat)])  # exact: a class at a time
     if confidence is not None:
         confidence = confidence.reshape(-1)
         sums["confidence"] = sums["overlap"] if argmax else per_class(confidence)  # argmax: the same sums
@@ -179,7 +182,7 @@ def estimated_dice(prob: Any, pred: Any = None, empty_class: str = EMPTY_CLASS) 
     """
     empty_class = check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
     prob = _probabilities(prob)
-    return _dice_from(_class_sums(prob, _prediction(prob, pred)), empty_class)
+    return _dice_from(_class_sums(prob, _prediction(prob, pred), square=False), empty_class)
 
 
 def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
@@ -256,7 +259,7 @@ def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = LOW_
     """
     threshold = _check_threshold(threshold)
     prob = _probabilities(prob)
-    return _low_from(_class_sums(prob, _prediction(prob, pred), prob.max(0).values, threshold))
+    return _low_from(_class_sums(prob, _prediction(prob, pred), prob.max(0).values, threshold, square=False))
 
 
 def _low_from(sums: dict[str, torch.Tensor]) -> torch.Tensor:

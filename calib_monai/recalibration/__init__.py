@@ -4,7 +4,7 @@ measured with them (:func:`recalibrate`; the range and its review rule are :mod:
 calibration error is :mod:`calib_monai.metrics.calibration`."""
 
 from calib_monai.recalibration.external import calibrate_probabilities
-from calib_monai.recalibration.local_temperature import LocalTemperatureScaling
+from calib_monai.recalibration.local_temperature import LocalTemperatureScaling, temperature_maps
 from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import (
@@ -13,6 +13,7 @@ from calib_monai.recalibration.stored import (
     CalibrateLogitsd,
     Uncalibrated,
     calibrate_volume,
+    calibrate_volumes,
     case_score_offsets,
     load_calibration,
     load_calibrations,
@@ -37,6 +38,7 @@ __all__ = [
     "calibrate_probabilities",
     "calibration_voxels",
     "calibrate_volume",
+    "calibrate_volumes",
     "case_score_offsets",
     "fit_temperature",
     "load_calibration",
@@ -44,5 +46,6 @@ __all__ = [
     "recalibrate",
     "sample_voxels",
     "save_calibration",
+    "temperature_maps",
     "temperature_scale",
 ]

@@ -3,7 +3,7 @@
 ``softmax(z / T(x))`` with a per-pixel temperature ``T(x) = softplus(CNN([z, image])) + 0.05`` predicted from the
 logits and the image, fitted on held-out slices by NLL, with early stopping on a held-out share of them. This is a
 small version of the paper's network (two 3x3 convolutions on 2D slices, like the segmentation network); ``T(x) > 0``
-keeps the argmax.
+keeps the argmax. :func:`temperature_maps` runs several fits (the served one and its cross-fitted folds) as one network.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from calib_monai.defaults import LTS_STEPS
 
-__all__ = ["LocalTemperatureScaling"]
+__all__ = ["LocalTemperatureScaling", "temperature_maps"]
 
 _MIN_TEMPERATURE = 0.05
 _START = 0.5413  # softplus(0.5413) + 0.05 = 1.05: the fit starts near T = 1
@@ -115,6 +115,36 @@ class LocalTemperatureScaling(nn.Module):
                 total += float(F.cross_entropy(out.double(), y[i : i + chunk].long(), reduction="sum"))
                 count += y[i : i + chunk].numel()
         return total / max(count, 1)
+
+
+def temperature_maps(
+    modules: Sequence[LocalTemperatureScaling], logits: torch.Tensor, image: torch.Tensor | None
+) -> torch.Tensor:
+    """``(N, K, H, W)``: the temperature map of each of ``K`` modules of one shape (the served fit and its
+    cross-fitted folds) for the same ``logits (N, C, H, W)`` and ``image (N, C_in, H, W)``, in one pass.
+
+    Their first convolutions read the same input: one convolution with their ``K * hidden`` filters, then each
+    module's second and last convolution as grouped ones (``groups=K``): the same sums as ``K`` separate
+    ``temperature_map`` calls (equal up to float rounding), in channels-last memory, where the CPU's convolutions
+    are fastest (a full-size CT's 42 slices of 129 x 129, 2 threads: 3 fits in a third of the time of 3 calls)."""
+    if image is None:
+        raise ValueError("local temperature scaling needs the image next to the logits")
+    shapes = {(m.num_classes, m.in_channels, m.hidden) for m in modules}
+    if len(shapes) != 1:
+        raise ValueError(
+            f"temperature_maps: the modules differ in (num_classes, in_channels, hidden), {sorted(shapes)}: stack the "
+            "served fit and the folds of one calibration.pt"
+        )
+
+    def stacked(layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # the K modules' weights and biases of one layer
+        convs = [m.body[layer] for m in modules]
+        return torch.cat([c.weight for c in convs]), torch.cat([c.bias for c in convs])
+
+    k = len(modules)
+    x = torch.cat([logits, image.to(logits.dtype)], dim=1).contiguous(memory_format=torch.channels_last)
+    hidden = F.conv2d(x, *stacked(0), padding=1).relu_()
+    hidden = F.conv2d(hidden, *stacked(2), padding=1, groups=k).relu_()
+    return F.softplus(F.conv2d(hidden, *stacked(4), groups=k)).add_(_MIN_TEMPERATURE)
 
 
 def _groups(logits, images, labels) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -46,7 +46,7 @@ from calib_monai.review.contours import CONTOURS_FILE
 from calib_monai.review.rule import write_measured
 from calib_monai.review.signals import CASE_SCORE_OFFSETS
 
-from .local_temperature import LocalTemperatureScaling
+from .local_temperature import LocalTemperatureScaling, temperature_maps
 from .temperature import TemperatureScaling
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "NOT_APPLICABLE",
     "Uncalibrated",
     "calibrate_volume",
+    "calibrate_volumes",
     "case_score_offsets",
     "calibration_set",
     "load_calibration",
@@ -237,33 +238,46 @@ class CalibratedNetwork(nn.Module):
         return self.calibration(self.network(x), x)
 
 
+def calibrate_volumes(
+    calibrations: Sequence[nn.Module], logits: torch.Tensor, image: torch.Tensor | None, spatial_dim: int = 2
+) -> list[torch.Tensor]:
+    """A volume's logits ``(C, H, W, D)`` as each 2D calibration module recalibrates them, slice by slice along
+    ``spatial_dim`` (the slices the 2D network saw), with the image ``(C_in, H, W, D)``; 2D inputs ``(C, H, W)`` go
+    in as they are. Local temperature modules (the served fit and its cross-fitted folds) run as one network
+    (:func:`~calib_monai.recalibration.local_temperature.temperature_maps`)."""
+    flat = logits.ndim == 3
+    axis = 0 if flat else spatial_dim + 1
+    slices = logits[None] if flat else logits.movedim(axis, 0)
+    images = None if image is None else torch.as_tensor(image).to(logits.device)
+    images = None if images is None else (images[None] if flat else images.movedim(axis, 0))
+    if calibrations and all(isinstance(c, LocalTemperatureScaling) for c in calibrations):
+        maps = temperature_maps(calibrations, slices, images)
+        calibrated = [slices / maps[:, k : k + 1] for k in range(len(calibrations))]
+    else:
+        calibrated = [c(slices, images) for c in calibrations]
+    return [z[0] if flat else z.movedim(0, axis) for z in calibrated]
+
+
 def calibrate_volume(
-    calibration: nn.Module, logits: torch.Tensor, image: torch.Tensor, spatial_dim: int = 2
+    calibration: nn.Module, logits: torch.Tensor, image: torch.Tensor | None, spatial_dim: int = 2
 ) -> torch.Tensor:
-    """Apply a 2D calibration module to a volume's logits ``(C, H, W, D)`` slice by slice along ``spatial_dim``
-    (the slices the 2D network saw), with the image ``(C_in, H, W, D)``; 2D inputs ``(C, H, W)`` go in as they are."""
-    if logits.ndim == 3:
-        return calibration(logits[None], image[None].to(logits.device))[0]
-    axis = spatial_dim + 1
-    slices = logits.movedim(axis, 0)
-    images = torch.as_tensor(image).to(logits.device).movedim(axis, 0)
-    return calibration(slices, images).movedim(0, axis)
+    """:func:`calibrate_volumes` of one calibration module."""
+    return calibrate_volumes([calibration], logits, image, spatial_dim)[0]
 
 
-def case_score_offsets(
-    served: torch.Tensor, folds: Sequence[nn.Module], logits: torch.Tensor, image: torch.Tensor, spatial_dim: int = 2
-) -> list[float]:
+def case_score_offsets(served: torch.Tensor, by_fold: Sequence[torch.Tensor], pred: torch.Tensor) -> list[float]:
     """Per fold ``j``, ``t_full - t_j``: the case score (mean estimated DSC) of the served recalibration's logits
-    ``served`` minus that of fold ``j``'s recalibration of the raw ``logits``, both on the network's grid (cheap: no
-    mapping back). The validated range's volume ``i`` was scored by fold ``j(i)``; the review rule compares it with
-    the served score less ``t_full - t_j(i)``, the case as fold ``j(i)`` would have scored it (cross-conformal)."""
-    pred = logits.argmax(0)  # each recalibration divides the logits by a positive temperature: one argmax for all
+    ``served`` minus that of fold ``j``'s recalibration of the same raw logits, ``by_fold[j]``, both on the network's
+    grid (cheap: no mapping back) with one segmentation ``pred``, the raw logits' argmax (each recalibration divides
+    them by a positive temperature). The validated range's volume ``i`` was scored by fold ``j(i)``; the review rule
+    compares it with the served score less ``t_full - t_j(i)``, the case as fold ``j(i)`` would have scored it
+    (cross-conformal)."""
 
     def score(z: torch.Tensor) -> float:
         return float(estimated_dice(torch.softmax(z.float(), dim=0), pred).nanmean())
 
     full = score(served)
-    return [full - score(calibrate_volume(f, logits, image, spatial_dim)) for f in folds]
+    return [full - score(z) for z in by_fold]
 
 
 class CalibrateLogitsd(MapTransform):
@@ -320,13 +334,12 @@ class CalibrateLogitsd(MapTransform):
             if self.uncalibrated_key is not None:
                 d[self.uncalibrated_key] = torch.softmax(logits.float(), dim=0)
             if self.calibration is not None:
-                with torch.no_grad():
-                    module = self.calibration.to(logits.device)
-                    d[key] = calibrate_volume(module, logits, d.get(self.image_key), self.spatial_dim)
-                    if self.folds:
-                        folds = [f.to(logits.device) for f in self.folds]
-                        image = d.get(self.image_key)
-                        d[CASE_SCORE_OFFSETS] = case_score_offsets(d[key], folds, logits, image, self.spatial_dim)
+                with torch.no_grad():  # the served recalibration and its folds in one pass
+                    modules = [m.to(logits.device) for m in (self.calibration, *self.folds)]
+                    d[key], *by_fold = calibrate_volumes(modules, logits, d.get(self.image_key), self.spatial_dim)
+                    if by_fold:
+                        pred = logits.max(0).indices  # argmax's first maximum, in a tenth of its time (CPU)
+                        d[CASE_SCORE_OFFSETS] = case_score_offsets(d[key], by_fold, pred)
         if self.source is not None and self.source_key:
             d[self.source_key] = dict(self.source)
         return d
