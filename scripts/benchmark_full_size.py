@@ -15,7 +15,7 @@ round, and each served call comes with a forward pass in its own process just be
 shared machine and the process weigh on both alike. Prints a Markdown table: the median seconds and CPU seconds (the
 process's, all threads: less moved by other jobs than the seconds) of the served call over ``--repeats`` rounds, the
 process's peak resident memory, the median over the rounds of the served call's time and CPU time over its forward
-pass's, the peak over the forward process's, and the load average before and after.
+pass's (and their range), the peak over the forward process's, and the load average before and after.
 
 Example (the demo run of README, calibrated once per method; a run with ``contours.json`` also maps its contours)::
 
@@ -134,13 +134,14 @@ def main() -> None:
     base_memory = results["forward"]
     print(f"{SHAPE[0]} x {SHAPE[1]} x {SHAPE[2]} CT at {SPACING} mm; {args.repeats} rounds after a warm-up, 2 threads")
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}\n")
-    print("| variant | median s | median CPU s | peak GB | time / forward | CPU / forward | peak / forward |")
+    print("| variant | median s | median CPU s | peak GB | time / forward (rounds) | CPU / forward | peak / forward |")
     print("|---|---|---|---|---|---|---|")
     for variant, memory in results.items():  # each round's served call over the same process's forward pass
         rounds = [(t.get("served", t["forward"]), t["forward"]) for t in times[variant]]
         seconds, cpu = (statistics.median(served[i] for served, _ in rounds) for i in (0, 1))
-        ratio, cpu_ratio = (statistics.median(served[i] / forward[i] for served, forward in rounds) for i in (0, 1))
-        row = f"{seconds:.2f} | {cpu:.2f} | {memory:.2f} | {ratio:.2f}x | {cpu_ratio:.2f}x"
+        ratios, cpu_ratios = ([served[i] / forward[i] for served, forward in rounds] for i in (0, 1))
+        spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        row = f"{seconds:.2f} | {cpu:.2f} | {memory:.2f} | {spread} | {statistics.median(cpu_ratios):.2f}x"
         print(f"| {variant} | {row} | {memory / base_memory:.2f}x |")
     sys.stdout.flush()
 

@@ -44,11 +44,27 @@ def test_each_subject_counts_with_its_most_optimistic_volume_and_site_volumes_ar
 def test_without_site_labels_the_bound_is_the_score_minus_the_conformal_error():
     anchor = CaseScoreAnchor.from_range(_range([i / 100 for i in range(9)]))
     answer = anchor.answer(0.8)
-    assert answer["case_score"] == 0.8 and answer["case_score_low"] == pytest.approx(0.72)  # 0.8 - 0.08
-    assert answer["from"] == "9 validation subjects" and answer["coverage"] == pytest.approx(0.9)
+    # the level: 0.8 minus the mean error 0.04; the bound stays 0.8 minus e_(9) = 0.08
+    assert answer["case_score"] == pytest.approx(0.76) and answer["case_score_low"] == pytest.approx(0.72)
+    assert answer["offset"] == pytest.approx(-0.04) and answer["raw_case_score"] == 0.8
+    assert answer["from"] == "9 validation subjects; level: minus the validation volumes' mean error (+0.040)"
+    assert answer["coverage"] == pytest.approx(0.9)
     few = CaseScoreAnchor.from_range(_range([0.0] * 8)).answer(0.8)
     assert few["case_score_low"] is None and "it needs the errors of 9 labelled validation subjects" in few["from"]
     assert CaseScoreAnchor.from_range(ValidatedRange(SCORES, {})).answer(0.8)["case_score_low"] is None
+
+
+def test_the_level_is_the_validation_volumes_mean_error_until_site_labels_replace_it():
+    # volumes (subject): 0.1 (a), -0.2 (a), 0.05 (b), 0.3 (c), None (c), 0.0 (d, a site volume): the level is the
+    # mean of the four scored validation volumes, 0.0625, every volume counted (the bound counts subjects' largest)
+    validated = _range([0.1, -0.2, 0.05, 0.3, None, 0.0], subjects=["a", "a", "b", "c", "c", "d"], site_volumes=[5])
+    alone = CaseScoreAnchor.from_range(validated)
+    assert alone.validation_error == pytest.approx(0.0625) and not alone.anchored
+    assert alone.answer(0.5)["case_score"] == pytest.approx(0.4375)
+    assert alone.answer(0.03)["case_score"] == 0.0  # clipped to [0, 1]
+    anchored = CaseScoreAnchor.from_range(validated, site_errors=[0.1])  # with the site volume: 2 site labels
+    assert anchored.offset == pytest.approx(-0.05) and anchored.answer(0.5)["case_score"] == pytest.approx(0.45)
+    assert CaseScoreAnchor.from_range(_range([math.nan, None])).answer(0.5)["case_score"] == 0.5  # nothing measured
 
 
 def test_two_site_labels_shift_the_level_and_widen_the_bound_by_the_t_margin():
@@ -67,17 +83,18 @@ def test_two_site_labels_shift_the_level_and_widen_the_bound_by_the_t_margin():
     assert many["from"] == "9 site labels" and many["case_score_low"] == pytest.approx(0.8 - 0.2)
 
 
-def test_the_bound_holds_the_truth_at_its_coverage_over_simulated_draws():
+def test_the_bound_holds_the_truth_at_its_coverage_and_the_level_is_unbiased_over_simulated_draws():
     # errors i.i.d.; m = 19 subjects: k = 18, P(new error <= e_(18)) = 18 / 20 = 0.9 exactly
     rng = np.random.default_rng(0)
-    held = []
+    held, level = [], []
     for _ in range(4000):
         errors = rng.normal(0.02, 0.05, size=20)
-        anchor = CaseScoreAnchor(tuple(errors[:19]), (), 0.1)
-        score = 0.8
-        truth = score - errors[19]
-        held.append(truth >= score - anchor.margin()[0])
+        anchor = CaseScoreAnchor(tuple(errors[:19]), (), 0.1, float(errors[:19].mean()))
+        truth = 0.8 - errors[19]
+        held.append(truth >= anchor.answer(0.8)["case_score_low"])
+        level.append(anchor.answer(0.8)["case_score"] - truth)
     assert 0.88 <= np.mean(held) <= 0.92
+    assert abs(np.mean(level)) < 0.003  # the raw score is 0.02 too high on average; the level is not
 
 
 def test_re_anchoring_keeps_the_raw_score_and_is_not_applied_twice():

@@ -127,13 +127,14 @@ def test_local_temperature_fits_run_as_one_network_and_score_as_their_temperatur
 
 def test_serving_the_fits_as_one_network_equals_applying_each_on_its_own(tmp_path):
     # fits whose maps vary over the slice: the served logits and the offsets against the straightforward computation,
-    # each module on each 2D slice and each case score taken on its own (with the raw logits' argmax)
+    # each module on each 2D slice and each case score taken on its own (with the raw logits' argmax); slices of
+    # 130 x 130 go through the stacked network 3 and 2 at a time
     torch.manual_seed(0)
     served, *folds = modules = [LocalTemperatureScaling(3, 1) for _ in range(3)]
     for module in modules:
         torch.nn.init.normal_(module.body[-1].weight, std=0.5)
         module.eval()
-    logits, image = torch.randn(3, 9, 7, 5) * 4, torch.rand(1, 9, 7, 5)
+    logits, image = torch.randn(3, 130, 130, 5) * 4, torch.rand(1, 130, 130, 5)
     with torch.no_grad():
         item = _publish(tmp_path, served, folds)({"pred": logits.clone(), "image": image})
         by_module = [

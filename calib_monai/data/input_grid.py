@@ -29,6 +29,7 @@ __all__ = ["AFFINE_ONLY", "ToInputGridd", "axis_map", "input_shape", "map_axis_b
 #: the recorded operations whose inverse is the affine map alone (``Spacingd`` records ``SpatialResample``)
 AFFINE_ONLY = ("Orientation", "SpatialResample")
 _TOLERANCE = 1e-6
+_LINEAR_CHUNK = 1 << 20  # output voxels per step of a linear pass
 
 
 def axis_map(image: torch.Tensor) -> list[tuple[int, float, float]] | None:
@@ -78,9 +79,15 @@ def _along(x: torch.Tensor, dim: int, coordinate: torch.Tensor, nearest: bool) -
     if nearest:
         return blocks.index_select(1, torch.floor(coordinate + 0.5).long().clamp_max(size - 1)).reshape(shape)
     low = coordinate.floor().long()
-    weight = (coordinate - low).to(x.dtype).reshape(-1, 1)
-    high = blocks.index_select(1, (low + 1).clamp_max(size - 1))
-    return blocks.index_select(1, low).lerp_(high, weight).reshape(shape)  # in place: one volume less
+    high, weight = (low + 1).clamp_max(size - 1), (coordinate - low).to(x.dtype).reshape(-1, 1)
+    out = blocks.new_empty((blocks.shape[0], coordinate.numel(), blocks.shape[2]))
+    # about 1M voxels at a time, into the output: no full-size neighbour copies (a CT's confidence: 0.3 s -> 0.16 s)
+    step = max(1, _LINEAR_CHUNK // (blocks.shape[0] * blocks.shape[2]))
+    for start in range(0, coordinate.numel(), step):
+        part = slice(start, start + step)
+        below, above = blocks.index_select(1, low[part]), blocks.index_select(1, high[part])
+        torch.lerp(below, above, weight[part], out=out[:, part])
+    return out.reshape(shape)
 
 
 def map_axis_by_axis(

@@ -252,8 +252,8 @@ def score_minus_truth(quality: Mapping[str, Any], prob: torch.Tensor, label: tor
 def case_score_error(values: Sequence[float]) -> dict[str, Any]:
     """The scored volumes' :func:`score_minus_truth` summed up, ``{"volumes", "mean", "median", "mean_absolute",
     "lowest", "highest", "values"}`` (NaN left out): how far a case score was from the truth on cases like the
-    served ones. Reported, not subtracted from the served score: on the studies' splits the validation volumes' mean
-    did not predict the test volumes' (``docs/results/level``)."""
+    served ones. The served score subtracts their mean (:class:`~calib_monai.review.anchor.CaseScoreAnchor`;
+    ``docs/results/level``)."""
     finite = np.array([float(v) for v in values if math.isfinite(v)])
     per_volume = [round(float(v), 6) if math.isfinite(v) else None for v in values]  # the served lower bound's
     if not finite.size:

@@ -158,7 +158,8 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
             f"calibrate: case score minus the true mean DSC of the segmentation on the {validated.scored_on}, over the "
             f"{error['volumes']} scored validation volumes: {error['mean']:+.3f} on average, {error['lowest']:+.3f} to "
             f"{error['highest']:+.3f}, {error['mean_absolute']:.3f} mean absolute (info.case_score_error; the served "
-            "lower bound, case_score_low, comes from them)"
+            "case score subtracts their mean until the site has labels, and its lower bound, case_score_low, comes "
+            "from them)"
         )
     interval = validated.info.get("volume_interval", {})
     if validated.volume_interval_scale is not None:
