@@ -47,7 +47,8 @@ def read_ranges(runs_dir: str | Path, dataset: str, records: Sequence[Mapping]) 
 
 
 def _stream(records: Sequence[Mapping]) -> dict[str, np.ndarray]:
-    estimate = np.array([float(r["est_mean_dice"] or "nan") for r in records])
+    # the raw served score, which site labels re-anchor (records served before the level was subtracted hold it alone)
+    estimate = np.array([float(r.get("raw_case_score") or r["est_mean_dice"] or "nan") for r in records])
     truth = np.array([float(r.get("mean_dice") or "nan") for r in records])
     keep = np.isfinite(estimate) & np.isfinite(truth)
     subjects = np.unique([r.get("subject") or r["case"] for r in records], return_inverse=True)[1].reshape(-1)

@@ -129,6 +129,8 @@ def served_record(
         "case": case,
         "subject": str(item.get("subject", case)),  # the exchangeable unit of the flag's bound (a patient)
         "est_mean_dice": quality.get("case_score", float("nan")),
+        # before the level (the validation volumes' or the site's mean error) was subtracted: site labels re-anchor it
+        "raw_case_score": (quality.get("level") or {}).get("raw_case_score", quality.get("case_score", float("nan"))),
         "mean_confidence": quality.get("mean_confidence", float("nan")),
         "flag": float("nan") if flag is None else float(bool(flag)),
         "reasons": "; ".join(review.get("reasons", [])),
