@@ -193,18 +193,30 @@ def margins(
     ``shifts``, e.g. ``contrast_strong``) and validation split; coverage, excess and missing volume of the served
     contours and of the morphological margin, in ``<results_dir>`` (default ``docs/results/margins/<dataset>``)."""
     pairs = [tuple(s.rsplit("_", 1)) for s in ([shifts] if isinstance(shifts, str) else shifts)]
+    runs = _margin_runs(dataset, results_dir, work_dir, methods, seeds)
     return margins_study(
         dataset,
         runs_dir,
-        results_dir or f"docs/results/margins/{dataset}",
-        work_dir or f"/tmp/calib_monai_margins/{dataset}",
-        [methods] if isinstance(methods, str) else methods,
-        [seeds] if isinstance(seeds, int) else seeds,
+        runs["results_dir"],
+        runs["work_dir"],
+        runs["methods"],
+        runs["seeds"],
         [epsilons] if isinstance(epsilons, float) else epsilons,
         alpha,
         pairs,
         _command_line(),
     )
+
+
+def _margin_runs(dataset: str, results_dir: str, work_dir: str, methods, seeds) -> dict[str, Any]:
+    """The contour study's folders (their defaults) and runs, a single method or seed given on the command line
+    made a list."""
+    return {
+        "results_dir": results_dir or f"docs/results/margins/{dataset}",
+        "work_dir": work_dir or f"/tmp/calib_monai_margins/{dataset}",
+        "methods": [methods] if isinstance(methods, str) else list(methods),
+        "seeds": [seeds] if isinstance(seeds, int) else list(seeds),
+    }
 
 
 def margin_figures(
@@ -220,13 +232,14 @@ def margin_figures(
     """The contour study's pictures from its served runs (run ``margins`` first, same ``work_dir``): the test cases'
     coverage against alpha, and one case's contours over its image, in ``<results_dir>`` (default
     ``docs/results/margins/<dataset>``)."""
+    runs = _margin_runs(dataset, results_dir, work_dir, methods, seeds)
     return margin_figures_study(
         dataset,
         runs_dir,
-        work_dir or f"/tmp/calib_monai_margins/{dataset}",
-        results_dir or f"docs/results/margins/{dataset}",
-        [methods] if isinstance(methods, str) else methods,
-        [seeds] if isinstance(seeds, int) else seeds,
+        runs["work_dir"],
+        runs["results_dir"],
+        runs["methods"],
+        runs["seeds"],
         float(epsilon),
         [alphas] if isinstance(alphas, float) else alphas,
     )
