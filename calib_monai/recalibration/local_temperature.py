@@ -21,8 +21,7 @@ __all__ = ["LocalTemperatureScaling", "temperature_maps"]
 
 _MIN_TEMPERATURE = 0.05
 _START = 0.5413  # softplus(0.5413) + 0.05 = 1.05: the fit starts near T = 1
-# pixels of the slices temperature_maps runs at once: their hidden maps (3 x 16 channels, 12 MB) stay in the CPU's
-# cache (a full-size CT's 42 slices of 129 x 129 at once: 3x slower)
+# pixels of the slices temperature_maps runs at once: their hidden maps (3 x 16 channels) stay in the CPU's cache
 _PASS_PIXELS = 1 << 16
 
 
@@ -129,8 +128,7 @@ def temperature_maps(
     Their first convolutions read the same input: one convolution with their ``K * hidden`` filters, then each
     module's second and last convolution as grouped ones (``groups=K``): the same sums as ``K`` separate
     ``temperature_map`` calls (equal up to float rounding), in channels-last memory, where the CPU's convolutions
-    are fastest, a few slices at a time (a full-size CT's 42 slices of 129 x 129, 2 threads: the 3 fits in 0.06 s
-    instead of 0.35 s)."""
+    are fastest, a few slices at a time (``docs/results/benchmarks/full_size.md``)."""
     if image is None:
         raise ValueError("local temperature scaling needs the image next to the logits")
     shapes = {(m.num_classes, m.in_channels, m.hidden) for m in modules}

@@ -10,8 +10,7 @@ fit; a site label, scored by the served weights and recalibration before it was 
   DSC of at least ``score - e_(k)`` with probability at least ``1 - alpha`` (split conformal, one-sided; Vovk et al.
   2005). When ``k > m`` there is no bound, and the answer says how many subjects it needs.
 * **Level** (no site labels yet): the served estimate is the score minus the validation volumes' mean error; the
-  lower bound above does not move. Measured on both data sets' site studies (``docs/results/level``): on ACDC's
-  96 x 96 grid the raw score read +0.051 too high in distribution, +0.016 after; on Hippocampus -0.000 and -0.010.
+  lower bound above does not move (``docs/results/level``).
 * **Re-anchored** (``n >= SITE_LABELS_MIN`` site labels): the served estimate is the score minus the site labels'
   mean error. Its bound: with ``n`` enough for the conformal bound above, that bound on the site errors alone (the
   site's cases exchangeable with each other); with fewer, the validation errors' spread about their mean, shifted by
