@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.atomic import ensure_folder, write_error, write_json_atomically
-from calib_monai.checks import check_number
+from calib_monai.checks import check_number, is_real_number
 from calib_monai.defaults import SITE_LABELS_MIN
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
 
@@ -177,14 +177,21 @@ def read_state(path: Path) -> dict[str, Any] | None:
         for key in ("weights_sha256", "range_sha256"):
             if not isinstance(state[key], str):
                 raise TypeError(f"{key} is not a string")
-        SiteMartingale.from_settings(state)
+        settings = SiteMartingale.from_settings(state).settings()
+        changed = [k for k, v in settings.items() if state[k] != v]
+        if changed:  # "1" read as 1 would pass here and fail as another test when the next case is served
+            raise TypeError(f"{changed[0]} {state[changed[0]]!r} is not of its type ({settings[changed[0]]!r})")
+        if not isinstance(state["cases"], list) or not isinstance(state.get("labels", []), list):
+            kinds = {k: type(state.get(k, [])).__name__ for k in ("cases", "labels")}
+            raise TypeError(f"cases and labels must be lists, got {kinds}")
         for case in state["cases"]:
             if not (isinstance(case["hash"], str) and isinstance(case["rank"], int) and case["rank"] >= 1):
                 raise TypeError(f"case {case!r:.60}")
             _signal_ranks(case["signal_ranks"])
         for label in state.get("labels", []):
-            if not (isinstance(label["case"], str) and all(math.isfinite(label[k]) for k in ("score", "truth"))):
-                raise TypeError(f"label {label!r:.60}")
+            for key in ("score", "truth"):  # a case score and a mean DSC
+                if not (isinstance(label["case"], str) and is_real_number(label[key]) and 0 <= label[key] <= 1):
+                    raise ValueError(f"label of {label['case']!r}: {key} {label[key]!r} is not in [0, 1]")
     except (KeyError, TypeError, ValueError) as err:
         raise corrupt(f"{type(err).__name__}: {err}") from None
     return state
