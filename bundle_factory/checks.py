@@ -18,7 +18,7 @@ DATA_CHECK = (
     "label_names=@label_names)"
 )
 
-_NETWORK = ("num_classes", "in_channels", "label_names", "roi_size", "batch_size")
+_NETWORK = ("num_classes", "in_channels", "label_names", "roi_size", "batch_size", "device")
 _TRAINING = (
     "epochs",
     "lr",

@@ -671,14 +671,18 @@ def test_a_full_disk_is_named(tmp_path):
 # ------------------------------------------------------------------------------------------- settings: checked, used
 
 
-def _calibrate(ctx: dict, tmp: Path, validation: int = 1, **more) -> subprocess.CompletedProcess:
+def _calibrate(
+    ctx: dict, tmp: Path, validation: int = 1, edit: Callable[[dict], str | None] | None = None, **more
+) -> subprocess.CompletedProcess:
     """The fixture's bundle's ``calibrate`` on a copy of its run folder, with ``more`` on the command line; the
-    run's recorded split (``datalist.json``) moved to ``validation`` validation volumes."""
+    run's recorded split (``datalist.json``) moved to ``validation`` validation volumes, then changed by ``edit``
+    (which may return the file's text instead)."""
     shutil.copytree(ctx["models"], tmp / "models")
     datalist = json.loads((tmp / "models" / "datalist.json").read_text())
     while len(datalist["validation"]) < validation:
         datalist["validation"].append(datalist["training"].pop())
-    (tmp / "models" / "datalist.json").write_text(json.dumps(datalist))
+    text = edit(datalist) if edit is not None else None
+    (tmp / "models" / "datalist.json").write_text(json.dumps(datalist) if text is None else text)
     overrides = {**TRAIN, "data#cache_dir": str(ctx["phantoms"]), "output_dir": str(tmp / "models"), **more}
     configs = [str(ctx["configs"] / "train.json"), str(ctx["configs"] / "calibrate.json")]
     command = bundle_command("calibrate", configs, overrides)
@@ -701,6 +705,18 @@ def _other_classes(ctx: dict, tmp: Path) -> subprocess.CompletedProcess:
     predictions, report = str(tmp / "nnunet" / "predictions"), str(tmp / "report")
     return _cli("calibrate-probabilities", predictions, labels, report, "--fit_predictions", str(tmp / "fit"),
                 "--fit_labels", labels, "--surface_distances", "False")  # fmt: skip
+
+
+def _relative_image(datalist: dict) -> None:
+    image = Path(datalist["validation"][0]["image"])
+    datalist["validation"][0]["image"] = str(Path(image.parent.name) / image.name)  # imagesTr/<case>_0000.nii.gz
+
+
+def _slicer_into_a_file(ctx: dict, tmp: Path) -> subprocess.CompletedProcess:
+    args = _image(ctx, tmp, lambda d: d)
+    assert _infer(ctx, **args) == ""
+    bundle, case = str(ctx["root"] / "bundle"), "case"
+    return _cli("slicer", bundle, case, "--inference_dir", str(tmp / "out"), "--output_dir", str(_file(tmp / "f")))
 
 
 SETTINGS = [
@@ -747,6 +763,69 @@ SETTINGS = [
         ("calib-monai: error: low_confidence must be", "> 0 and < 1", "got 1.5"),
     ),
     Row(
+        "a NaN voxel spacing",
+        lambda c, t: _calibrate(c, t, **{"data#spacing": ["NaN", 12.0, 30.0]}),
+        "error",
+        ("spacing must be three positive finite voxel sizes", "'NaN'", "--data#spacing"),
+    ),
+    Row(
+        "a NaN CT window",
+        lambda c, t: _calibrate(c, t, **{"data#window": ["NaN", 240.0]}),
+        "error",
+        ("window must be (low, high) finite HU", "'NaN'", "--data#window"),
+    ),
+    Row(
+        "a validation case also listed for training",
+        lambda c, t: _calibrate(c, t, edit=lambda d: d["validation"].append(dict(d["training"][0]))),
+        "error",
+        ("datalist.json lists the case", "in training and in validation", "keep it in one list once"),
+    ),
+    Row(
+        "a datalist case without its label",
+        lambda c, t: _calibrate(c, t, edit=lambda d: d["validation"][0].pop("label") and None),
+        "error",
+        ("datalist.json lists a validation case without its 'label'", "fix the file"),
+    ),
+    Row(
+        "a datalist cut off",
+        lambda c, t: _calibrate(c, t, edit=lambda d: json.dumps(d)[:200]),
+        "error",
+        ("datalist.json is not a datalist (not JSON: ", "delete it to split the data set again"),
+    ),
+    Row(
+        "a relative image path in the datalist",
+        lambda c, t: _calibrate(c, t, edit=_relative_image),
+        "error",
+        ("datalist.json lists imagesTr/", "a relative path, read from the current folder", "no longer exists"),
+    ),
+    Row(
+        "--device gpu",
+        lambda c, t: _calibrate(c, t, device="gpu"),
+        "error",
+        ("device = 'gpu' is not valid: not a device torch knows", "pass --device cpu or --device cuda"),
+    ),
+    *[
+        Row(
+            "--device cuda on a machine without CUDA",
+            lambda c, t: _calibrate(c, t, device="cuda"),
+            "error",
+            ("device = 'cuda' is not valid: this machine has no CUDA GPU", "pass --device cpu"),
+        )
+        for _ in range(0 if torch.cuda.is_available() else 1)
+    ],
+    Row(
+        "calib-monai export --output_dir <a file>",
+        lambda c, t: _cli("export", str(c["root"] / "bundle"), "--output_dir", str(_file(t / "f"))),
+        "error",
+        ("calib-monai: error: output_dir", "is a file, not a folder", "pass a folder"),
+    ),
+    Row(
+        "calib-monai slicer --output_dir <a file>",
+        _slicer_into_a_file,
+        "error",
+        ("calib-monai: error: output_dir", "is a file, not a folder", "pass a folder"),
+    ),
+    Row(
         "calibrate-probabilities: fit and evaluated sets of other class counts",
         _other_classes,
         "error",
@@ -764,3 +843,127 @@ def test_settings(ctx, tmp_path, row):
     assert "Traceback" not in result.stderr
     if last.startswith("ERROR: "):  # a bundle run: nothing published
         assert not (tmp_path / "models" / "validated_range.json").exists()
+
+
+# ------------------------------------------------------------------------------------------- a deployment: the site
+
+
+@pytest.fixture(scope="module")
+def served(ctx, calibrated, tmp_path_factory) -> Path:
+    """The calibrated bundle's inferring output folder for the fixture's image (``case``): segmentations, answers and
+    the site monitor's ``site.json``."""
+    root = tmp_path_factory.mktemp("served")
+    args = _image(ctx, root, lambda d: d)
+    assert _infer(ctx, **args, bundle=calibrated) == ""
+    assert (root / "out" / "site.json").is_file()
+    return root / "out"
+
+
+def _site_label(ctx: dict, served: Path, tmp: Path, change: Callable, affine: Callable = lambda a, s: a) -> dict:
+    """The fixture image's phantom label in the bundle's values, changed by ``change`` (array) and ``affine``."""
+    from calib_monai.data.flare import FLARE22_TO_FLARE
+
+    source = nib.load(str(ctx["image"]).replace("imagesTr", "labelsTr").replace("_0000.nii.gz", ".nii.gz"))
+    values = np.vectorize(FLARE22_TO_FLARE.get)(np.asarray(source.dataobj).astype(int))
+    (tmp / "labels").mkdir(parents=True)
+    label = nib.Nifti1Image(change(values), affine(source.affine, values.shape))
+    nib.save(label, str(tmp / "labels" / "case.nii.gz"))
+    shutil.copytree(served, tmp / "site")
+    return {"folder": tmp / "site", "labels": tmp / "labels"}
+
+
+def _mirrored(affine: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The same voxels stored with the first axis reversed (another orientation, one world position)."""
+    flip = np.eye(4)
+    flip[0, 0], flip[0, 3] = -1, shape[0] - 1
+    return affine @ flip
+
+
+def _edit_site(served: Path, tmp: Path, change: Callable[[dict], None]) -> dict:
+    shutil.copytree(served, tmp / "site")
+    _edit_json(tmp / "site" / "site.json", change)
+    return {"folder": tmp / "site"}
+
+
+SITE = [
+    Row(
+        "a site label with fractional values (resampled linearly)",
+        lambda c, s, t: _site_label(c, s, t, lambda v: np.where(v > 0, v + 0.6, 0).astype(np.float32)),
+        "error",
+        ("labels/case.nii.gz: the label holds non-integer values (e.g. 1.6)", "nearest-neighbour"),
+    ),
+    Row(
+        "a site label 60 mm off the served grid",
+        lambda c, s, t: _site_label(c, s, t, lambda v: v.astype(np.uint8), lambda a, s: a + np.eye(4, k=3) * 60),
+        "error",
+        ("does not lie on the grid of the served segmentation", "case_seg.nii.gz", "60 mm apart"),
+    ),
+    Row(
+        "a site label with -1 for background",
+        lambda c, s, t: _site_label(c, s, t, lambda v: np.where(v > 0, v, -1).astype(np.int16)),
+        "error",
+        ("the label holds the value -1", "classes are 0-4"),
+    ),
+    Row(
+        "site.json: validation_subjects edited to a string",
+        lambda c, s, t: _edit_site(s, t, lambda r: r.update(validation_subjects=str(r["validation_subjects"]))),
+        "error",
+        ("site.json is corrupt", "validation_subjects '1'", "calib-monai site reset"),
+    ),
+    Row(
+        "site.json: a label's true DSC edited above 1",
+        lambda c, s, t: _edit_site(s, t, lambda r: r.update(labels=[{"case": "case", "score": 0.2, "truth": 1.7}])),
+        "error",
+        ("site.json is corrupt", "label of 'case': truth 1.7 is not in [0, 1]"),
+    ),
+    Row(
+        "site.json: cases edited to an object",
+        lambda c, s, t: _edit_site(s, t, lambda r: r.update(cases={})),
+        "error",
+        ("site.json is corrupt", "cases and labels must be lists", "'cases': 'dict'"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", SITE, ids=[r.name for r in SITE])
+def test_site(ctx, served, tmp_path, row):
+    """``calib-monai site label`` (rows with labels) or ``site show``: one line, exit 2, the site state unchanged."""
+    args = row.build(ctx, served, tmp_path)
+    before = (args["folder"] / "site.json").read_text()
+    command = ("site", "label", str(args["folder"]), str(args["labels"])) if "labels" in args else None
+    result = _cli(*(command or ("site", "show", str(args["folder"]))))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith("calib-monai: error: "), result.stderr[-3000:]
+    assert all(w in last for w in row.words), last
+    assert (args["folder"] / "site.json").read_text() == before
+
+
+def test_a_site_label_in_another_orientation_counts_as_stored_alike(ctx, served, tmp_path):
+    """The same label stored mirrored (its affine says so): the same true DSC as the label stored as served."""
+    alike = _site_label(ctx, served, tmp_path / "alike", lambda v: v.astype(np.uint8))
+    mirrored = _site_label(ctx, served, tmp_path / "mirrored", lambda v: v[::-1].astype(np.uint8), _mirrored)
+    truths = []
+    for args in (alike, mirrored):
+        result = _cli("site", "label", str(args["folder"]), str(args["labels"]))
+        assert result.returncode == 0, result.stderr[-3000:]
+        truths.append(json.loads((args["folder"] / "site.json").read_text())["labels"][0]["truth"])
+    assert truths[1] == pytest.approx(truths[0]) and 0 < truths[0] < 1
+
+
+def test_outputs_in_the_image_folder_are_left_out(ctx, calibrated, tmp_path):
+    """inferring twice with --output_dir the image folder: the second run segments the image again, not the first
+    run's outputs, says so, and the site monitor counts one image."""
+    args = _image(ctx, tmp_path, lambda d: d)
+    folder = args["dataset_dir"]
+    assert _infer(ctx, folder, folder, bundle=calibrated) == ""
+    written = sorted(p.name for p in folder.iterdir())
+    logged = _LogLines()
+    logging.getLogger("calib_monai").addHandler(logged)
+    try:
+        assert _infer(ctx, folder, folder, bundle=calibrated) == ""
+    finally:
+        logging.getLogger("calib_monai").removeHandler(logged)
+    assert sorted(p.name for p in folder.iterdir()) == written  # no case_seg_seg.nii.gz, no case_conf_quality.json
+    note = [m for m in logged.lines if m.startswith("left out 4 file(s)")]
+    assert note and "case_seg.nii.gz" in note[0] and "another --output_dir" in note[0], logged.lines
+    assert len(json.loads((folder / "site.json").read_text())["cases"]) == 1

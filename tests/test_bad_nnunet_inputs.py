@@ -176,6 +176,12 @@ CALIBRATE = [
         ("label ", "case_001.nii.gz has no usable affine", "qform_code and sform_code are both 0", "set_sform"),
     ),
     Row(
+        "--surface_distances=maybe",
+        lambda t: [*_nnunet(t), "--surface_distances=maybe"],
+        "error",
+        ("--surface_distances", "expected a boolean switch (true or false)", "'maybe'"),
+    ),
+    Row(
         "output_dir is a file",
         lambda t: [*_nnunet(t)[:2], str(_file(t / "report"))],
         "error",
@@ -205,3 +211,15 @@ def test_an_npz_without_pkl_takes_the_geometry_of_its_segmentation(tmp_path):
     args = _nnunet(tmp_path, _without("case_001.pkl"))
     result = calibrate_probabilities(*args, surface_distances=False)
     assert result["comparison"]["mean_dice"]["before"] == pytest.approx(1.0)
+
+
+def test_a_switch_written_false_is_false(tmp_path, monkeypatch, capsys):
+    """``--write_calibrated false`` as typed (python-fire passes the string "false", which is truthy): no
+    calibrated/ folder, as with ``--write_calibrated=False``."""
+    from calib_monai import cli
+
+    args = [*_nnunet(tmp_path), "--write_calibrated", "false", "--surface_distances", "no", "--contours=False"]
+    monkeypatch.setattr(sys, "argv", ["calib-monai", "calibrate-probabilities", *args])
+    cli.main()
+    assert (tmp_path / "report" / "after").is_dir() and not (tmp_path / "report" / "calibrated").exists()
+    assert "hd95" not in (tmp_path / "report" / "after" / "metrics.csv").read_text().splitlines()[0]

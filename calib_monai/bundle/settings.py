@@ -82,6 +82,21 @@ def _check_value(key: str, value: Any) -> None:
             raise _problem(key, value, "must be 'max' (higher is better: DSC) or 'min' (NLL, ECE)")
     elif key == "seed" and not is_whole_number(value):
         raise _problem(key, value, "the seed must be a whole number", "pass e.g. --seed 0")
+    elif key == "device":
+        _check_device(value)
+
+
+def _check_device(value: Any) -> None:
+    """A device torch knows and this machine has (``--device cuda`` on a CPU-only machine: torch's bare
+    ``AssertionError: Torch not compiled with CUDA enabled`` when the network moves)."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise _problem("device", value, "not a device torch knows", "pass --device cpu or --device cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise _problem("device", value, "this machine has no CUDA GPU that torch can use", "pass --device cpu")
 
 
 def _check_selection(selection_metric: Any, selection_bounds: Any, metrics: Sequence[str]) -> None:
@@ -129,7 +144,7 @@ def check_settings(
         argv: the command line (default ``sys.argv``); its overrides are checked when it runs ``monai.bundle run``.
         settings: config values by key: ``num_classes``, ``in_channels``, ``label_names``, ``roi_size``, ``epochs``,
             ``batch_size``, ``lr``, ``val_interval``, ``train_fraction``, ``seed``, ``selection_metric``,
-            ``selection_mode``, ``selection_bounds``; others are not checked.
+            ``selection_mode``, ``selection_bounds``, ``device``; others are not checked.
 
     The settings that a resumed training must share with its checkpoint are recorded for ``TrainingCheckpoint``
     (``calib_monai.bundle.runtime.record_run_settings``), with ``--resume_changes allow`` when given.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -47,8 +48,11 @@ def require_file(path: Path, what: str) -> str:
 def check_window(window: Sequence[float]) -> tuple[float, float]:
     """A CT ``window`` (HU) as ``(low, high)`` floats, or a ValueError."""
     values = tuple(float(w) for w in window)
-    if len(values) != 2 or values[0] >= values[1]:
-        raise ValueError(f"window must be (low, high) HU with low < high, got {tuple(window)}")
+    if len(values) != 2 or not -math.inf < values[0] < values[1] < math.inf:
+        raise ValueError(
+            f"window must be (low, high) finite HU with low < high, got {tuple(window)}: pass e.g. "
+            '--data#window "[-160,240]"'
+        )
     return values
 
 

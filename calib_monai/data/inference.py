@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Hashable, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from calib_monai.bundle.outputs import (
     OutputWriter,
     check_output_folder,
     output_case,
+    quality_path,
     source_descrip,
     write_case_quality,
     write_durably,
@@ -45,6 +47,8 @@ __all__ = [
     "nifti_items",
     "segmentation_and_confidence",
 ]
+
+logger = logging.getLogger("calib_monai.data")
 
 IMAGE_FOLDERS = ("imagesTs", "imagesTr", "images", "TestImg", "TrainingImg", "ValidationImg")
 
@@ -102,7 +106,7 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
     if not path.exists():
         raise ValueError(f"dataset_dir {str(path)!r} does not exist: pass a file or a folder of images to segment")
     lister = getattr(data, "inference_items", None)
-    items = lister(path) if callable(lister) else nifti_items(path)
+    items = _without_outputs(lister(path) if callable(lister) else nifti_items(path), path)
     if not items:
         raise ValueError(f"no images to segment in {path}")
     outputs: dict[str, Any] = {}  # the case each item's outputs are named after (bundle.outputs.output_case)
@@ -116,6 +120,28 @@ def image_datalist(dataset_dir: str | os.PathLike, data=None) -> list[dict]:
             )
         outputs[case] = item["image"]
     return items
+
+
+def _without_outputs(items: list[dict], path: Path) -> list[dict]:
+    """``items`` without the files an earlier ``inferring`` run wrote among the images (``<case>_seg.nii.gz``, ...
+    beside its ``<case>_quality.json``: --output_dir was the image folder): segmented, they would be scored and counted
+    by the site monitor as images of the site."""
+    postfixes = (*OUTPUT_POSTFIXES.values(), *CONTOUR_POSTFIXES.values())
+    kept, outputs = [], []
+    for item in items:
+        image = Path(_first(item["image"]))
+        case, _, postfix = output_case({"filename_or_obj": str(image)}).rpartition("_")
+        is_output = postfix in postfixes and case and quality_path(image.parent, case).is_file()
+        (outputs if is_output else kept).append(image.name if is_output else item)
+    if outputs:
+        logger.warning(
+            "left out %d file(s) in %s that an inferring run wrote there (%s): outputs, not images; keep them apart "
+            "with another --output_dir",
+            len(outputs),
+            path,
+            ", ".join(outputs[:4]) + (", ..." if len(outputs) > 4 else ""),
+        )
+    return kept
 
 
 def _first(image: Any) -> str:

@@ -277,7 +277,7 @@ def load_or_create_datalist(
     """
     path = Path(path)
     if path.is_file():
-        stored = json.loads(path.read_text())
+        stored = _read_datalist(path)
         if stored.get("dataset_dir") != info.get("dataset_dir"):
             raise ValueError(
                 f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
@@ -291,10 +291,11 @@ def load_or_create_datalist(
                 )
         for key in ("training", "validation", "test"):
             for item in stored.get(key, []):
-                if not all(Path(f).is_file() for f in _paths(item["image"]) + _paths(item["label"])):
+                missing = [f for f in _paths(item["image"]) + _paths(item["label"]) if not Path(f).is_file()]
+                if missing:
                     raise ValueError(
-                        f"{path} lists {item['image']} / {item['label']}, which no longer exist(s): "
-                        f"restore the data or delete {path} to split again"
+                        f"{path} lists {missing[0]}{_relative(missing[0])} ({key}), which no longer exists: restore "
+                        f"the data or delete {path} to split again"
                     )
         stored_images = {_case_key(item) for key in ("training", "validation", "test") for item in stored.get(key, [])}
         if stored_images != {_case_key(case) for case in cases}:
@@ -332,7 +333,7 @@ def given_datalist(path: str | os.PathLike) -> dict[str, list[dict]] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    stored = json.loads(path.read_text())
+    stored = _read_datalist(path)
     if not stored.get("given"):
         return None
     lists = {key: list(stored.get(key, [])) for key in ("training", "validation", "test")}
@@ -343,9 +344,39 @@ def given_datalist(path: str | os.PathLike) -> dict[str, list[dict]] | None:
         for item in items:
             missing = [f for f in _paths(item["image"]) + _paths(item["label"]) if not Path(f).is_file()]
             if missing:
-                raise ValueError(f"{path} lists {missing[0]} ({key}), which does not exist: fix the datalist")
+                raise ValueError(
+                    f"{path} lists {missing[0]}{_relative(missing[0])} ({key}), which does not exist: fix the datalist"
+                )
     logger.info("datalist: the given %s (%s)", path, {k: len(v) for k, v in lists.items()})
     return lists
+
+
+def _read_datalist(path: Path) -> dict:
+    """A datalist file, checked: JSON, every case with an image and a label, no image twice (in two lists a case is
+    scored on what it was fitted on; twice in one, it counts twice). A one-line ValueError naming the file and entry."""
+    fix = "fix the file, or delete it to split the data set again"
+    try:
+        stored = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path} is not a datalist (not JSON: {err}): {fix}") from None
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} is not a datalist (a {type(stored).__name__}, not an object of lists): {fix}")
+    seen: dict[str, str] = {}
+    for key in ("training", "validation", "test"):
+        for item in stored.get(key, []):
+            absent = [k for k in ("image", "label") if not isinstance(item, dict) or k not in item]
+            if absent:
+                raise ValueError(f"{path} lists a {key} case without its {absent[0]!r} ({str(item)[:80]}): {fix}")
+            image = _case_key(item)
+            if image in seen:
+                where = f"twice in {key}" if seen[image] == key else f"in {seen[image]} and in {key}"
+                raise ValueError(f"{path} lists the case {image} {where}: keep it in one list once, or {fix}")
+            seen[image] = key
+    return stored
+
+
+def _relative(name: str) -> str:  # a relative path in a datalist is read from the current folder
+    return "" if Path(name).is_absolute() else f" (a relative path, read from the current folder {os.getcwd()})"
 
 
 def is_given_datalist(path: str | os.PathLike) -> bool:

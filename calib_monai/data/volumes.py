@@ -8,6 +8,7 @@ W)}`` along the last axis, and whole validation/test volumes as MetaTensors (for
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,8 +95,11 @@ class VolumeSegmentationData:
         if len(self.roi_size) != 3 or any(r == 0 or r < -1 for r in self.roi_size):
             raise ValueError(f"roi_size must be three positive sizes (or -1 to keep an axis), got {tuple(roi_size)}")
         spacing, self.spacing = self.spacing, None if self.spacing is None else tuple(float(s) for s in self.spacing)
-        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
-            raise ValueError(f"spacing must be three positive voxel sizes in mm (or None), got {tuple(spacing)}")
+        if self.spacing is not None and (len(self.spacing) != 3 or not all(0 < s < math.inf for s in self.spacing)):
+            raise ValueError(
+                f"spacing must be three positive finite voxel sizes in mm (or None), got {tuple(spacing)}: pass e.g. "
+                '--data#spacing "[1.5,1.5,3.0]"'
+            )
         self.split = tuple(int(s) for s in self.split)
         self.seed = int(self.seed)
         self.crop_foreground = bool(self.crop_foreground)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from calib_monai.atomic import ensure_folder
 from calib_monai.bundle import TrainedBundle
 from calib_monai.checks import check_number
 from calib_monai.recalibration.stored import CALIBRATION_FILE, load_calibration
@@ -156,8 +157,7 @@ def export_bundle(
     check_number("in_plane_multiple", in_plane_multiple, 0, integer=True, hint="0 keeps H and W static; e.g. 32")
     bundle = _trained_bundle(bundle_dir, checkpoint, config_file, net_id, key_in_ckpt)
     bundle_dir = bundle.bundle_dir
-    output_dir = Path(output_dir) if output_dir is not None else bundle_dir / "models"
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = ensure_folder(output_dir if output_dir is not None else bundle_dir / "models", "output_dir")
     shape = _example_shape(bundle.parser, example_shape)
     network = bundle.network
     example = torch.rand(shape, generator=torch.Generator().manual_seed(0))

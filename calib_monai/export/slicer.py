@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from calib_monai.atomic import ensure_folder
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 from calib_monai.bundle.outputs import write_durably
 from calib_monai.checks import check_number
@@ -281,8 +282,7 @@ def write_slicer_files(
         _segment_fields(header, contour_entries, extent, start=len(segments))
     layers = np.stack([layer.astype(dtype) for layer in layers])  # (layer, I, J, K)
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = ensure_folder(output_dir, "output_dir")  # a file there: one line, not FileExistsError
     seg_path = output_dir / f"{case}.seg.nrrd"
     conf_path = output_dir / f"{case}_confidence.nrrd"
     write_durably(seg_path, lambda tmp: nrrd.write(tmp, layers, header, index_order="F"))

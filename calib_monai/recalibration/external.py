@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from calib_monai.atomic import check_folder, write_json_atomically, write_text_atomically
+from calib_monai.bundle.runtime import as_bool
 from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK, EMPTY_CLASS, MAX_VOXELS, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable
@@ -164,6 +165,9 @@ def calibrate_probabilities(
     """
     _check_arguments(num_bins=num_bins, max_voxels=max_voxels, seed=seed, empty_class=empty_class)
     check_contour_options(contours, contour_alpha, contour_epsilon, contour_risk)
+    surface_distances = as_bool(surface_distances, "surface_distances")  # the command line's "false": a string
+    write_calibrated = as_bool(write_calibrated, "write_calibrated")
+    ignore_extra_labels = as_bool(ignore_extra_labels, "ignore_extra_labels")
     output_dir = check_folder(Path(output_dir), "output_dir")  # not a file (created when the report is written)
     cases = _resolve(predictions, labels, format, ignore_extra_labels)
     if (fit_predictions is None) != (fit_labels is None):

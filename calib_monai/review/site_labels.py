@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib_monai.geometry import grid_mismatch, reorient, reorientation
 from calib_monai.metrics.segmentation import label_map_dice
 from calib_monai.review.site_martingale import SiteMartingale
 from calib_monai.review.site_monitor import SITE_FILE, SiteMonitor, read_state
@@ -36,13 +37,21 @@ QUALITY_SUFFIX = "_quality.json"
 def delivered_dice(segmentation: Any, label: Any, classes: int) -> float:
     """The true mean DSC of a delivered label map against a label of the same grid (classes absent from the label
     left out; NaN when none is present)."""
-    seg, lab = (torch.as_tensor(np.asarray(a)).long().squeeze() for a in (segmentation, label))
+    arrays = [np.asarray(a) for a in (segmentation, label)]
+    for what, values in zip(("segmentation", "label"), arrays):
+        if values.size and not np.array_equal(values, np.round(values)):
+            raise ValueError(
+                f"the {what} holds non-integer values (e.g. {values[values != np.round(values)].flat[0]:g}): is it "
+                "a label map? write class values, resampled with nearest-neighbour interpolation"
+            )
+    seg, lab = (torch.as_tensor(a).long().squeeze() for a in arrays)
     if seg.shape != lab.shape:
         raise ValueError(f"the segmentation is {tuple(seg.shape)} and the label {tuple(lab.shape)}: not one grid")
     for what, values in (("label", lab), ("segmentation", seg)):
-        if int(values.min()) < 0 or int(values.max()) >= classes:
+        wrong = values[(values < 0) | (values >= classes)]
+        if wrong.numel():
             raise ValueError(
-                f"the {what} holds the value {int(values.max())}, the model's classes are 0-{classes - 1}: write the "
+                f"the {what} holds the value {int(wrong[0])}, the model's classes are 0-{classes - 1}: write the "
                 "label in the values of the delivered segmentation (<case>_seg.nii.gz)"
             )
     return float(label_map_dice(seg, lab, classes).nanmean())
@@ -74,6 +83,21 @@ def record_site_label(folder: str | os.PathLike, case: str, quality: Mapping[str
     return monitor.label(case, float(raw), float(truth))
 
 
+def _on_one_grid(segmentation, label, seg_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays of the served segmentation and its label, the label stored in the segmentation's voxel order (a
+    label saved in another orientation covers the same voxels); a ValueError when the label lies on another grid."""
+    if label.ndim == 3 and segmentation.ndim == 3:
+        mismatch = grid_mismatch(segmentation.affine, segmentation.shape, label.affine, label.shape)
+        if mismatch is not None:
+            raise ValueError(
+                f"the label does not lie on the grid of the served segmentation {seg_path} ({mismatch.text}): write "
+                "the label on the grid of the image that was served"
+            )
+        onto = reorientation(label.affine, segmentation.affine)
+        return np.asarray(segmentation.dataobj), reorient(np.asarray(label.dataobj), onto)
+    return np.asarray(segmentation.dataobj), np.asarray(label.dataobj)  # delivered_dice names the shapes
+
+
 def label_site(folder: str | os.PathLike, labels: str | os.PathLike) -> dict[str, Any]:
     """``calib-monai site label FOLDER LABELS``: add the labels in ``LABELS`` of the cases served into ``FOLDER``
     (``inferring``'s output folder); returns the site's state and the cases labelled."""
@@ -95,7 +119,7 @@ def label_site(folder: str | os.PathLike, labels: str | os.PathLike) -> dict[str
             raise FileNotFoundError(f"{seg_path} is missing: the served segmentation of {case} is needed")
         classes = len(quality.get("classes", {})) + 1
         try:
-            truth = delivered_dice(nib.load(seg_path).dataobj, nib.load(found[0]).dataobj, classes)
+            truth = delivered_dice(*_on_one_grid(nib.load(seg_path), nib.load(found[0]), seg_path), classes)
         except ValueError as err:
             raise ValueError(f"{found[0]}: {err}") from None
         state = record_site_label(folder, case, quality, truth)

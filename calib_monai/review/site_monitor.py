@@ -1,7 +1,6 @@
-"""The site monitor: a test martingale over the stream of cases one deployment serves, which alarms when
-its cases rank among the most extreme of the validation subjects more often than cases like them can. A case judged
-alone is flagged only when it passes the most extreme validation subject, so at a new site most cases may rank 1
-while few are flagged; the stream shows it.
+"""The site monitor: a test martingale over the stream of cases one deployment serves, which alarms when its cases
+rank among the most extreme of the validation subjects more often than cases like them can (a case judged alone is
+flagged only past the most extreme validation subject: at a new site most cases may rank 1, few flagged).
 
 Each served case gets from :meth:`calib_monai.review.ValidatedRange.check` each signal's rank (case score,
 input, features: ``signals[name]["rank"]``; 1 = most extreme) and the combined rank among the ``m + 1`` subjects.
@@ -28,16 +27,15 @@ predictors"; smaller when a subject has several volumes). The bets are sized for
 monitor ever alarms (any stream length) on cases exchangeable with them is at most ``delta_v``; marginally at most
 ``delta = delta_ref + delta_v`` (default 0.01, halved by ``site_martingale.REFERENCE_SHARE``). Assumed: cases
 independent given the reference; continuous signal values (a signal's rank counts ties for the case); fixed signal
-functions (a range without training-image references measures input and features against the validation images:
-full-conformal, the bound then approximate). An image served again counts once (content hash); two images of one
-patient count twice.
+functions (without training-image references, input and features are measured against the validation images:
+full-conformal, the bound approximate). An image served again counts once (content hash); two of one patient twice.
 
 **Why each signal's rank, not the combined one**: the combined rank is full-conformal (the case enters the robust
 standardisation of the ``m + 1``), so nothing gives its ``pi`` a law; and its bar is the heaviest-tailed signal's
 extreme, which a case far out on one signal reaches less often (``docs/results/site_monitor``). It is stored only.
 
-**Its limit**: a bet on ``E_sk`` multiplies by at most ``1 / u_k`` per case, so no alarm comes before
-``log(1 / delta_v) / log(1 / u_1)`` cases however far the site lies (8 at ``m = 10``, 5 at ``m = 20``, 3 signals).
+**Its limit**: a bet on ``E_sk`` multiplies by at most ``1 / u_k`` per case: no alarm before
+``log(1 / delta_v) / log(1 / u_1)`` cases, however far the site lies.
 
 State: ``<folder>/site.json`` (written atomically; each read-modify-write under an OS lock on
 ``<folder>/site.json.lock``, so servers sharing a folder lose no case), naming the weights' and the validated range's
@@ -62,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.atomic import ensure_folder, write_error, write_text_atomically
-from calib_monai.checks import check_number
+from calib_monai.checks import check_number, is_real_number
 from calib_monai.defaults import SITE_LABELS_MIN
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
 
@@ -92,8 +90,8 @@ class SiteStateError(ValueError):
     """A ``site.json`` that cannot be used as it is: one line naming the file and the fix."""
 
 
-def _value(log_value: float) -> float:
-    return float(math.exp(min(log_value, 690.0)))  # capped below float overflow: JSON has no infinity
+def _value(log_value: float) -> float:  # capped below float overflow: JSON has no infinity
+    return float(math.exp(min(log_value, 690.0)))
 
 
 def _signal_ranks(signals: Mapping[str, Any] | None) -> dict[str, int]:
@@ -139,8 +137,7 @@ def _locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 
 
 def _write_state(path: Path, state: Mapping[str, Any]) -> Path:
-    """``state`` to ``path`` atomically, one case per line: readable, and the cases written by one call of json's C
-    encoder (an indented dump goes through its Python one: 10 ms per 1,000 cases, on every served case)."""
+    """``state`` to ``path`` atomically, one case per line, the cases by one call of json's fast (C) encoder."""
     header = {key: value for key, value in state.items() if key != "cases"}
     cases = json.dumps(state.get("cases", []))[1:-1].replace('}}, {"hash": ', '}},\n    {"hash": ')  # each case's end
     body = f"[\n    {cases}\n  ]" if cases else "[]"
@@ -182,14 +179,21 @@ def read_state(path: Path) -> dict[str, Any] | None:
         for key in ("weights_sha256", "range_sha256"):
             if not isinstance(state[key], str):
                 raise TypeError(f"{key} is not a string")
-        SiteMartingale.from_settings(state)
+        settings = SiteMartingale.from_settings(state).settings()
+        changed = [k for k, v in settings.items() if state[k] != v]
+        if changed:  # "1" read as 1 would pass here and fail as another test when the next case is served
+            raise TypeError(f"{changed[0]} {state[changed[0]]!r} is not of its type ({settings[changed[0]]!r})")
+        kinds = {k: type(state.get(k, [])).__name__ for k in ("cases", "labels")}
+        if set(kinds.values()) != {"list"}:
+            raise TypeError(f"cases and labels must be lists, got {kinds}")
         for case in state["cases"]:  # plain checks: every served case reads every case seen
             ranks = (case["rank"], *case["signal_ranks"].values())
             if not (isinstance(case["hash"], str) and all(type(r) is int and r >= 1 for r in ranks)):
                 raise TypeError(f"case {case!r:.60}")
         for label in state.get("labels", []):
-            if not (isinstance(label["case"], str) and all(math.isfinite(label[k]) for k in ("score", "truth"))):
-                raise TypeError(f"label {label!r:.60}")
+            for key in ("score", "truth"):  # a case score and a mean DSC
+                if not (isinstance(label["case"], str) and is_real_number(label[key]) and 0 <= label[key] <= 1):
+                    raise ValueError(f"label of {label['case']!r}: {key} {label[key]!r} is not in [0, 1]")
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise corrupt(f"{type(err).__name__}: {err}") from None
     return state
@@ -301,11 +305,9 @@ class SiteMonitor:
 
     def _archive(self, state: dict[str, Any]) -> Path:
         """Move another model's record to ``<folder>/site_archive/`` (written whole first), saying so in the log."""
-        name = f"site_{state['weights_sha256'][:12]}_{state['range_sha256'][:12]}"
-        target, index = self.folder / ARCHIVE_FOLDER / f"{name}.json", 1
-        while target.exists():
+        name, index = f"site_{state['weights_sha256'][:12]}_{state['range_sha256'][:12]}", 1
+        while (target := self.folder / ARCHIVE_FOLDER / (name + (f"_{index}" if index > 1 else "") + ".json")).exists():
             index += 1
-            target = target.with_name(f"{name}_{index}.json")
         ensure_folder(target.parent, "cannot archive the site record: its folder")
         _write_state(target, state)
         try:
