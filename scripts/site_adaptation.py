@@ -147,16 +147,20 @@ def make_site(args, source: Path, out: Path) -> tuple[list[tuple[str, Path, Path
     return cases[: args.pool], cases[args.pool :]
 
 
-def dice_and_error(bundle_dir: Path, cases) -> dict:
+def dice_and_error(bundle_dir: Path, cases, site_dir: Path) -> dict:
     """Mean DSC of the served segmentations of ``cases``, the case-score error (mean |case score - DSC|) and how many
-    the review flag marked: ``{"mean_dsc", "case_score_error", "flagged", "not_flagged", "flag_null"}``."""
+    the review flag marked: ``{"mean_dsc", "case_score_error", "flagged", "not_flagged", "flag_null"}``; served into
+    the server's site monitor (``site_dir``), as the site's other cases are, and ``site_alarm`` counts the answers
+    that carry its alarm."""
     from calib_monai.bundle import TrainedBundle
 
-    bundle = TrainedBundle(bundle_dir, ("inference.json",), {"output_dir": str(bundle_dir / "eval_tmp")}, device="cpu")
+    settings = {"output_dir": str(bundle_dir / "eval_tmp"), "site_dir": str(site_dir)}
+    bundle = TrainedBundle(bundle_dir, ("inference.json",), settings, device="cpu")
     classes = [v for v in bundle.label_names if v > 0]
-    dices, errors, flags, signed, anchored = [], [], [], [], 0
+    dices, errors, flags, signed, anchored, alarms = [], [], [], [], 0, 0
     for _, image, label in cases:
         segmentation, _, quality = bundle.predict(str(image))
+        alarms += bool((quality.get("site") or {}).get("alarm"))
         seg = np.asarray(segmentation[0])
         truth = np.asarray(nib.load(str(label)).dataobj)
         per = [2 * ((seg == c) & (truth == c)).sum() / max((seg == c).sum() + (truth == c).sum(), 1) for c in classes]
@@ -173,6 +177,7 @@ def dice_and_error(bundle_dir: Path, cases) -> dict:
         "flagged": flags.count(True),
         "not_flagged": flags.count(False),
         "flag_null": flags.count(None),
+        "site_alarm": alarms,
     }
 
 
@@ -229,6 +234,8 @@ class Server:
 def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs: int, seed: int = 0) -> list[dict]:
     from monailabel.client import MONAILabelClient
 
+    from calib_monai.label.serving import SITE_FOLDER
+
     work = out / order
     shutil.rmtree(work, ignore_errors=True)
     app = work / "app"
@@ -241,7 +248,8 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
     for _, image, _ in pool:
         shutil.copy(image, studies / image.name)
     truth = {name: label for name, _, label in pool}
-    rows = [{"order": order, "labels": 0, **dice_and_error(bundle, held_out), "images": ""}]
+    site_dir = studies / SITE_FOLDER / BUNDLE  # the server's site monitor of this bundle
+    rows = [{"order": order, "labels": 0, **dice_and_error(bundle, held_out, site_dir), "images": ""}]
     print(rows[-1], flush=True)
     server = Server(app, studies, port, work / "server.log")
     try:
@@ -265,7 +273,8 @@ def loop(order: str, source: Path, pool, held_out, out: Path, port: int, epochs:
                 time.sleep(5)
             if status["status"] != "DONE":
                 raise SystemExit(f"training after {k} labels: {status['status']}: {status.get('details', [])[-3:]}")
-            rows.append({"order": order, "labels": k, **dice_and_error(bundle, held_out), "images": " ".join(taken)})
+            served = dice_and_error(bundle, held_out, site_dir)
+            rows.append({"order": order, "labels": k, **served, "images": " ".join(taken)})
             print(rows[-1], flush=True)
     finally:
         server.stop()
@@ -302,13 +311,13 @@ def main() -> None:
         writer.writerows(rows)
     table = [
         "| order | labels | mean DSC (held-out site images) | case-score error | estimate minus truth | re-anchored on "
-        "| flagged / not / null |",
-        "|---|---|---|---|---|---|---|",
+        "| flagged / not / null | site alarm |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     table += [
         f"| {r['order']} | {r['labels']} | {r['mean_dsc']:.3f} | {r['case_score_error']:.3f} | "
         f"{r['case_score_minus_truth']:+.3f} | {r['anchored_on']} | "
-        f"{r['flagged']} / {r['not_flagged']} / {r['flag_null']} |"
+        f"{r['flagged']} / {r['not_flagged']} / {r['flag_null']} | {r['site_alarm']} |"
         for r in rows
     ]
     command = " ".join(shlex.quote(a) for a in [".venv-label/bin/python", "scripts/site_adaptation.py", *sys.argv[1:]])

@@ -51,7 +51,7 @@ def delivered_dice(segmentation: Any, label: Any, classes: int) -> float:
         wrong = values[(values < 0) | (values >= classes)]
         if wrong.numel():
             raise ValueError(
-                f"the {what} holds the value {int(wrong[0])}, the model's classes are 0-{classes - 1}: write the "
+                f"the {what} holds the value {int(wrong.max())}, the model's classes are 0-{classes - 1}: write the "
                 "label in the values of the delivered segmentation (<case>_seg.nii.gz)"
             )
     return float(label_map_dice(seg, lab, classes).nanmean())
