@@ -4,9 +4,9 @@ both see the same load.
 
 ``--feature contours``: the run's contour set against none ("without" points ``contours_path`` at a file that does
 not exist). ``--feature site_monitor``: the site monitor and the level re-anchoring (``site_dir`` a folder) against
-none (``site_dir`` empty, ``predict``'s default); before each call the folder's ``site.json`` is set back to a stream
-of ``--stream`` earlier cases (random ranks, these weights and range), so every served case is a new one and the
-stream has the same length each time: the monitor reads and writes every case seen on each served case.
+none (``site_dir`` empty, ``predict``'s default); before each call the folder's ``site.json`` and ``site_cases.jsonl``
+are set back to a stream of ``--stream`` earlier cases (random ranks, these weights and range), so every served case
+is a new one and the stream has the same length each time.
 
 ``--models``: a run's ``models/`` folder (with ``contours.json`` for contours); ``--bundle``: its bundle;
 ``--images``: a JSON list of image files, or the run's ``datalist.json`` test split when left out. Prints a Markdown
@@ -33,20 +33,22 @@ import time
 from pathlib import Path
 
 
-def _stream_text(site_json: Path, cases: int) -> str:
-    """A ``site.json`` of the served weights and range (the warm-up's) holding ``cases`` earlier cases."""
-    state = json.loads(site_json.read_text())
-    rng = random.Random(0)
-    top = state["validation_subjects"] + 1
-    state["cases"] = [
-        {
-            "hash": f"earlier{i}",
-            "rank": rng.randint(1, top),
-            "signal_ranks": {s: rng.randint(1, top) for s in state["signals"]},
-        }
-        for i in range(cases)
-    ]
-    return json.dumps(state)
+def _stream(site: Path, cases: int) -> tuple[str, bytes]:
+    """``site.json`` and ``site_cases.jsonl`` of the served weights and range (the warm-up's) after ``cases``
+    earlier cases."""
+    from calib_monai.review.site_martingale import SiteMartingale
+    from calib_monai.review.site_monitor import SITE_FILE, advance, new_state
+    from calib_monai.review.site_store import CASES_FILE, write_log
+
+    served = json.loads((site / SITE_FILE).read_text())
+    test = SiteMartingale.from_settings(served)
+    state, earlier, rng = new_state(served["weights_sha256"], served["range_sha256"], test), [], random.Random(0)
+    for i in range(cases):
+        ranks = {s: rng.randint(1, test.m + 1) for s in test.signals}
+        earlier.append({"hash": f"earlier{i}", "rank": rng.randint(1, test.m + 1), "signal_ranks": ranks})
+        advance(state, earlier[-1]["rank"], ranks, test)
+    state["cases_bytes"] = write_log(site, earlier)
+    return json.dumps(state), (site / CASES_FILE).read_bytes()
 
 
 def main() -> None:
@@ -85,8 +87,9 @@ def main() -> None:
     stream = None
 
     def serve(bundle: TrainedBundle, image: str, out: Path) -> float:
-        if stream is not None and bundle is bundles[names[0]]:
-            (tmp / "site" / "site.json").write_text(stream)  # the same stream before every case
+        if stream is not None and bundle is bundles[names[0]]:  # the same stream before every case
+            (tmp / "site" / "site.json").write_text(stream[0])
+            (tmp / "site" / "site_cases.jsonl").write_bytes(stream[1])
         start = time.perf_counter()
         prediction = bundle.predict(image)
         bundle.write(*prediction, output_dir=out, contours=prediction.contours)
@@ -95,7 +98,7 @@ def main() -> None:
     for name, bundle in bundles.items():  # warm-up: weights, transforms
         serve(bundle, images[0], tmp / "warm" / name.replace(" ", "_"))
     if args.feature == "site_monitor":
-        stream = _stream_text(tmp / "site" / "site.json", args.stream)
+        stream = _stream(tmp / "site", args.stream)
     elif bundles[names[0]].predict(images[0]).contours is None:
         raise SystemExit(f"the served contours are missing; check {models}")
     times: dict[str, list[float]] = {name: [] for name in bundles}

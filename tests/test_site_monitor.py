@@ -18,7 +18,8 @@ from scipy.stats import beta, binom
 
 from calib_monai.review import SITE_FILE, SiteMartingale, SiteMonitor, SiteStateError, reference_bounds
 from calib_monai.review.conformal import competition_ranks
-from calib_monai.review.site_monitor import ARCHIVE_FOLDER, reset_site, show_site
+from calib_monai.review.site_monitor import ARCHIVE_FOLDER, advance, new_state, reset_site, show_site, summarise
+from calib_monai.review.site_store import CASES_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS, RANGE = "a1" * 32, "b2" * 32
@@ -27,6 +28,11 @@ SIGNALS = ("case_score", "input", "features")
 
 def _monitor(folder, m=20, **kwargs) -> SiteMonitor:
     return SiteMonitor(folder, kwargs.pop("weights", WEIGHTS), kwargs.pop("range_sha", RANGE), m, SIGNALS, **kwargs)
+
+
+def _logged(folder) -> list[dict]:
+    """The served cases as the case log holds them, one JSON line each."""
+    return [json.loads(line) for line in (Path(folder) / CASES_FILE).read_text().splitlines()]
 
 
 def test_bounds_are_the_beta_quantile_and_its_closed_form_for_k_1():
@@ -82,7 +88,8 @@ def test_observe_counts_an_image_once_and_a_restart_continues(tmp_path):
     assert after["cases"] == 5 and after["value"] == pytest.approx(expected, rel=1e-12)
     assert after["signal_hits"] == {"case_score": 0, "input": 5, "features": 0}
     stored = json.loads((tmp_path / SITE_FILE).read_text())
-    assert [c["hash"] for c in stored["cases"]] == [f"hash{i}" for i in range(5)] and stored["format_version"] == 1
+    assert [c["hash"] for c in _logged(tmp_path)] == [f"hash{i}" for i in range(5)]
+    assert stored["cases"] == 5 and stored["format_version"] == 2
     assert (stored["weights_sha256"], stored["range_sha256"]) == (WEIGHTS, RANGE)
 
 
@@ -115,7 +122,7 @@ def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path, caplog
     _monitor(tmp_path).observe("h", 3, {"input": 2})
     state = json.loads(path.read_text())
     path.write_text(json.dumps({**state, "format_version": 99}))
-    with pytest.raises(SiteStateError, match="format_version 99; this calib-monai reads 1") as err:
+    with pytest.raises(SiteStateError, match="format_version 99; this calib-monai reads 2") as err:
         _monitor(tmp_path)
     assert str(path) in str(err.value) and "site reset" in str(err.value)
     path.write_text(json.dumps(state))
@@ -125,7 +132,9 @@ def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="calib_monai"):
         retrained = _monitor(tmp_path, weights="c3" * 32)
     archived = tmp_path / ARCHIVE_FOLDER / f"site_{'a1' * 6}_{'b2' * 6}.json"
-    assert json.loads(archived.read_text()) == state and not path.exists() and retrained.status()["cases"] == 0
+    logged = [{"hash": "h", "rank": 3, "signal_ranks": {"input": 2}}]
+    assert json.loads(archived.read_text()) == {**state, "case_log": logged} and retrained.status()["cases"] == 0
+    assert not path.exists() and not (tmp_path / CASES_FILE).exists()
     (line,) = [r.getMessage() for r in caplog.records if "new site record" in r.getMessage()]
     assert (
         "a1a1a1a1a1a1" in line and "c3c3c3c3c3c3" in line and "(1 cases, alarm: no)" in line and str(archived) in line
@@ -134,9 +143,10 @@ def test_a_file_it_cannot_use_is_one_line_naming_it_and_the_fix(tmp_path, caplog
     _monitor(tmp_path, range_sha="d4" * 32)  # and another range: a second archive beside the first
     assert (tmp_path / ARCHIVE_FOLDER / f"site_{'c3' * 6}_{'b2' * 6}.json").is_file()
     path.write_text(json.dumps(state))
-    path.write_text(json.dumps({**state, "cases": [{"hash": "h", "rank": "one", "signal_ranks": {}}]}))
-    with pytest.raises(SiteStateError, match="corrupt"):
-        show_site(tmp_path)
+    for broken in ({"cases": "one"}, {"log_products": {"input": [0.0]}}, {"alarm": {"cases": 1}}):
+        path.write_text(json.dumps({**state, **broken}))
+        with pytest.raises(SiteStateError, match="corrupt"):
+            show_site(tmp_path)
 
 
 def test_the_command_line_shows_and_resets(tmp_path):
@@ -166,10 +176,96 @@ def test_two_processes_on_one_state_lose_no_case(tmp_path):
     for worker in workers:
         worker.join(120)
     assert [w.exitcode for w in workers] == [0, 0, 0]
-    stored = json.loads((tmp_path / SITE_FILE).read_text())
-    assert sorted(c["hash"] for c in stored["cases"]) == sorted(
+    assert sorted(c["hash"] for c in _logged(tmp_path)) == sorted(
         f"worker{w}-case{i}" for w in range(3) for i in range(30)
     )
+    assert json.loads((tmp_path / SITE_FILE).read_text())["cases"] == 90
+
+
+def _recomputed(test: SiteMartingale, cases: list[dict]) -> dict:
+    """What the stream says, recomputed over all its cases at once (``component_logs``, ``log_values``,
+    ``first_alarm``): the value, the alarm's case and value, the signal that moved and the counts up to the alarm."""
+    ranks = [c["signal_ranks"] for c in cases]
+    components, logs = test.component_logs(ranks), test.log_values(ranks)
+    at = test.first_alarm(logs)
+    upto = cases[:at] if at else cases
+    hits = {name: sum(0 < r.get(name, 0) <= 1 for r in (c["signal_ranks"] for c in upto)) for name in test.signals}
+    out = {"value": math.exp(logs[-1]), "alarm": at, "hits": hits, "combined": sum(c["rank"] <= 1 for c in upto)}
+    if at:
+        grown = {name: np.log(np.exp(rows[:, at - 1]).mean()) for name, rows in components.items()}
+        out.update(at_value=math.exp(logs[at - 1]), moved=max(grown, key=grown.get))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_running_state_gives_what_the_full_recomputation_gives(seed):
+    """Streams of 60 random cases (m = 20, 3 signals, ks 1 and 2), the even seeds shifted on one signal (they alarm):
+    the state kept case by case (``advance``) says what ``SiteMartingale`` over every case says, to 1e-12."""
+    rng = np.random.default_rng(seed)
+    test = SiteMartingale(20, SIGNALS, ks=(1, 2))
+    state, cases = new_state(WEIGHTS, RANGE, test), []
+    for i in range(60):
+        ranks = {name: int(rng.integers(1, 22)) for name in SIGNALS if rng.random() > 0.1}  # some left out
+        if seed % 2 == 0 and rng.random() < 0.9:
+            ranks[SIGNALS[seed % 3]] = 1
+        cases.append({"hash": str(i), "rank": int(rng.integers(1, 22)), "signal_ranks": ranks})
+        advance(state, cases[-1]["rank"], ranks)
+        got, want = summarise(state, Path("site.json")), _recomputed(test, cases)
+        assert got["value"] == pytest.approx(want["value"], rel=1e-12) and got["signal_hits"] == want["hits"]
+        assert got["alarm"] == (want["alarm"] is not None)
+        if got["alarm"]:
+            evidence = got["evidence"]
+            assert (evidence["cases"], evidence["signal_that_moved"]) == (want["alarm"], want["moved"])
+            assert evidence["value"] == pytest.approx(want["at_value"], rel=1e-12)
+            assert evidence["combined_rank_within_k"] == want["combined"]
+    assert got["alarm"] == (seed % 2 == 0) and got["cases"] == 60
+    if got["alarm"]:
+        assert got["evidence"]["signal_that_moved"] == SIGNALS[seed % 3]
+
+
+def test_a_stopped_write_is_recovered_and_a_short_log_refused(tmp_path):
+    monitor = _monitor(tmp_path)
+    for i in range(3):
+        before = monitor.observe(f"h{i}", 2, {"input": 1, "features": 4})
+    log = tmp_path / CASES_FILE
+    recorded = log.read_bytes()
+    with log.open("ab") as f:  # a write stopped after the case's line, before site.json recorded it
+        f.write(b'{"hash": "stopped", "rank": 1, "signal_ranks": {"input": 1}}\n{"hash": "cut')
+    restarted = _monitor(tmp_path)  # the case was never answered: it is cut off, and counts when served again
+    assert log.read_bytes() == recorded and restarted.status() == summarise(
+        json.loads((tmp_path / SITE_FILE).read_text()), tmp_path / SITE_FILE
+    )
+    assert restarted.status()["value"] == before["value"] and restarted.status()["cases"] == 3
+    assert restarted.observe("stopped", 1, {"input": 1})["counted"] and restarted.status()["cases"] == 4
+    log.write_bytes(recorded[:-5])  # shorter than recorded: corrupt, the fix named
+    with pytest.raises(SiteStateError, match=f"corrupt .*{CASES_FILE} holds .* bytes, site.json records") as err:
+        restarted.observe("next", 1, {"input": 1})
+    assert f"`calib-monai site reset {tmp_path}`" in str(err.value) and "\n" not in str(err.value)
+    assert reset_site(tmp_path)["cleared_cases"] == 4 and not log.exists()
+
+
+def test_a_version_1_state_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / SITE_FILE
+    path.write_text(json.dumps({"format_version": 1, "weights_sha256": WEIGHTS, "cases": []}))
+    with pytest.raises(SiteStateError) as err:
+        _monitor(tmp_path)
+    assert str(err.value) == (
+        f"site state {path} has format_version 1; this calib-monai reads 2: use the calib-monai that wrote it, or "
+        f"clear it with `calib-monai site reset {tmp_path}`"
+    )
+    assert reset_site(tmp_path)["cleared_cases"] == "unreadable" and _monitor(tmp_path).status()["cases"] == 0
+
+
+def test_an_image_served_again_after_a_restart_counts_once(tmp_path):
+    _monitor(tmp_path).observe("same image", 1, {"input": 1})
+    _monitor(tmp_path).observe("other", 4, {"input": 6})
+    again = _monitor(tmp_path).observe("same image", 1, {"input": 1})  # a new process: looked up in the log
+    assert not again["counted"] and again["cases"] == 2 and again["signal_hits"]["input"] == 1
+    assert [c["hash"] for c in _logged(tmp_path)] == ["same image", "other"]
+    # a hash that holds JSON's specials is looked up as written; one that is a prefix of another is not it
+    assert _monitor(tmp_path).observe('a "quoted"\nhash', 2, {})["counted"]
+    assert not _monitor(tmp_path).observe('a "quoted"\nhash', 2, {})["counted"]
+    assert _monitor(tmp_path).observe("same", 2, {})["counted"]
 
 
 def _signal_ranks(reference: np.ndarray, cases: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from calib_monai.recalibration import TemperatureScaling
 from calib_monai.recalibration.stored import publish_calibration
 from calib_monai.review import SITE_FILE, CaseQualityd, SiteMartingale, SiteMonitord, ValidatedRange
 from calib_monai.review.site_monitor import ARCHIVE_FOLDER
+from calib_monai.review.site_store import CASES_FILE
 from conftest import REPO_ROOT, run_bundle_workflow
 
 CONFIGS = REPO_ROOT / "bundles" / "nacl_flare" / "configs"
@@ -165,7 +166,7 @@ def test_inferring_alarms_at_a_site_and_every_answer_after_says_so(site_bundle, 
     )
     cleared = _command("site", "reset", str(out))
     assert cleared.returncode == 0 and f"cleared_cases: {total}" in cleared.stdout
-    assert not (out / SITE_FILE).exists()
+    assert not (out / SITE_FILE).exists() and not (out / CASES_FILE).exists()
 
 
 def test_a_corrupt_state_is_one_error_line_and_another_models_is_archived(site_bundle, tmp_path):
@@ -179,12 +180,13 @@ def test_a_corrupt_state_is_one_error_line_and_another_models_is_archived(site_b
     shutil.rmtree(out)
     _infer(site_bundle, out)
     state = json.loads((out / SITE_FILE).read_text())
+    logged = [json.loads(line) for line in (out / CASES_FILE).read_text().splitlines()]
     state["weights_sha256"] = "0" * 64  # a record of other weights (a model trained since): archived, a new one starts
     (out / SITE_FILE).write_text(json.dumps(state))
     _infer(site_bundle, out)
     archived = json.loads((out / ARCHIVE_FOLDER / f"site_{'0' * 12}_{state['range_sha256'][:12]}.json").read_text())
-    assert archived == state
-    assert len(json.loads((out / SITE_FILE).read_text())["cases"]) == len(state["cases"])  # the same images, anew
+    assert archived == {**state, "case_log": logged} and len(logged) == state["cases"] > 0
+    assert json.loads((out / SITE_FILE).read_text())["cases"] == state["cases"]  # the same images, anew
 
 
 def test_site_labels_from_a_folder_re_anchor_what_inferring_serves_next(site_bundle, tmp_path):

@@ -1,12 +1,14 @@
 """The arithmetic of the site monitor's test (:mod:`calib_monai.review.site_monitor` states the construction and its
 guarantee): the bounds ``u_k`` of an ordinary case's chance to rank within ``k`` given the reference, and the
-martingale of a stream of cases from their signals' ranks. No state: values come from the ordered cases alone."""
+martingale of a stream of cases from their signals' ranks: over the ordered cases at once, or one case at a time from
+the running log-products (:meth:`SiteMartingale.step`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -72,7 +74,7 @@ class SiteMartingale:
     def threshold(self) -> float:
         return 1 / self.delta_stream
 
-    @property
+    @cached_property
     def bounds(self) -> list[float]:
         """``u_k`` for each of ``ks``, the reference budget split over the signals and ``ks``."""
         return reference_bounds(self.m, self.ks, self.delta_reference / (len(self.signals) * len(self.ks)))
@@ -90,6 +92,33 @@ class SiteMartingale:
                     rows.append(np.cumsum(np.log(np.where(ranks == 0, 1.0, factor))))
             out[name] = np.stack(rows).reshape(len(rows), len(ranks))
         return out
+
+    def step(self, components: Mapping[str, Sequence[float]] | None, signal_ranks: Mapping[str, int]) -> dict:
+        """Each signal's bets' log-products after one more case (``signal_ranks``), from those before it
+        (``components``; None: the stream's start, all 0): :meth:`component_logs`' last column, by the same additions
+        in the same order. Why: the served path keeps only these, so a case costs the same at any stream length
+        instead of a recomputation over every case seen."""
+        out = {}
+        for name in self.signals:
+            rank = int(signal_ranks.get(name, 0))  # 0: left out, no bet
+            before = np.zeros(len(self.ks) * len(self.bets)) if components is None else np.asarray(components[name])
+            factors = [
+                1.0 if rank == 0 else (1 - bet + bet / u if rank <= k else 1 - bet)
+                for k, u in zip(self.ks, self.bounds)
+                for bet in self.bets
+            ]
+            out[name] = (before + np.log(np.asarray(factors))).tolist()
+        return out
+
+    def log_value(self, components: Mapping[str, Sequence[float]]) -> float:
+        """``log M`` from each signal's bets' log-products (:meth:`step`): their mean, as :meth:`log_values` (of the
+        signals given: one signal's own bets, to say which moved). By hand, not scipy's ``logsumexp``: a tenth of the
+        time, on every served case."""
+        rows = np.concatenate([np.asarray(values, dtype=np.float64) for values in components.values()])
+        top = float(rows.max())
+        if not math.isfinite(top):  # every bet of 1.0 lost
+            return top
+        return top + math.log(float(np.exp(rows - top).sum())) - math.log(len(rows))
 
     def log_values(self, signal_ranks: Sequence[Mapping[str, int]]) -> np.ndarray:
         """``log M_n`` after each case (``M_0 = 1`` not included): the mean of every signal's bets' products."""

@@ -39,10 +39,13 @@ extreme, which a case far out on one signal reaches less often (``docs/results/s
 
 State: ``<folder>/site.json`` (written atomically; each read-modify-write under an OS lock on
 ``<folder>/site.json.lock``, so servers sharing a folder lose no case), naming the weights' and the validated range's
-sha256. The martingale is recomputed from the ordered cases stored there: a restart or a second process gives the
-same answer; a case's cost grows with the cases seen (``docs/results/benchmarks/site_monitor.md``). New weights or
-a new range (Train, a new ``calibrate``) start a new record, the previous one moved to ``<folder>/site_archive/``
-(said in the log). ``calib-monai site show <folder>`` / ``calib-monai site reset <folder>``.
+sha256 and holding the stream's running state: the number of cases, each signal's bets' log-products
+(:meth:`SiteMartingale.step`), the counts up to the alarm and, once it fires, the alarm's case and what moved it.
+The served cases themselves go to ``<folder>/site_cases.jsonl``, appended (:mod:`~.site_store`): a restart or a
+second process gives the same answer, and a case costs the same at any stream length
+(``docs/results/benchmarks/site_monitor.md``). New weights or a new range (Train, a new ``calibrate``) start a new
+record, the previous one (its cases inlined) moved to ``<folder>/site_archive/`` (said in the log).
+``calib-monai site show <folder>`` / ``calib-monai site reset <folder>``.
 """
 
 from __future__ import annotations
@@ -51,17 +54,16 @@ import json
 import logging
 import math
 import os
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from calib_monai.atomic import ensure_folder, write_error, write_text_atomically
+from calib_monai.atomic import ensure_folder, write_error, write_json_atomically
 from calib_monai.checks import check_number, is_real_number
 from calib_monai.defaults import SITE_LABELS_MIN
+from calib_monai.review import site_store
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
 
 __all__ = [
@@ -70,6 +72,8 @@ __all__ = [
     "SITE_FILE",
     "SiteMonitor",
     "SiteStateError",
+    "advance",
+    "new_state",
     "read_state",
     "reset_site",
     "show_site",
@@ -79,11 +83,10 @@ __all__ = [
 SITE_FILE = "site.json"
 #: Where the records of earlier models go, beside ``site.json``: ``site_<weights12>_<range12>.json``.
 ARCHIVE_FOLDER = "site_archive"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 logger = logging.getLogger("calib_monai")
 #: How the alarm's message names a signal (``ValidatedRange.signals``).
 SIGNAL_WORDS = {"case_score": "estimated DSC (case score)", "input": "image statistics", "features": "network features"}
-LOCK_TIMEOUT_S = 60.0  # a read-modify-write takes milliseconds: a longer wait means a hung holder
 
 
 class SiteStateError(ValueError):
@@ -103,54 +106,18 @@ def _signal_ranks(signals: Mapping[str, Any] | None) -> dict[str, int]:
     return out
 
 
-@contextmanager
-def _locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """An exclusive OS lock (``fcntl.flock``) on ``path`` (a lock file that is never removed, so every holder locks
-    the same file; the system drops it when its holder dies). Blocking: a second server waits its turn. The training
-    lock (``handlers.checkpoint.OutputFolderLock``) is a floor above and refuses a second holder instead of waiting."""
-    import fcntl
-
-    ensure_folder(path.parent, f"cannot write {path.name}: its folder")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as err:
-        raise write_error(path, err) from err
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"site monitor: {path} has been locked for {timeout_s:.0f} s by another process: find the "
-                        f"process that holds it (fuser {path}) and stop it"
-                    ) from None
-                time.sleep(0.01)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def _write_state(path: Path, state: Mapping[str, Any]) -> Path:
-    """``state`` to ``path`` atomically, one case per line, the cases by one call of json's fast (C) encoder."""
-    header = {key: value for key, value in state.items() if key != "cases"}
-    cases = json.dumps(state.get("cases", []))[1:-1].replace('}}, {"hash": ', '}},\n    {"hash": ')  # each case's end
-    body = f"[\n    {cases}\n  ]" if cases else "[]"
-    return write_text_atomically(path, json.dumps(header, indent=2)[:-2] + f',\n  "cases": {body}\n}}\n')
-
-
 def _reset_fix(folder: Path) -> str:
     return f"`calib-monai site reset {folder}`"
 
 
+def _corrupt(path: Path, what: str) -> SiteStateError:
+    return SiteStateError(f"site state {path} is corrupt ({what}): clear it with {_reset_fix(path.parent)}")
+
+
 def read_state(path: Path) -> dict[str, Any] | None:
     """The checked content of ``site.json`` (None when there is none); a :class:`SiteStateError` naming the file and
-    the fix when it cannot be read as a site state of this format."""
+    the fix when it cannot be read as a site state of this format. Its case log is checked by the monitor, under its
+    lock (:func:`site_store.recover`)."""
     folder = path.parent
     try:
         text = path.read_text()
@@ -162,7 +129,7 @@ def read_state(path: Path) -> dict[str, Any] | None:
         ) from err
 
     def corrupt(what: str) -> SiteStateError:
-        return SiteStateError(f"site state {path} is corrupt ({what}): clear it with {_reset_fix(folder)}")
+        return _corrupt(path, what)
 
     try:
         state = json.loads(text)
@@ -179,17 +146,25 @@ def read_state(path: Path) -> dict[str, Any] | None:
         for key in ("weights_sha256", "range_sha256"):
             if not isinstance(state[key], str):
                 raise TypeError(f"{key} is not a string")
-        settings = SiteMartingale.from_settings(state).settings()
+        test = SiteMartingale.from_settings(state)
+        settings = test.settings()
         changed = [k for k, v in settings.items() if state[k] != v]
         if changed:  # "1" read as 1 would pass here and fail as another test when the next case is served
             raise TypeError(f"{changed[0]} {state[changed[0]]!r} is not of its type ({settings[changed[0]]!r})")
-        kinds = {k: type(state.get(k, [])).__name__ for k in ("cases", "labels")}
-        if set(kinds.values()) != {"list"}:
-            raise TypeError(f"cases and labels must be lists, got {kinds}")
-        for case in state["cases"]:  # plain checks: every served case reads every case seen
-            ranks = (case["rank"], *case["signal_ranks"].values())
-            if not (isinstance(case["hash"], str) and all(type(r) is int and r >= 1 for r in ranks)):
-                raise TypeError(f"case {case!r:.60}")
+        if not isinstance(state.get("labels", []), list):
+            raise TypeError(f"labels must be a list, got {type(state['labels']).__name__}")
+        counts = (state["cases"], state["cases_bytes"], state["combined_rank_within_k"], *state["signal_hits"].values())
+        if not all(type(n) is int and n >= 0 for n in counts) or list(state["signal_hits"]) != list(test.signals):
+            raise TypeError("cases, cases_bytes, combined_rank_within_k or signal_hits")
+        products, width = state["log_products"], len(test.ks) * len(test.bets)
+        if list(products) != list(test.signals) or any(len(v) != width for v in products.values()):
+            raise TypeError(f"log_products is not {width} numbers per signal {list(test.signals)}")
+        if not all(isinstance(v, float) and v < math.inf for row in products.values() for v in row):
+            raise TypeError("log_products holds a value that is not a number")
+        alarm = state["alarm"]
+        ok = alarm is None or type(alarm["cases"]) is int and alarm["signal_that_moved"] in test.signals
+        if not ok or alarm is not None and not math.isfinite(alarm["log_value"]):
+            raise TypeError(f"alarm {alarm!r:.60}")
         for label in state.get("labels", []):
             for key in ("score", "truth"):  # a case score and a mean DSC
                 if not (isinstance(label["case"], str) and is_real_number(label[key]) and 0 <= label[key] <= 1):
@@ -205,29 +180,17 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
     if state is None:
         return {"file": str(path), "cases": 0, "value": 1.0, "alarm": False, "evidence": None, "message": ""}
     test = SiteMartingale.from_settings(state)
-    cases = state["cases"]
-    components = test.component_logs([c["signal_ranks"] for c in cases])
-    logs = test.log_values([c["signal_ranks"] for c in cases])
-    alarm_at = test.first_alarm(logs)
-    k = min(test.ks)
-    upto = cases[:alarm_at] if alarm_at else cases
-    hits = {name: sum(0 < c["signal_ranks"].get(name, 0) <= k for c in upto) for name in test.signals}
+    k, hits, alarm = min(test.ks), dict(state["signal_hits"]), state["alarm"]
     evidence, message = None, ""
-    if alarm_at:
-        from scipy.special import logsumexp
-
-        # the signal that moved: whose own bets had grown most at the alarm
-        grown = {
-            name: float(logsumexp(rows[:, alarm_at - 1]) - math.log(len(rows))) for name, rows in components.items()
-        }
-        moved = max(grown, key=grown.get)
+    if alarm:
+        alarm_at, moved = alarm["cases"], alarm["signal_that_moved"]
         evidence = {
             "cases": alarm_at,
-            "value": _value(float(logs[alarm_at - 1])),
+            "value": _value(alarm["log_value"]),
             "threshold": test.threshold,
             "signal_that_moved": moved,
             "signal_hits": hits,  # cases whose signal ranked within k, up to the alarm
-            "combined_rank_within_k": sum(c["rank"] <= k for c in upto),
+            "combined_rank_within_k": state["combined_rank_within_k"],
             "k": k,
             "delta": test.delta,
             "delta_reference": test.delta_reference,
@@ -245,10 +208,10 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         )
     return {
         "file": str(path),
-        "cases": len(cases),
-        "value": _value(float(logs[-1])) if len(cases) else 1.0,
+        "cases": state["cases"],
+        "value": _value(test.log_value(state["log_products"])) if state["cases"] else 1.0,
         "threshold": test.threshold,
-        "alarm": alarm_at is not None,
+        "alarm": alarm is not None,
         "evidence": evidence,
         "message": message,
         "signal_hits": hits,
@@ -256,6 +219,45 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         "range_sha256": state["range_sha256"],
         "labels": len(state.get("labels", [])),
         "label_errors": [label["score"] - label["truth"] for label in state.get("labels", [])],
+    }
+
+
+def advance(
+    state: dict[str, Any], rank: int, signal_ranks: Mapping[str, int], test: SiteMartingale | None = None
+) -> None:
+    """Add one served case (``rank``: its combined rank; ``signal_ranks``: ``{name: rank}``) to the running
+    ``state`` in place: the bets' log-products, the counts up to the alarm, and at the first crossing of the
+    threshold the alarm, with the signal that moved (whose own bets had grown most). Its log line is the caller's."""
+    test = test or SiteMartingale.from_settings(state)
+    k = min(test.ks)
+    state["log_products"] = test.step(state["log_products"], signal_ranks)
+    state["cases"] += 1
+    if state["alarm"] is not None:
+        return
+    for name in test.signals:
+        state["signal_hits"][name] += 0 < signal_ranks.get(name, 0) <= k
+    state["combined_rank_within_k"] += rank <= k
+    log_value = test.log_value(state["log_products"])
+    if log_value >= math.log(test.threshold):
+        grown = {name: test.log_value({name: rows}) for name, rows in state["log_products"].items()}
+        moved = max(grown, key=grown.get)
+        state["alarm"] = {"cases": state["cases"], "log_value": log_value, "signal_that_moved": moved}
+
+
+def new_state(weights_sha256: str, range_sha256: str, test: SiteMartingale) -> dict[str, Any]:
+    """The running state of a stream with no case yet (``site.json``'s content)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "weights_sha256": weights_sha256,
+        "range_sha256": range_sha256,
+        **test.settings(),
+        "cases": 0,
+        "cases_bytes": 0,  # of site_cases.jsonl: the cases counted
+        "log_products": {name: [0.0] * (len(test.ks) * len(test.bets)) for name in test.signals},
+        "signal_hits": dict.fromkeys(test.signals, 0),
+        "combined_rank_within_k": 0,
+        "alarm": None,
+        "labels": [],
     }
 
 
@@ -280,7 +282,7 @@ class SiteMonitor:
         self.weights_sha256, self.range_sha256 = str(weights_sha256), str(range_sha256)
         ks = (k,) if isinstance(k, (int, np.integer)) else tuple(k)
         self.test = SiteMartingale(m, tuple(str(s) for s in signals), delta, tuple(int(v) for v in ks))
-        with _locked(self.lock_path):
+        with site_store.locked(self.lock_path):
             self._read()  # another model's record is archived now, not at the first case
 
     def _read(self) -> dict[str, Any] | None:
@@ -288,6 +290,7 @@ class SiteMonitor:
         retrained or recalibrated model) is archived (:meth:`_archive`) and a new stream starts; a record of these
         with other monitor settings is refused: a test changed midway is no test. Call under the lock."""
         state = read_state(self.path)
+        site_store.recover(self.folder, state["cases_bytes"] if state else 0, lambda what: _corrupt(self.path, what))
         if state is None:
             return None
         if (state["weights_sha256"], state["range_sha256"]) != (self.weights_sha256, self.range_sha256):
@@ -304,16 +307,18 @@ class SiteMonitor:
         return state
 
     def _archive(self, state: dict[str, Any]) -> Path:
-        """Move another model's record to ``<folder>/site_archive/`` (written whole first), saying so in the log."""
+        """Move another model's record to ``<folder>/site_archive/`` (written whole first, its cases inlined as
+        ``case_log``), saying so in the log."""
         name, index = f"site_{state['weights_sha256'][:12]}_{state['range_sha256'][:12]}", 1
         while (target := self.folder / ARCHIVE_FOLDER / (name + (f"_{index}" if index > 1 else "") + ".json")).exists():
             index += 1
         ensure_folder(target.parent, "cannot archive the site record: its folder")
-        _write_state(target, state)
+        write_json_atomically(target, {**state, "case_log": site_store.read_cases(self.folder, state["cases_bytes"])})
         try:
             self.path.unlink()
         except OSError as err:
             raise write_error(self.path, err) from err
+        site_store.remove_log(self.folder)
         before = summarise(state, target)
         logger.warning(
             f"site monitor: {self.path} recorded weights {state['weights_sha256'][:12]} and validated range "
@@ -331,12 +336,14 @@ class SiteMonitor:
             raise ValueError(f"site monitor: case_hash must be the image content's hash (a string), got {case_hash!r}")
         rank = check_number("site monitor rank", rank, 1, self.test.m + 1, integer=True)
         signals = _signal_ranks(signal_ranks)
-        with _locked(self.lock_path):
-            state = self._read() or self._new_state()
-            counted = all(case["hash"] != case_hash for case in state["cases"])
-            if counted:
-                state["cases"].append({"hash": case_hash, "rank": rank, "signal_ranks": signals})
-                _write_state(self.path, state)
+        with site_store.locked(self.lock_path):
+            state = self._read() or new_state(self.weights_sha256, self.range_sha256, self.test)
+            counted = not site_store.seen(self.folder, state["cases_bytes"], case_hash)
+            if counted:  # the case's line first, then site.json recording it: a stop between is recovered
+                case = {"hash": case_hash, "rank": rank, "signal_ranks": signals}
+                state["cases_bytes"] = site_store.append_case(self.folder, state["cases_bytes"], case)
+                advance(state, rank, signals, self.test)
+                write_json_atomically(self.path, state)
         return {**summarise(state, self.path), "counted": counted}
 
     def label(self, case: str, score: float, truth: float) -> dict[str, Any]:
@@ -345,25 +352,16 @@ class SiteMonitor:
         the label. The labels re-anchor the served score (:mod:`calib_monai.review.anchor`)."""
         score = check_number(f"site label {case}: served case score", score, 0, 1)
         truth = check_number(f"site label {case}: true mean DSC", truth, 0, 1)
-        with _locked(self.lock_path):
-            state = self._read() or self._new_state()
-            labels = [entry for entry in state.get("labels", []) if entry["case"] != str(case)]
+        with site_store.locked(self.lock_path):
+            state = self._read() or new_state(self.weights_sha256, self.range_sha256, self.test)
+            labels = [entry for entry in state["labels"] if entry["case"] != str(case)]
             state["labels"] = [*labels, {"case": str(case), "score": score, "truth": truth}]
-            _write_state(self.path, state)
+            write_json_atomically(self.path, state)
         return summarise(state, self.path)
-
-    def _new_state(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
-            "weights_sha256": self.weights_sha256,
-            "range_sha256": self.range_sha256,
-            **self.test.settings(),
-            "cases": [],
-        }
 
     def status(self) -> dict[str, Any]:
         """The stream's state as stored (nothing recorded)."""
-        with _locked(self.lock_path):
+        with site_store.locked(self.lock_path):
             return summarise(self._read(), self.path)
 
     def reset(self) -> dict[str, Any]:
@@ -385,16 +383,18 @@ def show_site(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def reset_site(folder: str | os.PathLike) -> dict[str, Any]:
-    """``calib-monai site reset FOLDER``: clear ``FOLDER/site.json`` (also a corrupt one, or another model's)."""
+    """``calib-monai site reset FOLDER``: clear ``FOLDER/site.json`` and its case log (also a corrupt one, or
+    another model's)."""
     folder = _site_folder(folder)
     path = folder / SITE_FILE
-    with _locked(folder / (SITE_FILE + ".lock")):
+    with site_store.locked(folder / (SITE_FILE + ".lock")):
         try:
-            cleared: int | str = len(read_state(path)["cases"]) if path.exists() else 0
+            cleared: int | str = read_state(path)["cases"] if path.exists() else 0
         except SiteStateError:
             cleared = "unreadable"
         try:
             path.unlink(missing_ok=True)
         except OSError as err:
             raise write_error(path, err) from err
+        site_store.remove_log(folder)
     return {"file": str(path), "cleared_cases": cleared, "cases": 0, "alarm": False}

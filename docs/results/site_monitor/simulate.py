@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binom, chi, gamma
 
-from calib_monai.review.conformal import at_least, combined_scores, competition_ranks, subject_maxima
 from calib_monai.review import BETS, REFERENCE_SHARE, SiteMartingale
-from calib_monai.review.site_monitor import summarise
+from calib_monai.review.conformal import at_least, combined_scores, competition_ranks, subject_maxima
+from calib_monai.review.site_monitor import advance, new_state, summarise
 
 SIGNALS = ("case_score", "input", "features")
 
@@ -176,9 +176,9 @@ def shifted(rng, m: int, shift: float, references: int, horizon: int) -> dict:
         input_one.append(np.mean(signal_ranks[:, 1] <= 1))
         combined_one.append(np.mean(ranks <= 1))
         if delays[-1] < math.inf:  # the package's attribution at the alarm
-            cases = as_cases(signal_ranks[: int(delays[-1])])
-            state = {"weights_sha256": "", "range_sha256": "", **test.settings()}
-            state["cases"] = [{"hash": str(i), "rank": 1, "signal_ranks": c} for i, c in enumerate(cases)]
+            state = new_state("", "", test)
+            for case in as_cases(signal_ranks[: int(delays[-1])]):
+                advance(state, 1, case, test)
             moved.append(summarise(state, Path("site.json"))["evidence"]["signal_that_moved"])
     delays, sketch_delays = np.sort(delays), np.sort(sketch_delays)
     q90 = math.ceil(0.9 * references) - 1
