@@ -158,3 +158,25 @@ def test_a_fine_tune_range_of_held_out_labels_alone_says_what_it_lacks():
     alone = _range([0.1, 0.2], site_volumes=[0, 1])
     assert "the bundle's own validation images were not on this machine at Train" in alone.too_few_reason
     assert "were not on this machine" not in _range([0.1, 0.2], site_volumes=[1]).too_few_reason
+
+
+def test_after_train_the_alarm_flags_until_the_new_weights_are_re_anchored(tmp_path):
+    # the site alarmed under weights a; Train publishes weights c with 1, then 2 held-out site labels in its range
+    first = SiteMonitord("quality", tmp_path, CaseQualityd("pred", ValidatedRange(SCORES, {})))
+    for i in range(SiteMartingale(19, ("case_score",)).fewest_cases()):
+        first(_item(float(i), 0.9))
+
+    def trained_item(value: float) -> dict:
+        item = _item(value, 0.9)
+        item["calib_monai_source"] = {**item["calib_monai_source"], "weights_sha256": "c" * 64}
+        item["quality"]["source"] = dict(item["calib_monai_source"])
+        return item
+
+    one_label = CaseQualityd("pred", _range([0.05] * 19, site_volumes=[0]))
+    served = SiteMonitord("quality", tmp_path, one_label)(trained_item(100.0))["quality"]
+    assert served["site"]["alarm"] and served["site"]["cases"] == 1 and served["review"]["flag"] is True
+    assert "raised under weights aaaaaaaaaaaa" in served["review"]["reasons"][0]
+    two_labels = CaseQualityd("pred", _range([0.05] * 19, site_volumes=[0, 1]))
+    served = SiteMonitord("quality", tmp_path, two_labels)(trained_item(101.0))["quality"]
+    assert served["site"]["alarm"] and served["review"]["flag"] is False  # judged case by case again
+    assert "re-anchored from 2 site labels" in served["review"]["reasons"][-1]

@@ -302,3 +302,27 @@ def test_a_fast_simulation_rare_false_alarms_and_an_early_alarm_at_a_site():
             hits = [sum(r[name] == 1 for r in ranks[: delays[-1]]) for name in SIGNALS]
             assert int(np.argmax(hits)) == 1
     assert np.mean(np.asarray(delays) <= 10) >= 0.8 and np.median(delays) == shifted.fewest_cases() == 6
+
+
+def test_an_alarm_is_kept_by_the_next_weights_until_an_explicit_reset(tmp_path):
+    # the site alarmed under WEIGHTS; Train publishes weights c...: the new record keeps the alarm and says so
+    monitor = _monitor(tmp_path)
+    fewest = SiteMartingale(20, SIGNALS).fewest_cases()
+    for i in range(fewest):
+        raised = monitor.observe(f"h{i}", 1, {"case_score": 5, "input": 1, "features": 3})
+    assert raised["alarm"]
+    trained = SiteMonitor(tmp_path, "c" * 64, RANGE, 20, SIGNALS)
+    kept = trained.observe("after", 12, {"case_score": 9, "input": 12, "features": 4})
+    assert kept["alarm"] and kept["cases"] == 1
+    assert kept["evidence"] == {"inherited_from": {"weights": WEIGHTS[:12], "range": RANGE[:12]}}
+    assert kept["message"].startswith(raised["message"]) and f"raised under weights {WEIGHTS[:12]}" in kept["message"]
+    again = SiteMonitor(tmp_path, "d" * 64, RANGE, 20, SIGNALS).status()  # a second Train: still kept, said once
+    assert again["alarm"] and again["message"].count("raised under weights") == 1 and "cccccccccccc" in again["message"]
+    reset_site(tmp_path)
+    assert not SiteMonitor(tmp_path, "e" * 64, RANGE, 20, SIGNALS).status()["alarm"]
+
+
+def test_a_record_without_an_alarm_passes_nothing_on(tmp_path):
+    _monitor(tmp_path).observe("h", 9, {"case_score": 9, "input": 12, "features": 4})
+    assert not SiteMonitor(tmp_path, "c" * 64, RANGE, 20, SIGNALS).status()["alarm"]
+    assert not (tmp_path / SITE_FILE).exists()  # archived; the new record starts at its first case

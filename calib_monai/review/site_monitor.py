@@ -65,6 +65,7 @@ from calib_monai.checks import check_number, is_real_number
 from calib_monai.defaults import SITE_LABELS_MIN
 from calib_monai.review import site_store
 from calib_monai.review.site_martingale import DEFAULT_DELTA, SiteMartingale
+from calib_monai.review.site_store import SITE_FILE, reset_site
 
 __all__ = [
     "ARCHIVE_FOLDER",
@@ -80,7 +81,6 @@ __all__ = [
     "summarise",
 ]
 
-SITE_FILE = "site.json"
 #: Where the records of earlier models go, beside ``site.json``: ``site_<weights12>_<range12>.json``.
 ARCHIVE_FOLDER = "site_archive"
 FORMAT_VERSION = 2
@@ -161,7 +161,9 @@ def read_state(path: Path) -> dict[str, Any] | None:
             raise TypeError(f"log_products is not {width} numbers per signal {list(test.signals)}")
         if not all(isinstance(v, float) and v < math.inf for row in products.values() for v in row):
             raise TypeError("log_products holds a value that is not a number")
-        alarm = state["alarm"]
+        alarm, inherited = state["alarm"], state.get("inherited_alarm")
+        if inherited is not None and not all(isinstance(inherited[k], str) for k in ("weights", "range", "message")):
+            raise TypeError(f"inherited_alarm {inherited!r:.60}")
         ok = alarm is None or type(alarm["cases"]) is int and alarm["signal_that_moved"] in test.signals
         if not ok or alarm is not None and not math.isfinite(alarm["log_value"]):
             raise TypeError(f"alarm {alarm!r:.60}")
@@ -180,8 +182,14 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
     if state is None:
         return {"file": str(path), "cases": 0, "value": 1.0, "alarm": False, "evidence": None, "message": ""}
     test = SiteMartingale.from_settings(state)
-    k, hits, alarm = min(test.ks), dict(state["signal_hits"]), state["alarm"]
+    k, hits, alarm, inherited = min(test.ks), dict(state["signal_hits"]), state["alarm"], state.get("inherited_alarm")
     evidence, message = None, ""
+    if inherited and not alarm:  # the site alarmed under earlier weights or another range (Train, calibrate)
+        evidence = {"inherited_from": {key: inherited[key] for key in ("weights", "range")}}
+        message = (
+            f"{inherited['message']} [raised under weights {inherited['weights']} and range {inherited['range']}; "
+            f"kept by these until {SITE_LABELS_MIN} site labels re-anchor them, or {_reset_fix(path.parent)}]"
+        )
     if alarm:
         alarm_at, moved = alarm["cases"], alarm["signal_that_moved"]
         evidence = {
@@ -211,7 +219,7 @@ def summarise(state: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         "cases": state["cases"],
         "value": _value(test.log_value(state["log_products"])) if state["cases"] else 1.0,
         "threshold": test.threshold,
-        "alarm": alarm is not None,
+        "alarm": alarm is not None or inherited is not None,
         "evidence": evidence,
         "message": message,
         "signal_hits": hits,
@@ -295,7 +303,18 @@ class SiteMonitor:
             return None
         if (state["weights_sha256"], state["range_sha256"]) != (self.weights_sha256, self.range_sha256):
             self._archive(state)
-            return None
+            said = summarise(state, self.path)
+            if not said["alarm"]:
+                return None
+            # the site is what alarmed, not the weights: the new record keeps the alarm (an explicit reset clears it)
+            kept = new_state(self.weights_sha256, self.range_sha256, self.test)
+            kept["inherited_alarm"] = {
+                "weights": state["weights_sha256"][:12],
+                "range": state["range_sha256"][:12],
+                "message": state.get("inherited_alarm", {}).get("message") or said["message"],
+            }
+            write_json_atomically(self.path, kept)
+            return kept
         ours = self.test.settings()
         theirs = {key: state[key] for key in ours}
         if theirs != ours:
@@ -369,32 +388,7 @@ class SiteMonitor:
         return reset_site(self.folder)
 
 
-def _site_folder(folder: str | os.PathLike) -> Path:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"site folder {folder} does not exist or is not a folder: pass the folder of site.json")
-    return folder
-
-
 def show_site(folder: str | os.PathLike) -> dict[str, Any]:
     """``calib-monai site show FOLDER``: the state of ``FOLDER/site.json`` (cases, value, alarm, evidence)."""
-    path = _site_folder(folder) / SITE_FILE
+    path = site_store.site_folder(folder) / SITE_FILE
     return summarise(read_state(path), path)
-
-
-def reset_site(folder: str | os.PathLike) -> dict[str, Any]:
-    """``calib-monai site reset FOLDER``: clear ``FOLDER/site.json`` and its case log (also a corrupt one, or
-    another model's)."""
-    folder = _site_folder(folder)
-    path = folder / SITE_FILE
-    with site_store.locked(folder / (SITE_FILE + ".lock")):
-        try:
-            cleared: int | str = read_state(path)["cases"] if path.exists() else 0
-        except SiteStateError:
-            cleared = "unreadable"
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as err:
-            raise write_error(path, err) from err
-        site_store.remove_log(folder)
-    return {"file": str(path), "cleared_cases": cleared, "cases": 0, "alarm": False}

@@ -22,8 +22,21 @@ from typing import Any
 
 from calib_monai.atomic import ensure_folder, write_error
 
-__all__ = ["CASES_FILE", "append_case", "locked", "read_cases", "recover", "remove_log", "seen", "write_log"]
+__all__ = [
+    "CASES_FILE",
+    "SITE_FILE",
+    "append_case",
+    "locked",
+    "read_cases",
+    "recover",
+    "remove_log",
+    "reset_site",
+    "seen",
+    "site_folder",
+    "write_log",
+]
 
+SITE_FILE = "site.json"
 CASES_FILE = "site_cases.jsonl"
 LOCK_TIMEOUT_S = 60.0  # a read-modify-write takes milliseconds: a longer wait means a hung holder
 
@@ -141,3 +154,29 @@ def remove_log(folder: Path) -> None:
         _log(folder).unlink(missing_ok=True)
     except OSError as err:
         raise write_error(_log(folder), err) from err
+
+
+def site_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` as a site monitor's folder, or a one-line error."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"site folder {folder} does not exist or is not a folder: pass the folder of site.json")
+    return folder
+
+
+def reset_site(folder: str | os.PathLike) -> dict[str, Any]:
+    """``calib-monai site reset FOLDER``: clear ``FOLDER/site.json`` and its case log (also a corrupt one, another
+    model's, or one that keeps an earlier model's alarm)."""
+    folder = site_folder(folder)
+    path = folder / SITE_FILE
+    with locked(folder / (SITE_FILE + ".lock")):
+        try:
+            cleared: int | str = int(json.loads(path.read_text())["cases"]) if path.exists() else 0
+        except (OSError, ValueError, KeyError, TypeError):
+            cleared = "unreadable"
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            raise write_error(path, err) from err
+        remove_log(folder)
+    return {"file": str(path), "cleared_cases": cleared, "cases": 0, "alarm": False}

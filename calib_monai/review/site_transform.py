@@ -16,7 +16,6 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 
 from calib_monai.bundle.outputs import SOURCE_KEY, SOURCE_META
-from calib_monai.defaults import SITE_LABELS_MIN
 from calib_monai.review.anchor import CaseScoreAnchor, anchor_quality
 from calib_monai.review.site_martingale import DEFAULT_DELTA
 from calib_monai.review.site_monitor import SiteMonitor
@@ -96,15 +95,15 @@ class SiteMonitord(MapTransform):
             site = {"monitored": True, **{k: state[k] for k in ("file", "cases", "value", "threshold", "alarm")}}
             site.update(counted=state["counted"], evidence=state["evidence"], message=state["message"])
             site["labels"] = state["labels"]
-            anchored = state["labels"] >= SITE_LABELS_MIN
-            if state["labels"]:  # the site's labels re-anchor the served score's level and its bound
-                quality = anchor_quality(
-                    quality, CaseScoreAnchor.from_range(self.validated_range, state["label_errors"])
-                )
+            # the site's labels: those saved since these weights served, and the range's own (Train's held-out ones)
+            anchor = CaseScoreAnchor.from_range(self.validated_range, state["label_errors"])
+            if state["labels"]:  # they re-anchor the served score's level and its bound
+                quality = anchor_quality(quality, anchor)
             if state["alarm"]:
-                if anchored:  # judged case by case again, at the re-anchored level
+                if anchor.anchored:  # judged case by case again, at the re-anchored level
                     offset = (quality.get("level") or {}).get("offset", 0.0)
-                    message = f"{state['message']}; re-anchored from {state['labels']} site labels ({offset:+.3f})"
+                    count = len(anchor.site_errors)
+                    message = f"{state['message']}; re-anchored from {count} site labels ({offset:+.3f})"
                     review["reasons"] = [*review.get("reasons", []), message]
                 else:
                     message = state["message"]
