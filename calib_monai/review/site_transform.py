@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Hashable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -65,6 +66,8 @@ class SiteMonitord(MapTransform):
         super().__init__(keys, allow_missing_keys=True)
         self.site_dir = os.fspath(site_dir) if site_dir else None
         self.validated_range = getattr(case_quality, "validated_range", None)
+        # the range's errors (its held-out site volumes among them), once: each case adds the site's saved labels
+        self._anchor = CaseScoreAnchor.from_range(self.validated_range) if self.validated_range is not None else None
         self.image_key, self.delta, self.source_key = image_key, float(delta), source_key
         self._monitors: dict[tuple[str, str], SiteMonitor] = {}
 
@@ -96,7 +99,7 @@ class SiteMonitord(MapTransform):
             site.update(counted=state["counted"], evidence=state["evidence"], message=state["message"])
             site["labels"] = state["labels"]
             # the site's labels: those saved since these weights served, and the range's own (Train's held-out ones)
-            anchor = CaseScoreAnchor.from_range(self.validated_range, state["label_errors"])
+            anchor = replace(self._anchor, site_errors=(*self._anchor.site_errors, *map(float, state["label_errors"])))
             if state["labels"]:  # they re-anchor the served score's level and its bound
                 quality = anchor_quality(quality, anchor)
             if state["alarm"]:
