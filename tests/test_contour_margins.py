@@ -11,6 +11,7 @@ import pytest
 import torch
 from monai.data import MetaTensor
 
+from calib_monai.data.inference import ConfidenceAndSegmentationd
 from calib_monai.review import ContourMargins, ContourMarginsd, read_contour_margins
 from calib_monai.review.contours import GRID, contour_masks, volume_requirements
 from calib_monai.review.morphological import choose_margin, morphological_contours, morphological_requirements
@@ -187,7 +188,7 @@ def test_a_stored_set_is_refused_with_other_weights(tmp_path):
     assert read_contour_margins(tmp_path / "none.json")[0] is None
 
 
-def _served(flag: bool | None) -> dict:
+def _served(flag: bool | None, taken: bool = False) -> dict:
     prob = torch.zeros(3, 4, 4, 1)
     prob[0] = 1.0
     prob[:, :2, :2] = torch.tensor([0.1, 0.8, 0.1])[:, None, None, None]  # 4 voxels of class 1
@@ -199,7 +200,8 @@ def _served(flag: bool | None) -> dict:
     }
     transform = ContourMarginsd("pred", ContourMargins(entries), label_names={"0": "bg", "1": "liver", "2": "kidney"})
     quality = {"review": {"flag": flag, "reasons": ["case score below the validated range"] if flag else []}}
-    return transform({"pred": MetaTensor(prob, affine=affine), "quality": quality})
+    d = {"pred": MetaTensor(prob, affine=affine), "quality": quality}
+    return transform(ConfidenceAndSegmentationd("pred")(d) if taken else d)
 
 
 def test_the_served_contours_and_their_volumes():
@@ -211,6 +213,14 @@ def test_the_served_contours_and_their_volumes():
     assert liver["inner_ml"] == 0 and liver["lambda_out"] == 0.3 and contours["alpha"] == 0.1
     assert d["contour_outer"].shape == (2, 4, 4, 1) and int(d["contour_outer"][1].sum()) == 0  # kidney: none
     assert contours["vouched"] is False and "too few" in contours["reason"]  # a structure without lambdas
+
+
+def test_the_segmentation_taken_just_before_serves_as_the_argmax():
+    # after ConfidenceAndSegmentationd (the served chain) the contours reuse its segmentation: the same answer
+    alone, taken = _served(False), _served(False, taken=True)
+    assert "segmentation" in taken and taken["quality"]["contours"] == alone["quality"]["contours"]
+    for key in ("contour_inner", "contour_outer"):
+        assert torch.equal(taken[key].as_tensor(), alone[key].as_tensor())
 
 
 def test_a_flagged_case_is_not_vouched_for():

@@ -74,7 +74,7 @@ class ContourMarginsd(MapTransform):
             given = d[key]
             names = self.class_names if self.class_names and len(self.class_names) == given.shape[0] else None
             prob = given.as_tensor() if isinstance(given, MetaTensor) else torch.as_tensor(given)  # no meta per op
-            pred = prob.max(0).indices  # argmax's first maximum, in a tenth of its time on the CPU
+            pred = self._taken(d, key, prob)
             inner, outer = contour_masks(prob, self.contours.classes, names, pred)
             meta = getattr(d.get(self.segmentation_key), "meta", None) or getattr(given, "meta", {})
             d[CONTOUR_KEYS[0]] = MetaTensor(inner, meta=dict(meta))
@@ -84,6 +84,14 @@ class ContourMarginsd(MapTransform):
                 record = self._record(pred, inner, outer, voxel_ml, quality)
                 d[self.quality_key] = {**quality, "contours": record}
         return d
+
+    def _taken(self, d: Mapping[Hashable, Any], key: Hashable, prob: torch.Tensor) -> torch.Tensor:
+        """``prob``'s argmax: the segmentation ``ConfidenceAndSegmentationd`` took of ``d[key]`` just before (on its
+        grid), else taken here (the first maximum, as there)."""
+        seg = d.get(self.segmentation_key)
+        if d.get("confidence_of") == key and seg is not None and tuple(seg.shape[1:]) == tuple(prob.shape[1:]):
+            return (seg.as_tensor() if isinstance(seg, MetaTensor) else torch.as_tensor(seg))[0]
+        return prob.max(0).indices  # argmax's first maximum, in a tenth of its time on the CPU
 
     def _record(self, pred: torch.Tensor, inner: torch.Tensor, outer: torch.Tensor, voxel_ml: float, quality) -> dict:
         margins = self.contours
