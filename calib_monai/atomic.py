@@ -1,10 +1,6 @@
-"""Atomic file writes: the content goes to a temporary file in the target's folder, then is renamed over the target,
-so a reader (or a run killed mid-write and resumed) never sees half a file. Every writer of the package uses these.
-
-A write that fails is a :class:`WriteError` (an ``OSError``) of one line naming the file, the cause (read-only,
-no permission, disk full, a file where a folder should be) and the fix, not ``torch.save``'s bare
-``basic_ios::clear: iostream error``. Written files get the user's umask (``0o666 & ~umask``), as ``open`` gives,
-not the ``0o600`` of the temporary file."""
+"""Atomic file writes: a temporary file in the target's folder, renamed over the target, so no reader sees half a
+file. A failed write is a one-line :class:`WriteError` naming the file, the cause and the fix (not ``torch.save``'s
+``basic_ios::clear: iostream error``); written files get the user's umask, not mkstemp's ``0o600``."""
 
 from __future__ import annotations
 
@@ -24,8 +20,10 @@ __all__ = [
     "check_folder",
     "copy_atomically",
     "ensure_folder",
+    "fsync",
     "naming_write_failures",
     "save_atomically",
+    "temporary_beside",
     "write_error",
     "write_json_atomically",
     "write_text_atomically",
@@ -60,10 +58,29 @@ class NotAFolderError(WriteError, NotADirectoryError):
     """A file stands where a folder is needed: bad input (``calib-monai`` exit code 2)."""
 
 
-def _umask() -> int:
+def temporary_beside(path: str | os.PathLike) -> Path:
+    """An empty file beside ``path`` (its suffixes kept: writers choose the format by extension), with the
+    permissions a plain ``open`` gives (mkstemp's 0o600 would make every output private)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes))
+    os.close(fd)
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    os.chmod(tmp, 0o666 & ~mask)
+    return Path(tmp)
+
+
+def fsync(path: str | os.PathLike, folder: bool = False) -> None:
+    """Flush the file ``path`` to disk; ``folder``: a folder, skipped where the file system cannot fsync one."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        if not folder:
+            raise
 
 
 def _probe(tmp: str) -> OSError | None:
@@ -179,10 +196,7 @@ def save_atomically(obj: Any, path: str | os.PathLike, write: Callable[[Any, str
     ensure_folder(path.parent, f"cannot write {path.name}: its folder")
     tmp = None
     try:
-        # the target's suffixes kept: writers that choose the format by extension (nibabel, matplotlib) still can
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes))
-        os.close(fd)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0o600 would make every output private
+        tmp = str(temporary_beside(path))
         if write is None:
             import torch
 

@@ -1,22 +1,12 @@
-"""Bundles at run time: the helpers their configs call (``runtime``), the check of a run's settings (``settings``),
-the one-line error report (``errors``), the weights reader (``weights``), the artifact set (``manifest``), the output
-naming rule (``outputs``) and ``TrainedBundle``, the one reader of a trained bundle folder (``trained``).
+"""Bundles at run time: the helpers their configs call (``runtime``), the settings check (``settings``), the one-line
+error report (``errors``), weights (``weights``), the artifact set (``manifest``), output names (``outputs``) and
+``TrainedBundle``, the one reader of a trained bundle folder (``trained``).
 """
 
 from __future__ import annotations
 
 from .errors import error_line, report_errors
-from .outputs import (
-    OUTPUT_EXT,
-    OUTPUT_KEYS,
-    OUTPUT_POSTFIXES,
-    OutputFiles,
-    output_case,
-    output_path,
-    output_paths,
-    quality_path,
-    write_case_quality,
-)
+from .outputs import OutputFiles, output_paths, quality_path
 from .runtime import (
     as_bool,
     dataloader_workers,
@@ -30,17 +20,12 @@ from .runtime import (
     validation_sampler,
 )
 from .settings import check_data_settings, check_settings
-from .trained import WEIGHT_FILES, TorchScriptNetwork, TrainedBundle, bundle_config_paths, read_bundle_config
+from .trained import TrainedBundle, bundle_config_paths, read_bundle_config
 from .weights import WeightsFileError, load_network_weights, read_weights_file, unwrap_network, weights_state_dict
 
 __all__ = [
-    "OUTPUT_EXT",
-    "OUTPUT_KEYS",
-    "OUTPUT_POSTFIXES",
-    "WEIGHT_FILES",
     "WeightsFileError",
     "OutputFiles",
-    "TorchScriptNetwork",
     "TrainedBundle",
     "as_bool",
     "bundle_config_paths",
@@ -55,12 +40,9 @@ __all__ = [
     "load_network_weights",
     "locate_bundle",
     "log_run_start",
-    "output_case",
-    "output_path",
     "output_paths",
     "pin_memory",
     "quality_path",
-    "write_case_quality",
     "read_bundle_config",
     "read_weights_file",
     "report_errors",

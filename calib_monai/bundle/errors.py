@@ -1,12 +1,9 @@
 """Errors as the user should see them: one clear last line, the traceback on request.
 
-:func:`error_line` finds the message that says what is wrong: the innermost exception of the chain raised by
-calib_monai's own code (else the innermost one), prefixed with the config id whose component failed to build, not
-MONAI's generic "Failed to instantiate component". :func:`report_errors` (called first in every generated bundle's
-``initialize``) installs a ``sys.excepthook`` that prints that line last and ends the process with exit code 1 at
-once (``os._exit`` after flushing, so no thread teardown can turn it into an abort). ``CALIB_MONAI_TRACEBACK=1``
-prints the full traceback before the line; ``CALIB_MONAI_TRACEBACK=python`` leaves Python's own handling in place.
-MONAI's ``SaveImage`` "cannot find a suitable writer" is replaced by the file and the cause.
+:func:`error_line` picks the message that says what is wrong (the innermost raised by calib_monai, else the
+innermost of the chain), prefixed with the config id whose component failed to build. :func:`report_errors` (every
+bundle's ``initialize``) installs a ``sys.excepthook`` that prints that line last and exits with code 1 at once.
+``CALIB_MONAI_TRACEBACK=1`` prints the traceback first; ``CALIB_MONAI_TRACEBACK=python`` keeps Python's handling.
 """
 
 from __future__ import annotations
@@ -48,12 +45,9 @@ def _raised_by_us(err: BaseException) -> bool:
 
 
 def _config_component(chain: list[BaseException]) -> str:
-    """``"<id> (<target>)"`` of the innermost MONAI config component being built when the error happened, or ``""``
-    (expressions of the workflow lists, ``run#1``, name nothing useful)."""
-    try:
-        from monai.bundle.config_item import ConfigComponent
-    except ImportError:  # pragma: no cover - monai is a dependency
-        return ""
+    """``"<id> (<target>)"`` of the innermost MONAI config component being built when the error happened, or ``""``."""
+    from monai.bundle.config_item import ConfigComponent
+
     for err in reversed(chain):
         for frame in reversed(_frames(err)):
             item = frame.f_locals.get("self")
@@ -74,9 +68,8 @@ _ERRNO = re.compile(r"\[Errno (?P<code>\d+)\]")
 
 
 def _writer_failure(err: BaseException) -> str | None:
-    """MONAI's ``SaveImage`` turns any failure of its writer (a read-only folder, a full disk, an array it cannot
-    lay out) into "cannot find a suitable writer ... install the writer libraries", the real error only as text
-    inside: the line that says which file and why (``calib_monai.atomic.write_error``'s words)."""
+    """MONAI's ``SaveImage`` turns any writer failure (read-only folder, full disk) into "cannot find a suitable
+    writer", the real error only as text inside: the line naming the file and why (``atomic.write_error``)."""
     found = _NO_WRITER.search(str(err))
     if not isinstance(err, RuntimeError) or found is None:
         return None
@@ -94,9 +87,8 @@ def _writer_failure(err: BaseException) -> str | None:
 
 
 def error_line(err: BaseException) -> str:
-    """The one line that says what went wrong: the innermost message raised by calib_monai (else the innermost of
-    the chain), or the message of ours that explicitly wraps it (``raise ... from``), with the failing component's
-    config id in front and the exception type unless it is ours."""
+    """The one line that says what went wrong (see the module); our own ``raise ... from`` wrapping it wins, and
+    the exception type is shown unless it is ours."""
     chain = error_chain(err)
     written = next((line for line in map(_writer_failure, reversed(chain)) if line), None)
     if written is not None:
@@ -146,11 +138,8 @@ def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType |
 
 
 def report_errors(enabled: bool = True, force: bool = False) -> bool:
-    """Install the one-line error report in this process (``enabled=False`` removes it); returns True.
-
-    Called by the bundles' ``initialize``. It takes effect in ``python -m monai.bundle run`` processes (also under
-    torchrun) only, unless ``force``: a program that builds a ``ConfigWorkflow`` itself gets its exceptions as
-    usual. ``CALIB_MONAI_TRACEBACK=python`` keeps Python's own handler."""
+    """Install the one-line error report (``enabled=False`` removes it) in ``python -m monai.bundle run`` processes
+    only, unless ``force``: a program building a ``ConfigWorkflow`` gets its exceptions as usual. Returns True."""
     from .overrides import is_bundle_runner
 
     if enabled and "previous" not in _installed and (force or is_bundle_runner(sys.argv)):

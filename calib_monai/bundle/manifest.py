@@ -1,19 +1,14 @@
 """A trained bundle's ``models/`` folder as one versioned unit: ``manifest.json`` names each artifact (``model.pt``,
-``calibration.pt``, ``calibration.json``, ``validated_range.json``, ``contours.json``) with its SHA-256, the SHA-256
-of the weights it belongs to, the settings that made it and the versions (calib_monai, monai, torch) that wrote it.
+``calibration.pt``, ``calibration.json``, ``validated_range.json``, ``contours.json``) with its SHA-256, the weights'
+SHA-256, the settings that made it and the versions that wrote it.
 
-Publication (:func:`publish_artifacts`, called by ``calibrate``; :func:`copy_artifact_set`, MONAI Label's fine-tune):
-every new file is written complete under a temporary name and fsynced, then renamed, and ``manifest.json`` is
-replaced last: the manifest is the commit point. The files keep their fixed paths, which configs, MONAI Label and
-users name.
+Publication (:func:`publish_artifacts`): every file is staged complete and fsynced, then renamed; ``manifest.json``
+is replaced last, the commit point. Reading (:func:`read_artifact_set`): every file is hashed and compared with the
+manifest; a live reader sees the old set or the new one, and a mixed folder, a stray or missing file, or a manifest
+of another format is refused in one line naming the files and the fix. A folder without a manifest is read only when
+its files' own records name each other (``calib_monai.bundle.records``).
 
-Reading (:func:`read_artifact_set`): every file of the set is hashed and compared with the manifest. A live reader
-during a publication sees the old set or the new one (a mismatch is re-read for a moment); a mixed folder, a file
-deleted or copied in from another run, or a manifest of another format than :data:`MANIFEST_FORMAT` is refused in
-one line naming the files and the fix. A folder without a manifest is said in the log, and read only when its files'
-own records name each other (``calib_monai.bundle.records``).
-
-``raw``: the user asked for the network's own probabilities (``--calibration_path none``): no recalibration, and the
+``raw``: the network's own probabilities were asked for (``--calibration_path none``): no recalibration, and the
 validated range, measured on recalibrated probabilities, is not applied.
 """
 
@@ -23,7 +18,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from calib_monai.atomic import naming_write_failures
+from calib_monai.atomic import fsync, naming_write_failures, temporary_beside
 
 from .records import record_disagreements, short_sha
 
@@ -65,7 +60,7 @@ READ_RETRIES, READ_WAIT_S = 5, 0.2  # a publication in progress is given about a
 
 
 class ArtifactSetError(ValueError):
-    """The files of a ``models/`` folder do not belong together (one line: the files and the fix)."""
+    """The files of a ``models/`` folder do not belong together."""
 
 
 class WeightsChangedError(RuntimeError):
@@ -76,8 +71,8 @@ _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256: a run c
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of the file's bytes; a file read before is not read again unless it changed (a new inode, size or
-    modification time: every writer of the package replaces files whole)."""
+    """The SHA-256 of the file's bytes, cached by (inode, size, mtime): every writer of the package replaces files
+    whole."""
     stat = os.stat(path)
     key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _HASHED:
@@ -103,36 +98,6 @@ def versions() -> dict[str, str]:
 def is_raw_request(calibration: Any) -> bool:
     """Whether a ``calibration_path`` value asks for no recalibration: None or ``"none"``."""
     return calibration is None or (isinstance(calibration, str) and calibration.strip().lower() in ("", "none"))
-
-
-def _fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        _fsync_file(folder)
-    except OSError:  # not every file system lets a folder be opened for fsync
-        pass
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _temporary(folder: Path, name: str) -> Path:
-    """An empty file beside ``folder / name``, with the permissions a plain ``open`` would give (mkstemp's 0600
-    would make a published set unreadable to the other users of a shared bundle)."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp" + "".join(Path(name).suffixes))
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())
-    return Path(tmp)
 
 
 def _read_manifest(folder: Path, raw: bool = False) -> dict | None:
@@ -166,27 +131,25 @@ def publish_artifacts(
     records: Mapping[str, Mapping[str, Any]] | None = None,
     weights_sha256: str | None = None,
 ) -> Path:
-    """Publish the files ``writers`` makes (``{"calibration.pt": write(tmp_path), ...}``) as the set of ``weights``
-    (a ``writers`` entry of the weights' name publishes new weights with them).
+    """Publish the files ``writers`` makes (``{"calibration.pt": write(tmp_path), ...}``; an entry of the weights'
+    name publishes new weights too) as the set of ``weights`` (see the module); returns the manifest's path.
 
-    Each file is written complete under a temporary name beside its final one and fsynced, then all are renamed,
-    then ``manifest.json`` is replaced: the commit point. Files of the previous set that this publication does not
-    rewrite leave the set and are removed (any other calibration file left there is refused by readers).
-    ``settings`` (what made them) and ``depends`` (``{"validated_range.json": "calibration.pt"}``: the SHA-256 of
-    the file it was measured with) go into each entry; ``records`` gives an entry's ``settings`` and ``versions`` as
-    another manifest recorded them (a copied set). ``weights_sha256``: the weights the files were made for (the
-    bytes ``calibrate`` loaded); when ``weights`` holds others by the time they are staged, nothing is published
-    (:class:`WeightsChangedError`). Returns the manifest."""
+    Files of the previous set not rewritten leave it and are removed. ``settings`` (what made them) and ``depends``
+    (``{"validated_range.json": "calibration.pt"}``: the file it was measured with) go into each entry; ``records``:
+    an entry's ``settings`` and ``versions`` as another manifest recorded them (a copied set). ``weights_sha256``:
+    the bytes the files were made for; when ``weights`` holds others by then, nothing is published
+    (:class:`WeightsChangedError`)."""
     folder, weights = Path(models_dir), Path(weights)
     folder.mkdir(parents=True, exist_ok=True)
     staged: dict[str, Path] = {}
     try:
         for name, write in writers.items():
-            staged[name] = _temporary(folder, name)
+            staged[name] = temporary_beside(folder / name)
+            mode = staged[name].stat().st_mode & 0o7777
             with naming_write_failures(folder / name, staged[name]):  # disk full, read-only: one line naming it
                 write(str(staged[name]))
-            os.chmod(staged[name], 0o666 & ~_umask())  # a writer may have replaced it with a file of its own
-            _fsync_file(staged[name])
+            os.chmod(staged[name], mode)  # a writer may have replaced it with a file of its own
+            fsync(staged[name])
         shas = {name: file_sha256(tmp) for name, tmp in staged.items()}
         if weights_sha256 is not None and weights.name not in shas:
             _check_unchanged(weights, weights_sha256)
@@ -197,7 +160,7 @@ def publish_artifacts(
         for tmp in staged.values():
             if tmp.exists():
                 tmp.unlink()
-    _fsync_dir(folder)
+    fsync(folder, folder=True)
     try:
         previous = _read_manifest(folder) or {}
     except ArtifactSetError:
@@ -222,15 +185,15 @@ def publish_artifacts(
         "artifacts": entries,
     }
     path = folder / MANIFEST_FILE
-    tmp = _temporary(folder, MANIFEST_FILE)
+    tmp = temporary_beside(path)
     try:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        _fsync_file(tmp)
+        fsync(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(folder)
+    fsync(folder, folder=True)
     for name in CALIBRATION_SET:  # a file of the previous set that left it: no reader may pair it with the new one
         if name not in entries and name in previous.get("artifacts", {}) and (folder / name).exists():
             (folder / name).unlink()
@@ -249,10 +212,8 @@ def _check_unchanged(weights: Path, loaded: str) -> None:
 
 
 def copy_artifact_set(source_dir: str | os.PathLike, target_dir: str | os.PathLike) -> Path:
-    """Publish the verified set of ``source_dir`` (its ``model.pt``, calibration and range) into ``target_dir`` as
-    one unit: every file staged under a temporary name, renamed, the manifest last (MONAI Label's fine-tune)."""
-    import shutil
-
+    """Publish the verified set of ``source_dir`` (``model.pt``, calibration, range) into ``target_dir`` as one unit
+    (MONAI Label's fine-tune)."""
     source = read_artifact_set(source_dir)
     entries = (source.manifest or {}).get("artifacts", {})
     names = [WEIGHTS_FILE, *(n for n in CALIBRATION_SET if (Path(source_dir) / n).is_file())]
@@ -299,16 +260,12 @@ def read_artifact_set(
     weights = Path(weights) if weights is not None else folder / WEIGHTS_FILE
     for attempt in range(READ_RETRIES):
         try:
-            return _read_once(folder, weights, raw)
+            artifacts = _read_set(folder, weights, raw)
+            break
         except ArtifactSetError:
             if attempt == READ_RETRIES - 1:
                 raise
             time.sleep(READ_WAIT_S)  # a publication may be renaming its files right now
-    raise AssertionError("unreachable")
-
-
-def _read_once(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
-    artifacts = _read_set(folder, weights, raw)
     artifacts.range_file = folder / "validated_range.json" if (folder / "validated_range.json").is_file() else None
     return artifacts
 

@@ -1,10 +1,6 @@
 """Where a bundle's inference outputs go: the one naming rule of ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
-``<case>_quality.json`` (every case of a run also gets a row of ``quality.csv``), used by ``inferring``,
-``TrainedBundle.write``, MONAI Label serving and the Slicer files.
-
-Every output records its source (``ArtifactSet.source``: the SHA-256 of the weights, recalibration and validated
-range); a folder holding another source's results is refused (:func:`check_output_folder`), and every file reaches
-its name complete or not at all (:func:`write_durably`).
+``<case>_quality.json`` (plus a row of ``quality.csv`` per case). Every output records its source (the SHA-256s of
+the weights, recalibration and range); a folder of another source's results is refused (:func:`check_output_folder`).
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from calib_monai.atomic import save_atomically
+from calib_monai.atomic import fsync, save_atomically
 
 from .manifest import short_sha
 
@@ -57,16 +53,11 @@ SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibratio
 
 
 def write_durably(path: str | os.PathLike, write) -> Path:
-    """``write(tmp)`` to a temporary name beside ``path`` (same suffixes), fsync, then ``os.replace``: the file has
-    its final name complete or not at all, even after a kill or a power cut."""
+    """``write(tmp)`` to a temporary name beside ``path``, fsync, then rename: complete or absent after a power cut."""
 
     def written(obj, tmp):
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync(tmp)
 
     return save_atomically(None, path, write=written)
 
@@ -89,9 +80,8 @@ def _source_of_row(row: Mapping[str, Any]) -> tuple:
 
 
 def check_output_folder(output_dir: str | os.PathLike, source: Mapping[str, Any] | None) -> None:
-    """Refuse to add outputs of ``source`` to a folder whose ``quality.csv`` holds another source's rows (another
-    model, recalibration or range: their rows would mix in one table): a ``ValueError`` naming the folder and the
-    fix. Rows without a source count as another source: nothing says whose."""
+    """A ``ValueError`` naming the folder and the fix when its ``quality.csv`` holds rows of another source (or rows
+    without one) than ``source``: they would mix in one table."""
     table = Path(output_dir) / QUALITY_TABLE
     if not table.is_file():
         return
@@ -108,8 +98,7 @@ def check_output_folder(output_dir: str | os.PathLike, source: Mapping[str, Any]
 
 
 class OutputWriter:
-    """Marks a postprocessing transform that writes files: ``TrainedBundle.predict`` leaves it out (outputs stay in
-    memory), the ``inferring`` run keeps it."""
+    """Marks a postprocessing transform that writes files: ``TrainedBundle.predict`` leaves it out."""
 
 
 class _Outputs(NamedTuple):
@@ -119,10 +108,9 @@ class _Outputs(NamedTuple):
 
 
 class Prediction(_Outputs):
-    """One case segmented in memory (``TrainedBundle.predict``): it unpacks as ``(segmentation, confidence,
-    quality)``; ``contours`` is ``{"inner": ..., "outer": ...}``, each structure's contour
-    (:class:`~calib_monai.review.ContourMarginsd`: ``(C - 1, *spatial)`` uint8 MetaTensors on the input's grid), or
-    None when no contour set applies (no ``contours.json``, or raw probabilities)."""
+    """One case segmented in memory (``TrainedBundle.predict``), unpacking as ``(segmentation, confidence, quality)``;
+    ``contours``: ``{"inner", "outer"}``, ``(C - 1, *spatial)`` uint8 MetaTensors on the input's grid, or None when
+    no contour set applies."""
 
     contours: dict | None = None
 
@@ -152,17 +140,15 @@ def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = O
 
 
 def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:
-    """The output files of ``case`` in ``output_dir`` (what an ``inferring`` run writes there; the contours only with
-    a contour set)."""
+    """The output files of ``case`` in ``output_dir`` (the contours are written only with a contour set)."""
     images = (output_path(output_dir, case, key) for key in (*OUTPUT_KEYS, *CONTOUR_POSTFIXES))
     segmentation, confidence, inner, outer = images
     return OutputFiles(segmentation, confidence, quality_path(output_dir, case), inner, outer)
 
 
 def output_case(meta: Mapping) -> str:
-    """The ``<case>`` of an output from its meta data: the ``"case_name"`` that ``CaseNamed`` recorded (the item's
-    ``"case"``), else the input file's name without its extension (``.nii.gz`` counts as one), as MONAI's
-    ``SaveImage`` names a file after its input."""
+    """The ``<case>`` of an output from its meta data: ``CaseNamed``'s ``"case_name"``, else the input file's name
+    without its extension (``.nii.gz`` counts as one), as MONAI's ``SaveImage`` names it."""
     if meta.get("case_name"):
         return str(meta["case_name"])
     source = meta.get("filename_or_obj")
@@ -209,9 +195,8 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
-    """Write ``<case>_quality.json`` and put the case's row into ``<output_dir>/quality.csv`` (replacing an earlier
-    row of the same case), each durably (:func:`write_durably`); returns the JSON's path. A ``quality.csv`` of
-    another source (``quality["source"]``) is refused (:func:`check_output_folder`)."""
+    """Write ``<case>_quality.json`` and the case's row of ``<output_dir>/quality.csv`` (replacing an earlier one),
+    each durably; returns the JSON's path. A ``quality.csv`` of another source is refused."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     check_output_folder(folder, quality.get("source"))

@@ -1,10 +1,8 @@
 """The command line of a bundle run, as MONAI's runner reads it, and the check of its override keys.
 
-``python -m monai.bundle run <id> --config_file ... --key value`` adds any ``--key`` to the config silently:
-:func:`runner_arguments` re-reads ``sys.argv`` as the runner parses it (python-fire's value parser, plus the
-``args_file`` it reads) and :func:`check_override_keys` refuses a key that names no id of the config files and no
-argument of a component (``--loss#alpha``: an argument of the loss's ``_target_``), naming the nearest known key.
-:func:`calib_monai.bundle.settings.check_settings` calls both.
+``python -m monai.bundle run`` adds any ``--key`` to the config silently: :func:`runner_arguments` re-reads
+``sys.argv`` as the runner parses it (python-fire's values, plus its ``args_file``) and :func:`check_override_keys`
+refuses a key that names no config id and no argument of a component (``--loss#alpha``), naming the nearest key.
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ COMPONENT_EXAMPLE = "settings of a component are --<id>#<argument>, e.g. --loss#
 
 @dataclass
 class RunnerArguments:
-    """What ``python -m monai.bundle run`` was given: the config files and the overrides, each with where it came
-    from (``"the command line"`` or the ``args_file``)."""
+    """What ``python -m monai.bundle run`` was given: the config files and the overrides, each with its source
+    (``"the command line"`` or the ``args_file``)."""
 
     config_files: list[str]
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -126,7 +124,7 @@ def runner_arguments(argv: Sequence[str] | None = None) -> RunnerArguments | Non
 
 def _likeness(word: str, candidate: str) -> float:
     """How alike two keys are: the whole keys, plus what follows their common prefix (``val_dic`` is nearer
-    ``val_mean_dice`` than ``val_ece``; a key cut short, ``calibration_fold``, is nearest the key it starts)."""
+    ``val_mean_dice`` than ``val_ece``)."""
     shared = len(os.path.commonprefix([word, candidate]))
     tails = word[shared:], candidate[shared:]
     rest = 0.0 if shared < 3 else difflib.SequenceMatcher(None, *tails).ratio() if all(tails) else 1.0
@@ -149,8 +147,8 @@ def _ids(config: Any, prefix: str = "") -> list[str]:
 
 
 def _arguments_of(target: str) -> tuple[list[str], bool, set[str]] | None:
-    """The constructor argument names of a ``_target_``, whether it takes ``**kwargs`` and which arguments default to
-    a bool; None if not importable."""
+    """The argument names of a ``_target_``, whether it takes ``**kwargs`` and those defaulting to a bool; None if
+    not importable."""
     from monai.utils import optional_import
 
     module, _, name = str(target).rpartition(".")
@@ -185,7 +183,7 @@ def _deepest(parser: Any, key: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A value as it was typed: strings as they are, the rest as JSON (repr where JSON has no form)."""
+    """A value as it was typed: strings as they are, the rest as JSON (else repr)."""
     if isinstance(value, str):
         return value
     try:
@@ -196,6 +194,12 @@ def _shown(value: Any) -> str:
 
 def _referenced(key: str, overrides: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and f"@{key}" in v for k, v in overrides.items() if k != key)
+
+
+def _component(merged: Any, key: str) -> tuple[str, str, Any]:
+    """``(parent id, last part, the config item at parent)`` of an override id (the item None when absent)."""
+    parent, _, last = key.rpartition("#")
+    return parent, last, merged[parent] if parent and parent in merged else None
 
 
 def check_override_keys(arguments: RunnerArguments) -> None:
@@ -223,8 +227,7 @@ def check_override_keys(arguments: RunnerArguments) -> None:
             continue
         value = arguments.overrides[raw_key]
         where = f"--{raw_key} {_shown(value)} ({arguments.sources[raw_key]})"
-        parent, _, last = key.rpartition("#")
-        owner = merged[parent] if parent and parent in merged else None
+        parent, last, owner = _component(merged, key)
         if isinstance(owner, list) or raw_key in unplaced:
             deepest = _deepest(merged, key)
             items = merged[deepest] if deepest else None
@@ -246,15 +249,13 @@ def check_override_keys(arguments: RunnerArguments) -> None:
 
 
 def _check_switch(raw_key: str, arguments: RunnerArguments, base: Any, merged: Any) -> None:
-    """A ValueError for ``--<component>#<switch> false``: python-fire hands ``false`` over as the string "false", which
-    a component's boolean argument takes as true (``true`` works by the same accident; config ids read through
-    ``as_bool`` are not affected)."""
+    """A ValueError for ``--<component>#<switch> false``: python-fire hands over the string "false", which a
+    component's boolean argument takes as true."""
     value = arguments.overrides[raw_key]
     if not (isinstance(value, str) and value.strip().lower() == "false"):
         return
     key = raw_key.replace("::", "#")
-    parent, _, last = key.rpartition("#")
-    owner = merged[parent] if parent and parent in merged else None
+    _, last, owner = _component(merged, key)
     if not (isinstance(owner, Mapping) and "_target_" in owner):
         return
     signature = _arguments_of(owner["_target_"])

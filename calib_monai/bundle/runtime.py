@@ -1,6 +1,5 @@
-"""Helpers that bundle configs call (``calib_monai.bundle.<name>``): where the bundle lives, whatever the working
-directory; the distributed set-up of ``multi_gpu_train.json``; data loading switches; the settings of a run that a
-resumed training must share with its checkpoint (``record_run_settings``, ``settings_differences``)."""
+"""Helpers that bundle configs call (``calib_monai.bundle.<name>``): where the bundle lives, the distributed set-up of
+``multi_gpu_train.json``, data loading switches, and the settings a resumed training must share with its checkpoint."""
 
 from __future__ import annotations
 
@@ -36,14 +35,9 @@ def _is_bundle(path: Path, name: str) -> bool:
 
 
 def locate_bundle(name: str) -> str:
-    """Absolute path of the bundle folder ``name``, so that its configs resolve paths relative to the bundle.
-
-    ``monai.bundle run`` puts the bundle folder (the parent of ``configs/``) on ``sys.path`` before it runs the
-    workflow, so a bundle copied anywhere (a MONAI Label model folder, a model-zoo checkout) is found there
-    first. Then ``$CALIB_MONAI_BUNDLES/name``, ``./bundles/name``, ``./name`` and the repository's ``bundles/``.
-    A ``--bundle_root`` override on the command line replaces this lookup altogether.
-    """
-    # the config file named on the command line (initialize runs before monai puts the bundle on sys.path)
+    """Absolute path of the bundle folder ``name``: the folder of the config file on the command line, then
+    ``sys.path`` (``monai.bundle run`` puts the bundle there), ``$CALIB_MONAI_BUNDLES/name``, ``./bundles/name``,
+    ``./name`` and the repository's ``bundles/``. ``--bundle_root`` replaces this lookup."""
     named = [m for arg in sys.argv for m in re.findall(r"[^'\",\[\]\s]*configs/[^'\",\[\]\s]+\.json", arg)]
     candidates = [Path(m).resolve().parents[1] for m in named]
     candidates += [Path(p) for p in sys.path if p]
@@ -73,9 +67,8 @@ def log_run_start(data, epochs: int, device, output_dir: str) -> None:
 
 
 def as_bool(value, name: str = "") -> bool:
-    """A config switch as a bool: ``monai.bundle run ... --amp true`` passes the *string* ``"true"`` (python-fire
-    reads only ``True``/``False`` as booleans), and the string ``"false"`` would otherwise count as true. ``name``:
-    the setting, named in the error."""
+    """A config switch as a bool: python-fire passes ``--amp false`` as the string ``"false"``, which would count as
+    true. ``name``: the setting, named in the error."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -97,13 +90,8 @@ def init_distributed(backend: str) -> None:
 
 
 def finalize_distributed() -> None:
-    """Leave the process group at the end of a torchrun run (``multi_gpu_train.json``'s ``finalize``).
-
-    Through ignite rather than ``torch.distributed.destroy_process_group()`` alone: the engines' metrics made ignite
-    cache the distributed context, and a process that exits with that cache still set aborts now and then at
-    interpreter shutdown ("terminate called without an active exception", exit code -6: measured 5 of 50 2-rank gloo
-    runs of a validation evaluator, 0 of 28 with ``idist.finalize()``), which torchrun reports as a failed run.
-    """
+    """Leave the process group at the end of a torchrun run, through ignite: a process exiting with ignite's cached
+    distributed context may abort at interpreter shutdown (exit code -6), which torchrun reports as a failure."""
     import ignite.distributed as idist
     import torch.distributed as dist
 
@@ -134,18 +122,10 @@ def distributed_network(network, device):
 
 
 def validation_sampler(dataset):
-    """The validation sampler of a DDP run (``multi_gpu_train.json``): each rank's share of ``dataset``.
-
-    Every rank must take part in the evaluator's collective operations (the metrics' all_gather, the ALM handler's
-    all_reduce), so no rank may be left without a volume:
-
-    * not distributed: None (the loader's own order, all volumes);
-    * at least as many volumes as ranks: MONAI ``DistributedSampler(even_divisible=False)``, an uneven split (5
-      volumes on 2 ranks: 3 and 2) without the duplicated volumes that padding would add to the means;
-    * fewer volumes than ranks (1 validation volume on 2 GPUs, 5 on 8): None, every rank validates all volumes.
-      Every volume then appears once per rank in the gathered results, so the means over volumes (DSC, ECE) and
-      the ratios of summed statistics (ECE bins, CRaC's constraints) equal the single-process values.
-    """
+    """The validation sampler of a DDP run: no rank may be left without a volume (every rank takes part in the
+    evaluator's collectives). Not distributed: None. At least as many volumes as ranks: an uneven
+    ``DistributedSampler`` split without padding duplicates. Fewer: None, every rank validates all volumes (each
+    volume then appears once per rank, so the means and ratios equal the single-process values)."""
     import torch.distributed as dist
     from monai.data import DistributedSampler
 
@@ -163,13 +143,8 @@ def validation_sampler(dataset):
 
 
 def dataloader_workers(device, max_workers: int = 8) -> int:
-    """DataLoader worker processes for ``device``: 0 on the CPU, where workers compete with the training for the
-    same cores; on CUDA the CPUs this process may use, shared among the ranks on this node (``LOCAL_WORLD_SIZE``
-    under torchrun), minus one for the main process, at most ``max_workers``.
-
-    The datasets are in memory (``CacheDataset`` volumes, slices indexed from them), so a few workers keep a GPU
-    fed; forked workers share the cache copy-on-write.
-    """
+    """DataLoader workers for ``device``: 0 on the CPU (they would compete with the training for its cores); on CUDA
+    this process's CPUs shared among the node's ranks (``LOCAL_WORLD_SIZE``), minus one, at most ``max_workers``."""
     import torch
 
     if torch.device(device).type != "cuda":
@@ -214,17 +189,15 @@ def _compared(key: str) -> bool:
 
 
 def _plain_value(value):
-    """``value`` as plain JSON types (tuples as lists, paths as strings): what a ``weights_only`` checkpoint holds
-    and compares equal across runs."""
+    """``value`` as plain JSON types: what a ``weights_only`` checkpoint holds and compares equal across runs."""
     import json
 
     return json.loads(json.dumps(value, default=str))
 
 
 def record_run_settings(settings: dict, loss=None, arguments=None) -> None:
-    """Keep the settings of this run that a resumed training must share with its checkpoint (called by
-    ``check_settings``): the checked values but ``epochs``, the loss's class, and every other command-line override
-    but paths and loading switches (``arguments``: ``settings.runner_arguments()``)."""
+    """Keep the settings a resumed training must share with its checkpoint (``check_settings`` calls it): the checked
+    values, the loss's class and the other command-line overrides (``arguments``), less paths and loading switches."""
     values = {k: _plain_value(v) for k, v in settings.items() if _compared(k) and v is not None}
     if loss is not None:
         values["loss"] = f"{type(loss).__module__}.{type(loss).__qualname__}"
@@ -250,8 +223,7 @@ def record_run_settings(settings: dict, loss=None, arguments=None) -> None:
 
 
 def run_settings() -> dict:
-    """The settings ``check_settings`` recorded for this run (``{}`` when it did not run): what
-    ``TrainingCheckpoint`` stores beside the weights."""
+    """The settings ``check_settings`` recorded (``{}``: none), which ``TrainingCheckpoint`` stores."""
     return dict(_RUN.get("settings", {}))
 
 

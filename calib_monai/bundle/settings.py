@@ -1,11 +1,9 @@
 """The check of a bundle run's settings, before anything is built: one clear line per problem.
 
-``python -m monai.bundle run`` adds any ``--key`` to the config silently (``--epoch 1`` for ``--epochs`` would train
-the default 40 epochs), so every generated bundle calls :func:`check_settings` in ``initialize`` (the override keys,
-:mod:`calib_monai.bundle.overrides`, with the nearest known key; the values; the selection rule's metrics; building
-``@loss`` runs its value checks) and :func:`check_data_settings` in each step that reads data (``num_classes``,
-``in_channels``, ``label_names`` against the data set). Under ``ConfigWorkflow(**overrides)`` there is no command
-line: the values are checked, the keys cannot be.
+Every generated bundle calls :func:`check_settings` in ``initialize`` (the override keys,
+:mod:`calib_monai.bundle.overrides`; the values; the selection rule's metrics; building ``@loss`` runs its checks)
+and :func:`check_data_settings` in each step that reads data. Under ``ConfigWorkflow(**overrides)`` there is no
+command line: the values are checked, the keys cannot be.
 """
 
 from __future__ import annotations
@@ -20,9 +18,6 @@ from calib_monai.checks import is_real_number, is_whole_number
 from .overrides import RunnerArguments, check_override_keys, nearest, runner_arguments
 
 __all__ = ["RunnerArguments", "check_data_settings", "check_override_keys", "check_settings", "runner_arguments"]
-
-
-# ---------------------------------------------------------------------------------------------------- values
 
 
 def _problem(key: str, value: Any, what: str, fix: str = "") -> ValueError:
@@ -61,9 +56,9 @@ def _label_count(label_names: Any) -> int | None:
 
 
 def _check_value(key: str, value: Any) -> None:
-    if key in ("num_classes",):
+    if key == "num_classes":
         _int_at_least(key, value, 2, "the number of classes including background")
-    elif key in ("in_channels",):
+    elif key == "in_channels":
         _int_at_least(key, value, 1, "the number of input channels")
     elif key in ("epochs", "batch_size", "val_interval", "loss_log_interval"):
         _int_at_least(key, value, 1, key.replace("_", " "))
@@ -87,8 +82,7 @@ def _check_value(key: str, value: Any) -> None:
 
 
 def _check_device(value: Any) -> None:
-    """A device torch knows and this machine has (``--device cuda`` on a CPU-only machine: torch's bare
-    ``AssertionError: Torch not compiled with CUDA enabled`` when the network moves)."""
+    """A device torch knows and this machine has (not torch's bare ``AssertionError`` when the network moves)."""
     import torch
 
     try:
@@ -135,22 +129,14 @@ def check_settings(
     argv: Sequence[str] | None = None,
     **settings: Any,
 ) -> bool:
-    """Check a bundle run's settings before anything is built; a ValueError naming the key, the value and the fix.
+    """Check a bundle run's settings; a ValueError naming the key, the value and the fix. Returns True.
 
     Args:
-        metrics: the validation's metrics (``key_metric`` and ``additional_metrics``: names or dicts), which
-            ``selection_metric`` and ``selection_bounds`` must name.
-        loss: the built loss (the bundles pass ``@loss``, so its constructor's value checks run now); not inspected.
+        metrics: the validation's metrics (names or dicts), which ``selection_metric`` and ``selection_bounds`` name.
+        loss: the built loss (``@loss``: its constructor's checks run now); recorded by class, not inspected.
         argv: the command line (default ``sys.argv``); its overrides are checked when it runs ``monai.bundle run``.
-        settings: config values by key: ``num_classes``, ``in_channels``, ``label_names``, ``roi_size``, ``epochs``,
-            ``batch_size``, ``lr``, ``val_interval``, ``train_fraction``, ``seed``, ``selection_metric``,
-            ``selection_mode``, ``selection_bounds``, ``device``; others are not checked.
-
-    The settings that a resumed training must share with its checkpoint are recorded for ``TrainingCheckpoint``
-    (``calib_monai.bundle.runtime.record_run_settings``), with ``--resume_changes allow`` when given.
-
-    Returns:
-        True (bundle configs call it in ``initialize``).
+        settings: config values by key (``num_classes``, ``roi_size``, ``lr``, ``selection_mode``, ``device``...);
+            unknown keys are not checked. They are recorded for ``TrainingCheckpoint`` (``record_run_settings``).
     """
     from .runtime import record_run_settings
 
@@ -189,8 +175,8 @@ def _data_description(data: Any) -> str:
 
 
 def check_data_settings(data: Any, num_classes: Any = None, in_channels: Any = None, label_names: Any = None) -> bool:
-    """``num_classes``, ``in_channels`` and ``label_names`` of a bundle against its data component (the classes and
-    channels its ``dataset.json`` or facts describe); a ValueError naming the key, both values and the fix."""
+    """``num_classes``, ``in_channels`` and ``label_names`` against the data component's classes and channels; a
+    ValueError naming the key, both values and the fix."""
     where = _data_description(data)
     names = {str(k): str(v) for k, v in dict(data.label_names).items()}
     if num_classes is not None and num_classes != len(names):

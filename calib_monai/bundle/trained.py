@@ -1,8 +1,7 @@
 """A trained bundle as one object: its configs and weights in; the network, the transforms and predictions out.
 
-``TrainedBundle`` is the one reader of a trained bundle folder (export, MONAI Label serving, the studies, the Slicer
-command). Its weights are read as a member of their folder's artifact set (``calib_monai.bundle.manifest``): a
-calibration or range that does not belong with them is an ``ArtifactSetError`` naming the files and the fix.
+The weights are read as a member of their folder's artifact set (``calib_monai.bundle.manifest``): a calibration or
+range that does not belong with them is an ``ArtifactSetError`` naming the files and the fix.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ ConfigFiles = str | os.PathLike | Sequence[str | os.PathLike]
 
 
 def bundle_config_paths(bundle_dir: str | os.PathLike, config_files: ConfigFiles) -> list[Path]:
-    """The config files of ``bundle_dir`` as paths: names are taken under ``<bundle>/configs/``, absolute paths as
-    they are. A ``FileNotFoundError`` names the folder or file that is missing and what to pass instead."""
+    """The config files of ``bundle_dir`` as paths (names under ``<bundle>/configs/``, absolute paths as they are);
+    a ``FileNotFoundError`` names what is missing and what to pass instead."""
     bundle_dir = Path(bundle_dir)
     names = [config_files] if isinstance(config_files, (str, os.PathLike)) else list(config_files)
     if not (bundle_dir / "configs").is_dir():
@@ -65,9 +64,8 @@ def read_bundle_config(
     overrides: Mapping[str, Any] | None = None,
     set_bundle_root: bool = True,
 ) -> ConfigParser:
-    """A ``ConfigParser`` of the bundle's ``config_files`` (read in order, later ones override earlier keys, as
-    ``monai.bundle run --config_file "[a, b]"`` does), then ``bundle_root`` set to ``bundle_dir`` (a literal replaces
-    ``locate_bundle(...)``: nothing is looked up), then ``overrides`` (``{"roi_size": [...], "data#spacing": ...}``)."""
+    """A ``ConfigParser`` of the bundle's ``config_files`` (later ones override earlier keys, as ``monai.bundle run``
+    does), then ``bundle_root`` set to ``bundle_dir`` (nothing looked up), then ``overrides``."""
     parser = ConfigParser()
     parser.read_config([str(path) for path in bundle_config_paths(bundle_dir, config_files)])
     if set_bundle_root:
@@ -77,8 +75,8 @@ def read_bundle_config(
 
 
 class TorchScriptNetwork(torch.nn.Module):
-    """A TorchScript ``model.ts`` (MONAI's ``ckpt_export``: the scripted ``network_def``) called like the network it
-    was exported from: a MetaTensor input goes in as a plain tensor, which is all TorchScript takes."""
+    """A TorchScript ``model.ts`` (MONAI's ``ckpt_export``) called like its network: a MetaTensor goes in as a plain
+    tensor, which is all TorchScript takes."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
@@ -89,23 +87,19 @@ class TorchScriptNetwork(torch.nn.Module):
 
 
 class TrainedBundle:
-    """A bundle folder with trained weights, ready for inference.
-
-    The configs are parsed once (``read_bundle_config``); the network, the weights and the transforms are built on
-    first use, so a bundle without weights can still be listed and its labels read.
+    """A bundle folder with trained weights, ready for inference. The configs are parsed once; the network, weights
+    and transforms are built on first use, so a bundle without weights can still be listed and its labels read.
 
     Args:
         bundle_dir: the bundle folder (holding ``configs/`` and ``models/``).
         config_files: config names under ``configs/`` (or paths), read in order: ``("inference.json",)`` to predict,
             ``("train.json", "demo.json")`` for the network and inferer of a training run.
-        overrides: config ids and values set after ``bundle_root`` (``{"output_dir": ..., "data#spacing": ...}``);
-            ``site_dir`` defaults to ``""`` (no site monitor: ``predict`` writes nothing), a deployment names its own.
-        device: where the network runs; defaults to the config's ``device`` (CUDA when available), else the CPU.
-        weights: the weights file; defaults to ``models/model.pt``, else ``models/model.ts``. A ``.ts`` file is
-            TorchScript; any other is a state_dict, plain, ``module.``-prefixed or ``{"model": ...}``
-            (:func:`calib_monai.bundle.load_network_weights`).
-        key_in_ckpt: key of the weights in a nested checkpoint (``{"model": ..., "optimizer": ...}``); ``""`` reads
-            the layouts above as they are.
+        overrides: config ids and values set after ``bundle_root``; ``site_dir`` defaults to ``""`` (no site
+            monitor: ``predict`` writes nothing).
+        device: where the network runs; defaults to the config's ``device``, else the CPU.
+        weights: the weights file; defaults to ``models/model.pt``, else ``models/model.ts`` (TorchScript); a state
+            dict as :func:`calib_monai.bundle.load_network_weights` reads it.
+        key_in_ckpt: key of the weights in a nested checkpoint; ``""`` reads the layouts above as they are.
         network_id: the config id of the network.
 
     Example::
@@ -148,8 +142,7 @@ class TrainedBundle:
         return self.bundle_dir.name
 
     def get(self, id: str, default: Any = None) -> Any:
-        """The config item ``id`` (``"data"``, ``"validate#inferer"``...) instantiated, once (the parser's cache),
-        or ``default`` when the configs do not define it."""
+        """The config item ``id`` instantiated (once: the parser's cache), or ``default`` when it is not defined."""
         return self.parser.get_parsed_content(id) if id in self.parser else default
 
     @cached_property
@@ -174,8 +167,7 @@ class TrainedBundle:
 
     @property
     def weights(self) -> Path | None:
-        """The weights file the network is loaded from: the one given, else ``models/model.pt``, else
-        ``models/model.ts``; None when the bundle has neither."""
+        """The weights file: the one given, else ``models/model.pt``, else ``models/model.ts``, else None."""
         if self._weights is not None:
             return self._weights
         return next((p for p in (self.bundle_dir / "models" / f for f in WEIGHT_FILES) if p.is_file()), None)
@@ -187,8 +179,7 @@ class TrainedBundle:
 
     @cached_property
     def artifacts(self) -> ArtifactSet | None:
-        """The checked set of the weights' folder (``read_artifact_set``): an ``ArtifactSetError`` when its files do
-        not belong together; None without weights or for a TorchScript ``model.ts`` (no set of its own)."""
+        """The checked set of the weights' folder (``read_artifact_set``); None without weights or for ``model.ts``."""
         weights = self.weights
         if weights is None or not weights.is_file() or weights.suffix == ".ts":
             return None
@@ -196,8 +187,8 @@ class TrainedBundle:
 
     @property
     def source(self) -> dict[str, Any] | None:
-        """What the outputs come from (weights, recalibration, validated range: SHA-256s), as the postprocessing's
-        ``CalibrateLogitsd`` records it in each output, else from the checked set."""
+        """What the outputs come from (SHA-256s), as the postprocessing's ``CalibrateLogitsd`` records it, else from
+        the checked set."""
         post = self._postprocessing_parts[0] if "postprocessing" in self.parser else None
         for transform in post.transforms if post is not None else ():
             if getattr(transform, "source", None):
@@ -263,8 +254,7 @@ class TrainedBundle:
 
     @cached_property
     def _postprocessing_parts(self) -> tuple[Compose, dict[str, SaveImaged]]:
-        """The postprocessing without its file writers, and those writers by output key: ``predict`` keeps the
-        outputs in memory and ``write`` writes them exactly as the ``inferring`` run does (format, dtype)."""
+        """The postprocessing without its file writers, and those writers by output key (``write`` uses them)."""
         post = self.postprocessing
         transforms = post.flatten().transforms if isinstance(post, Compose) else [post]
         savers = {t.keys[0]: t for t in transforms if isinstance(t, SaveImaged) and len(t.keys) == 1}
@@ -277,8 +267,7 @@ class TrainedBundle:
         return contextlib.nullcontext()
 
     def preprocess(self, image: Any, case: str | None = None) -> dict:
-        """The preprocessed item of ``image`` (a path, a list of paths of one case, or an item dict); ``case``
-        names its outputs (else the item's ``"case"``, else the input file)."""
+        """The preprocessed item of ``image`` (a path, a case's paths, or an item dict); ``case`` names its outputs."""
         item = dict(image) if isinstance(image, Mapping) else {"image": image}
         if isinstance(item["image"], os.PathLike):
             item["image"] = os.fspath(item["image"])
@@ -313,12 +302,8 @@ class TrainedBundle:
 
     def predict(self, image: Any, case: str | None = None) -> Prediction:
         """Segment ``image`` in memory: ``(segmentation, confidence, quality)``, uint8 labels and float32 max softmax
-        probability, each ``(1, *spatial)`` on the CPU on the input's grid (its affine in ``.affine``), and the case
-        quality with its review flag (None when the postprocessing has no ``CaseQualityd``): the numbers that
-        ``monai.bundle run inferring`` writes to ``<case>_seg.nii.gz``, ``<case>_conf.nii.gz`` and
-        ``<case>_quality.json``. ``.contours``: ``{"inner", "outer"}``, each structure's contour ``(C - 1,
-        *spatial)`` uint8 on the same grid (``<case>_inner.nii.gz``, ``<case>_outer.nii.gz``), or None without a
-        contour set (``models/contours.json``, written by the bundle's ``calibrate``)."""
+        probability, each ``(1, *spatial)`` on the CPU on the input's grid, and the case quality with its review flag
+        (None without ``CaseQualityd``): what ``inferring`` writes. ``.contours``: see :class:`Prediction`."""
         return self.predict_item(self.preprocess(image, case))
 
     def write(

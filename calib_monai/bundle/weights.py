@@ -55,12 +55,9 @@ def _unreadable_reason(path: Path, err: BaseException) -> str:
 def read_weights_file(
     path: str | os.PathLike, map_location: Any = "cpu", what: str = "network weights", fix: str = RETRAIN
 ) -> Any:
-    """``torch.load(path, weights_only=True)``; a file that does not load raises a ``WeightsFileError`` naming the
-    file, what is wrong (empty, cut off, not a PyTorch file, Python objects inside) and ``fix``.
-
-    Files are always read with ``weights_only=True``: the fix of a file that does not load that way is another file,
-    never an unsafe load. The bytes are read once, hashed and loaded from memory: :func:`loaded_sha256` is the hash
-    of what was loaded, even when the file is replaced afterwards (a training writing ``model.pt``)."""
+    """``torch.load(path, weights_only=True)`` (never an unsafe load); a file that does not load is a
+    ``WeightsFileError`` naming it, what is wrong and ``fix``. The bytes are read once, hashed (:func:`loaded_sha256`:
+    what was loaded, even if the file is replaced afterwards) and loaded from memory."""
     import torch
 
     path = Path(path)
@@ -76,17 +73,14 @@ def read_weights_file(
 
 
 def loaded_sha256(path: str | os.PathLike) -> str | None:
-    """The SHA-256 of the bytes this process last loaded from ``path`` (:func:`read_weights_file`), None if none:
-    what ``calibrate`` publishes its recalibration for, not the file as it is when it publishes."""
+    """The SHA-256 of the bytes this process last loaded from ``path`` (None: none): what ``calibrate`` publishes
+    its recalibration for."""
     return _LOADED.get(os.path.realpath(path))
 
 
 def unwrap_network(network):
-    """The plain module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper (else ``network`` itself).
-
-    Its ``state_dict()`` has the keys of the bundle's ``network_def`` (no ``module.`` prefix): what ``model.pt``
-    holds whatever the number of GPUs that trained it.
-    """
+    """The plain module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper (else ``network`` itself),
+    whose ``state_dict()`` keys have no ``module.`` prefix."""
     import torch
 
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
@@ -94,13 +88,8 @@ def unwrap_network(network):
 
 
 def weights_state_dict(source, map_location="cpu") -> dict:
-    """The network weights in ``source`` (a file path or an already loaded object) as a plain state_dict.
-
-    Accepts what a bundle's ``models/model.pt`` has held: a plain state_dict; one with the ``module.`` prefix of a
-    ``DistributedDataParallel``/``DataParallel`` network (multi-GPU runs before the checkpoint handler unwrapped
-    them); or a training checkpoint ``{"model": ...}`` / ``{"network": ...}`` (MONAI ``CheckpointSaver`` style,
-    ``checkpoint_latest.pt``). Files are read with ``weights_only=True``.
-    """
+    """The network weights in ``source`` (a path or a loaded object) as a plain state_dict: plain, with the
+    ``module.`` prefix of a DDP/DataParallel network, or a checkpoint ``{"model"|"network"|"state_dict": ...}``."""
     from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
     name = "the weights"
@@ -126,15 +115,9 @@ def _examples(names: list[str], limit: int = 2) -> str:
 
 
 def load_network_weights(network, source, map_location="cpu", name: str | None = None):
-    """Load ``source`` (see :func:`weights_state_dict`: a path or a loaded state_dict, plain, ``module.``-prefixed
-    or nested under ``"model"``) into ``network`` (unwrapped first if it is DDP/DataParallel); returns ``network``.
-
-    Every reader of ``model.pt`` goes through here (bundle ``evaluate.json``/``inference.json`` via
-    ``calib_monai.handlers.NetworkWeightsLoader``; ``TrainedBundle``, and through it the export, MONAI Label serving
-    and the experiment evaluation), so a file saved from a DDP or DataParallel network loads strictly.
-    Weights of another network (other keys or shapes) raise a ``WeightsFileError`` naming the file (``name``, default
-    the path given), how many tensors differ, an example of each kind, and the fix.
-    """
+    """Load ``source`` (as :func:`weights_state_dict` reads it) strictly into ``network`` (unwrapped); returns
+    ``network``. Weights of another network are a ``WeightsFileError`` naming the file (``name``), how many tensors
+    differ, an example of each kind, and the fix."""
     name = name or (str(source) if isinstance(source, (str, os.PathLike)) else "the state_dict")
     state = weights_state_dict(source, map_location)
     target = unwrap_network(network)
