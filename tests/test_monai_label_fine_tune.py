@@ -173,7 +173,7 @@ def test_fine_tune_from_submitted_labels(tmp_path, dataset, caplog):
 
 def test_brats_labels_are_written_in_the_files_values(tmp_path):
     """BraTS files hold the enhancing tumour as 4 (the bundle's class 3): a submitted ET segment is written as 4."""
-    from calib_monai.label.fine_tune import remap_label, stored_values
+    from calib_monai.label.labels import remap_label, stored_values
 
     bundle = tmp_path / "ce_dice_brats"
     shutil.copytree(REPO_ROOT / "bundles" / "ce_dice_brats" / "configs", bundle / "configs")
@@ -187,7 +187,7 @@ def test_brats_labels_are_written_in_the_files_values(tmp_path):
 
 
 def test_label_on_another_grid_is_refused_naming_both_files(tmp_path):
-    from calib_monai.label.fine_tune import remap_label
+    from calib_monai.label.labels import remap_label
 
     image, label = tmp_path / "image.nii.gz", tmp_path / "label.nii.gz"
     nib.save(nib.Nifti1Image(np.zeros((8, 8, 2), np.float32), np.eye(4)), str(image))
@@ -207,7 +207,7 @@ def test_a_failed_run_is_told_in_one_line():
 
 
 def test_an_unreadable_label_is_refused_naming_it(tmp_path):
-    from calib_monai.label.fine_tune import check_label
+    from calib_monai.label.labels import check_label
 
     (tmp_path / "label.nrrd").write_bytes(b"NRRD0004\nnot really\n")
     with pytest.raises(ValueError, match=r"label label.nrrd cannot be read as a NIfTI or PNG label map"):

@@ -1,15 +1,8 @@
-"""Next Sample: a scoring method that stores each image's case quality and network features in the datastore, and
-strategies that hand out the image to label next (imports MONAI Label).
-
-- ``<bundle>_case_quality`` (scoring): stores in ``info["calib_monai"][<bundle>]`` each image's case score, review
-  flag and pooled bottleneck features; labelled images too (all features from the same weights); images scored with
-  the same weights are skipped.
-- ``<bundle>_most_typical`` (strategy, first: Slicer's default): TypiClust's most typical unlabelled image in the
-  largest part of the datastore no label covers (:func:`calib_monai.label.selection.next_to_label`).
-- ``<bundle>_typical_least_confident``: the least confident of that part's typical unlabelled images.
-- ``<bundle>_least_confident``: the unlabelled image with the lowest stored case score.
-
-None hands out an image given to another annotator within ``recent_s`` seconds; unscored images come last.
+"""Next Sample (imports MONAI Label): ``<bundle>_case_quality`` stores each image's case score, review flag and pooled
+features in ``info["calib_monai"][<bundle>]`` (labelled images too; those scored with the same weights are skipped);
+the strategies ``<bundle>_most_typical`` (TypiClust, :func:`calib_monai.label.selection.next_to_label`),
+``<bundle>_typical_least_confident`` and ``<bundle>_least_confident`` hand out the image to label next. None hands out
+an image given to another annotator within ``recent_s`` seconds; unscored images come last.
 """
 
 from __future__ import annotations
@@ -126,9 +119,8 @@ class LeastConfident(Strategy):
 
 
 class TypicalLeastConfident(LeastConfident):
-    """The least confident of the typical unlabelled images in the largest part of the datastore no label covers
-    (:func:`~calib_monai.label.selection.next_to_label` on the stored features); the lowest score alone
-    while fewer than two free images have features of the same weights."""
+    """The least confident typical unlabelled image of the largest part no label covers (``next_to_label``); the
+    lowest score alone while fewer than two free images have features of the same weights."""
 
     suffix = "typical_least_confident"
     by_score = True

@@ -1,13 +1,8 @@
-"""Fine-tune a served bundle on the labels annotators submitted, then calibrate it and publish it to the server.
+"""Fine-tune a served bundle on the submitted labels, calibrate it and publish it to the server (no MONAI Label import).
 
-The bundle's own ``training`` runs on a datalist of the submitted labels from the served ``model.pt``
-(``--init_weights``) in ``<bundle>/runs/label_training``, then its ``calibrate`` step on the held-out labels; only when
-both succeed is the artifact set published into ``<bundle>/models`` (``copy_artifact_set``; the previous weights stay
-as ``model.previous.pt``). Submitted labels are mapped to the bundle's values by segment name
-(:mod:`calib_monai.label.labels`) and written in the values and format its data files use, in a ``"given": true``
-datalist. The calibration keeps the served method, else the bundle's default (``served_calibration``).
-
-Nothing here imports MONAI Label (``calib_monai.label.train`` is the MONAI Label task around it).
+The bundle's own ``training`` runs from the served ``model.pt`` on a datalist of the submitted labels in
+``<bundle>/runs/label_training``, then its ``calibrate`` on the held-out ones; only when both succeed is the set
+published into ``<bundle>/models`` (the previous weights stay as ``model.previous.pt``).
 """
 
 from __future__ import annotations
@@ -29,17 +24,9 @@ from typing import Any
 from calib_monai.atomic import copy_atomically
 from calib_monai.bundle.manifest import copy_artifact_set
 from calib_monai.bundle.weights import read_weights_file
-from calib_monai.label.labels import check_label, remap_label, stored_values, value_map
+from calib_monai.label.labels import remap_label, stored_values, value_map
 
-__all__ = [
-    "FineTune",
-    "SubmittedLabel",
-    "check_label",
-    "default_calibration",
-    "remap_label",
-    "served_calibration",
-    "stored_values",
-]
+__all__ = ["FineTune", "SubmittedLabel", "served_calibration"]
 
 logger = logging.getLogger("calib_monai.label")
 RESTORE = "restore them (copy models/model.previous.pt to models/model.pt) or train the bundle again, then Train"
@@ -56,18 +43,6 @@ class SubmittedLabel:
     label_info: Sequence[Mapping[str, Any]] | None = None
 
 
-def default_calibration(bundle_dir: str | os.PathLike) -> str:
-    """The calibration method the bundle's ``configs/calibrate.json`` fits by default (``calibration_method``)."""
-    path = Path(bundle_dir) / "configs" / "calibrate.json"
-    try:
-        method = json.loads(path.read_text()).get("calibration_method")
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} cannot be read ({err}): restore the bundle's configs") from err
-    if not isinstance(method, str) or not method:
-        raise ValueError(f"{path} has no calibration_method: restore the bundle's configs")
-    return method
-
-
 @dataclass
 class FineTune:
     """One fine-tuning of ``bundle_dir`` on submitted labels (see the module).
@@ -75,11 +50,9 @@ class FineTune:
     Args:
         bundle_dir: the served bundle (``configs/``, ``models/model.pt``).
         epochs, lr: the training budget (the learning rate drops 10x at half time, as the bundle's schedule does).
-        validation_fraction: share of the labelled images held out for validation, the model selection and the
-            calibration (at least one).
+        validation_fraction: share of the labelled images held out to validate and calibrate on (at least one).
         seed: seed of the hold-out draw and of the training.
-        overrides: more ``--key value`` settings of both runs (e.g. ``{"roi_size": [64, 64, 8]}``), as on the
-            bundle's command line.
+        overrides: more ``--key value`` settings of both runs (e.g. ``{"roi_size": [64, 64, 8]}``).
     """
 
     bundle_dir: Path
@@ -140,9 +113,8 @@ class FineTune:
         return path
 
     def source_validation(self) -> list[dict[str, Any]]:
-        """The served bundle's own validation volumes (``models/datalist.json``) whose image and label files are
-        here: validated and calibrated on again, so the review flag keeps the source subjects' evidence after a
-        fine-tune (with only the held-out labels it could not judge)."""
+        """The served bundle's own validation volumes (``models/datalist.json``) whose files are here: validated and
+        calibrated on again, so the review flag keeps the source subjects' evidence."""
         path = self.bundle_dir / "models" / "datalist.json"
         try:
             items = json.loads(path.read_text()).get("validation", []) if path.is_file() else []
@@ -189,8 +161,7 @@ class FineTune:
             )
 
     def train_and_calibrate(self) -> None:
-        """Fine-tune from the served weights, then calibrate with the method the served ``calibration.json``
-        records, else the bundle's default (:func:`served_calibration`)."""
+        """Fine-tune from the served weights, then calibrate with :func:`served_calibration`'s method."""
         self.calibration_method, self.calibration_source = served_calibration(self.bundle_dir)
         served = self.bundle_dir / "models" / "model.pt"
         read_weights_file(served, what=f"the served weights of {self.bundle_dir.name}", fix=RESTORE)
@@ -231,8 +202,8 @@ class FineTune:
         return out
 
     def run(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str]) -> dict[str, Any]:
-        """Prepare, train, calibrate and publish; returns the final stats (with ``trained_on`` / ``validated_on``, the
-        numbers of submitted labels trained and held out, and the calibration method and where it came from)."""
+        """Prepare, train, calibrate and publish; returns the final stats (with the counts of labels trained on and held
+        out, and the calibration method and where it came from)."""
         self.prepare(cases, label_names)
         logger.info(
             f"{self.bundle_dir.name}: fine-tuning on {self.counts['trained_on']} submitted label(s), holding "
@@ -244,8 +215,8 @@ class FineTune:
 
 
 def _failure_line(log: str) -> str:
-    """The one line that says why a bundle run failed: its last ``ERROR:`` line (``calib_monai.bundle.report_errors``),
-    else the last exception line of a traceback (with the line after it when it ends in ``:``), else the last line."""
+    """Why a bundle run failed: its last ``ERROR:`` line, else the last exception line of a traceback (with the next
+    line when it ends in ``:``), else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     for line in reversed(lines):
         if line.startswith("ERROR:"):
@@ -257,9 +228,8 @@ def _failure_line(log: str) -> str:
 
 
 def served_calibration(bundle_dir: str | os.PathLike) -> tuple[str, str]:
-    """(method, where it comes from) of the next calibration: the method the served ``models/calibration.json``
-    records, so a fine-tuning keeps it; without that file (or a method in it), the bundle's default from
-    ``configs/calibrate.json``, and the second value says so."""
+    """(method, where it comes from) of the next calibration: the one the served ``models/calibration.json`` records,
+    else the bundle's default ``calibration_method`` of ``configs/calibrate.json``."""
     record = Path(bundle_dir) / "models" / "calibration.json"
     try:
         method = json.loads(record.read_text()).get("method")
@@ -271,5 +241,11 @@ def served_calibration(bundle_dir: str | os.PathLike) -> tuple[str, str]:
         if isinstance(method, str) and method:
             return method, f"the method the served {record.name} records"
         reason = f"{record} names no method"
-    default = default_calibration(bundle_dir)
-    return default, f"{reason}: the bundle's default calibration_method of configs/calibrate.json"
+    path = Path(bundle_dir) / "configs" / "calibrate.json"
+    try:
+        method = json.loads(path.read_text()).get("calibration_method")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} cannot be read ({err}): restore the bundle's configs") from err
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"{path} has no calibration_method: restore the bundle's configs")
+    return method, f"{reason}: the bundle's default calibration_method of configs/calibrate.json"

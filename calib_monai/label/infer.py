@@ -1,18 +1,12 @@
-"""The MONAI Label infer tasks of a served bundle (imports MONAI Label: the label environment only).
+"""The MONAI Label infer tasks of a served bundle (imports MONAI Label).
 
-- ``<bundle>`` (``segmentation``): the label map, uint8 NIfTI on the input's grid; its JSON carries ``label_names``
-  (every value named: Slicer names imported segments by position), ``confidence_summary``, ``quality`` (with the
-  review flag) and ``source``.
-- ``<bundle>_review`` (``segmentation``): each structure split into its confident part (``"liver"``, confidence >=
-  ``uncertainty_threshold``) and its uncertain part (``"liver (uncertain)"``), values ``2k - 1`` and ``2k``
-  (:func:`calib_monai.label.serving.review_label_names`), with each structure's uncertain share.
-- ``<bundle>_margins`` (``segmentation``): each structure's inner and outer contour with its per-case guarantee as
-  three nested segments, ``"liver (outer 90%)"``, ``"liver (predicted)"`` and ``"liver (inner 90%)"``
-  (:mod:`calib_monai.label.margins`); its JSON's ``quality["contours"]`` has the lambdas, alpha, epsilon, the
-  guarantee, whether it is vouched for and each contour's volume. A bundle without a contour set answers 409 why.
-- ``<bundle>_confidence`` (``others``: not in Slicer's segmentation list): the max softmax probability, float32.
+- ``<bundle>``: the uint8 label map; its JSON has ``label_names``, ``confidence_summary``, ``quality`` and ``source``.
+- ``<bundle>_review``: each structure's confident (``"liver"``) and uncertain (``"liver (uncertain)"``) parts.
+- ``<bundle>_margins``: each structure's outer contour, prediction and inner contour as nested segments
+  (:mod:`calib_monai.label.margins`); 409 without a contour set.
+- ``<bundle>_confidence`` (``others``): the float32 max softmax probability.
 
-All take the prediction from ``ServedBundle.predict`` (one inference per image) and write only the file they return.
+All share one ``ServedBundle.predict`` per image and write only the file they return.
 """
 
 from __future__ import annotations
@@ -45,7 +39,7 @@ UNCERTAINTY_THRESHOLD = 0.8  # the Slicer files' "low confidence" threshold too
 
 
 class _BundleTask(InferTask):
-    """Shared part: validity = weights present; the request's ``image`` is a local file (upload or datastore)."""
+    """Valid when the weights are there; the request's ``image`` is a local file (upload or datastore)."""
 
     keep = "segmentation"  # which output file the task returns
 
@@ -71,13 +65,11 @@ class _BundleTask(InferTask):
         output = self.served.save(result, self.keep, self._threshold(request))
         info = {
             "model": self.served.name,
-            # every label, in value order: Slicer names the segments by position (value i: the i-th name after
-            # "background"), so a label left out would shift the names of the others
+            # every label, in value order: Slicer names the segments by position
             "label_names": dict(self.labels),
             "confidence_summary": result.summary,
             "confidence_thresholds": list(CONFIDENCE_THRESHOLDS),
             "quality": result.quality,
-            # what the answer comes from: the weights, recalibration and validated range (full SHA-256s)
             "source": result.source,
             "latencies": {"total": round(time.time() - start, 3)},
         }

@@ -1,10 +1,9 @@
-"""Submitted labels, as the annotation tool saved them, to the label maps a bundle trains on (no MONAI Label import).
+"""Submitted labels to the label maps a bundle trains on (no MONAI Label import).
 
-3D Slicer's MONAI Label module gives the i-th segment of the saved ``label_info`` the value i + 1: ``value_map`` maps
-those values back to the bundle's by segment name (``"liver"``, and the review task's ``"liver (uncertain)"`` as
-liver); ``remap_label`` writes the label in the values the bundle's data files use (``stored_values``) on its image's
-grid, and ``check_label`` does the same checks without writing (when a label is submitted). Every refusal is a
-ValueError naming the case, the segment or values and both grids, and the fix.
+Slicer gives the i-th segment of the saved ``label_info`` the value i + 1: ``value_map`` maps those back to the
+bundle's values by segment name (``"liver (uncertain)"`` as liver); ``remap_label`` writes the label in the values
+the bundle's data files use, ``check_label`` checks without writing. A refusal is a ValueError naming the case, the
+segment or values or both grids, and the fix.
 """
 
 from __future__ import annotations
@@ -45,9 +44,8 @@ def value_map(
 
 
 def stored_values(bundle_dir: str | os.PathLike) -> dict[int, int]:
-    """Bundle (class) value -> the value the bundle's data files hold it as: the inverse of the ``MapLabelValued`` of
-    its training chain (``train#deterministic_transforms``; BraTS stores class 3, enhancing tumour, as 4), the
-    smallest stored value of a class when several map to it; empty when the files hold the classes themselves."""
+    """Bundle value -> the value the bundle's data files hold it as: the inverse of its training chain's
+    ``MapLabelValued`` (BraTS stores class 3 as 4), the smallest when several map to one; empty for none."""
     config = json.loads((Path(bundle_dir) / "configs" / "train.json").read_text())
     train = config.get("train") or {}
     transforms = train.get("deterministic_transforms") or (train.get("preprocessing") or {}).get("transforms", [])
@@ -117,9 +115,8 @@ def check_label(
     label_names: Mapping[int, str],
     case: str,
 ) -> dict[int, int]:
-    """What the train task will do with a submitted label, done now without writing anything (MONAI Label's save
-    checks it so the annotator hears at once): its segment names known to the bundle, its values named, its grid the
-    image's. Returns the value map; a ValueError naming the segment, the values or both grids otherwise."""
+    """The train task's checks of a submitted label, without writing (when it is submitted): segment names known,
+    values named, grid the image's. Returns the value map."""
     mapping = value_map(label_info, label_names, case)
     _mapped_values(Path(label), mapping, case, None if image is None else Path(image))
     return mapping
@@ -140,16 +137,19 @@ def _mapped_values(source: Path, mapping: Mapping[int, int], case: str, image: P
     return values, affine
 
 
+def _lookup(mapping: Mapping[int, int], stored: Mapping[int, int] | None = None) -> np.ndarray:
+    lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
+    for value, bundle_value in mapping.items():
+        lookup[value] = (stored or {}).get(bundle_value, bundle_value)
+    return lookup
+
+
 def bundle_label(
     label: str | os.PathLike, mapping: Mapping[int, int], case: str, image: str | os.PathLike | None = None
 ) -> np.ndarray:
-    """A submitted label map in the bundle's values (``mapping``: :func:`value_map`), on ``image``'s grid, as the
-    served segmentation holds them (a ValueError naming what is wrong, else)."""
+    """A submitted label map in the bundle's values (``mapping``: :func:`value_map`) on ``image``'s grid."""
     values, _ = _mapped_values(Path(label), mapping, case, None if image is None else Path(image))
-    lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
-    for value, bundle_value in mapping.items():
-        lookup[value] = bundle_value
-    return lookup[values]
+    return _lookup(mapping)[values]
 
 
 def remap_label(
@@ -160,18 +160,15 @@ def remap_label(
     image: str | os.PathLike | None = None,
     stored: Mapping[int, int] | None = None,
 ) -> None:
-    """Write ``source``'s label map with its values mapped (uint8); unknown values are an error. With ``image``, the
-    label must be on its grid (a ValueError naming both files, else); ``stored``: bundle value -> the value the
-    bundle's files hold it as (``stored_values``). A ``.png`` target (the label of a PNG image) is written as PNG."""
+    """Write ``source``'s label map with its values mapped (uint8), on ``image``'s grid when given; ``stored``:
+    :func:`stored_values`. A ``.png`` target is written as PNG."""
     source, target = Path(source), Path(target)
     values, affine = _mapped_values(source, mapping, case, None if image is None else Path(image))
-    lookup = np.zeros(max(mapping) + 1, dtype=np.uint8)
-    for value, bundle_value in mapping.items():
-        lookup[value] = (stored or {}).get(bundle_value, bundle_value)
+    values = _lookup(mapping, stored)[values]
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.suffix.lower() == ".png":
         from PIL import Image
 
-        Image.fromarray(lookup[values]).save(target)
+        Image.fromarray(values).save(target)
     else:
-        nib.save(nib.Nifti1Image(lookup[values], affine if affine is not None else np.eye(4)), str(target))
+        nib.save(nib.Nifti1Image(values, affine if affine is not None else np.eye(4)), str(target))

@@ -1,14 +1,9 @@
-"""MONAI Label app serving the calib-monai bundles linked into its ``model/`` folder, offline.
-
-Start (in the label environment made by ``bash scripts/setup_label_env.sh``; the command of ``docs/site.md``)::
+"""MONAI Label app serving the calib-monai bundles linked into its ``model/`` folder, offline (``docs/site.md``)::
 
     monailabel start_server --app calib_monai/label --studies /path/to/images --conf zoo_source local --conf models all
 
-Every folder of ``<app>/model/`` holding ``configs/inference.json`` is a served bundle (``--conf models a,b`` serves
-only those), with the infer tasks of :mod:`calib_monai.label.infer`, the scoring method and strategies of
-:mod:`calib_monai.label.activelearning` and the train task of :mod:`calib_monai.label.train`. A bundle without
-weights has no infer task and its requests answer 404 naming the missing file. Errors a client can fix are a 4xx
-with a ``detail`` message; a failed request leaves no upload behind, and the server goes on serving.
+Every folder of ``<app>/model/`` holding ``configs/inference.json`` is a served bundle. Errors a client can fix are a
+4xx with a ``detail`` message; a failed request leaves no upload behind, and the server goes on serving.
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelEr
 
 import calib_monai
 from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident, MostTypical, TypicalLeastConfident
-from calib_monai.label.fine_tune import check_label
 from calib_monai.label.infer import (
     CONFIDENCE_SUFFIX,
     MARGINS_SUFFIX,
@@ -34,6 +28,7 @@ from calib_monai.label.infer import (
     BundleReview,
     BundleSegmentation,
 )
+from calib_monai.label.labels import check_label
 from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import SITE_FOLDER, InputError, ServedBundle, find_bundles
 from calib_monai.label.train import BundleTrainer
@@ -42,9 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 class CalibMONAILabelApp(MONAILabelApp):
-    """The annotation loop for every bundle of ``<app_dir>/model``: four infer tasks (segmentation, review, margins,
-    confidence), a scoring method and a Next Sample strategy by case quality, and a train task that fine-tunes,
-    calibrates and serves the new weights.
+    """The annotation loop for every bundle of ``<app_dir>/model``: four infer tasks, a scoring method and Next Sample
+    strategies by case quality, and a train task that fine-tunes, calibrates and serves the new weights.
 
     Conf (``--conf key value``): ``models`` (``all``, the default, or comma-separated bundle folder names),
     ``zoo_source`` (only ``local``) and ``recent_s`` (seconds an image handed out by Next Sample stays reserved for
@@ -77,8 +71,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         site_root = Path(studies) / SITE_FOLDER if os.path.isdir(studies) else Path(app_dir) / SITE_FOLDER
         self.served = {name: ServedBundle(found[name], site_dir=site_root / name) for name in names}
         self.recent_s = float(conf.get("recent_s", 3600))
-        check_infer_route()  # POST /infer/{model} without a file: a 400 with a message, not MONAI Label's 500
-        check_label_route(self.check_label)  # a label training would refuse is refused when it is submitted
+        check_infer_route()
+        check_label_route(self.check_label)
         super().__init__(
             app_dir=app_dir,
             studies=studies,
@@ -112,8 +106,7 @@ class CalibMONAILabelApp(MONAILabelApp):
         return {f"{name}_case_quality": CaseQualityScoring(served) for name, served in self.served.items()}
 
     def init_strategies(self):
-        # not MONAI Label's "random": it answers 500 when every unlabelled image was handed out within the same second
-        # (random.choices with all weights 0), which concurrent annotators reach
+        # not MONAI Label's "random": a 500 when every unlabelled image was handed out within the same second
         strategies = {}
         for name in self.served:  # the most typical first: Slicer's Next Sample uses the first strategy listed
             for strategy in (MostTypical, TypicalLeastConfident, LeastConfident):
@@ -121,9 +114,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         return strategies
 
     def train(self, request):
-        """MONAI Label's ``train`` (in its training subprocess), then the trained bundle's scoring right here: MONAI
-        Label's own re-scoring after a training asks the server for every method at once and all but the first are
-        refused while that one runs (429)."""
+        """MONAI Label's ``train``, then the trained bundle's scoring here (MONAI Label's own re-scoring asks for every
+        method at once, and all but the first are refused with a 429)."""
         auto, self._auto_update_scoring = self._auto_update_scoring, False
         try:
             result = super().train(request)
@@ -146,9 +138,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         return result
 
     def check_label(self, image_id: str, label: str, params: dict) -> None:
-        """A submitted final label, before MONAI Label stores it: it must lie on its image's grid and a served bundle
-        must know all its segment names (one that no bundle could train on is refused now, not at the next Train);
-        else a 422 naming what is wrong, and nothing is saved."""
+        """A submitted final label must lie on its image's grid and a served bundle must know its segment names; else
+        a 422 naming what is wrong, and nothing is saved."""
         try:
             image = self.datastore().get_image_uri(image_id)
         except Exception:  # noqa: BLE001 - an unknown image: MONAI Label's own route answers that
@@ -166,9 +157,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         raise HTTPException(status_code=422, detail=f"{detail}; nothing was saved")
 
     def on_save_label(self, image_id, label_id):
-        """A saved final label re-anchors the case score of each served bundle that knows its segments
-        (``ServedBundle.add_site_label``); the answer to the client says, per bundle, the site's labels or why not.
-        Saving never fails because of it."""
+        """A saved final label re-anchors the case score of each served bundle that knows its segments; the answer says,
+        per bundle, the site's labels or why not. Saving never fails because of it."""
         out = super().on_save_label(image_id, label_id) or {}
         datastore = self.datastore()
         if datastore.get_labels_by_image_id(image_id).get("final") != label_id:
@@ -187,9 +177,8 @@ class CalibMONAILabelApp(MONAILabelApp):
         return {**out, "calib_monai_site_labels": anchored}
 
     def next_sample(self, request):
-        """MONAI Label's Next Sample without its scoring of every image on each click: the scores are kept up to date
-        at start, after each training and on request (``POST /scoring/<bundle>_case_quality``). No strategy named:
-        the first listed; an unknown one: 404 naming those served (MONAI Label answers 500)."""
+        """MONAI Label's Next Sample without re-scoring every image on each click (scores are kept up to date at start,
+        after each training and on request). No strategy named: the first listed; an unknown one: 404."""
         strategy = request.get("strategy") or next(iter(self._strategies), None)  # MONAI Label's own: "random"
         if strategy not in self._strategies:
             detail = f"no Next Sample strategy {strategy!r} here; strategies: {list(self._strategies)}"
@@ -201,8 +190,8 @@ class CalibMONAILabelApp(MONAILabelApp):
             self._auto_update_scoring = auto
 
     def infer(self, request, datastore=None):
-        """MONAI Label's ``infer`` with the client's errors as ``HTTPException`` (4xx + ``detail``), not a 500; a
-        failed request's uploads are removed here (MONAI Label removes them only after a response)."""
+        """MONAI Label's ``infer`` with the client's errors as a 4xx ``HTTPException``; a failed request's uploads are
+        removed here."""
         try:
             return self._infer(request, datastore)
         except BaseException:
@@ -226,8 +215,8 @@ class CalibMONAILabelApp(MONAILabelApp):
 
 
 def _one_line_failure(err: BaseException) -> None:
-    """In MONAI Label's training subprocess (no server in this process), end a failed training with one line,
-    ``ERROR: <what, where, the fix>``, last in the task's ``details``, not a traceback; in the server, raise on."""
+    """In MONAI Label's training subprocess, end a failed training with one line ``ERROR: ...``, last in the task's
+    ``details``; in the server, raise on."""
     if sys.modules.get("monailabel.app") is not None:
         return
     if isinstance(err, HTTPException):

@@ -1,12 +1,9 @@
-"""The margins answer of MONAI Label (``<bundle>_margins``): each structure's inner and outer contour
-(:mod:`calib_monai.review.contours`) and its prediction as three nested segments of one uint8 label map, which the
-stock 3D Slicer module imports as named segments (no MONAI Label import here).
+"""The margins answer of MONAI Label (``<bundle>_margins``): each structure's outer contour, prediction and inner
+contour (:mod:`calib_monai.review.contours`) as three nested segments of one uint8 label map (no MONAI Label import).
 
 Per structure ``k``: ``"<name> (outer 90%)"`` ``3k - 2``, ``"<name> (predicted)"`` ``3k - 1`` and ``"<name> (inner
-90%)"`` ``3k`` (90% = 1 - alpha). A label map holds one value per voxel, so the inner contour overrides the
-prediction, which overrides the outer contour (of any structure): the outer contour is the union of a structure's
-three segments, its prediction the union of the last two, and the ``(outer 90%)`` segment is the band the outer
-contour adds around the prediction.
+90%)"`` ``3k`` (90% = 1 - alpha). One value per voxel: the inner contour overrides the prediction, which overrides
+the outer band, so a structure's outer contour is the union of its three segments.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ PREDICTED_SUFFIX = " (predicted)"
 
 
 def margins_label_names(label_names: Mapping[int, str], alpha: float) -> dict[str, int]:
-    """``{name: value}`` of the margins map: background 0, then per structure ``k`` its outer band ``3k - 2``, its
-    prediction ``3k - 1`` and its inner contour ``3k``: consecutive values, every one named, as Slicer's MONAI Label
-    module needs them (it names the imported segments by position)."""
+    """``{name: value}`` of the margins map (see the module): consecutive values, every one named, as Slicer names
+    the imported segments by position."""
     names = {"background": 0}
     for value, name in sorted(label_names.items()):
         if value > 0:

@@ -1,10 +1,8 @@
-"""Request handling that MONAI Label leaves to the app: checked ``POST /infer/{model}`` and clean failures.
+"""Checked copies of MONAI Label routes (imports FastAPI and MONAI Label).
 
-MONAI Label (0.8.5) answers ``POST /infer/{model}`` without input with a 500 and leaves a failed request's upload in
-``TMPDIR``. ``check_infer_route`` puts a checked copy of that route first (a 400 for no input or bad ``params``) and
-names the uploaded fields so ``CalibMONAILabelApp.infer`` removes them when it fails; ``check_label_route`` checks a
-``PUT /datastore/label`` before MONAI Label stores it (unknown segment names, another grid: a 422, nothing replaced).
-Imports FastAPI and MONAI Label: the label environment only.
+MONAI Label answers ``POST /infer/{model}`` without input with a 500 and leaves a failed request's upload in
+``TMPDIR``: ``check_infer_route`` answers a 400 for no input or bad ``params`` and names the uploaded fields so the app
+removes them when it fails; ``check_label_route`` checks a ``PUT /datastore/label`` before MONAI Label stores it.
 """
 
 from __future__ import annotations
@@ -33,11 +31,8 @@ NO_INPUT = (
 
 
 def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
-    """Remove the uploaded files of ``request`` (its ``fields`` holding a path), once they are of no more use.
-
-    Only files directly in the temporary folder are removed, where MONAI Label writes uploads: a datastore or session
-    image named by the request is never touched.
-    """
+    """Remove the uploaded files of ``request`` (its ``fields`` holding a path): only files directly in the temporary
+    folder, where MONAI Label writes uploads, never a datastore or session image."""
     tmp = os.path.realpath(tempfile.gettempdir())
     for name in fields:
         path = request.get(name)
@@ -49,12 +44,8 @@ def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
 
 
 def check_infer_route() -> bool:
-    """Put the checked ``POST /infer/{model}`` before MONAI Label's own in the running server (``monailabel.app``).
-
-    Called when the app is created (MONAI Label creates it at server start, after its routes); the server matches
-    the routes in order on every request, so the copy answers from then on. Returns False when no server runs in
-    this process (``monailabel`` command-line use).
-    """
+    """Put the checked ``POST /infer/{model}`` before MONAI Label's own in the running server (routes match in
+    order); False when no server runs in this process."""
     server = sys.modules.get("monailabel.app")
     if server is None:
         return False

@@ -1,8 +1,7 @@
-"""One served bundle: its ``configs/inference.json`` run on one uploaded image, without MONAI Label.
+"""One served bundle: its ``configs/inference.json`` run on one uploaded image (no MONAI Label import).
 
-``ServedBundle`` is a thin layer over ``TrainedBundle`` (a served image gets what ``inferring`` writes for it): it
-checks the upload (``InputError``: a 4xx), summarises the confidence per label and keeps the last prediction, so the
-tasks of one image cost one inference. Nothing here imports MONAI Label.
+``ServedBundle`` wraps ``TrainedBundle``: it checks the upload (``InputError``: a 4xx), summarises the confidence per
+label and keeps the last prediction, so the tasks of one image cost one inference.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Served:
-    """The prediction for one image, in memory: both outputs on the input's grid (``(1, *spatial)`` MetaTensors
-    with the input's affine, as ``TrainedBundle.predict`` returns them) and the confidence summary per label."""
+    """The prediction for one image: both outputs as ``TrainedBundle.predict`` returns them, and the summaries."""
 
     segmentation: MetaTensor  # uint8 label values
     confidence: MetaTensor  # float32 max softmax probability
@@ -87,10 +85,9 @@ def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
 
 
 def review_label_names(label_names: dict[int, str]) -> dict[str, int]:
-    """The review map's ``{name: value}``: background 0, then per structure k its confident part ``2k - 1`` (named
-    as the structure) and its uncertain part ``2k`` (``"<name> (uncertain)"``): consecutive values, every one named,
-    as 3D Slicer's MONAI Label module needs them (it names the imported segments by position, value i for the i-th
-    name after "background")."""
+    """The review map's ``{name: value}``: background 0, then per structure k its confident part ``2k - 1`` and its
+    uncertain part ``2k`` (``"<name> (uncertain)"``): consecutive values, every one named, as Slicer names the
+    imported segments by position."""
     names = {"background": 0}
     for value, name in sorted(label_names.items()):
         if value > 0:
@@ -116,11 +113,8 @@ def review_label_map(segmentation: np.ndarray, confidence: np.ndarray, threshold
 def confidence_summary(
     segmentation: np.ndarray, confidence: np.ndarray, label_names: dict[int, str], thresholds=CONFIDENCE_THRESHOLDS
 ) -> dict[str, dict]:
-    """Per label: its voxel count, the mean confidence of its voxels and the fraction of them below each threshold.
-
-    ``{name: {"label": value, "voxels": n, "mean_confidence": m, "fraction_below_0.5": f, ...}}``; the statistics are
-    ``None`` for a label with no voxel (JSON ``null``). Computed in float64 over the voxels of the output grid.
-    """
+    """``{name: {"label": value, "voxels": n, "mean_confidence": m, "fraction_below_0.5": f, ...}}`` per label, in
+    float64; the statistics are ``None`` for a label with no voxel."""
     segmentation, confidence = np.asarray(segmentation), np.asarray(confidence, dtype=np.float64)
     if segmentation.shape != confidence.shape:
         raise ValueError(f"segmentation {segmentation.shape} and confidence {confidence.shape} differ in shape")
@@ -141,10 +135,8 @@ def confidence_summary(
 class ServedBundle:
     """A bundle folder served for inference: ``configs/inference.json`` plus ``models/model.pt`` (or ``model.ts``).
 
-    The config is parsed once (``TrainedBundle``) with ``output_dir`` set to the temporary folder (``TMPDIR``), so
-    serving never writes into the bundle. The network is loaded on the first request. The last prediction is kept,
-    keyed by the image's content, so the ``<bundle>_confidence`` request that follows a ``<bundle>`` request for the
-    same image (a new upload of the same bytes, or the same datastore file) runs no inference.
+    Outputs go to the temporary folder, never into the bundle; the network is loaded on the first request. The last
+    prediction is kept, keyed by the image's content, so the next task on the same image runs no inference.
 
     Args:
         bundle_dir: the bundle folder (holding ``configs/inference.json``); its name names the served model.
@@ -156,9 +148,7 @@ class ServedBundle:
     def __init__(
         self, bundle_dir: str | os.PathLike, device: str | None = None, site_dir: str | os.PathLike | None = None
     ):
-        # outputs go straight into the temporary folder, under names unique to each request, so nothing is left
-        # behind once MONAI Label has removed the file it sent (a folder of ours would outlive the server: uvicorn
-        # ends on the re-raised SIGTERM, without atexit)
+        # the temporary folder itself, names unique per request: a folder of ours would outlive the server
         self._output_dir = tempfile.gettempdir()
         self._device = device
         self.site_dir = os.fspath(site_dir) if site_dir else ""  # "": no site monitor
@@ -177,17 +167,15 @@ class ServedBundle:
         return TrainedBundle(self.bundle_dir, ("inference.json",), overrides, device=self._device)
 
     def files_stamp(self) -> tuple:
-        """(name, size, mtime) of the files that decide the output: the weights, the calibration, the validated
-        range and the manifest that publishes them as one set. A training that publishes new ones changes it, and
-        the next request serves them (``_refresh``)."""
+        """(name, size, mtime) of the files that decide the output; when a training publishes new ones, the next
+        request serves them (``_refresh``)."""
         models = self.bundle_dir / "models"
         names = ("model.pt", "model.ts", "calibration.pt", "validated_range.json", MANIFEST_FILE)
         return tuple((n, st.st_size, st.st_mtime_ns) for n in names if (st := _stat(models / n)) is not None)
 
     def _refresh(self) -> None:
-        """Rebuild the bundle (network, calibration, validated range) when its files changed since it was built. A
-        new set that does not check out (``ArtifactSetError``) is not served: the set built before goes on serving,
-        with a warning, and the next request looks again."""
+        """Rebuild the bundle when its files changed; a new set that does not check out is not served: the one built
+        before goes on serving, with a warning."""
         if self.files_stamp() != self._stamp:
             stamp, bundle = self._stamp, self._load()
             try:
@@ -203,8 +191,7 @@ class ServedBundle:
             logger.info(f"{self.name}: new weights or calibration in {self.bundle_dir / 'models'}: serving them")
 
     def site_status(self) -> dict:
-        """The site monitor's state (``review.site_monitor.summarise``: none yet reads as 0 cases; an unusable state:
-        its error line)."""
+        """The site monitor's state (``review.site_monitor.summarise``; an unusable state: its error line)."""
         if not self.site_dir:
             return {"monitored": False, "why": "no site folder"}
         path = Path(self.site_dir) / SITE_FILE
@@ -214,13 +201,8 @@ class ServedBundle:
             return {"monitored": True, "error": str(err)}
 
     @property
-    def source(self) -> dict | None:
-        """The weights, recalibration and validated range the served outputs come from (SHA-256s)."""
-        return self.bundle.source
-
-    @property
     def weights(self) -> Path | None:
-        """The weight file that will be served (``models/model.pt``, else ``models/model.ts``), or None."""
+        """The weights file served (``TrainedBundle.weights``)."""
         return self.bundle.weights
 
     def missing_weights_message(self) -> str:
@@ -304,8 +286,8 @@ class ServedBundle:
             return served
 
     def add_site_label(self, case: str, image: str, label: str, label_info: Any = None) -> dict:
-        """Record a submitted final label as a site label (:mod:`calib_monai.review.site_labels`); the site's state.
-        A ValueError without a site folder or for an image the served weights were fine-tuned on."""
+        """Record a submitted final label as a site label; the site's state. A ValueError without a site folder or
+        for an image the served weights were fine-tuned on."""
         if not self.site_dir:
             raise ValueError(f"{self.name} has no site folder: the label cannot re-anchor its case score")
         run = self.bundle_dir / "runs" / "label_training" / "models"  # FineTune's: the served weights' own run?
@@ -319,34 +301,27 @@ class ServedBundle:
         truth = delivered_dice(served.segmentation[0].numpy(), values, len(self.label_names))
         return record_site_label(self.site_dir, case, served.quality or {}, truth)
 
-    def review(self, served: Served, threshold: float) -> MetaTensor:
-        """The review label map of a prediction (:func:`review_label_map`) on the input's grid, uint8."""
-        values = review_label_map(served.segmentation[0].numpy(), served.confidence[0].numpy(), threshold)
-        return MetaTensor(
-            torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
-        )
-
-    def margins(self, served: Served) -> MetaTensor:
-        """The margins label map of a prediction (:func:`calib_monai.label.margins.margins_label_map`) on the input's
-        grid, uint8; an ``InputError`` (409) saying why when the bundle has no contours for it."""
-        if served.contours is None:
+    def label_map(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> MetaTensor:
+        """The ``"review"`` (:func:`review_label_map` at ``threshold``) or ``"margins"`` label map
+        (:func:`~calib_monai.label.margins.margins_label_map`) of a prediction on the input's grid, uint8; an
+        ``InputError`` (409) saying why when the bundle has no contours for the margins."""
+        segmentation = served.segmentation[0].numpy()
+        if key == "review":
+            values = review_label_map(segmentation, served.confidence[0].numpy(), threshold)
+        elif served.contours is None:
             why = ((served.quality or {}).get("contours") or {}).get("reason") or "the bundle made no contours"
             raise InputError(f"model {self.name!r} has no contours for this image: {why}", status=409)
-        inner, outer = (served.contours[kind].numpy() for kind in ("inner", "outer"))
-        values = margins_label_map(served.segmentation[0].numpy(), inner, outer)
-        return MetaTensor(
-            torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=dict(served.segmentation.meta)
-        )
+        else:
+            values = margins_label_map(segmentation, *(served.contours[kind].numpy() for kind in ("inner", "outer")))
+        meta = dict(served.segmentation.meta)
+        return MetaTensor(torch.from_numpy(values)[None], affine=served.segmentation.affine, meta=meta)
 
     def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
-        """Write ``served.<key>`` ("segmentation", "confidence"), its review map (at ``threshold``) or margins map as
-        ``inferring`` does, under a name of its own in the temporary folder; the caller owns (and removes) it."""
+        """Write ``served.<key>`` ("segmentation", "confidence") or its ``"review"``/``"margins"`` map as ``inferring``
+        does, under a name of its own in the temporary folder; the caller owns (and removes) it."""
         case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
         if key in ("review", "margins"):
-            value, writer = (
-                (self.review(served, threshold) if key == "review" else self.margins(served)),
-                "segmentation",
-            )
+            value, writer = self.label_map(served, key, threshold), "segmentation"
         else:
             value, writer = getattr(served, key), key
         with self._lock:  # the bundle's writers are not thread-safe
@@ -356,8 +331,8 @@ class ServedBundle:
 
 @contextlib.contextmanager
 def _pooled_features(network: torch.nn.Module):
-    """``{"vector": the pooled bottleneck features}`` of the forward passes inside the block (empty when the network
-    takes no hook, e.g. TorchScript, or did not run): what Next Sample compares images by."""
+    """``{"vector": the pooled bottleneck features}`` of the forward pass inside the block (empty when the network
+    takes no hook, e.g. TorchScript): what Next Sample compares images by."""
     pooled: dict = {}
     try:
         hook = BottleneckFeatures(network)
@@ -390,10 +365,10 @@ def _stat(path: Path):
         return None
 
 
-def _content_key(path: str, chunk: int = 1 << 20) -> tuple[int, str]:
+def _content_key(path: str) -> tuple[int, str]:
     """(size, BLAKE2b digest) of the file: the same image whatever its name (each upload is a new temporary file)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
-        while block := f.read(chunk):
+        while block := f.read(1 << 20):
             digest.update(block)
     return os.path.getsize(path), digest.hexdigest()

@@ -1,10 +1,6 @@
-"""The MONAI Label train task of a served bundle: fine-tune on the submitted labels, calibrate, serve the new weights
-(imports MONAI Label; the work is :class:`calib_monai.label.fine_tune.FineTune`).
-
-``POST /train/<bundle>`` (Slicer's "Train") runs it in MONAI Label's training subprocess; ``GET /train/`` reports its
-status and ``DELETE /train/`` (Slicer's "Stop") kills it, which publishes nothing. The server process serves the new
-files from its next request on (``ServedBundle`` reloads when ``models/model.pt`` changes), and MONAI Label scores the
-unlabelled images again after the training (``calib_monai.label.activelearning``).
+"""The MONAI Label train task of a served bundle (imports MONAI Label; the work is
+:class:`calib_monai.label.fine_tune.FineTune`). It runs in MONAI Label's training subprocess; stopping it publishes
+nothing, and the server serves the new files from its next request on.
 """
 
 from __future__ import annotations
