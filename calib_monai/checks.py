@@ -6,13 +6,6 @@ argument, what it must be and the value given. An option is matched exactly (MON
 nearest option by look_up_option's rule (Damerau-Levenshtein distance of at most 3), on the same line.
 
 Floor 0 of the house: standard library, NumPy, torch and MONAI only, so every room may use it.
-
->>> check_option("reduction", "mean", ("mean", "sum"))
-'mean'
->>> check_number("alpha", 0.1, 0, hint="a weight")
-0.1
->>> check_positive_int("num_bins", 15)
-15
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 Example::
 
-    calib-monai export bundles/nacl_flare
     calib-monai export bundles/nacl_flare --checkpoint /path/to/model.pt --output_dir /tmp/export
-    calib-monai export --help
     calib-monai slicer bundles/nacl_flare Phantom_0010_0000   # from bundles/nacl_flare/inference/
     calib-monai calibrate-probabilities preds/ labelsTr/ report/ --fit_predictions val/ --fit_labels labelsTr/
     calib-monai site show /path/to/deployment      # the site monitor's state: cases, value, alarm, evidence
@@ -31,13 +29,10 @@ def slicer(
     output_dir: str | None = None,
     low_confidence: float = LOW_CONFIDENCE,
 ) -> dict[str, str]:
-    """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (segments named and coloured from the
-    bundle's labels, plus a "low confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``.
-
-    Reads ``<case>_seg.nii.gz`` and ``<case>_conf.nii.gz`` from ``inference_dir`` (default ``<bundle>/inference``,
-    where the bundle's ``inferring`` run writes them) and writes next to them unless ``output_dir`` is given. Each
-    file reaches its name complete or not at all; an input that cannot be read (cut off by a killed run) is an error
-    naming it, and a case whose files record different sources (two models' outputs in one folder) is refused.
+    """3D Slicer files of one case segmented by a bundle: ``<case>.seg.nrrd`` (the bundle's labels, plus a "low
+    confidence" segment below ``low_confidence``) and ``<case>_confidence.nrrd``, from ``<case>_seg.nii.gz`` and
+    ``<case>_conf.nii.gz`` in ``inference_dir`` (default ``<bundle>/inference``), written beside them unless
+    ``output_dir`` is given. A case whose files record different sources is refused.
     """
     from pathlib import Path
 
@@ -52,16 +47,10 @@ def slicer(
 
 
 def main() -> None:
-    """Entry point of the ``calib-monai`` console script.
-
-    ``export``: :func:`calib_monai.export.export_bundle`; ``slicer``: :func:`slicer` (``<case>.seg.nrrd`` and
-    ``<case>_confidence.nrrd`` for 3D Slicer from a bundle's inference outputs); ``calibrate-probabilities``:
-    :func:`calib_monai.recalibration.calibrate_probabilities`; ``site show`` / ``site reset``:
-    :func:`calib_monai.review.show_site` / :func:`calib_monai.review.reset_site` (the site monitor's ``site.json``).
+    """Entry point of the ``calib-monai`` console script (the commands of the module).
 
     An error ends the command with one line, ``calib-monai: error: <what is wrong and the fix>``, and exit code 2 for
-    bad input (a missing file or folder, a wrong value), 1 for anything else; ``CALIB_MONAI_TRACEBACK=1`` prints the
-    traceback before it.
+    bad input, 1 for anything else; ``CALIB_MONAI_TRACEBACK=1`` prints the traceback before it.
     """
     import fire
 

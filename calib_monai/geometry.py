@@ -1,12 +1,9 @@
 """Do two voxel grids describe the same place? The one geometry check wherever a label meets an image or a prediction.
 
-A grid is an array shape and its affine (voxel index -> RAS world mm, as nibabel and MONAI read NIfTI). Grids that
-differ only in the order and direction of their voxels describe the same voxels (:func:`reorientation`); grids that
-differ in position, voxel size or axes do not. :func:`grid_mismatch` compares the two after both are reoriented to
-RAS: equal shapes, and every column of the affines within ``tolerance`` times the smallest voxel size
-(:data:`GEOMETRY_TOLERANCE`). :func:`affine_problem`: a grid without a usable affine is refused, never guessed.
-
-Floor 0: NumPy and nibabel only; the data components (training and evaluation) and ``calibrate-probabilities`` use it.
+A grid is an array shape and its affine (voxel index -> RAS world mm). Grids differing only in the order and direction
+of their voxels are the same (:func:`reorientation`); :func:`grid_mismatch` compares both reoriented to RAS, within
+:data:`GEOMETRY_TOLERANCE` of the smallest voxel. A grid without a usable affine is refused, never guessed.
+Floor 0: NumPy and nibabel only.
 """
 
 from __future__ import annotations
