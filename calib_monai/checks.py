@@ -27,30 +27,15 @@ __all__ = [
     "clip_probability_rounding",
     "is_real_number",
     "is_whole_number",
-    "nearest_option",
-    "range_text",
 ]
 
 #: A misspelt option within this many edits of a known one is answered with "did you mean" (MONAI's rule).
 _MAX_EDITS = 3
 
 
-def nearest_option(value: Any, options: Collection[Any]) -> Any:
-    """The option within 3 edits of ``value`` (Damerau-Levenshtein, as :func:`look_up_option`), or None.
-
-    >>> nearest_option("meen", ("mean", "sum"))
-    'mean'
-    >>> nearest_option("median", ("l1", "l2")) is None
-    True
-    """
-    distances = {o: damerau_levenshtein_distance(str(o), str(value)) for o in options}
-    close = {o: d for o, d in distances.items() if d <= _MAX_EDITS}
-    return min(close, key=close.get) if close else None
-
-
 def check_option(name: str, value: Any, options: Collection[Any]) -> Any:
     """``value`` if it is one of ``options``, else ``"<name> must be one of <options>, got <value>."`` (a ValueError),
-    followed by ``Did you mean '<option>'?`` when one is within 3 edits.
+    followed by ``Did you mean '<option>'?`` for the nearest within 3 edits (Damerau-Levenshtein, MONAI's rule).
 
     >>> check_option("penalty", "l1", ("l1", "l2"))
     'l1'
@@ -64,8 +49,9 @@ def check_option(name: str, value: Any, options: Collection[Any]) -> Any:
         found = False
     if found:
         return value
-    guess = nearest_option(value, options) if isinstance(value, str) else None
-    hint = f" Did you mean {guess!r}?" if guess is not None else ""
+    edits = {o: damerau_levenshtein_distance(str(o), value) for o in options} if isinstance(value, str) else {}
+    close = {o: d for o, d in edits.items() if d <= _MAX_EDITS}
+    hint = f" Did you mean {min(close, key=close.get)!r}?" if close else ""
     raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}.{hint}")
 
 
@@ -87,22 +73,6 @@ def is_whole_number(value: Any) -> bool:
     (True, False, False)
     """
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def range_text(
-    low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False
-) -> str:
-    """The bounds in words; no bounds: ``""``.
-
-    >>> range_text(0, 1, low_open=True)
-    '> 0 and <= 1'
-    """
-    parts = []
-    if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
-    return " and ".join(parts)
 
 
 def check_number(
@@ -138,7 +108,9 @@ def check_number(
     Traceback (most recent call last):
     ValueError: epochs must be an integer >= 1, got 2.5.
     """
-    bounds = range_text(low, high, low_open, high_open)
+    bounds = [f"{'>' if low_open else '>='} {low:g}"] if low is not None else []
+    bounds += [f"{'<' if high_open else '<='} {high:g}"] if high is not None else []
+    bounds = " and ".join(bounds)
     if wanted is None:
         wanted = ("an integer" if integer else "a finite number") + (f" {bounds}" if bounds else "")
     message = f"{name} must be {wanted}{f' ({hint})' if hint else ''}, got {value!r}"

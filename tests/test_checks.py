@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.checks import check_number, check_option, check_positive_int, nearest_option, range_text
+from calib_monai.checks import check_number, check_option, check_positive_int
 
 
 def test_an_option_is_returned_as_given():
@@ -40,18 +40,22 @@ def test_true_is_not_the_option_1():
         check_option("dim", True, (1, 2))
 
 
-def test_nearest_option_takes_the_fewest_edits():
+def test_the_nearest_option_takes_the_fewest_edits():
     # "zero" is 1 edit from "zeros" and 3 from "nan" (two substitutions, one deletion): "zeros"
-    assert nearest_option("zero", ("nan", "zeros")) == "zeros"
-    assert nearest_option("xyzxyz", ("a", "b")) is None
+    with pytest.raises(ValueError, match=r"got 'zero'\. Did you mean 'zeros'\?$"):
+        check_option("border", "zero", ("nan", "zeros"))
+    with pytest.raises(ValueError, match=r"got 'xyzxyz'\.$"):
+        check_option("border", "xyzxyz", ("a", "b"))
 
 
 @pytest.mark.parametrize(
     "args, expected",
-    [((0, 1), ">= 0 and <= 1"), ((0, None, True), "> 0"), ((None, 1, False, True), "< 1"), ((), "")],
+    [((0, 1), ">= 0 and <= 1"), ((0, None, True), "> 0"), ((None, 1, False, True), "< 1")],
 )
-def test_range_text(args, expected):
-    assert range_text(*args) == expected
+def test_the_range_in_words(args, expected):
+    low, high, low_open, high_open = (*args, *(None, None, False, False)[len(args) :])
+    with pytest.raises(ValueError, match=f"^x must be a finite number {expected}, got 'no'\\.$"):
+        check_number("x", "no", low, high, low_open=low_open, high_open=high_open)
 
 
 @pytest.mark.parametrize("value", [0, 0.5, 1, np.float32(0.25), np.int64(1), torch.tensor(0.75)])

@@ -43,63 +43,59 @@ def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
                 pass
 
 
-def check_infer_route() -> bool:
-    """Put the checked ``POST /infer/{model}`` before MONAI Label's own in the running server (routes match in
-    order); False when no server runs in this process."""
-    server = sys.modules.get("monailabel.app")
-    if server is None:
-        return False
+def _put_first(path: str, method: str, endpoint: Callable) -> bool:
+    """Add ``endpoint`` to the running server's routes before MONAI Label's own (routes match in order; MONAI
+    Label's stays, and stays in the API docs), unless a reloaded app put it there already."""
     from monailabel.config import settings
-    from monailabel.endpoints.infer import api_run_inference
 
-    router = server.app.router
-    if any(getattr(getattr(route, "endpoint", None), "_calib_monai_checked", False) for route in router.routes):
-        return True  # already there (a reloaded app)
+    router = sys.modules["monailabel.app"].app.router
+    if any(getattr(getattr(route, "endpoint", None), "_calib_monai_route", None) == path for route in router.routes):
+        return True
+    endpoint._calib_monai_route = path  # type: ignore[attr-defined]
+    router.add_api_route(f"{settings.MONAI_LABEL_API_STR}{path}", endpoint, methods=[method], include_in_schema=False)
+    router.routes.insert(0, router.routes.pop())
+    return True
+
+
+def _params(kwargs: Mapping) -> dict:
+    try:
+        return json.loads(kwargs.get("params") or "{}")
+    except json.JSONDecodeError as err:
+        raise HTTPException(status_code=400, detail=f"the form field 'params' is not JSON ({err})") from err
+
+
+def check_infer_route() -> bool:
+    """Put the checked ``POST /infer/{model}`` first in the running server; False when no server runs here."""
+    if sys.modules.get("monailabel.app") is None:
+        return False
+    from monailabel.endpoints.infer import api_run_inference
 
     @functools.wraps(api_run_inference)  # the same signature: FastAPI parses the same form, query and dependencies
     async def checked_infer(**kwargs):
         if not (kwargs.get("file") or kwargs.get("image") or kwargs.get("session_id")):
             raise HTTPException(status_code=400, detail=NO_INPUT)
-        try:  # checked before MONAI Label copies the upload, which a bad params would leave behind
-            json.loads(kwargs.get("params") or "{}")
-        except json.JSONDecodeError as err:
-            raise HTTPException(status_code=400, detail=f"the form field 'params' is not JSON ({err})") from err
+        _params(kwargs)  # checked before MONAI Label copies the upload, which a bad params would leave behind
         token = uploaded_fields.set(frozenset(k for k, f in (("image", "file"), ("label", "label")) if kwargs.get(f)))
         try:
             return await api_run_inference(**kwargs)
         finally:
             uploaded_fields.reset(token)
 
-    checked_infer._calib_monai_checked = True  # type: ignore[attr-defined]
-    # MONAI Label's own route stays (and stays in the API docs); this one is matched first
-    router.add_api_route(
-        f"{settings.MONAI_LABEL_API_STR}/infer/{{model}}", checked_infer, methods=["POST"], include_in_schema=False
-    )
-    router.routes.insert(0, router.routes.pop())
-    return True
+    return _put_first("/infer/{model}", "POST", checked_infer)
 
 
 def check_label_route(check: Callable[[str, str, dict], None]) -> bool:
-    """Put a checked ``PUT /datastore/label`` before MONAI Label's own in the running server: a ``final`` label is
-    written to a temporary file and passed to ``check(image_id, label_path, params)``, which raises an
-    ``HTTPException`` for a label the app refuses; then MONAI Label's route stores it. False without a server."""
-    server = sys.modules.get("monailabel.app")
-    if server is None:
+    """Put a checked ``PUT /datastore/label`` first in the running server: a ``final`` label is written to a
+    temporary file and passed to ``check(image_id, label_path, params)``, which raises an ``HTTPException`` for a
+    label the app refuses; then MONAI Label's route stores it. False without a server."""
+    if sys.modules.get("monailabel.app") is None:
         return False
-    from monailabel.config import settings
     from monailabel.endpoints.datastore import api_save_label
-
-    router = server.app.router
-    if any(getattr(getattr(route, "endpoint", None), "_calib_monai_label", False) for route in router.routes):
-        return True
 
     @functools.wraps(api_save_label)
     async def checked_save_label(**kwargs):
         if (kwargs.get("tag") or "final") == "final":
-            try:
-                params = json.loads(kwargs.get("params") or "{}")
-            except json.JSONDecodeError as err:
-                raise HTTPException(status_code=400, detail=f"the form field 'params' is not JSON ({err})") from err
+            params = _params(kwargs)
             upload = kwargs["label"]
             suffix = "".join(Path(upload.filename or "label.nii.gz").suffixes) or ".nii.gz"
             handle, path = tempfile.mkstemp(suffix=suffix)
@@ -112,9 +108,4 @@ def check_label_route(check: Callable[[str, str, dict], None]) -> bool:
                 os.remove(path)
         return await api_save_label(**kwargs)
 
-    checked_save_label._calib_monai_label = True  # type: ignore[attr-defined]
-    router.add_api_route(
-        f"{settings.MONAI_LABEL_API_STR}/datastore/label", checked_save_label, methods=["PUT"], include_in_schema=False
-    )
-    router.routes.insert(0, router.routes.pop())
-    return True
+    return _put_first("/datastore/label", "PUT", checked_save_label)

@@ -1,4 +1,4 @@
-"""Which unlabelled image to label next, from each image's case score and pooled network features (NumPy only).
+"""Which unlabelled image to label next, from each image's case score and pooled network features (NumPy and SciPy).
 
 ``next_to_label`` follows TypiClust (Hacohen, Dekel and Weinshall, "Active learning on a budget: opposite strategies
 suit high and low budgets", ICML 2022): with few labels, typical examples teach a model more than uncertain ones,
@@ -13,8 +13,9 @@ finer.
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
-__all__ = ["kmeans", "next_to_label", "squared_distances", "standardized", "typicality"]
+__all__ = ["kmeans", "next_to_label", "standardized", "typicality"]
 
 MAX_SPLITS = 10  # how many more parts than labels + 1 are tried before every candidate is taken as one part
 
@@ -27,12 +28,6 @@ def standardized(features: np.ndarray) -> np.ndarray:
     return (x[:, keep] - x[:, keep].mean(axis=0)) / spread[keep]
 
 
-def squared_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``(len(a), len(b))`` squared Euclidean distances, without an ``(n, m, d)`` temporary."""
-    out = (a * a).sum(1)[:, None] - 2.0 * a @ b.T + (b * b).sum(1)[None]
-    return np.maximum(out, 0.0)
-
-
 def kmeans(x: np.ndarray, k: int, seed: int = 0, iterations: int = 100) -> np.ndarray:
     """The cluster of each row of ``x`` under Lloyd's k-means with k-means++ seeding (``seed``): ``(n,)`` ints in
     ``[0, k)``. Fewer clusters when the rows have fewer distinct values than ``k``."""
@@ -40,14 +35,14 @@ def kmeans(x: np.ndarray, k: int, seed: int = 0, iterations: int = 100) -> np.nd
     rng = np.random.default_rng(seed)
     centres = [x[rng.integers(len(x))]]
     while len(centres) < k:
-        nearest = squared_distances(x, np.asarray(centres)).min(1)
+        nearest = cdist(x, np.asarray(centres), "sqeuclidean").min(1)
         if nearest.sum() <= 0:
             break
         centres.append(x[rng.choice(len(x), p=nearest / nearest.sum())])
     centres = np.asarray(centres)
     assigned = np.full(len(x), -1)
     for _ in range(iterations):
-        new = squared_distances(x, centres).argmin(1)
+        new = cdist(x, centres, "sqeuclidean").argmin(1)
         if (new == assigned).all():
             break
         assigned = new
@@ -64,7 +59,7 @@ def typicality(x: np.ndarray, neighbours: int = 20) -> np.ndarray:
     k = min(int(neighbours), len(x) - 1)
     if k < 1:
         return np.ones(len(x))
-    distance = np.sqrt(squared_distances(x, x))
+    distance = cdist(x, x)
     np.fill_diagonal(distance, np.inf)
     mean = np.sort(distance, axis=1)[:, :k].mean(1)
     with np.errstate(divide="ignore"):
