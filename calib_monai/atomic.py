@@ -24,6 +24,7 @@ __all__ = [
     "naming_write_failures",
     "save_atomically",
     "temporary_beside",
+    "write_durably",
     "write_error",
     "write_json_atomically",
     "write_text_atomically",
@@ -211,6 +212,16 @@ def save_atomically(obj: Any, path: str | os.PathLike, write: Callable[[Any, str
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def write_durably(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
+    """``write(tmp)`` to a temporary name beside ``path``, fsync, then rename: complete or absent after a power cut."""
+
+    def written(obj, tmp):
+        write(tmp)
+        fsync(tmp)
+
+    return save_atomically(None, path, write=written)
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:

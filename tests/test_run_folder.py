@@ -244,7 +244,7 @@ def test_copied_set_and_other_weights_of_the_folder(bundle, tmp_path):
 
 
 def test_a_failed_write_leaves_no_file_under_its_final_name(tmp_path):
-    from calib_monai.bundle.outputs import write_durably
+    from calib_monai.atomic import write_durably
 
     def half_then_fail(tmp):
         with open(tmp, "wb") as f:

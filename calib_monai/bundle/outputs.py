@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from calib_monai.atomic import fsync, save_atomically
+from calib_monai.atomic import write_durably
 
 from .manifest import short_sha
 
@@ -30,7 +30,6 @@ __all__ = [
     "SOURCE_META",
     "check_output_folder",
     "source_descrip",
-    "write_durably",
     "output_case",
     "output_path",
     "output_paths",
@@ -50,16 +49,6 @@ QUALITY_TABLE = "quality.csv"  # one row per case of the folder
 SOURCE_META = "calib_monai_source"  # the meta data key of an output image's source (written to the header)
 SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibration", "validated_range_sha256": "range"}
-
-
-def write_durably(path: str | os.PathLike, write) -> Path:
-    """``write(tmp)`` to a temporary name beside ``path``, fsync, then rename: complete or absent after a power cut."""
-
-    def written(obj, tmp):
-        write(tmp)
-        fsync(tmp)
-
-    return save_atomically(None, path, write=written)
 
 
 def _write_text(path: str | os.PathLike, text: str) -> Path:

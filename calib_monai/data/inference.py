@@ -16,6 +16,7 @@ from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
 from monai.transforms import Activationsd, Compose, MapTransform, SaveImaged
 
+from calib_monai.atomic import write_durably
 from calib_monai.bundle.manifest import NOT_APPLICABLE
 from calib_monai.bundle.outputs import (
     CONTOUR_POSTFIXES,
@@ -28,7 +29,6 @@ from calib_monai.bundle.outputs import (
     quality_path,
     source_descrip,
     write_case_quality,
-    write_durably,
 )
 from calib_monai.checks import clip_probability_rounding
 from calib_monai.data.input_grid import ToInputGridd

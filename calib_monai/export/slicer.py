@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.atomic import ensure_folder
+from calib_monai.atomic import ensure_folder, write_durably
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
-from calib_monai.bundle.outputs import write_durably
 from calib_monai.checks import check_number
 from calib_monai.defaults import LOW_CONFIDENCE
 

@@ -131,21 +131,8 @@ class FineTune:
 
     def _run(self, step: str, configs: Sequence[str], **overrides: Any) -> None:
         files = json.dumps([str(self.bundle_dir / "configs" / c) for c in configs])
-        command = [
-            sys.executable,
-            "-m",
-            "monai.bundle",
-            "run",
-            step,
-            "--config_file",
-            files,
-            "--bundle_root",
-            str(self.bundle_dir),
-            "--output_dir",
-            str(self.models),
-            "--seed",
-            str(self.seed),
-        ]
+        command = [sys.executable, "-m", "monai.bundle", "run", step, "--config_file", files]
+        command += ["--bundle_root", str(self.bundle_dir), "--output_dir", str(self.models), "--seed", str(self.seed)]
         for key, value in {**dict(self.overrides), **overrides}.items():
             command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
         with open(self.workdir / f"{step}.log", "a") as log:
