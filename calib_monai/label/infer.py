@@ -22,38 +22,50 @@ from calib_monai.label.margins import margins_label_names
 from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle, review_label_names
 from calib_monai.review.contours import read_contour_margins
 
-__all__ = [
-    "CONFIDENCE_SUFFIX",
-    "MARGINS_SUFFIX",
-    "REVIEW_SUFFIX",
-    "BundleConfidence",
-    "BundleMargins",
-    "BundleReview",
-    "BundleSegmentation",
-]
+__all__ = ["TASKS", "BundleTask"]
 
-CONFIDENCE_SUFFIX = "_confidence"
-MARGINS_SUFFIX = "_margins"
-REVIEW_SUFFIX = "_review"
 UNCERTAINTY_THRESHOLD = 0.8  # the Slicer files' "low confidence" threshold too
+#: task name suffix -> (the output it returns, its MONAI Label type, its description after "<bundle>: ")
+TASKS = {
+    "": (
+        "segmentation",
+        InferType.SEGMENTATION,
+        "segmentation (calib-monai bundle); JSON: confidence summary per label",
+    ),
+    "_review": (
+        "review",
+        InferType.SEGMENTATION,
+        "review - each structure's confident and uncertain (confidence < threshold) parts as separate segments; "
+        "JSON: case quality and review flag",
+    ),
+    "_margins": (
+        "margins",
+        InferType.SEGMENTATION,
+        "margins - each structure's outer contour, prediction and inner contour as nested segments, with a per-case "
+        "guarantee; JSON: the lambdas, alpha, epsilon and volumes",
+    ),
+    "_confidence": ("confidence", InferType.OTHERS, "confidence map (max softmax probability, float32, in [1/C, 1])"),
+}
 
 
-class _BundleTask(InferTask):
-    """Valid when the weights are there; the request's ``image`` is a local file (upload or datastore)."""
+class BundleTask(InferTask):
+    """The task ``<bundle><suffix>`` of :data:`TASKS`: valid when the weights are there; the request's ``image`` is a
+    local file (upload or datastore)."""
 
-    keep = "segmentation"  # which output file the task returns
-
-    def __init__(
-        self,
-        served: ServedBundle,
-        type: InferType,
-        description: str,
-        labels: dict[str, int] | None = None,
-        config: dict | None = None,
-    ):
-        labels = labels or {name: value for value, name in sorted(served.label_names.items())}
-        # config values stay scalars: Slicer's options table breaks on lists of numbers
-        super().__init__(type=type, labels=labels, dimension=3, description=description, config=config or {})
+    def __init__(self, served: ServedBundle, suffix: str = ""):
+        self.keep, type, description = TASKS[suffix]
+        labels = {name: value for value, name in sorted(served.label_names.items())}
+        config = {}  # values stay scalars: Slicer's options table breaks on lists of numbers
+        if self.keep == "review":
+            labels, config = review_label_names(served.label_names), {"uncertainty_threshold": UNCERTAINTY_THRESHOLD}
+        elif self.keep == "margins":
+            try:
+                margins, _ = read_contour_margins(served.bundle_dir / "models")
+            except ValueError:  # a damaged contours.json: each answer says so (409), the names take the default alpha
+                margins = None
+            labels = margins_label_names(served.label_names, margins.alpha if margins else CONTOUR_ALPHA)
+        description = f"{served.name}: {description}"
+        super().__init__(type=type, labels=labels, dimension=3, description=description, config=config)
         self.served = served
 
     def is_valid(self) -> bool:
@@ -95,64 +107,7 @@ class _BundleTask(InferTask):
         return value
 
 
-class BundleSegmentation(_BundleTask):
-    """``<bundle>``: the segmentation (uint8 label values) with a confidence summary per label in its JSON."""
-
-    def __init__(self, served: ServedBundle):
-        super().__init__(
-            served,
-            InferType.SEGMENTATION,
-            f"{served.name}: segmentation (calib-monai bundle); JSON: confidence summary per label",
-        )
-
-
-class BundleReview(_BundleTask):
-    """``<bundle>_review``: confident and uncertain part of every structure as separate segments (uint8)."""
-
-    keep = "review"
-
-    def __init__(self, served: ServedBundle):
-        super().__init__(
-            served,
-            InferType.SEGMENTATION,
-            f"{served.name}: review - each structure's confident and uncertain (confidence < threshold) "
-            "parts as separate segments; JSON: case quality and review flag",
-            labels=review_label_names(served.label_names),
-            config={"uncertainty_threshold": UNCERTAINTY_THRESHOLD},
-        )
-
-
-class BundleMargins(_BundleTask):
-    """``<bundle>_margins``: each structure's outer contour, prediction and inner contour as nested segments (uint8)."""
-
-    keep = "margins"
-
-    def __init__(self, served: ServedBundle):
-        try:
-            margins, _ = read_contour_margins(served.bundle_dir / "models")
-        except ValueError:  # a damaged contours.json: each answer says so (409), the names take the default alpha
-            margins = None
-        super().__init__(
-            served,
-            InferType.SEGMENTATION,
-            f"{served.name}: margins - each structure's outer contour, prediction and inner contour as nested "
-            "segments, with a per-case guarantee; JSON: the lambdas, alpha, epsilon and volumes",
-            labels=margins_label_names(served.label_names, margins.alpha if margins else CONTOUR_ALPHA),
-        )
-
-
 def _below(result, value: int, threshold: float) -> float | None:
     """Share of the voxels predicted ``value`` whose confidence is below ``threshold`` (None when there are none)."""
     inside = result.confidence[0].numpy()[result.segmentation[0].numpy() == value]
     return float((inside < np.float32(threshold)).mean()) if inside.size else None
-
-
-class BundleConfidence(_BundleTask):
-    """``<bundle>_confidence``: the float32 confidence map (max softmax probability)."""
-
-    keep = "confidence"
-
-    def __init__(self, served: ServedBundle):
-        super().__init__(
-            served, InferType.OTHERS, f"{served.name}: confidence map (max softmax probability, float32, in [1/C, 1])"
-        )

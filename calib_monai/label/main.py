@@ -19,15 +19,7 @@ from monailabel.interfaces.exception import ImageNotFoundException, MONAILabelEr
 
 import calib_monai
 from calib_monai.label.activelearning import CaseQualityScoring, LeastConfident, MostTypical, TypicalLeastConfident
-from calib_monai.label.infer import (
-    CONFIDENCE_SUFFIX,
-    MARGINS_SUFFIX,
-    REVIEW_SUFFIX,
-    BundleConfidence,
-    BundleMargins,
-    BundleReview,
-    BundleSegmentation,
-)
+from calib_monai.label.infer import TASKS, BundleTask
 from calib_monai.label.labels import check_label
 from calib_monai.label.routes import check_infer_route, check_label_route, remove_uploads, uploaded_fields
 from calib_monai.label.serving import SITE_FOLDER, InputError, ServedBundle, find_bundles
@@ -93,10 +85,7 @@ class CalibMONAILabelApp(MONAILabelApp):
         for name, served in self.served.items():
             if served.weights is None:
                 logger.warning(served.missing_weights_message())
-            tasks[name] = BundleSegmentation(served)
-            tasks[name + REVIEW_SUFFIX] = BundleReview(served)
-            tasks[name + MARGINS_SUFFIX] = BundleMargins(served)
-            tasks[name + CONFIDENCE_SUFFIX] = BundleConfidence(served)
+            tasks.update({name + suffix: BundleTask(served, suffix) for suffix in TASKS})
         return tasks
 
     def init_trainers(self):

@@ -24,6 +24,7 @@ import torch
 from monai.data import MetaTensor
 
 from calib_monai.bundle import TrainedBundle
+from calib_monai.bundle.errors import error_chain
 from calib_monai.bundle.manifest import MANIFEST_FILE, ArtifactSetError, file_sha256
 from calib_monai.data.transforms import unwrap_case_error
 from calib_monai.defaults import LOW_CONFIDENCE
@@ -270,7 +271,7 @@ class ServedBundle:
                 try:
                     prediction = self.bundle.predict_item(item)
                 except RuntimeError as err:  # MONAI wraps a transform's error: a site state the admin must clear
-                    site_error = _site_state_error(err)
+                    site_error = next((e for e in error_chain(err) if isinstance(e, SiteStateError)), None)
                     if site_error is None:
                         raise
                     raise InputError(str(site_error), status=503) from err
@@ -349,13 +350,6 @@ def _pooled_features(network: torch.nn.Module):
         return
     if features.finite:
         pooled["vector"] = features.vector
-
-
-def _site_state_error(err: BaseException | None) -> SiteStateError | None:
-    """The ``SiteStateError`` behind MONAI's ``RuntimeError("applying transform ...")`` wrappers, if any."""
-    while err is not None and not isinstance(err, SiteStateError):
-        err = err.__cause__ or err.__context__
-    return err
 
 
 def _stat(path: Path):
