@@ -122,10 +122,8 @@ class OutputFiles(NamedTuple):
 def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = OUTPUT_EXT) -> Path:
     """``<output_dir>/<case>_<postfix><ext>`` of the output ``key`` ("segmentation", "confidence", "contour_inner"
     or "contour_outer")."""
-    postfixes = {**OUTPUT_POSTFIXES, **CONTOUR_POSTFIXES}
-    if key not in postfixes:
-        raise KeyError(f"unknown output {key!r}: expected one of {list(postfixes)}")
-    return Path(output_dir) / f"{case}_{postfixes[key]}{ext}"
+    postfix = {**OUTPUT_POSTFIXES, **CONTOUR_POSTFIXES}[key]
+    return Path(output_dir) / f"{case}_{postfix}{ext}"
 
 
 def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:

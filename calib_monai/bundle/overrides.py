@@ -59,13 +59,8 @@ class RunnerArguments:
 
 
 def is_bundle_runner(argv: Sequence[str]) -> bool:
-    main = Path(argv[0]) if argv else Path()
-    return (
-        main.name == "__main__.py"
-        and main.parent.name == "bundle"
-        and main.parent.parent.name == "monai"
-        and (len(argv) > 1 and argv[1] == "run")
-    )
+    """Whether ``argv`` is ``python -m monai.bundle run ...``."""
+    return len(argv) > 1 and argv[1] == "run" and Path(argv[0]).parts[-3:] == ("monai", "bundle", "__main__.py")
 
 
 def _parse(args: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
@@ -202,8 +197,9 @@ def _component(merged: Any, key: str) -> tuple[str, str, Any]:
     return parent, last, merged[parent] if parent and parent in merged else None
 
 
-def check_override_keys(arguments: RunnerArguments) -> None:
-    """A ValueError for the first override that names no id of the config files and no argument of a component."""
+def check_override_keys(arguments: RunnerArguments) -> Any:
+    """A ValueError for the first override that names no id of the config files and no argument of a component;
+    returns the config files as read (a ``ConfigParser``)."""
     from monai.bundle import ConfigParser
 
     base = ConfigParser()
@@ -246,6 +242,7 @@ def check_override_keys(arguments: RunnerArguments) -> None:
             f"{where} is not a setting of {names}{nearest(key, known)}; check the spelling "
             f"({COMPONENT_EXAMPLE}; python -m monai.bundle run adds unknown keys without a word)"
         )
+    return base
 
 
 def _check_switch(raw_key: str, arguments: RunnerArguments, base: Any, merged: Any) -> None:

@@ -195,23 +195,17 @@ def _plain_value(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def record_run_settings(settings: dict, loss=None, arguments=None) -> None:
+def record_run_settings(settings: dict, loss=None, arguments=None, parser=None) -> None:
     """Keep the settings a resumed training must share with its checkpoint (``check_settings`` calls it): the checked
-    values, the loss's class and the other command-line overrides (``arguments``), less paths and loading switches."""
+    values, the loss's class and the other command-line overrides (``arguments``), less paths and loading switches;
+    ``parser``: the config files as read, whose values stand for the settings a side lacks."""
     values = {k: _plain_value(v) for k, v in settings.items() if _compared(k) and v is not None}
     if loss is not None:
         values["loss"] = f"{type(loss).__module__}.{type(loss).__qualname__}"
-    defaults: dict = {}
-    if arguments is not None:
-        from monai.bundle import ConfigParser
-
-        for key, value in arguments.overrides.items():
-            key = key.replace("::", "#")
-            if _compared(key) and key not in values:
-                values[key] = _plain_value(value)
-        base = ConfigParser()
-        base.read_config(arguments.config_files)
-        defaults = {"parser": base}
+    for key, value in arguments.overrides.items() if arguments is not None else ():
+        key = key.replace("::", "#")
+        if _compared(key) and key not in values:
+            values[key] = _plain_value(value)
     changes = (arguments.overrides.get("resume_changes") if arguments is not None else None) or "refuse"
     if changes not in RESUME_CHANGES:
         raise ValueError(
@@ -219,7 +213,7 @@ def record_run_settings(settings: dict, loss=None, arguments=None) -> None:
             "other than its checkpoint's) or leave it out"
         )
     _RUN.clear()
-    _RUN.update(settings=values, defaults=defaults, resume_changes=changes)
+    _RUN.update(settings=values, parser=parser, resume_changes=changes)
 
 
 def run_settings() -> dict:
@@ -234,7 +228,7 @@ def resume_changes_allowed() -> bool:
 
 def _default(key: str):
     """The config files' own value of ``key`` (unresolved), or ``"(not set)"``."""
-    parser = _RUN.get("defaults", {}).get("parser")
+    parser = _RUN.get("parser")
     try:
         return _plain_value(parser[key]) if parser is not None and key in parser else "(not set)"
     except (KeyError, IndexError, TypeError, ValueError):

@@ -15,9 +15,9 @@ from typing import Any
 
 from calib_monai.checks import is_real_number, is_whole_number
 
-from .overrides import RunnerArguments, check_override_keys, nearest, runner_arguments
+from .overrides import check_override_keys, nearest, runner_arguments
 
-__all__ = ["RunnerArguments", "check_data_settings", "check_override_keys", "check_settings", "runner_arguments"]
+__all__ = ["check_data_settings", "check_settings"]
 
 
 def _problem(key: str, value: Any, what: str, fix: str = "") -> ValueError:
@@ -141,11 +141,10 @@ def check_settings(
     from .runtime import record_run_settings
 
     arguments = runner_arguments(argv)
-    if arguments is not None:
-        check_override_keys(arguments)
+    parser = check_override_keys(arguments) if arguments is not None else None
     for key, value in settings.items():
         _check_value(key, value)
-    record_run_settings(settings, loss, arguments)
+    record_run_settings(settings, loss, arguments, parser)
     count = _label_count(settings.get("label_names"))
     classes = settings.get("num_classes")
     if count is not None and is_whole_number(classes) and count != classes:

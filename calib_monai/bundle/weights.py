@@ -110,10 +110,6 @@ def weights_state_dict(source, map_location="cpu") -> dict:
     return state
 
 
-def _examples(names: list[str], limit: int = 2) -> str:
-    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
-
-
 def load_network_weights(network, source, map_location="cpu", name: str | None = None):
     """Load ``source`` (as :func:`weights_state_dict` reads it) strictly into ``network`` (unwrapped); returns
     ``network``. Weights of another network are a ``WeightsFileError`` naming the file (``name``), how many tensors
@@ -131,7 +127,7 @@ def load_network_weights(network, source, map_location="cpu", name: str | None =
     ]
     if missing or unexpected or shapes:
         parts = [
-            f"{len(items)} {what} (e.g. {_examples(items)})"
+            f"{len(items)} {what} (e.g. {', '.join(items[:2])}{', ...' if len(items) > 2 else ''})"
             for items, what in (
                 (missing, "tensors of the network missing"),
                 (unexpected, "unexpected tensors"),

@@ -81,8 +81,8 @@ def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         return {}
-    found = {p.name: p for p in sorted(model_dir.iterdir()) if (p / "configs" / "inference.json").is_file()}
-    return {name: path for name, path in found.items() if not name.startswith(".")}
+    found = (p for p in sorted(model_dir.iterdir()) if (p / "configs" / "inference.json").is_file())
+    return {p.name: p for p in found if not p.name.startswith(".")}
 
 
 def review_label_names(label_names: dict[int, str]) -> dict[str, int]:
