@@ -43,7 +43,6 @@ __all__ = [
     "is_raw_request",
     "publish_artifacts",
     "read_artifact_set",
-    "short_sha",
     "versions",
 ]
 

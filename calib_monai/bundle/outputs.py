@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from calib_monai.atomic import write_durably
 
-from .manifest import short_sha
+from .records import short_sha
 
 __all__ = [
     "CONTOUR_POSTFIXES",

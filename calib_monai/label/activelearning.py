@@ -97,14 +97,11 @@ class LeastConfident(Strategy):
         for image_id in datastore.get_unlabeled_images():
             info = infos[image_id] = datastore.get_image_info(image_id)
             handed = (info.get("strategy") or {}).get(name) or {}
-            taken = (
-                bool(handed) and now - float(handed.get("ts", 0)) < self.recent_s and handed.get("client_id") != client
-            )
+            ts = float(handed.get("ts", 0))
+            taken = bool(handed) and now - ts < self.recent_s and handed.get("client_id") != client
             score = stored_score(info, self.bundle).get("case_score")
             unscored = score is None or score != score
-            ranked.append(
-                (taken, float(handed.get("ts", 0)) if taken else 0.0, unscored, 0.0 if unscored else score, image_id)
-            )
+            ranked.append((taken, ts if taken else 0.0, unscored, 0.0 if unscored else score, image_id))
         if not ranked:
             return {}
         free = [r[-1] for r in ranked if not r[0] and not r[2]]

@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_monai.bundle.manifest import file_sha256, short_sha
+from calib_monai.bundle.manifest import file_sha256
+from calib_monai.bundle.records import short_sha
 from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK
 from calib_monai.review.conformal import flag_rank
