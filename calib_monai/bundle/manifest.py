@@ -70,8 +70,7 @@ _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256: a run c
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of the file's bytes, cached by (inode, size, mtime): every writer of the package replaces files
-    whole."""
+    """The SHA-256 of the file's bytes, cached by (inode, size, mtime): the package's writers replace files whole."""
     stat = os.stat(path)
     key = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _HASHED:
@@ -204,8 +203,7 @@ def _check_unchanged(weights: Path, loaded: str) -> None:
 
 
 def copy_artifact_set(source_dir: str | os.PathLike, target_dir: str | os.PathLike) -> Path:
-    """Publish the verified set of ``source_dir`` (``model.pt``, calibration, range) into ``target_dir`` as one unit
-    (MONAI Label's fine-tune)."""
+    """Publish the verified set of ``source_dir`` into ``target_dir`` as one unit (MONAI Label's fine-tune)."""
     source = read_artifact_set(source_dir)
     entries = (source.manifest or {}).get("artifacts", {})
     names = [WEIGHTS_FILE, *(n for n in CALIBRATION_SET if (Path(source_dir) / n).is_file())]

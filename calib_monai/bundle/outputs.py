@@ -69,8 +69,7 @@ def _source_of_row(row: Mapping[str, Any]) -> tuple:
 
 
 def check_output_folder(output_dir: str | os.PathLike, source: Mapping[str, Any] | None) -> None:
-    """A ``ValueError`` naming the folder and the fix when its ``quality.csv`` holds rows of another source (or rows
-    without one) than ``source``: they would mix in one table."""
+    """A ``ValueError`` naming the folder and the fix when its ``quality.csv`` holds rows of another (or no) source."""
     table = Path(output_dir) / QUALITY_TABLE
     if not table.is_file():
         return
@@ -120,8 +119,7 @@ class OutputFiles(NamedTuple):
 
 
 def output_path(output_dir: str | os.PathLike, case: str, key: str, ext: str = OUTPUT_EXT) -> Path:
-    """``<output_dir>/<case>_<postfix><ext>`` of the output ``key`` ("segmentation", "confidence", "contour_inner"
-    or "contour_outer")."""
+    """``<output_dir>/<case>_<postfix><ext>`` of the output ``key`` (``OUTPUT_POSTFIXES``, ``CONTOUR_POSTFIXES``)."""
     postfix = {**OUTPUT_POSTFIXES, **CONTOUR_POSTFIXES}[key]
     return Path(output_dir) / f"{case}_{postfix}{ext}"
 

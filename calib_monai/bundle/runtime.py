@@ -166,19 +166,7 @@ def pin_memory(device) -> bool:
 #: ``--resume_changes allow``: a resumed training may run with settings other than its checkpoint's
 RESUME_CHANGES = ("refuse", "allow")
 #: keys whose change does not change what is trained (paths, logging, loading switches, the epochs to run)
-_NOT_COMPARED = {
-    "epochs",
-    "output_dir",
-    "dataset_dir",
-    "bundle_root",
-    "device",
-    "num_workers",
-    "pin_memory",
-    "init_weights",
-    "keep_epoch_weights",
-    "loss_log_interval",
-    "resume_changes",
-}
+_NOT_COMPARED = {"epochs", "device", "init_weights", "keep_epoch_weights", "loss_log_interval", "resume_changes"}
 _NOT_COMPARED_ENDINGS = ("_dir", "_path", "_file", "_root", "num_workers", "cache_rate", "pin_memory", "progress")
 _RUN: dict = {}
 

@@ -75,8 +75,7 @@ def read_bundle_config(
 
 
 class TorchScriptNetwork(torch.nn.Module):
-    """A TorchScript ``model.ts`` (MONAI's ``ckpt_export``) called like its network: a MetaTensor goes in as a plain
-    tensor, which is all TorchScript takes."""
+    """A TorchScript ``model.ts`` called like its network (a MetaTensor goes in as a plain tensor)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
@@ -187,8 +186,7 @@ class TrainedBundle:
 
     @property
     def source(self) -> dict[str, Any] | None:
-        """What the outputs come from (SHA-256s), as the postprocessing's ``CalibrateLogitsd`` records it, else from
-        the checked set."""
+        """What the outputs come from (SHA-256s), as ``CalibrateLogitsd`` records it, else from the checked set."""
         post = self._postprocessing_parts[0] if "postprocessing" in self.parser else None
         for transform in post.transforms if post is not None else ():
             if getattr(transform, "source", None):

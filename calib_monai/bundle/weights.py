@@ -73,14 +73,12 @@ def read_weights_file(
 
 
 def loaded_sha256(path: str | os.PathLike) -> str | None:
-    """The SHA-256 of the bytes this process last loaded from ``path`` (None: none): what ``calibrate`` publishes
-    its recalibration for."""
+    """The SHA-256 of the bytes this process last loaded from ``path`` (None: none)."""
     return _LOADED.get(os.path.realpath(path))
 
 
 def unwrap_network(network):
-    """The plain module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper (else ``network`` itself),
-    whose ``state_dict()`` keys have no ``module.`` prefix."""
+    """The plain module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper, else ``network``."""
     import torch
 
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)

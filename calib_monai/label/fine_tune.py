@@ -189,8 +189,7 @@ class FineTune:
         return out
 
     def run(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str]) -> dict[str, Any]:
-        """Prepare, train, calibrate and publish; returns the final stats (with the counts of labels trained on and held
-        out, and the calibration method and where it came from)."""
+        """Prepare, train, calibrate and publish; returns the final stats (counts, calibration method and source)."""
         self.prepare(cases, label_names)
         logger.info(
             f"{self.bundle_dir.name}: fine-tuning on {self.counts['trained_on']} submitted label(s), holding "

@@ -179,8 +179,7 @@ class CalibMONAILabelApp(MONAILabelApp):
             self._auto_update_scoring = auto
 
     def infer(self, request, datastore=None):
-        """MONAI Label's ``infer`` with the client's errors as a 4xx ``HTTPException``; a failed request's uploads are
-        removed here."""
+        """MONAI Label's ``infer``, the client's errors as a 4xx; a failed request's uploads are removed."""
         try:
             return self._infer(request, datastore)
         except BaseException:

@@ -20,8 +20,7 @@ PREDICTED_SUFFIX = " (predicted)"
 
 
 def margins_label_names(label_names: Mapping[int, str], alpha: float) -> dict[str, int]:
-    """``{name: value}`` of the margins map (see the module): consecutive values, every one named, as Slicer names
-    the imported segments by position."""
+    """``{name: value}`` of the margins map (see the module): every value named (Slicer names segments by position)."""
     names = {"background": 0}
     for value, name in sorted(label_names.items()):
         if value > 0:

@@ -168,8 +168,7 @@ class ServedBundle:
         return TrainedBundle(self.bundle_dir, ("inference.json",), overrides, device=self._device)
 
     def files_stamp(self) -> tuple:
-        """(name, size, mtime) of the files that decide the output; when a training publishes new ones, the next
-        request serves them (``_refresh``)."""
+        """(name, size, mtime) of the files that decide the output: new ones are served from the next request on."""
         models = self.bundle_dir / "models"
         names = ("model.pt", "model.ts", "calibration.pt", "validated_range.json", MANIFEST_FILE)
         return tuple((n, st.st_size, st.st_mtime_ns) for n in names if (st := _stat(models / n)) is not None)
