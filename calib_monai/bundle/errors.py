@@ -87,8 +87,7 @@ def _writer_failure(err: BaseException) -> str | None:
 
 
 def error_line(err: BaseException) -> str:
-    """The one line that says what went wrong (see the module); our own ``raise ... from`` wrapping it wins, and
-    the exception type is shown unless it is ours."""
+    """The one line that says what went wrong (see the module), with the exception type unless it is ours."""
     chain = error_chain(err)
     written = next((line for line in map(_writer_failure, reversed(chain)) if line), None)
     if written is not None:

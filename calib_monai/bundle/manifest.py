@@ -244,8 +244,7 @@ class ArtifactSet:
 def read_artifact_set(
     models_dir: str | os.PathLike, weights: str | os.PathLike | None = None, raw: bool = False
 ) -> ArtifactSet:
-    """The set of ``models_dir`` checked against its ``manifest.json`` (see the module): an ``ArtifactSetError``
-    naming the files and the fix when they do not belong together. ``weights`` defaults to ``models/model.pt``."""
+    """The set of ``models_dir`` checked against its ``manifest.json`` (see the module); ``weights``: model.pt."""
     folder = Path(models_dir)
     weights = Path(weights) if weights is not None else folder / WEIGHTS_FILE
     for attempt in range(READ_RETRIES):

@@ -180,8 +180,7 @@ def quality_row(case: str, quality: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mapping[str, Any]) -> Path:
-    """Write ``<case>_quality.json`` and the case's row of ``<output_dir>/quality.csv`` (replacing an earlier one),
-    each durably; returns the JSON's path. A ``quality.csv`` of another source is refused."""
+    """Write ``<case>_quality.json`` and the case's row of ``<output_dir>/quality.csv``, durably; returns the JSON."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     check_output_folder(folder, quality.get("source"))

@@ -174,8 +174,7 @@ def _data_description(data: Any) -> str:
 
 
 def check_data_settings(data: Any, num_classes: Any = None, in_channels: Any = None, label_names: Any = None) -> bool:
-    """``num_classes``, ``in_channels`` and ``label_names`` against the data component's classes and channels; a
-    ValueError naming the key, both values and the fix."""
+    """``num_classes``, ``in_channels`` and ``label_names`` against the data component's; a ValueError else."""
     where = _data_description(data)
     names = {str(k): str(v) for k, v in dict(data.label_names).items()}
     if num_classes is not None and num_classes != len(names):

@@ -136,10 +136,6 @@ class TrainedBundle:
         configs = [path.name for path in self.config_paths]
         return f"TrainedBundle({str(self.bundle_dir)!r}, {configs}, weights={str(self.weights)!r})"
 
-    @property
-    def name(self) -> str:
-        return self.bundle_dir.name
-
     def get(self, id: str, default: Any = None) -> Any:
         """The config item ``id`` instantiated (once: the parser's cache), or ``default`` when it is not defined."""
         return self.parser.get_parsed_content(id) if id in self.parser else default

@@ -44,8 +44,7 @@ def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
 
 
 def _put_first(path: str, method: str, endpoint: Callable) -> bool:
-    """Add ``endpoint`` to the running server's routes before MONAI Label's own (routes match in order; MONAI
-    Label's stays, and stays in the API docs), unless a reloaded app put it there already."""
+    """Add ``endpoint`` before MONAI Label's own route (routes match in order), unless a reloaded app did."""
     from monailabel.config import settings
 
     router = sys.modules["monailabel.app"].app.router

@@ -87,8 +87,7 @@ def find_bundles(model_dir: str | os.PathLike) -> dict[str, Path]:
 
 def review_label_names(label_names: dict[int, str]) -> dict[str, int]:
     """The review map's ``{name: value}``: background 0, then per structure k its confident part ``2k - 1`` and its
-    uncertain part ``2k`` (``"<name> (uncertain)"``): consecutive values, every one named, as Slicer names the
-    imported segments by position."""
+    uncertain part ``2k`` (``"<name> (uncertain)"``): every value named (Slicer names segments by position)."""
     names = {"background": 0}
     for value, name in sorted(label_names.items()):
         if value > 0:
@@ -337,8 +336,6 @@ def _pooled_features(network: torch.nn.Module):
     try:
         hook = BottleneckFeatures(network)
     except ValueError:
-        hook = None
-    if hook is None:
         yield pooled
         return
     with hook:
