@@ -1,11 +1,8 @@
 """Argument checks shared by the whole package: an option among a few, a number within a range, a count.
 
-Each check returns the value (a ``float``, an ``int`` or the option) or raises a one-line ``ValueError`` naming the
-argument, what it must be and the value given. An option is matched exactly (MONAI's
-:func:`monai.utils.look_up_option` would strip a string and return a default); a misspelt one is answered with the
-nearest option by look_up_option's rule (Damerau-Levenshtein distance of at most 3), on the same line.
-
-Floor 0 of the house: standard library, NumPy, torch and MONAI only, so every room may use it.
+Each check returns the value or raises a one-line ``ValueError`` naming the argument, what it must be and the value
+given. An option is matched exactly (MONAI's ``look_up_option`` would strip a string and return a default). Floor 0:
+standard library, NumPy, torch and MONAI only.
 """
 
 from __future__ import annotations

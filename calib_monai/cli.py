@@ -42,8 +42,7 @@ def slicer(
     written = slicer_files_from_inference(
         inference_dir, case, bundle_label_names(bundle_dir), output_dir, low_confidence=low_confidence
     )
-    paths = {"segmentation": str(written.segmentation), "confidence": str(written.confidence)}
-    return {**paths, **({"quality": str(written.quality)} if written.quality is not None else {})}
+    return {key: str(path) for key, path in vars(written).items() if path is not None}
 
 
 def main() -> None:

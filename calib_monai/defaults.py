@@ -1,8 +1,5 @@
-"""The package's defaults, each written once.
-
-Functions, handlers, the CLI, the bundle templates and MONAI Label read a default from here, so that changing one
-value here changes it everywhere. ``tests/test_defaults.py`` fails when one of these literals is written again as a
-default elsewhere in the package.
+"""The package's defaults, each written once: changing one here changes it everywhere (``tests/test_defaults.py``
+fails when one of these literals is written again as a default elsewhere in the package).
 """
 
 from __future__ import annotations

@@ -302,15 +302,8 @@ def _read_set(folder: Path, weights: Path, raw: bool) -> ArtifactSet:
             f"{[str(folder / n) for n in wrong]} do not belong to the set {where} lists ({detail}): from another "
             f"calibrate run, or one killed while publishing; {FIX}"
         )
-    return ArtifactSet(
-        folder,
-        weights,
-        weights_sha,
-        calibration=present.get("calibration.pt"),
-        validated_range=present.get("validated_range.json"),
-        manifest=manifest,
-        shas=shas,
-    )
+    applied = present.get("calibration.pt"), present.get("validated_range.json")
+    return ArtifactSet(folder, weights, weights_sha, *applied, manifest=manifest, shas=shas)
 
 
 def _legacy(folder: Path, weights: Path, weights_sha: str | None, present: dict, raw: bool) -> ArtifactSet:
@@ -330,11 +323,5 @@ def _legacy(folder: Path, weights: Path, weights_sha: str | None, present: dict,
         f"no {MANIFEST_FILE} in {folder}: read because the records of {sorted(present)} name {weights.name} "
         f"(sha256 {short_sha(weights_sha)}) and each other; run calibrate again to publish them with a manifest"
     )
-    return ArtifactSet(
-        folder,
-        weights,
-        weights_sha,
-        calibration=present.get("calibration.pt"),
-        validated_range=present.get("validated_range.json"),
-        shas=shas,
-    )
+    applied = present.get("calibration.pt"), present.get("validated_range.json")
+    return ArtifactSet(folder, weights, weights_sha, *applied, shas=shas)

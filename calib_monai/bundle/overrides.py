@@ -170,11 +170,8 @@ def _arguments_of(target: str) -> tuple[list[str], bool, set[str]] | None:
 
 def _deepest(parser: Any, key: str) -> str:
     """The longest prefix of the id ``key`` that exists in ``parser`` ("" for none)."""
-    parts = key.split("#")
-    for end in range(len(parts) - 1, 0, -1):
-        if "#".join(parts[:end]) in parser:
-            return "#".join(parts[:end])
-    return ""
+    prefixes = ("#".join(key.split("#")[:end]) for end in range(key.count("#"), 0, -1))
+    return next((prefix for prefix in prefixes if prefix in parser), "")
 
 
 def _shown(value: Any) -> str:

@@ -1,7 +1,6 @@
-"""What a run folder's files say of each other on their own, for a folder without ``manifest.json`` (copied without
-it): ``calibration.pt`` records the SHA-256 of the weights it was fitted for, ``validated_range.json`` those of the
-weights and of the recalibration it was measured with. The set is read only when they name each other; nothing is
-assumed of a record that is not there."""
+"""What a run folder's files say of each other on their own, for a folder without ``manifest.json``: ``calibration.pt``
+records the weights' SHA-256, ``validated_range.json`` those of the weights and of the recalibration it was measured
+with. Nothing is assumed of a record that is not there."""
 
 from __future__ import annotations
 
