@@ -188,15 +188,10 @@ def _referenced(key: str, overrides: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and f"@{key}" in v for k, v in overrides.items() if k != key)
 
 
-def _component(merged: Any, key: str) -> tuple[str, str, Any]:
-    """``(parent id, last part, the config item at parent)`` of an override id (the item None when absent)."""
-    parent, _, last = key.rpartition("#")
-    return parent, last, merged[parent] if parent and parent in merged else None
-
-
 def check_override_keys(arguments: RunnerArguments) -> Any:
-    """A ValueError for the first override that names no id of the config files and no argument of a component;
-    returns the config files as read (a ``ConfigParser``)."""
+    """A ValueError for the first override that names no id of the config files and no argument of a component, or
+    that passes ``false`` to a component's boolean argument (python-fire hands it over as the string "false", which
+    counts as true); returns the config files as read (a ``ConfigParser``)."""
     from monai.bundle import ConfigParser
 
     base = ConfigParser()
@@ -210,53 +205,37 @@ def check_override_keys(arguments: RunnerArguments) -> Any:
             unplaced.add(key)
     names = ", ".join(Path(f).name for f in arguments.config_files)
     known = _ids(base.get())
-    for raw_key in arguments.overrides:
-        _check_switch(raw_key, arguments, base, merged)
-    for raw_key in arguments.overrides:
+    for raw_key, value in arguments.overrides.items():
         key = raw_key.replace("::", "#")
-        defined = key in base or key in arguments.workflow_ids or key in OWN_KEYS
-        defined = defined or _referenced(key, arguments.overrides)
-        if raw_key not in unplaced and defined:
-            continue
-        value = arguments.overrides[raw_key]
         where = f"--{raw_key} {_shown(value)} ({arguments.sources[raw_key]})"
-        parent, last, owner = _component(merged, key)
+        parent, _, last = key.rpartition("#")
+        owner = merged[parent] if parent and parent in merged else None
+        target = owner["_target_"] if isinstance(owner, Mapping) and "_target_" in owner else None
+        if target and isinstance(value, str) and value.strip().lower() == "false":
+            signature = _arguments_of(target)
+            if (signature is not None and last in signature[2]) or (key in base and isinstance(base[key], bool)):
+                raise ValueError(
+                    f"{where}: {target}'s {last} is a boolean, and python -m monai.bundle run hands {value} over as "
+                    f"the string {value!r}, which counts as true; write --{raw_key} False"
+                )
+        defined = key in base or key in arguments.workflow_ids or key in OWN_KEYS
+        if raw_key not in unplaced and (defined or _referenced(key, arguments.overrides)):
+            continue
         if isinstance(owner, list) or raw_key in unplaced:
             deepest = _deepest(merged, key)
             items = merged[deepest] if deepest else None
             if isinstance(items, list):
                 raise ValueError(f"{where}: {deepest} has {len(items)} items (indices 0 to {len(items) - 1})")
-        if isinstance(owner, Mapping) and "_target_" in owner:
-            signature = _arguments_of(owner["_target_"])
+        if target:
+            signature = _arguments_of(target)
             if signature is None or signature[1] or last in signature[0]:
                 continue  # an argument of the component (or one it may take)
             raise ValueError(
-                f"{where}: {owner['_target_']} has no argument {last!r}"
-                f"{nearest(last, signature[0], f'--{parent}#')} (its arguments: "
-                f"{', '.join(signature[0])})"
+                f"{where}: {target} has no argument {last!r}{nearest(last, signature[0], f'--{parent}#')} (its "
+                f"arguments: {', '.join(signature[0])})"
             )
         raise ValueError(
             f"{where} is not a setting of {names}{nearest(key, known)}; check the spelling "
             f"({COMPONENT_EXAMPLE}; python -m monai.bundle run adds unknown keys without a word)"
         )
     return base
-
-
-def _check_switch(raw_key: str, arguments: RunnerArguments, base: Any, merged: Any) -> None:
-    """A ValueError for ``--<component>#<switch> false``: python-fire hands over the string "false", which a
-    component's boolean argument takes as true."""
-    value = arguments.overrides[raw_key]
-    if not (isinstance(value, str) and value.strip().lower() == "false"):
-        return
-    key = raw_key.replace("::", "#")
-    _, last, owner = _component(merged, key)
-    if not (isinstance(owner, Mapping) and "_target_" in owner):
-        return
-    signature = _arguments_of(owner["_target_"])
-    boolean = (signature is not None and last in signature[2]) or (key in base and isinstance(base[key], bool))
-    if boolean:
-        raise ValueError(
-            f"--{raw_key} {value} ({arguments.sources[raw_key]}): {owner['_target_']}'s {last} is a boolean, and "
-            f"python -m monai.bundle run hands {value} over as the string {value!r}, which counts as true; write "
-            f"--{raw_key} False"
-        )
