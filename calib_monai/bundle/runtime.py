@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -178,8 +179,6 @@ def _compared(key: str) -> bool:
 
 def _plain_value(value):
     """``value`` as plain JSON types: what a ``weights_only`` checkpoint holds and compares equal across runs."""
-    import json
-
     return json.loads(json.dumps(value, default=str))
 
 

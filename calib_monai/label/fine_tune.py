@@ -64,20 +64,14 @@ class FineTune:
 
     def __post_init__(self) -> None:
         self.bundle_dir = Path(self.bundle_dir)
+        self.workdir = self.bundle_dir / "runs" / "label_training"
+        self.models = self.workdir / "models"
         if int(self.epochs) < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if not 0 < float(self.lr) < 1:
             raise ValueError(f"lr must be in (0, 1), got {self.lr}")
         if not 0 < float(self.validation_fraction) < 1:
             raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
-
-    @property
-    def workdir(self) -> Path:
-        return self.bundle_dir / "runs" / "label_training"
-
-    @property
-    def models(self) -> Path:
-        return self.workdir / "models"
 
     def prepare(self, cases: Sequence[SubmittedLabel], label_names: Mapping[int, str]) -> Path:
         """Map the submitted labels to the bundle's values and write the datalist (a fresh work folder)."""

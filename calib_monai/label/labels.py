@@ -17,6 +17,8 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
+from calib_monai.geometry import grid_mismatch
+
 __all__ = ["UNCERTAIN_SUFFIX", "check_label", "remap_label", "stored_values", "value_map"]
 
 UNCERTAIN_SUFFIX = " (uncertain)"
@@ -97,8 +99,6 @@ def _check_grid(case: str, label: Path, values: np.ndarray, affine, image: Path 
         return flat
     if not image.name.endswith((".nii", ".nii.gz")) or affine is None:
         return values
-    from calib_monai.geometry import grid_mismatch
-
     header = nib.load(str(image))
     mismatch = grid_mismatch(header.affine, header.shape[:3], affine, values.shape)
     if mismatch is not None:
