@@ -256,6 +256,29 @@ def test_a_failed_write_leaves_no_file_under_its_final_name(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_cases_files_are_written_side_by_side_and_one_failure_lets_the_others_finish(tmp_path):
+    from functools import partial
+
+    from calib_monai.atomic import write_durably
+    from calib_monai.bundle.outputs import write_concurrently
+
+    def text(i, tmp):
+        with open(tmp, "w") as f:
+            f.write(str(i))
+
+    names = [tmp_path / f"case_{i}.txt" for i in range(3)]
+    assert write_concurrently([partial(write_durably, name, partial(text, i)) for i, name in enumerate(names)]) == names
+    assert [name.read_text() for name in names] == ["0", "1", "2"]
+
+    def disk_full():
+        raise OSError("disk full")
+
+    later = [tmp_path / f"later_{i}.txt" for i in range(2)]
+    with pytest.raises(OSError, match="disk full"):
+        write_concurrently([disk_full, *(partial(write_durably, name, partial(text, 7)) for name in later)])
+    assert [name.read_text() for name in later] == ["7", "7"]  # the others were not cut short
+
+
 def test_monai_label_serving_checks_the_set_and_keeps_the_one_it_serves(bundle):
     from calib_monai.label.serving import ServedBundle
 

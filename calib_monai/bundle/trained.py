@@ -7,6 +7,7 @@ range that does not belong with them is an ``ArtifactSetError`` naming the files
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from .outputs import (
     output_case,
     output_path,
     write_case_quality,
+    write_concurrently,
 )
 from .runtime import as_bool
 from .weights import WeightsFileError, load_network_weights, read_weights_file
@@ -252,6 +254,8 @@ class TrainedBundle:
         post = self.postprocessing
         transforms = post.flatten().transforms if isinstance(post, Compose) else [post]
         savers = {t.keys[0]: t for t in transforms if isinstance(t, SaveImaged) and len(t.keys) == 1}
+        for t in transforms:  # inferring's SaveImagesd: one SaveImaged per key, written side by side
+            savers.update(getattr(t, "savers", {}))
         return Compose([t for t in transforms if not isinstance(t, (SaveImaged, OutputWriter))]), savers
 
     def _autocast(self):
@@ -318,6 +322,7 @@ class TrainedBundle:
         savers = self._postprocessing_parts[1]
         folder = Path(output_dir if output_dir is not None else self.get("output_dir"))
         written: dict[str, Path | None] = {}
+        writes = []
         images = {"segmentation": segmentation, "confidence": confidence}
         images.update({key: (contours or {}).get(postfix) for key, postfix in CONTOUR_POSTFIXES.items()})
         for key, value in images.items():
@@ -332,9 +337,12 @@ class TrainedBundle:
             saver = savers[key].saver
             meta = value.meta if isinstance(value, MetaTensor) else {}
             path = output_path(folder, case or output_case(meta), key, ext=saver.output_ext)
-            folder.mkdir(parents=True, exist_ok=True)
-            saver(value, filename=str(path)[: -len(saver.output_ext)])  # SaveImage appends the extension
+            # SaveImage appends the extension
+            writes.append(functools.partial(saver, value, filename=str(path)[: -len(saver.output_ext)]))
             written[CONTOUR_POSTFIXES.get(key, key)] = path
+        if writes:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_concurrently(writes)
         if quality is not None:
             given = [v for v in images.values() if isinstance(v, MetaTensor)]
             name = case or (output_case(given[0].meta) if given else None)

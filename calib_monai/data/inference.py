@@ -8,15 +8,11 @@ from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
-from monai.data.folder_layout import default_name_formatter
-from monai.data.image_writer import NibabelWriter
-from monai.transforms import Activationsd, Compose, MapTransform, SaveImaged
+from monai.transforms import Activationsd, Compose, MapTransform
 
-from calib_monai.atomic import write_durably
 from calib_monai.bundle.manifest import NOT_APPLICABLE
 from calib_monai.bundle.outputs import (
     CONTOUR_POSTFIXES,
@@ -27,19 +23,18 @@ from calib_monai.bundle.outputs import (
     check_output_folder,
     output_case,
     quality_path,
-    source_descrip,
     write_case_quality,
 )
 from calib_monai.checks import clip_probability_rounding
 from calib_monai.data.input_grid import ToInputGridd
 from calib_monai.data.layouts import NIFTI_SUFFIXES
+from calib_monai.data.writers import image_savers
 
 __all__ = [
     "CaseNamed",
     "ClipProbabilityRoundingd",
     "ConfidenceAndSegmentationd",
     "CheckOutputFolderd",
-    "GridNibabelWriter",
     "RecordSourced",
     "SaveCaseQualityd",
     "image_datalist",
@@ -155,14 +150,6 @@ def inference_preprocessing(component) -> Compose:
     return component.inference_preprocessing()
 
 
-def _contour_savers(save: dict) -> list[SaveImaged]:
-    """Write ``ContourMarginsd``'s masks when it made them (a case without a contour set has none)."""
-    return [
-        SaveImaged(key, output_postfix=postfix, output_dtype="uint8", allow_missing_keys=True, **save)
-        for key, postfix in CONTOUR_POSTFIXES.items()
-    ]
-
-
 class ConfidenceAndSegmentationd(MapTransform):
     """From class probabilities ``p`` (C, ...) under ``key``: ``segmentation = argmax_c p`` and
     ``confidence = max_c p`` (the confidence that calibration is about), both (1, ...) with the meta data of ``p``;
@@ -216,59 +203,6 @@ class CaseNamed(MapTransform):
             if isinstance(d[key], MetaTensor):
                 d[key].meta = {**d[key].meta, "case_name": str(case)}  # a new dict: the input's meta is untouched
         return d
-
-
-def case_name_formatter(metadict: dict, saver) -> dict:
-    """``SaveImaged`` file names: ``<case_name>_<postfix>`` when ``CaseNamed`` set one, else MONAI's default
-    (the input file's name without extension)."""
-    if metadict and metadict.get("case_name"):
-        # the extension is stripped again by MONAI: it protects case names with dots
-        return {"subject": f"{metadict['case_name']}.nii.gz", "idx": metadict.get("patch_index")}
-    return default_name_formatter(metadict, saver)
-
-
-class GridNibabelWriter(NibabelWriter):
-    """``NibabelWriter`` that writes the data as it is on its grid when no resampling is asked for (``SaveImaged``
-    with ``resample=False``): MONAI's writer resamples anyway (an identity), and that fails for 2D images such as
-    the BUSI PNGs once the depth-1 axis is squeezed (the squeezed MetaTensor's spatial rank drops to 1).
-
-    Each file reaches its name complete or not at all (``write_durably``: a temporary name in the same folder,
-    fsync, ``os.replace``; MONAI's writer saves straight to the name, so a killed run could leave a truncated
-    ``.nii.gz``), and the image's source (``SOURCE_META``, from :class:`RecordSourced`) goes into the header's
-    ``descrip`` (``calib_monai w=<weights> c=<calibration> r=<range>``, short SHA-256s)."""
-
-    def set_metadata(self, meta_dict=None, resample: bool = True, **options):
-        self.descrip = source_descrip((meta_dict or {}).get(SOURCE_META))
-        return super().set_metadata(meta_dict, resample, **options)
-
-    def write(self, filename, verbose: bool = False, **obj_kwargs):
-        import nibabel as nib
-        from monai.data.utils import to_affine_nd
-        from monai.utils import convert_data_type
-
-        self.data_obj = self.create_backend_obj(
-            self.data_obj, affine=self.affine, dtype=self.output_dtype, **obj_kwargs
-        )
-        if self.affine is None:
-            self.affine = np.eye(4)
-        affine = to_affine_nd(r=3, affine=convert_data_type(self.affine, np.ndarray)[0])
-        self.data_obj.set_sform(affine, code=1)
-        self.data_obj.set_qform(affine, code=1)
-        if getattr(self, "descrip", ""):
-            self.data_obj.header["descrip"] = self.descrip.encode()[:79]
-        write_durably(filename, lambda tmp: nib.save(self.data_obj, tmp))
-
-    @classmethod
-    def resample_if_needed(cls, data_array, affine=None, target_affine=None, output_spatial_shape=None, **kwargs):
-        if target_affine is None and output_spatial_shape is None:
-            if isinstance(data_array, MetaTensor):
-                data_array = data_array.as_tensor()
-            if isinstance(affine, MetaTensor):
-                affine = affine.as_tensor()
-            return data_array, affine
-        return super().resample_if_needed(
-            data_array, affine=affine, target_affine=target_affine, output_spatial_shape=output_spatial_shape, **kwargs
-        )
 
 
 class RecordSourced(MapTransform):
@@ -363,14 +297,6 @@ def segmentation_and_confidence(
     """
     keys = ("segmentation", "confidence")
     delivered = (*keys, *CONTOUR_POSTFIXES)  # what crosses to the input grid
-    save = {
-        "output_dir": str(output_dir),
-        "separate_folder": False,
-        "resample": False,
-        "print_log": False,
-        "output_name_formatter": case_name_formatter,
-        "writer": GridNibabelWriter,
-    }
     quality = [] if case_quality is None else [case_quality]
     saved = [] if case_quality is None else [SaveCaseQualityd(case_quality.quality_key, output_dir)]
     return Compose(
@@ -386,9 +312,7 @@ def segmentation_and_confidence(
             ToInputGridd(delivered, preprocessing, nearest=(True, False, True, True), allow_missing_keys=True),
             ClipProbabilityRoundingd("confidence"),
             CheckOutputFolderd(output_dir),
-            SaveImaged("segmentation", output_postfix=OUTPUT_POSTFIXES["segmentation"], output_dtype="uint8", **save),
-            SaveImaged("confidence", output_postfix=OUTPUT_POSTFIXES["confidence"], output_dtype="float32", **save),
-            *([] if contours is None else _contour_savers(save)),
+            image_savers(output_dir, contours=contours is not None),
             *saved,
         ]
     )
