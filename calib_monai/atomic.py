@@ -189,10 +189,8 @@ def naming_write_failures(path: str | os.PathLike, tmp: str | os.PathLike | None
 
 
 def save_atomically(obj: Any, path: str | os.PathLike, write: Callable[[Any, str], Any] | None = None) -> Path:
-    """``write(obj, tmp)`` (``torch.save`` by default) to a temporary file beside ``path``, then renamed over it.
-
-    A failure (``OSError``, or the ``RuntimeError`` of ``torch.save``) is a one-line :class:`WriteError` naming
-    ``path``; the temporary file is removed."""
+    """``write(obj, tmp)`` (``torch.save`` by default) to a temporary file beside ``path``, then renamed over it; a
+    failure (``OSError``, or ``torch.save``'s ``RuntimeError``) is a one-line :class:`WriteError` naming ``path``."""
     path = Path(path)
     ensure_folder(path.parent, f"cannot write {path.name}: its folder")
     tmp = None

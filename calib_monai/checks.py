@@ -111,8 +111,7 @@ def check_number(
     if wanted is None:
         wanted = ("an integer" if integer else "a finite number") + (f" {bounds}" if bounds else "")
     message = f"{name} must be {wanted}{f' ({hint})' if hint else ''}, got {value!r}"
-    kind_ok = is_whole_number(value) if integer else is_real_number(value)
-    if not kind_ok:
+    if not (is_whole_number(value) if integer else is_real_number(value)):
         raise ValueError(f"{message}.")
     number = int(value) if integer else float(value)
     below = low is not None and (number <= low if low_open else number < low)
@@ -141,10 +140,9 @@ PROBABILITY_ROUNDING = 1e-6
 
 
 def clip_probability_rounding(prob: torch.Tensor, name: str = "probabilities") -> torch.Tensor:
-    """``prob`` with values within :data:`PROBABILITY_ROUNDING` of [0, 1] clipped into it, in place (float rounding
-    where the probabilities are made, so that the checks downstream stay exact); values further out (or NaN) are a
-    ValueError naming ``name`` and the values seen. One reduction on ``prob``'s device and one read-back of 2
-    numbers; an empty or integer tensor is returned as it is.
+    """``prob`` with values within :data:`PROBABILITY_ROUNDING` of [0, 1] clipped into it, in place, so that the checks
+    downstream stay exact; values further out (or NaN) are a ValueError naming ``name`` and the values seen. An empty
+    or integer tensor is returned as it is.
 
     >>> clip_probability_rounding(torch.tensor([1.0 + 1e-7, 0.0, -1e-8])).tolist()
     [1.0, 0.0, 0.0]

@@ -76,8 +76,7 @@ INPUT_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError, NotADirector
 
 
 def _report(err: Exception) -> int:
-    """Print ``err`` as one line (``calib_monai.bundle.error_line``; the traceback too with CALIB_MONAI_TRACEBACK=1)
-    and return the exit code: 2 for bad input, 1 for a failure."""
+    """Print ``err`` as one line (``error_line``) and return the exit code: 2 for bad input, 1 for a failure."""
     from calib_monai.bundle.errors import TRACEBACK_ENV, error_line
 
     if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):

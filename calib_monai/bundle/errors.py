@@ -8,6 +8,7 @@ bundle's ``initialize``) installs a ``sys.excepthook`` that prints that line las
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -125,10 +126,8 @@ def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType |
         print(f"(the full traceback: run again with {TRACEBACK_ENV}=1)", file=sys.stderr)
     print(f"ERROR: {error_line(exc)}", file=sys.stderr)
     for cleanup in list(_ON_ERROR_EXIT.values()):  # e.g. the output folder's training lock
-        try:
+        with contextlib.suppress(Exception):  # the error line is out; nothing may stop the exit
             cleanup()
-        except Exception:  # noqa: BLE001, S110 - the error line is out; nothing may stop the exit
-            pass
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()

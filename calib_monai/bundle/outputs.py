@@ -144,8 +144,7 @@ def output_paths(output_dir: str | os.PathLike, case: str) -> OutputFiles:
 
 
 def output_case(meta: Mapping) -> str:
-    """The ``<case>`` of an output from its meta data: ``CaseNamed``'s ``"case_name"``, else the input file's name
-    without its extension (``.nii.gz`` counts as one), as MONAI's ``SaveImage`` names it."""
+    """The ``<case>`` of an output: ``CaseNamed``'s ``"case_name"``, else the input file's name, no extension."""
     if meta.get("case_name"):
         return str(meta["case_name"])
     source = meta.get("filename_or_obj")

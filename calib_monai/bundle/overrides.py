@@ -142,8 +142,7 @@ def _ids(config: Any, prefix: str = "") -> list[str]:
 
 
 def _arguments_of(target: str) -> tuple[list[str], bool, set[str]] | None:
-    """The argument names of a ``_target_``, whether it takes ``**kwargs`` and those defaulting to a bool; None if
-    not importable."""
+    """A ``_target_``'s argument names, whether it takes ``**kwargs``, and those defaulting to a bool; None: unknown."""
     from monai.utils import optional_import
 
     module, _, name = str(target).rpartition(".")

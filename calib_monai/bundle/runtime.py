@@ -123,10 +123,9 @@ def distributed_network(network, device):
 
 
 def validation_sampler(dataset):
-    """The validation sampler of a DDP run: no rank may be left without a volume (every rank takes part in the
-    evaluator's collectives). Not distributed: None. At least as many volumes as ranks: an uneven
-    ``DistributedSampler`` split without padding duplicates. Fewer: None, every rank validates all volumes (each
-    volume then appears once per rank, so the means and ratios equal the single-process values)."""
+    """The validation sampler of a DDP run, leaving no rank without a volume (every rank joins the evaluator's
+    collectives): an uneven ``DistributedSampler`` split without padding duplicates; None when not distributed or
+    with fewer volumes than ranks (every rank validates all, so the means equal the single-process values)."""
     import torch.distributed as dist
     from monai.data import DistributedSampler
 

@@ -150,9 +150,7 @@ class TrainedBundle:
     def label_names(self) -> dict[int, str]:
         """``{label value: name}`` from the config's ``label_names`` (``{}`` when it has none)."""
         names = self.get("label_names") or {}
-        if isinstance(names, Mapping):
-            return {int(value): str(name) for value, name in names.items()}
-        return {value: str(name) for value, name in enumerate(names)}
+        return {int(v): str(name) for v, name in (names.items() if isinstance(names, Mapping) else enumerate(names))}
 
     @property
     def num_classes(self) -> int:

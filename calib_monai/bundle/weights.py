@@ -55,9 +55,8 @@ def _unreadable_reason(path: Path, err: BaseException) -> str:
 def read_weights_file(
     path: str | os.PathLike, map_location: Any = "cpu", what: str = "network weights", fix: str = RETRAIN
 ) -> Any:
-    """``torch.load(path, weights_only=True)`` (never an unsafe load); a file that does not load is a
-    ``WeightsFileError`` naming it, what is wrong and ``fix``. The bytes are read once, hashed (:func:`loaded_sha256`:
-    what was loaded, even if the file is replaced afterwards) and loaded from memory."""
+    """``torch.load(path, weights_only=True)`` of the bytes read once and hashed (:func:`loaded_sha256`); a file that
+    does not load is a ``WeightsFileError`` naming it, what is wrong and ``fix`` (never an unsafe load)."""
     import torch
 
     path = Path(path)
@@ -97,10 +96,7 @@ def weights_state_dict(source, map_location="cpu") -> dict:
         raise WeightsFileError(
             f"{name} holds a {type(source).__name__}, not a state_dict (a dict of tensors): {RETRAIN}"
         )
-    for key in ("model", "network", "state_dict"):
-        if isinstance(source.get(key), dict):
-            source = source[key]
-            break
+    source = next((source[k] for k in ("model", "network", "state_dict") if isinstance(source.get(k), dict)), source)
     state = type(source)(source)  # a copy (an OrderedDict keeps its _metadata): the caller's dict is left as it was
     if hasattr(source, "_metadata"):
         state._metadata = source._metadata  # type: ignore[attr-defined]

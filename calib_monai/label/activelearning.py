@@ -110,8 +110,7 @@ class LeastConfident(Strategy):
         return {"id": image_id, "case_score": None if unscored else score, "taken_by_another": taken}
 
     def choose(self, free: list[str], infos: dict[str, dict], datastore: Datastore) -> str | None:
-        """One of the ``free`` (scored, not taken) image ids, or None for the lowest score of all; ``infos``: the
-        unlabelled images' info, as read."""
+        """One of the ``free`` (scored, not taken) image ids (``infos``: theirs), or None for the lowest score."""
         return None
 
 

@@ -59,8 +59,7 @@ class CalibMONAILabelApp(MONAILabelApp):
             )
         if not names:
             logger.warning(f"no bundle in {self.model_dir}: link one there (a folder with configs/inference.json)")
-        # one site monitor per served bundle, beside the datastore's images (the deployment); else in the app folder
-        site_root = Path(studies) / SITE_FOLDER if os.path.isdir(studies) else Path(app_dir) / SITE_FOLDER
+        site_root = Path(studies if os.path.isdir(studies) else app_dir) / SITE_FOLDER  # one site monitor per bundle
         self.served = {name: ServedBundle(found[name], site_dir=site_root / name) for name in names}
         self.recent_s = float(conf.get("recent_s", 3600))
         check_infer_route()
@@ -212,5 +211,4 @@ def _one_line_failure(err: BaseException) -> None:
     message = " ".join(str(getattr(err, "msg", None) or err).split())
     logger.info(f"training failed: {type(err).__name__}")
     print(f"ERROR: {message}", flush=True)
-    sys.stdout.flush()
     os._exit(1)

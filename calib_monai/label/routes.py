@@ -7,6 +7,7 @@ removes them when it fails; ``check_label_route`` checks a ``PUT /datastore/labe
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import json
@@ -37,10 +38,8 @@ def remove_uploads(request: Mapping, fields: Iterable[str]) -> None:
     for name in fields:
         path = request.get(name)
         if isinstance(path, str) and os.path.dirname(os.path.realpath(path)) == tmp:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-            except FileNotFoundError:
-                pass
 
 
 def _put_first(path: str, method: str, endpoint: Callable) -> bool:

@@ -148,8 +148,7 @@ class ServedBundle:
     def __init__(
         self, bundle_dir: str | os.PathLike, device: str | None = None, site_dir: str | os.PathLike | None = None
     ):
-        # the temporary folder itself, names unique per request: a folder of ours would outlive the server
-        self._output_dir = tempfile.gettempdir()
+        self._output_dir = tempfile.gettempdir()  # names unique per request: a folder of ours would outlive the server
         self._device = device
         self.site_dir = os.fspath(site_dir) if site_dir else ""  # "": no site monitor
         self.bundle_dir = Path(bundle_dir)
