@@ -25,7 +25,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "rho_init": 0.1,
         "clamp_per_pixel": False,
     },
-    # the authors' released code as far as our options express it (see CRaCLoss.preset)
+    # the authors' released code as far as our options express it (docs/notes/losses.md)
     "authors": {
         "inner_margin": 5.0,
         "multiplier_average": "all_padded",
@@ -76,15 +76,13 @@ class CRaCLoss(_Loss):
 
     with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used).
 
-    Why a tolerance: Eq. 7 feeds PHR ``|tau - l| >= 0``, so ``P' >= lambda`` at every pixel and a multiplier can
-    only rise; with ``g = |tau - l| - eps`` the constraint is a true inequality of Eq. 4 form, whose satisfied pixels
-    (PHR's inactive branch, ``P' = 0``) pull lambda down. ``eps = 0`` is exactly the paper's Eq. 7.
+    Why a tolerance: with Eq. 7's ``h >= 0``, ``P' >= lambda`` at every pixel and a multiplier can only rise; with
+    ``g = h - eps`` satisfied pixels (``P' = 0``) pull it down. ``eps = 0`` is exactly the paper's Eq. 7.
 
-    ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`) held fixed during an epoch;
-    :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch on the validation set
-    (:meth:`validation_statistics`, :meth:`outer_update`); as buffers they are checkpointed and follow the logits'
-    device. :meth:`preset` builds the named settings :data:`PRESETS`. The authors' code and the differences from
-    it: ``docs/notes/losses.md``.
+    ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`, checkpointed, following the logits'
+    device) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch
+    on the validation set (:meth:`validation_statistics`, :meth:`outer_update`). Named settings: :meth:`preset`. The
+    authors' code and the differences from it: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
@@ -105,12 +103,9 @@ class CRaCLoss(_Loss):
         tau_alm: a ``(k, r)`` whose mean ``h`` did not fall below ``tau_alm`` times its previous value gets a
             larger ``rho`` (0.9).
         rho_interval: epochs between two ``rho`` checks (10).
-        multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (default:
-            the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms),
-            ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels; boundary multipliers
-            then shrink with the boundary's share of the image) or ``"all_padded"`` (the mean over all pixels, where
-            each pixel of the other region enters with constraint 0 and so adds ``P'(0) = lambda``; a multiplier then
-            moves only by its region's share of the image).
+        multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (the mean
+            over region ``r``'s pixels, Eq. 8), ``"all"`` (their sum over *all* validation pixels) or ``"all_padded"``
+            (the mean over all pixels, each pixel of the other region adding ``P'(0) = lambda``).
         tolerance: ``eps >= 0`` above (0: the paper).
         lambda_min, lambda_max: the new multipliers are clamped to ``[lambda_min, lambda_max]`` (1e-6, 1e6).
         clamp_per_pixel: also clamp each pixel's ``P'`` to ``[lambda_min, lambda_max]`` before averaging (False).
@@ -189,10 +184,6 @@ class CRaCLoss(_Loss):
     def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> CRaCLoss:
         """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
 
-        ``"paper"`` is Eq. 3/7/8/10 as written (the constructor's defaults), ``"authors"`` the authors' released code
-        as far as these options express it, ``"tolerance"`` the bundles' default (``|tau - l| <= 2``, ``rho_init=1``,
-        from the ablation): see ``docs/notes/losses.md``.
-
         >>> CRaCLoss.preset("tolerance", classes=3).tolerance
         2.0
         """
@@ -210,11 +201,7 @@ class CRaCLoss(_Loss):
         return (tau - logits).abs(), boundary
 
     def _follow_device(self, device: torch.device) -> None:
-        """Move the multiplier buffers to the logits' device (once), so that nobody has to move the loss module.
-
-        Bundles move the network, never the loss; a buffer left on the CPU would meet CUDA logits in
-        ``torch.where``. The buffers stay float64 wherever they live.
-        """
+        """Move the float64 multiplier buffers to the logits' device (bundles move the network, never the loss)."""
         if self.lambdas.device != device:
             self.to(device)
 
