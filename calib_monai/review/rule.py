@@ -1,7 +1,5 @@
-"""The review rule of a validated range (:class:`ValidatedRange`): one full-conformal rule over one combined
-nonconformity score of the case and the validation volumes, its alpha and false-flag bound, and what it cannot
-judge. :mod:`calib_monai.review.validated_range` stores it and flags cases against it; its docstring states the
-rule and the guarantee."""
+"""The review rule of a validated range (:class:`ValidatedRange`), its false-flag bound and what it cannot judge; the
+rule and its guarantee are stated in :mod:`calib_monai.review.validated_range`."""
 
 from __future__ import annotations
 
@@ -177,14 +175,13 @@ class ValidatedRange:
         names = list(qualities[0]["classes"])
         volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
         scores = [float(q["case_score"]) for q in qualities]
-        inputs = [list(map(float, f)) for f in inputs]
         return cls(
             scores,
             volumes,
             alpha,
             volume_factor,
             info,
-            inputs,
+            [list(f) for f in inputs],
             input_check,
             features,
             feature_check,
@@ -192,9 +189,9 @@ class ValidatedRange:
             volume_interval_scale,
             input_reference,
             feature_reference,
-            subjects=[str(s) for s in subjects],
+            subjects=list(subjects),
             score_check=score_check,
-            score_folds=[int(j) for j in score_folds],
+            score_folds=list(score_folds),
         )
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
@@ -204,8 +201,7 @@ class ValidatedRange:
 
     @property
     def m(self) -> int:
-        """The number of validation subjects (patients): the exchangeable units the guarantee counts (``n`` when each
-        volume is its own subject; ACDC's two frames of a patient are one)."""
+        """The number of validation subjects (patients): the exchangeable units the guarantee counts."""
         return int(self.subject_of.max()) + 1 if self.n else 0
 
     @property
@@ -223,15 +219,12 @@ class ValidatedRange:
 
     @property
     def rank(self) -> int:
-        """``k = floor(alpha (m + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
-        the ``m + 1`` subjects (each validation subject ranked by its most extreme volume); 0 when
-        ``m < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
+        """``k = floor(alpha (m + 1))``: the flag's rank among the ``m + 1`` subjects (0: it cannot flag)."""
         return flag_rank(self.alpha, self.m)
 
     @property
     def bound(self) -> float:
-        """The probability that a case of a new subject exchangeable with the validation subjects is flagged is at
-        most this: ``k / (m + 1)`` (plus ``2 / (m + 1)`` per class with the volume rule on)."""
+        """The false-flag bound ``k / (m + 1)`` (plus ``2 / (m + 1)`` per class with the volume rule on)."""
         bound = self.rank / (self.m + 1)
         if self.volume_factor:
             bound += 2 * len(self.volumes) / (self.m + 1)
@@ -367,8 +360,7 @@ class ValidatedRange:
         weights_sha256: str | None = None,
         calibration_sha256: str | None = None,
     ) -> Path:
-        """Write the range to ``path`` atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes
-        it was measured with, default the file's) and of the recalibration it was measured with (None: none)."""
+        """Write the range to ``path`` (:func:`write_measured`)."""
         return write_measured(path, self.record(), weights, weights_sha256, calibration_sha256)
 
     def describe(self) -> str:
