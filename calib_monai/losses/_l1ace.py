@@ -60,11 +60,6 @@ class L1ACELoss(_Loss):
         return count > 0
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
         logits, labels = prepare_inputs(input, target, owner=self)
         total = self.segmentation(logits, labels) if self.segmentation is not None else None
         if self.lambda_ace:

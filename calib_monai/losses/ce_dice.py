@@ -71,10 +71,5 @@ class CEDiceLoss(_Loss):
         )
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
         logits, labels = prepare_inputs(input, target, owner=self)
         return self.dice_ce(logits, labels.unsqueeze(1))

@@ -217,9 +217,6 @@ class CRaCLoss(_Loss):
         h, boundary = self.constraints(logits, labels)
         lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
         rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
-        if self.tolerance == 0:
-            # h >= 0 and lam, rho >= 0, so PHR is always on its quadratic branch: lam h + rho h^2 / 2
-            return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
         return F.cross_entropy(logits, labels) + phr(h - self.tolerance, rho, lam).mean()
 
     def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -147,17 +147,6 @@ def _depthwise_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     return _CONV[dim](x, weight, groups=channels)
 
 
-def _first_argmax(counts: torch.Tensor) -> torch.Tensor:
-    """Argmax over dim 1, ties to the smallest index (a loop over classes: faster than argmax over a strided dim)."""
-    best = counts[:, 0]
-    index = torch.zeros_like(best, dtype=torch.long)
-    for c in range(1, counts.shape[1]):
-        better = counts[:, c] > best
-        index = torch.where(better, c, index)
-        best = torch.maximum(best, counts[:, c])
-    return index
-
-
 def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: str, border: str) -> torch.Tensor:
     """The class index chosen by a discrete op in every window, ``(B, *spatial)`` int64."""
     dim, radius = labels.ndim - 1, kernel_size // 2
@@ -173,7 +162,7 @@ def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: 
         return _box_reduce(x, kernel_size, op)[:, 0].long()
     counts = _box_reduce(_padded_one_hot(labels, num_classes, radius, border, torch.float32), kernel_size, "sum")
     if op == "mode":
-        return _first_argmax(counts)  # ties go to the smallest class
+        return counts.argmax(dim=1)  # ties go to the first, the smallest class
     # lower median: the smallest class v with #(labels <= v) >= (n - 1) // 2 + 1
     n_voxels = counts.sum(dim=1, keepdim=True)
     threshold = torch.div(n_voxels - 1, 2, rounding_mode="floor") + 1
