@@ -8,14 +8,12 @@ on every call for CPU tensors, on the first call of each loss instance on an acc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_option
 
-__all__ = ["PerVoxelLoss", "check_reduction", "plain_tensor", "prepare_inputs", "value_checks_due"]
+__all__ = ["PerVoxelLoss", "plain_tensor", "prepare_inputs", "value_checks_due"]
 
 
 def plain_tensor(x: torch.Tensor) -> torch.Tensor:
@@ -36,11 +34,6 @@ def value_checks_due(owner: object | None, device: torch.device) -> bool:
     # plain attribute, not a buffer: it must not enter state_dicts or checkpoints
     object.__setattr__(owner, "_calib_monai_values_checked", checked | {device})
     return True
-
-
-def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
-    """``reduction`` if it is one of ``options``, else ``"reduction must be one of ..."`` (a ValueError)."""
-    return check_option("reduction", str(reduction), options)
 
 
 def _check_logits(
@@ -159,7 +152,7 @@ class PerVoxelLoss(_Loss):
     dim: int | None = None
 
     def __init__(self, reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction=check_option("reduction", str(reduction), ("mean", "sum", "none")))
 
     def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The ``(B, 1, *spatial)`` loss map of plain logits and ``int64`` labels ``(B, *spatial)``."""

@@ -6,8 +6,8 @@ import torch
 from monai.losses import DiceCELoss
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.checks import check_number
-from calib_monai.losses._inputs import check_reduction, prepare_inputs
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import prepare_inputs
 
 __all__ = ["CEDiceLoss"]
 
@@ -54,7 +54,7 @@ class CEDiceLoss(_Loss):
         batch: bool = False,
         squared_pred: bool = False,
     ) -> None:
-        super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
+        super().__init__(reduction=check_option("reduction", str(reduction), ("mean", "sum")))
         check_number("lambda_dice", lambda_dice, 0, hint="the weight of the Dice term")
         check_number("lambda_ce", lambda_ce, 0, hint="the weight of the cross-entropy term")
         self.dice_ce = DiceCELoss(

@@ -110,10 +110,7 @@ def _padded_one_hot(
     labels: torch.Tensor, num_classes: int, radius: int, border: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """One-hot map padded by ``radius`` on every spatial side according to ``border``."""
-    dim = labels.ndim - 1
-    pad = [radius] * (2 * dim)
-    if radius == 0:
-        return _one_hot(labels, num_classes, dtype)
+    pad = [radius] * (2 * (labels.ndim - 1))
     if border == "background":
         return _one_hot(F.pad(labels, pad, value=0), num_classes, dtype)
     if border == "zeros":

@@ -22,14 +22,13 @@ from calib_monai.review.conformal import (
     competition_ranks,
     draw_bound,
     flag_rank,
-    standardised,
     subject_maxima,
 )
 from calib_monai.review.input_signal import InputSignal
 from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
 from calib_monai.review.signals import MIN_INPUT_IMAGES, score_problem, signal_values
 
-__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised", "write_measured"]
+__all__ = ["STORED_FIELDS", "ValidatedRange", "write_measured"]
 
 DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
@@ -317,10 +316,7 @@ class ValidatedRange:
         if k == 0 and not reasons:
             unknown.append(f"{self.too_few_reason}; the case is ranked {case_rank} of {self.m + 1}")
         flag = True if reasons else (None if unknown else False)
-        if flag is True:
-            reasons += unknown
-        elif flag is None:
-            reasons = unknown
+        reasons += unknown  # after a flag's reasons; alone when the case cannot be judged
         if flag is not False:
             reasons += [w for w in self.warnings if w not in reasons and not w.startswith("cannot judge at")]
         return {
