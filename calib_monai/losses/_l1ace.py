@@ -21,7 +21,7 @@ __all__ = ["EMPTY_CLASSES", "L1ACELoss"]
 EMPTY_CLASSES = ("zero", "exclude", "include")
 
 # The Dice term of the paper's DiceCE (authors' bundle_templates/configs/loss/*_dice_ce.yaml, dice_params).
-PAPER_DICE = {"smooth_nr": 0.0, "smooth_dr": 1e-5, "squared_pred": True}
+PAPER_DICE = {"smooth_nr": 0.0, "squared_pred": True}  # smooth_dr: 1e-5, CEDiceLoss's
 
 
 class L1ACELoss(_Loss):

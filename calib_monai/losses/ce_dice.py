@@ -20,8 +20,8 @@ class CEDiceLoss(_Loss):
             + \\lambda_{Dice} \\, \\mathrm{mean}_{b, c}\\left(1 - \\frac{2 \\sum_n p_{bnc} y_{bnc} + s_{nr}}
             {\\sum_n p_{bnc} + \\sum_n y_{bnc} + s_{dr}}\\right)
 
-    with ``p = softmax(logits)``, ``y`` the one-hot labels, both weights 1 by default; class 0 is in the Dice term by
-    default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan et al., NACL,
+    with ``p = softmax(logits)``, ``y`` the one-hot labels, ``s_dr = 1e-5``, both weights 1 by default; class 0 is in
+    the Dice term by default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan et al., NACL,
     MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
 
     >>> import torch
@@ -36,9 +36,7 @@ class CEDiceLoss(_Loss):
         lambda_dice: weight of the Dice term, >= 0.
         lambda_ce: weight of the cross-entropy term, >= 0.
         reduction: ``"mean"`` or ``"sum"`` (passed to ``DiceCELoss``; there is no per-voxel Dice).
-        smooth_nr: Dice numerator smoothing.
-        smooth_dr: Dice denominator smoothing.
-        batch: whether Dice sums over the batch before dividing.
+        smooth_nr: Dice numerator smoothing ``s_nr``.
         squared_pred: whether the Dice denominator sums squared probabilities ``sum_n p^2`` (the V-Net form, used
             by the Average Calibration Losses paper's DiceCE baseline) instead of ``sum_n p``.
     """
@@ -50,8 +48,6 @@ class CEDiceLoss(_Loss):
         lambda_ce: float = 1.0,
         reduction: str = "mean",
         smooth_nr: float = 1e-5,
-        smooth_dr: float = 1e-5,
-        batch: bool = False,
         squared_pred: bool = False,
     ) -> None:
         super().__init__(reduction=check_option("reduction", str(reduction), ("mean", "sum")))
@@ -63,8 +59,6 @@ class CEDiceLoss(_Loss):
             softmax=True,
             reduction=reduction,
             smooth_nr=smooth_nr,
-            smooth_dr=smooth_dr,
-            batch=batch,
             squared_pred=squared_pred,
             lambda_dice=lambda_dice,
             lambda_ce=lambda_ce,

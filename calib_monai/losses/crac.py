@@ -62,10 +62,8 @@ class CRaCLoss(_Loss):
     Murugesan, Silva-Rodriguez, Ben Ayed, Dolz, "Class and Region-Adaptive Constraints for Network Calibration",
     MICCAI 2024 (CRaC). For pixel ``i``, class ``k`` and the region ``r(i)`` of ``i``:
 
-    * ``tau_ik``: the NACL mean prior, class proportions of the labels in the ``k^dim`` patch around ``i``
-      (:func:`calib_monai.losses.priors.class_proportion_prior`, pixels outside the image count as background);
-    * region: "inner" if the patch holds a single class, else "boundary", decided exactly from the labels
-      (window max != window min; :func:`~calib_monai.losses.priors.boundary_mask`);
+    * ``tau_ik``: the NACL mean prior over the ``k^dim`` patch around ``i`` (outside pixels count as background);
+    * region: "inner" if the patch holds one class, else "boundary" (:func:`~calib_monai.losses.priors.boundary_mask`);
     * ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
       ``m = inner_margin`` (1, the paper's Eq. 3/7);
     * constraint ``g_ik = h_ik - eps <= 0`` with ``eps = tolerance >= 0``.

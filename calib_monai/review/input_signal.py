@@ -74,14 +74,8 @@ class InputSignal:
         can), and a note on a part left out: a geometry the case lacks (NaN: no ``original_affine``) is left out."""
         stats, width = [float(v) for v in stats], self.rows.shape[1]
         if len(stats) != width:
-            return (
-                stats,
-                (
-                    f"cannot judge: the case has {len(stats)} image statistics and the validated range {width} "
-                    "(measured by another calib_monai version?): run calibrate again"
-                ),
-                "",
-            )
+            problem = f"cannot judge: the case has {len(stats)} image statistics and the validated range {width}"
+            return stats, f"{problem} (measured by another calib_monai version?): run calibrate again", ""
         if any(not (g or math.isfinite(v)) for v, g in zip(stats, self.geometry)):
             return stats, f"cannot judge: the image statistics {stats} are not all finite", ""
         if self.geometry.any() and not self._geometry_known:

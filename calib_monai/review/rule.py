@@ -148,50 +148,15 @@ class ValidatedRange:
             )
 
     @classmethod
-    def from_qualities(
-        cls,
-        qualities: Sequence[Mapping[str, Any]],
-        alpha: float = REVIEW_ALPHA,
-        volume_factor: float = REVIEW_VOLUME_FACTOR,
-        inputs: Sequence[Sequence[float]] = (),
-        input_check: bool = False,
-        features: dict[str, Any] | None = None,
-        feature_check: bool = False,
-        input_names: Sequence[str] = (),
-        volume_interval_scale: float | None = None,
-        input_reference: dict[str, Any] | None = None,
-        feature_reference: dict[str, Any] | None = None,
-        subjects: Sequence[str] = (),
-        score_check: bool = REVIEW_SCORE_CHECK,
-        score_folds: Sequence[int] = (),
-        **info: Any,
-    ) -> ValidatedRange:
-        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
-        :func:`~calib_monai.metrics.image_statistics.input_statistics` of their images, their fitted feature
-        distance)."""
+    def from_qualities(cls, qualities: Sequence[Mapping[str, Any]], **settings: Any) -> ValidatedRange:
+        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes; ``settings`` that name
+        a field of the range (``alpha``, ``inputs``, ``features``, ...) set it, the others go to ``info``."""
         if not qualities:
             raise ValueError("a validated range needs at least one validation volume")
         names = list(qualities[0]["classes"])
         volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
-        scores = [float(q["case_score"]) for q in qualities]
-        return cls(
-            scores,
-            volumes,
-            alpha,
-            volume_factor,
-            info,
-            [list(f) for f in inputs],
-            input_check,
-            features,
-            feature_check,
-            list(input_names),
-            volume_interval_scale,
-            input_reference,
-            feature_reference,
-            subjects=list(subjects),
-            score_check=score_check,
-            score_folds=list(score_folds),
-        )
+        info = {k: settings.pop(k) for k in [k for k in settings if k not in STORED_FIELDS]}
+        return cls([float(q["case_score"]) for q in qualities], volumes, info=info, **settings)
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
     @property
