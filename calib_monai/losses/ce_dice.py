@@ -21,8 +21,8 @@ class CEDiceLoss(_Loss):
             {\\sum_n p_{bnc} + \\sum_n y_{bnc} + s_{dr}}\\right)
 
     with ``p = softmax(logits)``, ``y`` the one-hot labels, ``s_dr = 1e-5``, both weights 1 by default; class 0 is in
-    the Dice term by default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan et al., NACL,
-    MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
+    the Dice term by default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan
+    et al., NACL, MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits = torch.zeros(1, 2, 1, 2)  # uniform: p = 1/2 everywhere
