@@ -132,25 +132,11 @@ class CRaCLoss(_Loss):
             raise ValueError(f"classes must be >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
-        check_number(
-            "tau_alm",
-            tau_alm,
-            0,
-            1,
-            low_open=True,
-            hint="a multiplier's rho grows when its constraint did "
-            "not fall below tau_alm times its previous value; 0.9 in the paper",
-        )
-        check_number("inner_margin", inner_margin, 0, hint="the width of the boundary region in pixels")
-        settings = {
-            "rho_init": rho_init,
-            "rho_max": rho_max,
-            "gamma": gamma,
-            "lambda_init": lambda_init,
-            "lambda_min": lambda_min,
-            "lambda_max": lambda_max,
-        }
-        for name, value in settings.items():
+        grows = "a multiplier's rho grows when its constraint did not fall below tau_alm times its previous value"
+        check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint=f"{grows}; 0.9 in the paper")
+        check_number("inner_margin", inner_margin, 0, hint="m, the factor on tau at inner pixels; 1 in the paper")
+        alm = (rho_init, rho_max, gamma, lambda_init, lambda_min, lambda_max)
+        for name, value in zip(("rho_init", "rho_max", "gamma", "lambda_init", "lambda_min", "lambda_max"), alm):
             check_number(name, value, hint="an Augmented Lagrangian setting")
         if not 0 < rho_init <= rho_max:
             raise ValueError(f"need 0 < rho_init <= rho_max, got rho_init={rho_init!r}, rho_max={rho_max!r}.")

@@ -68,7 +68,7 @@ def read_validated_range(
         return None, f"no validated range at {path}: run the bundle's calibrate step to get review flags"
     try:
         record = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
+    except ValueError as err:  # UnicodeDecodeError too
         raise ValueError(f"{path} is not valid JSON ({err}); {_FIX}") from err
     if not isinstance(record, dict):
         raise ValueError(f"{path} holds a {type(record).__name__}, not a validated range; {_FIX}")
@@ -85,9 +85,8 @@ def read_validated_range(
         )
         logger.warning(why)
         return None, why
-    fields = {k: record[k] for k in STORED_FIELDS}
     try:
-        validated = ValidatedRange(**fields)
+        validated = ValidatedRange(**{k: record[k] for k in STORED_FIELDS})
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{path}: {err}; {_FIX}") from err
     return validated, ""
