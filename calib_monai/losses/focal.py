@@ -19,9 +19,8 @@ class FocalLoss(PerVoxelLoss):
         \\qquad p_n = \\mathrm{softmax}(l_n)
 
     Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017; calibration effect: Mukhoti et al., NeurIPS 2020.
-    The term is computed on the target class only. It equals ``monai.losses.FocalLoss(use_softmax=True,
-    to_onehot_y=True, reduction="none")`` summed over classes and averaged over voxels (MONAI's default is the
-    sigmoid focal loss, another quantity); ``docs/notes/losses.md``.
+    It equals ``monai.losses.FocalLoss(use_softmax=True, to_onehot_y=True, reduction="none")`` summed over classes
+    and averaged over voxels (MONAI's default is the sigmoid focal loss); ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits, labels = torch.zeros(1, 2, 1, 2), torch.tensor([[[0, 1]]])  # p = 1/2 everywhere

@@ -102,22 +102,23 @@ class InputSignal:
                 signed[i] = (points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
         z = np.abs(signed)
         measured = np.flatnonzero(np.isfinite(z).all(0))  # the statistics every image (and the reference) has
+        labels = names or [f"image statistic {i}" for i in range(points.shape[1])]
         farthest = int(measured[np.argmax(z[-1, measured])])
-        name = names[farthest] if names else f"image statistic {farthest}"
+        name = labels[farthest]
         if self.precision is not None:
             single = np.intersect1d(measured, np.flatnonzero(self.alone))
-            distance = z[:, single].max(1) if single.size else np.zeros(len(points))
+            distance, best = np.zeros(len(points)), -np.inf
             if single.size:
+                distance = z[:, single].max(1)
                 farthest = int(single[np.argmax(z[-1, single])])
-                name = names[farthest] if names else f"image statistic {farthest}"
-            best = distance[-1] if single.size else -np.inf
+                name, best = labels[farthest], distance[-1]
             for columns, precision, group in self.joint:
                 d = signed[:, columns]
                 joint = mahalanobis(d, precision)
                 if joint[-1] >= best:  # the case's distance is this group's: name its largest share
                     share = d[-1] * (precision @ d[-1])
                     farthest = int(np.flatnonzero(columns)[int(np.argmax(share))])
-                    name = f"{names[farthest] if names else f'image statistic {farthest}'} with the other {group}"
+                    name = f"{labels[farthest]} with the other {group}"
                     best = joint[-1]
                 distance = np.maximum(distance, joint)
         else:
