@@ -57,7 +57,6 @@ def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch
         g_i = \\exp\\left(-\\frac{\\lVert x_i - x_c \\rVert^2}{2 \\sigma^2}\\right)
 
     Islam & Glocker, "Spatially Varying Label Smoothing: Capturing Uncertainty from Expert Annotations", IPMI 2021.
-    With sigma 1 and k 3 the weights are: 2D edge 0.0778, corner 0.0472; 3D face 0.0308, edge 0.0187, corner 0.0113.
 
     Args:
         kernel_size: odd patch size ``k >= 3``.

@@ -2,7 +2,7 @@
 estimate, its level set by the validation volumes, re-anchored once the site has labels.
 
 An error is a labelled case's served case score minus the true mean DSC of its delivered segmentation
-(``calibrate``'s ``info.case_score_error.per_volume``, cross-fitted; or a site label, scored before it was submitted).
+(``info.case_score_error.per_volume``; or a site label's).
 
 * **Lower bound**: each of the ``m`` validation subjects counts with its largest error; with
   ``k = ceil((m + 1)(1 - alpha))`` a case of a new exchangeable subject has a true DSC of at least ``score - e_(k)``
