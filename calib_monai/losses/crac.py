@@ -68,11 +68,8 @@ class CRaCLoss(_Loss):
       ``m = inner_margin`` (1, the paper's Eq. 3/7);
     * constraint ``g_ik = h_ik - eps <= 0`` with ``eps = tolerance >= 0``.
 
-    Loss (Eq. 7, averaged rather than summed so that it does not scale with image size):
-
-        ``L = CE + mean_{i,k} PHR(g_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
-
-    with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used).
+    The loss is Eq. 7 averaged rather than summed (it does not scale with image size; ``reduction`` is not used),
+    ``L = CE + mean_{i,k} PHR(g_ik; rho_{k,r(i)}, lambda_{k,r(i)})``, with the PHR penalty of Eq. 10 (:func:`phr`).
 
     Why a tolerance: with Eq. 7's ``h >= 0``, ``P' >= lambda`` at every pixel and a multiplier can only rise; with
     ``g = h - eps`` satisfied pixels (``P' = 0``) pull it down. ``eps = 0`` is exactly the paper's Eq. 7.

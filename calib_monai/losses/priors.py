@@ -63,8 +63,7 @@ def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch
         dim: 2 or 3.
         sigma: Gaussian standard deviation, > 0.
 
-    Returns:
-        float32 tensor of shape ``(k,) * dim`` summing to 1.
+    Returns a float32 tensor of shape ``(k,) * dim`` summing to 1.
 
     >>> k = svls_kernel(3, dim=2, sigma=1.0)
     >>> round(k.sum().item(), 4), k[1, 1].item(), round(k[0, 1].item(), 4), round(k[0, 0].item(), 4)
