@@ -1,10 +1,7 @@
-"""Input checks shared by every loss of :mod:`calib_monai.losses`, and the base class of the per-voxel losses.
-
-:func:`prepare_inputs` checks logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[,
-D])`` and returns plain tensors: the logits and ``int64`` labels ``(B, H, W[, D])``. Shapes are checked on every call;
-the *value* checks (finite logits, labels in ``[0, C)``) read a reduction back to the host, a GPU stall, so they run
-on every call for CPU tensors, on the first call of each loss instance on an accelerator, never on ``meta`` tensors.
-"""
+"""Input checks shared by every loss of :mod:`calib_monai.losses` (:func:`prepare_inputs`), and the base class of the
+per-voxel losses. Shapes are checked on every call; the *value* checks read a reduction back to the host, a GPU stall,
+so they run on every call for CPU tensors, on the first call of each loss instance on an accelerator, never on
+``meta`` tensors."""
 
 from __future__ import annotations
 

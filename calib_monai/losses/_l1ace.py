@@ -61,11 +61,10 @@ class L1ACELoss(_Loss):
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits, labels = prepare_inputs(input, target, owner=self)
-        total = self.segmentation(logits, labels) if self.segmentation is not None else None
-        if self.lambda_ace:
-            term = self.lambda_ace * self._calibration_term(logits, labels)
-            total = term if total is None else total + term
-        return total
+        if not self.lambda_ace:
+            return self.segmentation(logits, labels)
+        term = self.lambda_ace * self._calibration_term(logits, labels)
+        return term if self.segmentation is None else self.segmentation(logits, labels) + term
 
     def calibration_term(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The mL1-ACE term alone, unweighted (what ``forward`` multiplies by ``lambda_ace``): a scalar in the autograd

@@ -130,8 +130,9 @@ class CRaCLoss(_Loss):
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
         grows = "a multiplier's rho grows when its constraint did not fall below tau_alm times its previous value"
-        check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint=f"{grows}; 0.9 in the paper")
-        check_number("inner_margin", inner_margin, 0, hint="m, the factor on tau at inner pixels; 1 in the paper")
+        self.tau_alm = check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint=f"{grows}; 0.9 in the paper")
+        margin = "m, the factor on tau at inner pixels; 1 in the paper"
+        self.inner_margin = check_number("inner_margin", inner_margin, 0, hint=margin)
         alm = (rho_init, rho_max, gamma, lambda_init, lambda_min, lambda_max)
         for name, value in zip(("rho_init", "rho_max", "gamma", "lambda_init", "lambda_min", "lambda_max"), alm):
             check_number(name, value, hint="an Augmented Lagrangian setting")
@@ -142,18 +143,15 @@ class CRaCLoss(_Loss):
                 "need lambda_init >= 0, gamma >= 1, rho_interval >= 1; "
                 f"got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
             )
-        check_number("tolerance", tolerance, 0)
+        self.tolerance = check_number("tolerance", tolerance, 0)
         if not 0 <= lambda_min <= lambda_max:
             raise ValueError(f"need 0 <= lambda_min <= lambda_max, got {lambda_min!r}, {lambda_max!r}.")
         self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
-        self.inner_margin = float(inner_margin)
         self.rho_init, self.rho_max, self.gamma = float(rho_init), float(rho_max), float(gamma)
-        self.tau_alm = float(tau_alm)
         self.rho_interval = rho_interval
         self.multiplier_average = check_option(
             "multiplier_average", multiplier_average, ("region", "all", "all_padded")
         )
-        self.tolerance = float(tolerance)
         self.lambda_min, self.lambda_max, self.clamp_per_pixel = float(lambda_min), float(lambda_max), clamp_per_pixel
         self.register_buffer("lambdas", torch.full((classes, 2), float(lambda_init), dtype=torch.float64))
         self.register_buffer("rhos", torch.full((classes, 2), float(rho_init), dtype=torch.float64))

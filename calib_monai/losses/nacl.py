@@ -75,13 +75,12 @@ class NACLLoss(PerVoxelLoss):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
         self.kernel_ops = check_option("kernel_ops", kernel_ops, KERNEL_OPS)
         _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
-        check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
+        self.sigma = check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
         self.classes, self.dim, self.ks = classes, dim, kernel_size
         self.distance_type = check_option("distance_type", distance_type, ("l1", "l2"))
         self.alpha = check_number(
             "alpha", alpha, 0, hint="the weight lambda of the neighbour penalty; the papers use 0.1"
         )
-        self.sigma = float(sigma)
         self.border = check_option("border", border, BORDER_MODES)
         self.space = check_option("space", space, ("logits", "softmax"))
         self.class_reduction = check_option("class_reduction", class_reduction, ("mean", "sum"))

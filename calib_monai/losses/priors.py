@@ -9,11 +9,10 @@ with whole-tensor window reductions. Border modes, what voxels outside the image
   see the in-image part of the window only;
 * ``"replicate"``: the nearest in-image label (SVLS).
 
-Discrete kernel ops (NACL MICCAI Table 3; no formula in the papers): as in the authors' code
-(``Bala93/MarginLoss``, ``spatial_adaptive_margin.py``), ``tau`` is the one-hot of the window's largest (``"max"``,
-dilation), smallest (``"min"``, erosion), lower median (``"median"``, element ``(n - 1) // 2`` of the sorted window)
-or most frequent (``"mode"``, ties to the smallest) class index, class indices taken as ordered. They are computed
-from per-class window counts and window max/min, without unfolding the windows.
+Discrete kernel ops (NACL MICCAI Table 3; as the authors' code ``Bala93/MarginLoss``, ``spatial_adaptive_margin.py``):
+``tau`` is the one-hot of the window's largest (``"max"``, dilation), smallest (``"min"``, erosion), lower median
+(``"median"``, element ``(n - 1) // 2`` of the sorted window) or most frequent (``"mode"``, ties to the smallest)
+class index, computed from per-class window counts and window max/min.
 """
 
 from __future__ import annotations
@@ -132,14 +131,11 @@ def _box_reduce(x: torch.Tensor, kernel_size: int, op: str) -> torch.Tensor:
     return x
 
 
-_CONV = {2: F.conv2d, 3: F.conv3d}
-
-
 def _depthwise_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """Filter every channel of a padded ``(B, C, *spatial)`` tensor with the same ``kernel`` (valid conv)."""
     channels, dim = x.shape[1], x.ndim - 2
     weight = kernel.to(x).reshape(1, 1, *kernel.shape).expand(channels, *([-1] * (dim + 1))).contiguous()
-    return _CONV[dim](x, weight, groups=channels)
+    return (F.conv2d if dim == 2 else F.conv3d)(x, weight, groups=channels)
 
 
 def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: str, border: str) -> torch.Tensor:
@@ -247,7 +243,5 @@ def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "bac
     _check_kernel_size(kernel_size)
     border = _check_option("border", border, BORDER_MODES)
     with torch.no_grad():
-        # max/min need no class count
-        highest = _window_index(labels, 0, kernel_size, "max", border)
-        lowest = _window_index(labels, 0, kernel_size, "min", border)
+        highest, lowest = (_window_index(labels, 0, kernel_size, op, border) for op in ("max", "min"))  # no counts
         return (highest != lowest).unsqueeze(1)

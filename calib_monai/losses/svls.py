@@ -38,8 +38,7 @@ class SVLSLoss(PerVoxelLoss):
     def __init__(self, kernel_size: int = 3, sigma: float = 1.0, reduction: str = "mean") -> None:
         super().__init__(reduction)
         svls_kernel(kernel_size, 2, sigma)  # validates kernel_size and sigma now rather than at the first batch
-        self.kernel_size = kernel_size
-        self.sigma = float(sigma)
+        self.kernel_size, self.sigma = kernel_size, float(sigma)
 
     def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         soft_target = class_proportion_prior(

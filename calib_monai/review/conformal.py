@@ -18,9 +18,8 @@ __all__ = [
     "subject_maxima",
 ]
 
-#: Two nonconformities this close (relative; absolute below 1) are a tie. The same image measured twice on a GPU
-#: differs in the 12th digit (float sums in another order), which must not move its rank past a validation volume
-#: that ties with it (the served image is one of them).
+#: Two nonconformities this close (relative; absolute below 1) are a tie: the same image measured twice on a GPU
+#: differs in the 12th digit (float sums in another order), which must not move its rank.
 TIE_TOLERANCE = 1e-9
 
 

@@ -125,26 +125,24 @@ class ValidatedRange:
                 f"validated range score_folds: {len(self.score_folds)} fold indices (lowest {min(self.score_folds)}) "
                 f"for {len(self.scores)} scores: each validation volume needs its fold, from 0; run calibrate again"
             )
-        if self.subjects and len(self.subjects) != len(self.scores):
-            raise ValueError(
-                f"validated range: {len(self.subjects)} subjects for {len(self.scores)} scores: each validation "
-                "volume needs one; run calibrate again"
-            )
+        if self.subjects:
+            self._one_per_volume(len(self.subjects), "subjects")
         # the exchangeable units: each volume's subject index (volumes of one patient are not exchangeable cases)
         names = self.subjects or [str(i) for i in range(len(self.scores))]
         self.subject_of = np.unique(names, return_inverse=True)[1].reshape(-1) if names else np.zeros(0, int)
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
         self.input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
-        if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
-            raise ValueError(
-                f"validated range: {len(self.inputs)} image statistics (inputs) for {len(self.scores)} scores: "
-                "each validation volume needs both"
-            )
+        if self.input_check and self.inputs:
+            self._one_per_volume(len(self.inputs), "image statistics (inputs)")
         self.feature_distance = feature_distance_from_dict(self.features) if self.features else None
-        if self.feature_distance is not None and len(self.feature_distance.reference) != len(self.scores):
+        if self.feature_distance is not None:
+            self._one_per_volume(len(self.feature_distance.reference), "volumes' features")
+
+    def _one_per_volume(self, count: int, what: str) -> None:
+        if count != len(self.scores):
             raise ValueError(
-                f"validated range: features of {len(self.feature_distance.reference)} volumes for {len(self.scores)} "
-                "scores: each validation volume needs both"
+                f"validated range: {count} {what} for {len(self.scores)} scores: each validation volume needs one; run "
+                "calibrate again"
             )
 
     @classmethod

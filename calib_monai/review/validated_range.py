@@ -10,9 +10,8 @@ training images' (``input_check``), the Mahalanobis distance (Ledoit-Wolf) of th
 ``T = max_j z_j``. The exchangeable units are the ``m`` validation subjects, each by its most extreme volume: the case
 is flagged when ``1 + #{s: max_{i in s} T_i >= T_case} <= k = floor(alpha (m + 1))``, so a case of a new
 exchangeable subject is flagged with probability at most ``k / (m + 1) <= alpha`` (Vovk et al. 2005, "Algorithmic
-Learning in a Random World"). ``k = 0`` (``m < 1 / alpha - 1``): the flag is ``None``, with the subjects needed. With
-``volume_factor`` > 0 an expected volume outside ``[min / f, max * f]`` of the validation volumes' also flags, adding
-at most ``2 / (m + 1)`` per class to the bound.
+Learning in a Random World"); ``k = 0``: the flag is ``None``. With ``volume_factor`` > 0 an expected volume outside
+``[min / f, max * f]`` of the validation volumes' also flags.
 """
 
 from __future__ import annotations
@@ -172,8 +171,8 @@ class CaseQualityd(MapTransform):
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
         self.quality_key, self.image_key = quality_key, image_key
         self.confidence_threshold = float(confidence_threshold)
-        fitted = validated_range.volume_interval_scale if validated_range is not None else None
-        self._volume_interval_scale = fitted or 1.0  # None: the interval of independent voxels, named as such
+        # None (not fitted): the interval of independent voxels, named as such
+        self._volume_interval_scale = getattr(validated_range, "volume_interval_scale", None) or 1.0
         if validated_range is not None and validated_range.warnings:
             logger.warning("validated range: " + "; ".join(validated_range.warnings))
 
