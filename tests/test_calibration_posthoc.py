@@ -12,7 +12,6 @@ from torch.nn import functional as F
 from calib_monai.export import SegmentationWithConfidence
 from calib_monai.handlers import RecalibrationFitter
 from calib_monai.recalibration import (
-    CalibratedNetwork,
     CalibrateLogitsd,
     LocalTemperatureScaling,
     RecalibrationSettings,
@@ -135,7 +134,7 @@ def test_exported_wrapper_equals_the_eager_calibrated_network():
     segmentation, confidence = scripted(x)
     slices = x.movedim(4, 1).reshape(5, 1, 8, 8)
     with torch.no_grad():
-        prob = torch.softmax(CalibratedNetwork(net, calibration)(slices), 1).reshape(1, 5, 3, 8, 8).movedim(1, 4)
+        prob = torch.softmax(calibration(net(slices), slices), 1).reshape(1, 5, 3, 8, 8).movedim(1, 4)
         raw_seg = SegmentationWithConfidence(net)(x)[0]
     assert torch.allclose(confidence, prob.max(1, keepdim=True).values, atol=1e-6)
     assert torch.equal(segmentation, raw_seg)  # the segmentation is unchanged by the temperature

@@ -1,13 +1,6 @@
-"""Export a trained bundle for deployment: TorchScript and ``torch.export`` models that need only ``torch``.
-
-``export_bundle`` writes into ``<bundle>/models/``:
-
-    - ``model.ts``: the 2D network's logits, made by MONAI's ``ckpt_export`` (the bundle convention that MONAI
-      Deploy, MONAI Label and the model zoo load), with the bundle's configs and metadata inside;
-    - ``segmentation_confidence.ts``: TorchScript of :py:class:`SegmentationWithConfidence`, volumes in,
-      ``(segmentation, confidence)`` out;
-    - ``segmentation_confidence.pt2``: the same module through ``torch.export``, with a dynamic batch and depth
-      and, where the backbone allows it, dynamic in-plane sizes (multiples of ``in_plane_multiple``).
+"""Export a trained bundle for deployment into ``<bundle>/models/``: ``model.ts`` (the 2D network's logits, by MONAI's
+``ckpt_export``), and :class:`SegmentationWithConfidence` (volumes in, ``(segmentation, confidence)`` out) as
+TorchScript ``segmentation_confidence.ts`` and ``torch.export`` ``segmentation_confidence.pt2``; both need only torch.
 """
 
 from __future__ import annotations
@@ -37,13 +30,8 @@ logger = logging.getLogger("calib_monai")
 
 @contextlib.contextmanager
 def _torchscript_allowed():
-    """Silence torch's deprecation warnings for ``torch.jit`` here only (a context manager and a decorator).
-
-    TorchScript is deprecated in recent torch, but ``model.ts`` is still the format MONAI bundles ship and MONAI's
-    ``ckpt_export`` produces, so we keep writing it next to the ``torch.export`` program. The warning is aimed at
-    whoever writes the code, not at the user running the export, and repeats once per scripted submodule (and
-    once per ``@torch.jit.script`` helper of MONAI modules first imported while the config is parsed).
-    """
+    """Silence torch's ``torch.jit`` deprecation warnings here only: ``model.ts`` is still the format MONAI bundles
+    ship, and the warning (once per scripted submodule) is aimed at developers, not at the user exporting."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
         yield
@@ -166,9 +154,8 @@ def export_bundle(
     paths = {name: str(output_dir / name) for name in ("model.ts", "segmentation_confidence.ts")}
     paths["segmentation_confidence.pt2"] = str(output_dir / "segmentation_confidence.pt2")
 
-    # model.ts through MONAI, so it carries the bundle's configs and metadata exactly as `ckpt_export` writes them;
-    # ckpt_export copies only the keys that match (copy_model_state), so it is given the weights just loaded into
-    # `network` (plain keys) rather than the file, which may hold module.-prefixed keys that would be skipped silently
+    # model.ts through MONAI's ckpt_export (the bundle's configs and metadata inside), given the weights as loaded:
+    # it copies only matching keys, and the file may hold module.-prefixed ones
     with tempfile.TemporaryDirectory() as tmp:
         plain_checkpoint = os.path.join(tmp, "model.pt")
         torch.save(network.state_dict(), plain_checkpoint)
@@ -196,8 +183,7 @@ def export_bundle(
     meta = bundle_dir / "configs" / "metadata.json"
     extra = {"metadata.json": meta.read_text() if meta.exists() else "{}"}
 
-    # the calibrate step's calibration, when it was fitted for these weights: the confidence is then calibrated
-    # (read as a member of the weights' checked set: a mixed models/ folder is an error naming its files)
+    # the calibrate step's calibration when it was fitted for these weights (checked with its set)
     calibration = load_calibration(bundle.weights.parent / CALIBRATION_FILE, bundle.weights)
     info["calibration"] = repr(calibration) if calibration is not None else None
     source = bundle.artifacts.source() if bundle.artifacts is not None else {}

@@ -1,6 +1,5 @@
-"""The custom NRRD header fields and segment tags calib-monai writes into the Slicer files: a case's quality, its
-lower bound and review verdict, the outputs' source, and each structure's estimated DSC and volume (Slicer keeps
-unknown fields)."""
+"""The custom NRRD header fields and segment tags of the Slicer files: a case's quality and review verdict, the
+outputs' source, each structure's estimated DSC and volume (Slicer keeps unknown fields)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ __all__ = ["number_field", "quality_fields", "quality_tags", "source_fields"]
 
 
 def quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
-    """The case's score and review verdict as custom NRRD header fields (Slicer keeps unknown fields)."""
+    """The case's score and review verdict as header fields."""
     review = quality.get("review", {})
     flag = review.get("flag")
     return {

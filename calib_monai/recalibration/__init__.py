@@ -9,7 +9,6 @@ from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
-    CalibratedNetwork,
     CalibrateLogitsd,
     Uncalibrated,
     calibrate_volume,
@@ -30,7 +29,6 @@ from calib_monai.recalibration.temperature import (
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrateLogitsd",
-    "CalibratedNetwork",
     "LocalTemperatureScaling",
     "RecalibrationSettings",
     "TemperatureScaling",
