@@ -16,7 +16,6 @@ from calib_monai.recalibration.stored import (
     case_score_offsets,
     load_calibration,
     load_calibrations,
-    save_calibration,
 )
 from calib_monai.recalibration.temperature import (
     TemperatureScaling,
@@ -43,7 +42,6 @@ __all__ = [
     "load_calibrations",
     "recalibrate",
     "sample_voxels",
-    "save_calibration",
     "temperature_maps",
     "temperature_scale",
 ]

@@ -24,7 +24,6 @@ import torch
 from monai.transforms import MapTransform
 from torch import nn
 
-from calib_monai.atomic import save_atomically, write_json_atomically
 from calib_monai.bundle.manifest import (
     NOT_APPLICABLE,
     ArtifactSet,
@@ -55,7 +54,6 @@ __all__ = [
     "load_calibration",
     "load_calibrations",
     "publish_calibration",
-    "save_calibration",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,25 +75,14 @@ def _method(module: nn.Module) -> str:
     raise TypeError(f"can store {list(METHODS)} modules, got {type(module).__name__}")
 
 
-def _record(module: nn.Module, weights: str | os.PathLike, weights_sha: str | None = None, **info: Any) -> dict:
-    sha = weights_sha or file_sha256(weights)
-    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": sha}
+def _record(module: nn.Module, weights: str | os.PathLike, weights_sha: str, **info: Any) -> dict:
+    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": weights_sha}
     record.update(info)
     if isinstance(module, TemperatureScaling):
         record["temperature"] = float(module.temperature)
     else:
         record.update(num_classes=module.num_classes, in_channels=module.in_channels, hidden=module.hidden)
     return record
-
-
-def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike, **info: Any) -> Path:
-    """Write ``module`` (fitted for the weights file ``weights``) and ``calibration.json`` beside it, without a
-    manifest (``calibrate`` uses :func:`publish_calibration`); ``info``: the fit statistics."""
-    path = Path(path)
-    record = _record(module, weights, **info)
-    save_atomically({**record, "state_dict": module.state_dict()}, path)
-    write_json_atomically(path.with_suffix(".json"), record)
-    return path
 
 
 def publish_calibration(
@@ -114,7 +101,7 @@ def publish_calibration(
     as one set of the weights this process loaded (:func:`calib_monai.bundle.manifest.publish_artifacts`:
     ``manifest.json`` last; refused when ``weights`` holds others by now). ``settings``: what made them;
     ``fold_modules``: the cross-fitted recalibrations that scored the range, in its ``score_folds`` order;
-    ``info``: the fit statistics."""
+    ``info``: the fit statistics (voxels, NLL and ECE before and after...)."""
     path = Path(path)
     weights_sha = loaded_sha256(weights) or file_sha256(weights)
     record = _record(module, weights, weights_sha, **info)
