@@ -200,14 +200,7 @@ def write_slicer_files(
     labels = seg.astype(np.int64)
     if labels.size and labels.min() < 0:
         raise ValueError("segmentation labels must be >= 0")
-    max_label = int(labels.max()) if labels.size else 0
-    dtype = (
-        np.uint8
-        if max_label <= np.iinfo(np.uint8).max
-        else np.uint16
-        if max_label <= np.iinfo(np.uint16).max
-        else np.uint32
-    )
+    dtype = np.min_scalar_type(int(labels.max()) if labels.size else 0)  # uint8, uint16 or uint32
 
     names = _label_names(label_names)
     present = {int(v) for v in np.unique(labels)}

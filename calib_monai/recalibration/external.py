@@ -37,12 +37,12 @@ from calib_monai.recalibration.external_contours import (
     CONTOURS_FOLDER,
     NO_FIT_SET,
     ContourWriter,
-    check_contour_options,
     choose_contours,
     unchosen_contours,
 )
 from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
 from calib_monai.recalibration.temperature import LOG_FLOOR, fit_temperature, sample_voxels, temperature_scale
+from calib_monai.review.contours import RISKS
 
 __all__ = ["calibrate_probabilities"]
 
@@ -149,8 +149,7 @@ def calibrate_probabilities(
         ``{"temperature", "in_sample", "cases", "output_dir", "comparison", "contours"}`` (``contours``: per
         structure with lambdas, how many of the counted cases each contour held; None with contours=False).
     """
-    _check_arguments(num_bins=num_bins, max_voxels=max_voxels, seed=seed, empty_class=empty_class)
-    check_contour_options(contours, contour_alpha, contour_epsilon, contour_risk)
+    _check_arguments(num_bins, max_voxels, seed, empty_class, contours, contour_alpha, contour_epsilon, contour_risk)
     surface_distances = as_bool(surface_distances, "surface_distances")  # the command line's "false": a string
     write_calibrated = as_bool(write_calibrated, "write_calibrated")
     ignore_extra_labels = as_bool(ignore_extra_labels, "ignore_extra_labels")
@@ -274,8 +273,8 @@ def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:
     return table
 
 
-def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any) -> None:
-    """The command's numbers before any file is read: one line naming the argument, its value and the fix."""
+def _check_arguments(num_bins, max_voxels, seed, empty_class, contours, contour_alpha, contour_epsilon, contour_risk):
+    """The command's options before any file is read: one line naming the option, its value and the fix."""
     for name, value, low, example in (
         ("num_bins", num_bins, 1, NUM_BINS),
         ("max_voxels", max_voxels, 1, MAX_VOXELS),
@@ -288,3 +287,16 @@ def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any
                 f"--{name} {value!r} is not valid: it must be a whole number >= {low}; pass e.g. --{name} {example}"
             ) from None
     check_option("--empty_class", empty_class, ("nan", "papers"))
+    if not isinstance(contours, bool):
+        raise ValueError(f"--contours {contours!r} is not valid: pass --contours=False to leave them out, or nothing")
+    for name, value, example in (
+        ("contour_alpha", contour_alpha, CONTOUR_ALPHA),
+        ("contour_epsilon", contour_epsilon, CONTOUR_EPSILON),
+    ):
+        try:
+            check_number(name, value, 0, 1, low_open=True, high_open=True)
+        except ValueError:
+            raise ValueError(
+                f"--{name} {value!r} is not valid: it must be a number in (0, 1); pass e.g. --{name} {example}"
+            ) from None
+    check_option("--contour_risk", contour_risk, RISKS)

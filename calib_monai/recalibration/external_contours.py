@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from calib_monai.atomic import save_atomically, write_json_atomically, write_text_atomically
-from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK, CROSSFIT_FOLDS
 from calib_monai.geometry import reorient, reorientation
 from calib_monai.recalibration.readers import CaseFiles, Volume, read_case
@@ -31,14 +30,13 @@ from calib_monai.recalibration.splits import split_volumes
 from calib_monai.recalibration.temperature import temperature_scale
 from calib_monai.review.contours import (
     CONTOURS_FILE,
-    RISKS,
     ContourMargins,
     contour_losses,
     contour_masks,
     volume_requirements,
 )
 
-__all__ = ["COLUMNS", "CONTOURS_FOLDER", "ContourWriter", "check_contour_options", "choose_contours"]
+__all__ = ["COLUMNS", "CONTOURS_FOLDER", "ContourWriter", "choose_contours"]
 
 logger = logging.getLogger("calib_monai")
 CONTOURS_FOLDER = "contours"
@@ -61,23 +59,6 @@ NO_FIT_SET = (
     "no calibration set (--fit_predictions/--fit_labels): lambdas chosen on the evaluated cases would vouch for "
     "nothing (in-sample); give a calibration set to get contours"
 )
-
-
-def check_contour_options(contours: Any, alpha: Any, epsilon: Any, risk: Any) -> None:
-    """The contour options before any file is read: one line naming the option, its value and the fix."""
-    if not isinstance(contours, bool):
-        raise ValueError(f"--contours {contours!r} is not valid: pass --contours=False to leave them out, or nothing")
-    for name, value, example in (
-        ("contour_alpha", alpha, CONTOUR_ALPHA),
-        ("contour_epsilon", epsilon, CONTOUR_EPSILON),
-    ):
-        try:
-            check_number(name, value, 0, 1, low_open=True, high_open=True)
-        except ValueError:
-            raise ValueError(
-                f"--{name} {value!r} is not valid: it must be a number in (0, 1); pass e.g. --{name} {example}"
-            ) from None
-    check_option("--contour_risk", risk, RISKS)
 
 
 def choose_contours(
