@@ -111,12 +111,8 @@ def export_bundle(
     spatial_dim: int = 2,
     in_plane_multiple: int = 32,
 ) -> dict[str, str]:
-    """Export a trained bundle's network as ``model.ts``, ``segmentation_confidence.ts`` and ``.pt2``.
-
-    The network is built from ``configs/<config_file>`` (``network_def`` only) with ``bundle_root`` set to
-    ``bundle_dir``; nothing else in the config (data, workflows) is instantiated. Everything runs on the CPU.
-    ``model.ts`` holds the network's raw logits; the ``segmentation_confidence`` modules apply the bundle's calibration
-    (``calibration.pt`` next to the checkpoint, from the ``calibrate`` step) when it was fitted for that checkpoint.
+    """Export a trained bundle's network (only ``network_def`` is built, on the CPU) as ``model.ts`` (raw logits) and
+    ``segmentation_confidence.ts`` / ``.pt2``, which apply the calibration fitted for the checkpoint, if any.
 
     Args:
         bundle_dir: the bundle folder.
@@ -151,8 +147,8 @@ def export_bundle(
     example = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     example_slices = example.movedim(spatial_dim + 2, 1).flatten(0, 1)
     scripted, traced = _script_or_trace(network, example_slices)
-    paths = {name: str(output_dir / name) for name in ("model.ts", "segmentation_confidence.ts")}
-    paths["segmentation_confidence.pt2"] = str(output_dir / "segmentation_confidence.pt2")
+    names = ("model.ts", "segmentation_confidence.ts", "segmentation_confidence.pt2")
+    paths = {name: str(output_dir / name) for name in names}
 
     # model.ts through MONAI's ckpt_export (the bundle's configs and metadata inside), given the weights as loaded:
     # it copies only matching keys, and the file may hold module.-prefixed ones
