@@ -111,8 +111,9 @@ def export_bundle(
     spatial_dim: int = 2,
     in_plane_multiple: int = 32,
 ) -> dict[str, str]:
-    """Export a trained bundle's network (only ``network_def`` is built, on the CPU) as ``model.ts`` (raw logits) and
-    ``segmentation_confidence.ts`` / ``.pt2``, which apply the calibration fitted for the checkpoint, if any.
+    """Export a trained bundle's network (only ``network_def`` is built, with ``bundle_root`` set to ``bundle_dir``, on
+    the CPU) as ``model.ts`` (raw logits) and ``segmentation_confidence.ts`` / ``.pt2``, which apply the calibration
+    fitted for the checkpoint, if any.
 
     Args:
         bundle_dir: the bundle folder.
