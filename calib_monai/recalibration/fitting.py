@@ -134,8 +134,7 @@ def fit_recalibration(
     method, voxels, seed, steps = settings.method, settings.voxels, settings.seed, settings.steps
     if method == "temperature":
         logits, labels = calibration_voxels(((v.logits, v.label) for v in fit), voxels, settings.max_voxels, seed)
-        check_voxels(logits, labels)
-        module: nn.Module = TemperatureScaling().fit(logits, labels)
+        module: nn.Module = TemperatureScaling().fit(logits, labels)  # checks the voxels (fit_temperature)
         with torch.no_grad():
             calibrated = module(logits)
         where = "ground-truth foreground" if voxels == "foreground" else "all voxels"
