@@ -10,8 +10,7 @@ import numpy as np
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.helpers import require_file
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]
@@ -36,21 +35,14 @@ def _subject_order(name: str) -> tuple[int, str]:
 
 @data_component
 class MRBrainS(VolumeSegmentationData):
-    """MRBrainS18 brain tissue segmentation: gray matter (GM 1), white matter (WM 2), cerebrospinal fluid (CSF 3);
-    4 classes with background; T1, T2-FLAIR and T1-IR as 3 input channels; 7 subjects, leave-one-subject-out.
-
-    Layout (``MRBRAINS_LAYOUTS``): ``training/<id>/pre/`` (the pre-processed, FLAIR-registered scans) and
-    ``training/<id>/segm.nii.gz``. The 10 labels of the release are reduced to the three tissues of the challenge's
-    evaluation with ``MRBRAINS18_TO_TISSUE``: cortical GM + basal ganglia -> GM, WM + WM lesions -> WM, extracerebral
-    CSF + ventricles -> CSF, cerebellum, brain stem, infarction and other -> background.
+    """MRBrainS18 brain tissue segmentation: GM (1), WM (2), CSF (3); T1, T2-FLAIR and T1-IR as 3 input channels
+    (the paper's "T1, T2 and T1-IR"); the release's 10 labels reduced by ``MRBRAINS18_TO_TISSUE``.
 
     Folds (NACL: "leave-one-out-cross-validation"): subjects sorted by id, ``fold`` k holds out subject k for
-    testing, one other subject (chosen with ``seed``) validates, the rest (5) train. ``datalist.json`` records the
-    fold; reusing an output_dir with another fold is an error.
+    testing, one other subject (chosen with ``seed``) validates, the rest train; ``datalist.json`` records the fold.
 
-    Preprocessing: the three modalities stacked as channels (T1, FLAIR, IR: the paper's "T1, T2 and T1-IR"; the
-    release's T2 is a T2-FLAIR), RAS orientation, no resampling (240x240x48 at 0.96x0.96x3 mm), per-volume and
-    per-channel min-max scaling to [0, 1], centre crop/pad to ``roi_size`` = (240, 240, 48).
+    Preprocessing: the modalities stacked as channels, RAS, no resampling (240x240x48 at 0.96x0.96x3 mm),
+    per-channel min-max scaling to [0, 1], centre crop/pad to ``roi_size``.
 
     Citation: Mendrik A.M. et al., "MRBrainS challenge: online evaluation framework for brain image segmentation in
     3T MRI scans", Computational Intelligence and Neuroscience, 2015; MRBrainS18: https://mrbrains18.isi.uu.nl.
@@ -81,7 +73,6 @@ class MRBrainS(VolumeSegmentationData):
 
     def __post_init__(self) -> None:
         self.fold = int(self.fold)
-        intensity_scaling(self.intensity)  # fails early on a bad value
         self.subjects: list[str] = []
         super().__post_init__()
 
@@ -92,11 +83,10 @@ class MRBrainS(VolumeSegmentationData):
             key=lambda p: _subject_order(p.name),
         )
         if len(subjects) < 3:
-            raise layout_error(
+            raise self._layout_error(
                 self.root,
                 f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
                 "out needs at least 3 (training, validation, test)",
-                MRBRAINS_LAYOUTS,
             )
         if not 0 <= self.fold < len(subjects):
             raise ValueError(
@@ -123,7 +113,6 @@ class MRBrainS(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
         return [
             *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
             steps.check_channels("$@data.channel_names", "MRBrainS18"),
@@ -132,10 +121,9 @@ class MRBrainS(VolumeSegmentationData):
         ]
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The subjects at ``path``: ``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for
-        every ``<id>/pre/`` folder. ``path`` may be one subject folder, its ``pre/`` folder or a file in it, a folder
-        of subject folders (``training/``) or the release root (searched recursively); a single NIfTI file outside a
-        ``pre/`` folder is taken as a 3-channel image (default listing)."""
+        """``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for every ``<id>/pre/`` folder at
+        ``path`` (a subject, its ``pre/`` or a file in it, or a folder searched recursively); another NIfTI file is a
+        3-channel image."""
         path = Path(path)
         if path.is_file():
             if path.parent.name != "pre":
@@ -151,12 +139,11 @@ class MRBrainS(VolumeSegmentationData):
                 key=lambda p: (_subject_order(p.name), str(p)),
             )
         if not subjects:
-            raise layout_error(
+            raise self._layout_error(
                 path,
                 "has no <id>/pre/ subject folder (searched recursively); expected one subject "
                 f"folder <id>/pre/{{{', '.join(MRBRAINS_MODALITIES)}}}, a folder of them or the "
                 "release root",
-                MRBRAINS_LAYOUTS,
             )
         return [
             {"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES], "case": p.name}

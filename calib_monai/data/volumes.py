@@ -21,9 +21,16 @@ from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root
+from calib_monai.data.helpers import check_window, existing_root, intensity_scaling
 from calib_monai.data.inference import nifti_items
-from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases, unless_given
+from calib_monai.data.layouts import (
+    SUBSETS,
+    given_datalist,
+    layout_error,
+    load_or_create_datalist,
+    split_cases,
+    unless_given,
+)
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
 from calib_monai.data.slices import SliceDataset, cached_volumes
 
@@ -31,12 +38,8 @@ __all__ = ["SliceDataset", "VolumeSegmentationData", "data_component"]
 
 logger = logging.getLogger("calib_monai.data")
 
-SUBSETS = ("training", "validation", "test")
-
-
-# The components are dataclasses: one constructor, generated from the fields the base and each class declare (its
-# signature is what bundle configs, ``--data#<name>`` overrides and ``bundle_factory`` read); identity equality, as
-# the components are cached and hashed by object; the base's repr.
+# One constructor generated from the fields (what bundle configs, ``--data#<name>`` overrides and ``bundle_factory``
+# read); identity equality, as components are cached and hashed by object; the base's repr.
 data_component = dataclass(eq=False, repr=False)
 
 
@@ -44,31 +47,23 @@ data_component = dataclass(eq=False, repr=False)
 class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
-    Preprocessing is the class's ``preprocessing_steps()``: one list of MONAI config items (``calib_monai.data
-    .preprocessing``) that the bundles write out as their chains. The datasets apply the chain they are given (a
-    bundle's), else the one the component builds from that list (``preprocessing(subset)``). Training volumes may be
-    cropped around the label (``crop_foreground``); validation and test volumes never are.
-
-    A subclass is a ``data_component`` too: it declares its own fields, checks them in ``__post_init__`` before the
-    base's, sets ``source``, ``facts`` (or overrides ``label_names``), ``layouts``, ``preprocessing_steps`` and
-    ``preprocessing_args``, and lists its cases in ``_read_cases`` (or overrides ``_read_dataset``). Built with
-    ``dataset_dir=None`` it serves ``inference_preprocessing`` only (``inference_only``): ``datalist`` and the
-    datasets raise a ValueError saying so.
+    A subclass is a ``data_component``: it declares its fields (checked in ``__post_init__`` before the base's), sets
+    ``source``, ``facts`` (or overrides ``label_names``), ``layouts``, ``preprocessing_steps()`` (MONAI config items,
+    ``calib_monai.data.preprocessing``, that the bundles write out as their chains) and ``preprocessing_args``, and
+    lists its cases in ``_read_cases``. Built with ``dataset_dir=None`` it serves ``inference_preprocessing`` only.
 
     Args:
         dataset_dir: the data set folder; None: no data set, a preprocessing-only component for inference.
         output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
         roi_size: spatial size ``(H, W, D)`` of the preprocessed volumes; ``-1`` keeps an axis' size.
         seed: seed of the split.
-        cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (1.0: all; training slices of
-            uncached volumes are slow, see ``SliceDataset``).
+        cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (uncached training slices are slow).
         num_workers: threads ``CacheDataset`` uses to preprocess.
 
-    Settings a subclass declares, as fields (constructor arguments) or class attributes:
-        split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
-        spacing: voxel spacing (mm) to resample to, or None to keep the data's (default None).
-        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
-            image centre; default False).
+    Settings a subclass declares, as fields or class attributes: ``split`` (case counts ``(train, val, test)``, or
+    their ratios for another number of cases), ``spacing`` (mm to resample to, or None), ``crop_foreground`` (centre
+    the training volumes' ``roi_size`` window on the label, else on the image), ``intensity`` (``intensity_scaling``)
+    and ``window`` (CT HU, ``check_window``).
     """
 
     dataset_dir: str | os.PathLike | None
@@ -80,7 +75,6 @@ class VolumeSegmentationData:
 
     spacing = None
     crop_foreground = False
-    datalist_name: ClassVar[str] = "datalist.json"
     drop_empty_training_slices: ClassVar[bool] = False
     source: ClassVar[str] = ""
     facts: ClassVar[DatasetFacts | None] = None  # None: the classes come from the data (MSDDataset's dataset.json)
@@ -100,6 +94,10 @@ class VolumeSegmentationData:
                 f"spacing must be three positive finite voxel sizes in mm (or None), got {tuple(spacing)}: pass e.g. "
                 '--data#spacing "[1.5,1.5,3.0]"'
             )
+        if hasattr(self, "intensity"):
+            intensity_scaling(self.intensity)  # fails early on a bad value
+        if hasattr(self, "window"):
+            self.window = check_window(self.window)
         self.split = tuple(int(s) for s in self.split)
         self.seed = int(self.seed)
         self.crop_foreground = bool(self.crop_foreground)
@@ -118,8 +116,7 @@ class VolumeSegmentationData:
     # ---- subclass hooks -------------------------------------------------------------------------------------------
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """The deterministic preprocessing as MONAI config items, steps limited to phases with
-        ``calib_monai.data.preprocessing.only`` (see that module)."""
+        """The deterministic preprocessing as MONAI config items (``calib_monai.data.preprocessing``)."""
         raise NotImplementedError
 
     @property
@@ -145,15 +142,30 @@ class VolumeSegmentationData:
         return f" of {self.source} ({self._label_convention()})"
 
     def _read_dataset(self) -> None:
-        """Read ``dataset_dir`` (``_read_cases``): nothing for None, or for an empty one with a given datalist."""
+        """Read ``dataset_dir``: nothing for None, or for an empty one with a given datalist."""
         root = existing_root(unless_given(self.dataset_dir, self.datalist_path), self.layouts)
         if root is not None:
+            self.root = root  # _read_cases may move it into a release's inner folder
             self._cases = self._read_cases(root)
 
     def _read_cases(self, root: Path) -> list[dict]:
-        """Set ``self.root`` from the existing folder ``root`` and list its labelled cases (a one-line error for a
-        folder in none of ``layouts``)."""
+        """The labelled cases of the existing folder ``root`` (a one-line error for a folder in none of ``layouts``)."""
         raise NotImplementedError
+
+    def _layout_error(self, path: str | os.PathLike, problem: str) -> ValueError:
+        return layout_error(path, problem, self.layouts)
+
+    def _input_files(self, path: Path, is_input: Callable[[Path], bool], not_input: str, none: str) -> list[Path]:
+        """``[path]`` for an input file (else a ValueError: ``path`` is not ``not_input``), or the input files under the
+        folder ``path`` (searched recursively, hidden files skipped; none: a layout error saying ``none``)."""
+        if path.is_file():
+            if not is_input(path):
+                raise ValueError(f"{path} is not {not_input}")
+            return [path]
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".") and is_input(p))
+        if not files:
+            raise self._layout_error(path, none)
+        return files
 
     def _find_cases(self) -> list[dict]:
         """The cases the split draws from (read at construction, by default)."""
@@ -168,9 +180,8 @@ class VolumeSegmentationData:
         return split_cases(cases, split, seed)
 
     def subject_of(self, case: dict) -> str | None:
-        """The subject (patient) of a case, when a subject has several cases (ACDC's two frames of a patient), else
-        None. The datalist's items carry it as ``"subject"``: the calibrate step ranks validation subjects, not volumes
-        (the review rule's guarantee counts exchangeable units)."""
+        """The subject (patient) of a case when a subject has several cases (ACDC's two frames), else None; the
+        calibrate step ranks validation subjects, the exchangeable units of the review rule."""
         return None
 
     def _datalist_info(self) -> dict:
@@ -185,38 +196,31 @@ class VolumeSegmentationData:
 
     @property
     def datalist_path(self) -> Path:
-        return self.output_dir / self.datalist_name
+        return self.output_dir / "datalist.json"
 
     @property
     def inference_only(self) -> bool:
         """True when built with ``dataset_dir=None``: image preprocessing only, no datalist or datasets."""
         return self._dataset_root() is None
 
-    def _require_dataset(self) -> None:
-        if self.inference_only:
-            name = type(self).__name__
-            raise ValueError(
-                f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
-                "the image preprocessing but has no cases to list, train, validate or test on); pass "
-                f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
-                "train or evaluate on the data set"
-            )
-
     def datalist(self) -> dict[str, list[dict[str, str]]]:
         """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
-        ``<output_dir>/datalist.json`` so a resumed run uses the same split.
-
-        A ``datalist.json`` written beforehand with ``"given": true`` is used as it is, whatever ``dataset_dir`` says
-        (MONAI Label's train task lists the submitted labels there: ``calib_monai.label.fine_tune``). A component
-        built with ``dataset_dir=None`` (preprocessing only) has no other cases: a ValueError says so (also from
-        ``train_dataset``, ``val_dataset``, ``test_dataset``)."""
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split. A datalist written beforehand with
+        ``"given": true`` is used as it is (``calib_monai.label.fine_tune``); without it, a preprocessing-only
+        component raises a ValueError (also from the dataset methods)."""
         if self._datalist is None:
             self._datalist = given_datalist(self.datalist_path)
         if self._datalist is None:
-            self._require_dataset()
-            cases = self._find_cases()
+            if self.inference_only:
+                name = type(self).__name__
+                raise ValueError(
+                    f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
+                    "the image preprocessing but has no cases to list, train, validate or test on); pass "
+                    f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
+                    "train or evaluate on the data set"
+                )
             self._datalist = load_or_create_datalist(
-                self.datalist_path, cases, self.split, self.seed, self._datalist_info(), splitter=self._split_cases
+                self.datalist_path, self._find_cases(), self.split, self.seed, self._datalist_info(), self._split_cases
             )
             for item in (i for items in self._datalist.values() for i in items if "subject" not in i):
                 subject = self.subject_of(item)  # also on a datalist stored before items had one
@@ -225,15 +229,10 @@ class VolumeSegmentationData:
         return self._datalist
 
     def preprocessing(self, subset: str = "training") -> Compose:
-        """The deterministic MONAI chain from file paths to the preprocessed volumes of ``subset`` ("training",
-        "validation" or "test"; the last two share the evaluation chain): the one given to the dataset methods (a
-        bundle's ``train#preprocessing`` / ``validate#preprocessing``), else the one built from
-        ``preprocessing_steps()``.
-
-        Always the same instance, the one the datasets apply, so ``Invertd(keys, transform=data.preprocessing(subset),
-        orig_keys="label")`` can map a prediction back to the original image grid (MONAI matches transform ids). When
-        the evaluation steps equal the training steps, both subsets share the training instance.
-        """
+        """The deterministic chain from file paths to the preprocessed volumes of ``subset`` (validation and test share
+        the evaluation chain): the one given to the dataset methods (a bundle's), else the one built from
+        ``preprocessing_steps()``. Always the instance the datasets apply, so ``Invertd(keys,
+        transform=data.preprocessing(subset), orig_keys="label")`` can map a prediction back (MONAI matches ids)."""
         phase = phase_of_subset(subset)
         return self._given[phase] if phase in self._given else self._built_chain(phase)
 
@@ -252,13 +251,9 @@ class VolumeSegmentationData:
         return self._built[phase]
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``: a list of
+        """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``:
         ``{"image": path or [paths, one per channel], "case": name}`` (``"case"`` optional: it names the outputs).
-
-        Default: NIfTI files (``calib_monai.data.inference.nifti_items``: one file, a folder of them, or a data set
-        root with ``imagesTs/``, ``imagesTr/``, ...). Components whose inputs are several files per case or not
-        NIfTI override it (BraTS, MRBrainS, BUSI, PROMISE12).
-        """
+        Default: NIfTI files (``calib_monai.data.inference.nifti_items``)."""
         return nifti_items(Path(path))
 
     def inference_case(self, image) -> str | None:
@@ -266,11 +261,8 @@ class VolumeSegmentationData:
         return None
 
     def volume_dataset(self, subset: str, preprocessing: Callable | None = None) -> CacheDataset:
-        """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"), built once per chain.
-
-        ``preprocessing``: the chain to apply (a bundle's ``train#preprocessing`` or ``validate#preprocessing``); it
-        becomes ``preprocessing(subset)``. None: the chain given before, else the component's own.
-        """
+        """The cached preprocessed 3D volumes of ``subset``, built once per chain; ``preprocessing``: the chain to
+        apply (a bundle's), which becomes ``preprocessing(subset)``; None: the chain given before, else the own one."""
         if subset not in SUBSETS:
             raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
         self.datalist()  # the data set's, or a given datalist.json; else the error that says what to pass
@@ -299,9 +291,8 @@ class VolumeSegmentationData:
         """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
 
         ``transform``: applied to each slice dict (e.g. 2D augmentation). ``fraction`` in (0, 1] keeps the first
-        ``round(fraction * n)`` training volumes (at least one) of the seeded split: a seeded random subset of cases,
-        nested across fractions (the 25/50/75/100% data studies). ``preprocessing``: the chain of the training volumes
-        (bundles: ``train#preprocessing``; default: the component's own)."""
+        ``round(fraction * n)`` training volumes (at least one) of the seeded split, nested across fractions.
+        ``preprocessing``: the chain of the training volumes (``volume_dataset``)."""
         fraction = float(fraction)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction (bundle key train_fraction) must be in (0, 1], got {fraction}")
@@ -311,13 +302,11 @@ class VolumeSegmentationData:
         return SliceDataset(volumes, transform=transform, drop_empty=self.drop_empty_training_slices)
 
     def val_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
-        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
-        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
         return self.volume_dataset("validation", preprocessing)
 
     def test_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
-        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
-        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
         return self.volume_dataset("test", preprocessing)
 
     def _label_convention(self) -> str:
