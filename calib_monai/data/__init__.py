@@ -11,7 +11,7 @@ from calib_monai.data.brats import BraTS
 from calib_monai.data.busi import BUSI, LoadBUSId
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
-from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
+from calib_monai.data.helpers import ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
@@ -40,7 +40,6 @@ __all__ = [
     "ACDC",
     "BUSI",
     "BraTS",
-    "CheckChannelsd",
     "DatasetFacts",
     "Hippocampus",
     "ToInputGridd",

@@ -119,7 +119,6 @@ class BraTS(VolumeSegmentationData):
         return [
             *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
-            steps.check_channels(list(BRATS_MODALITIES), "BraTS"),
             steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]

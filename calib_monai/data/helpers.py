@@ -1,4 +1,4 @@
-"""Small pieces shared by the seed data set components (ACDC, BraTS, KiTS, MRBrainS, PROMISE12, ...)."""
+"""Small pieces shared by the data set components: argument checks and intensity scaling."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform, ScaleIntensityd, ScaleIntensityRanged, ScaleIntensityRangePercentilesd
 
 from calib_monai.data.layouts import layout_error
-from calib_monai.data.transforms import CaseDataError, case_filename
 
 __all__ = [
-    "CheckChannelsd",
     "ScaleIntensityToUnitd",
     "check_window",
     "existing_root",
@@ -25,9 +23,8 @@ __all__ = [
 
 
 def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path | None:
-    """``dataset_dir`` resolved; None for None (a preprocessing-only component, for inference: nothing is read); a
-    ValueError listing the expected ``layouts`` when it is empty ("", e.g. a forgotten ``--dataset_dir``) or not a
-    folder."""
+    """``dataset_dir`` resolved (None: preprocessing only); a ValueError listing the expected ``layouts`` when it is
+    empty (a forgotten ``--dataset_dir``) or not a folder."""
     if dataset_dir is None:
         return None
     if not dataset_dir:
@@ -57,8 +54,12 @@ def check_window(window: Sequence[float]) -> tuple[float, float]:
 
 
 def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> list[Callable]:
-    """Per volume and channel scaling to [0, 1]: ``"minmax"``, ``"percentile"`` (0.5/99.5, clipped) or a fixed
-    ``(low, high)`` window (clipped), as ``MSDDataset``; a ValueError for anything else."""
+    """Per volume and channel scaling to [0, 1]; a ValueError for another ``intensity`` than:
+
+    - ``"minmax"``: ``x' = (x - min x) / (max x - min x)``;
+    - ``"percentile"``: ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)``, robust to a few hot voxels;
+    - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)``.
+    """
     if isinstance(intensity, str):
         if intensity == "minmax":
             return [ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)]
@@ -76,15 +77,8 @@ def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "
 
 
 class ScaleIntensityToUnitd(MapTransform):
-    """Scale ``keys`` to [0, 1] by the rule that a data set's ``intensity`` argument names (``intensity_scaling``):
-
-    - ``"minmax"``: ``ScaleIntensityd``, ``x' = (x - min x) / (max x - min x)`` per volume and channel;
-    - ``"percentile"``: ``ScaleIntensityRangePercentilesd``, ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)`` per
-      volume and channel, robust to a few hot voxels;
-    - ``(low, high)``: ``ScaleIntensityRanged``, a fixed window ``x' = clip((x - low) / (high - low), 0, 1)``.
-
-    One config item whose argument picks the MONAI transform, so that ``--data#intensity percentile`` still switches it.
-    """
+    """Scale ``keys`` to [0, 1] by the ``intensity`` rule (``intensity_scaling``): one config item whose argument
+    picks the MONAI transform, so that ``--data#intensity percentile`` switches it."""
 
     def __init__(
         self, keys: KeysCollection, intensity: str | Sequence[float] = "minmax", allow_missing_keys: bool = False
@@ -96,20 +90,3 @@ class ScaleIntensityToUnitd(MapTransform):
 
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:
         return self.scaler(data)
-
-
-class CheckChannelsd(MapTransform):
-    """Raise a ``CaseDataError`` naming the file when ``data[key]`` does not have ``len(names)`` channels."""
-
-    def __init__(self, key: str, names: Sequence[str], source: str):
-        super().__init__(key)
-        self.key, self.names, self.source = key, tuple(names), source
-
-    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:
-        channels = int(data[self.key].shape[0])
-        if channels != len(self.names):
-            raise CaseDataError(
-                f"{self.key} {case_filename(data, self.key)} has {channels} channel(s); {self.source} "
-                f"expects {len(self.names)} ({', '.join(self.names)}): check the modality files"
-            )
-        return data

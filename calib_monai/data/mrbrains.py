@@ -115,7 +115,6 @@ class MRBrainS(VolumeSegmentationData):
     def preprocessing_steps(cls) -> list[dict]:
         return [
             *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            steps.check_channels("$@data.channel_names", "MRBrainS18"),
             steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]

@@ -90,12 +90,11 @@ class MSDDataset(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """Every MSD task, known or not: the channel check runs for the known tasks (``channel_names``), resampling
-        when ``spacing`` is set, the label-centred window (training only) with ``crop_foreground``."""
+        """Every MSD task, known or not: resampling when ``spacing`` is set, the label-centred window (training
+        only) with ``crop_foreground``."""
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            steps.check_channels("$@data.channel_names", "$@data.task", disabled="$@data.channel_names is None"),
             steps.scale_to_unit(),
             steps.crop_around_label(disabled="$not @data.crop_foreground"),
             steps.pad_or_crop(),

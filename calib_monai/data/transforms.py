@@ -23,12 +23,13 @@ __all__ = [
     "ValidateSegmentationd",
     "case_filename",
     "check_image_values",
+    "plain_tensor",
     "unwrap_case_error",
 ]
 
 
-def _plain(x) -> torch.Tensor:
-    """The tensor without MetaTensor tracking: checks need no meta data, and skip its per-operation overhead."""
+def plain_tensor(x) -> torch.Tensor:
+    """The tensor without MetaTensor tracking (no meta data, none of its per-operation overhead)."""
     return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
 
 
@@ -66,7 +67,7 @@ def check_image_values(image, filename: str) -> None:
     """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (the
     network's output, and every confidence, would be NaN) or one value everywhere (an empty export, a 1-voxel
     image: nothing to segment, and the scaling to [0, 1] divides by zero)."""
-    values = _plain(image).detach()
+    values = plain_tensor(image).detach()
     finite = torch.isfinite(values)
     if not bool(finite.all()):
         bad = int((~finite).sum())
@@ -84,14 +85,10 @@ def check_image_values(image, filename: str) -> None:
 
 
 class CheckedLoadImaged(MapTransform):
-    """``monai.transforms.LoadImaged`` per key, re-raising any reader failure as a ValueError that names the file.
-
-    Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
-    worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
-    each a ``CaseDataError`` naming the file: 3D (a 2D image would reach the 2D inferer as a bad shape), finite and
-    not constant (:func:`check_image_values`; a NaN image would give all-NaN confidence maps). Every volume read
-    must have a usable affine (:func:`calib_monai.geometry.affine_problem`): without one a reader guesses the
-    orientation (x mirrored), and the segmentation is silently wrong.
+    """``monai.transforms.LoadImaged`` per key, re-raising any reader failure (truncated downloads, non-NIfTI files)
+    as a ``CaseDataError`` that names the file. The ``image_key`` volume must be 3D, finite and not constant
+    (:func:`check_image_values`), and every NIfTI read must have a usable affine (without one a reader guesses the
+    orientation, and the segmentation is silently mirrored).
     """
 
     def __init__(
@@ -144,8 +141,7 @@ def _check_affine(key: Hashable, source: object) -> None:
 
 class ChannelFirstd(EnsureChannelFirstd):
     """``EnsureChannelFirstd``, then the image's channels counted against the data set's ``image_channels`` (their
-    names): an image with another number of channels raises a ``CaseDataError`` naming the file, where it would
-    otherwise reach the network and fail there without a name (a 2-channel image into a 1-channel bundle).
+    names): another number raises a ``CaseDataError`` naming the file, rather than failing in the network.
 
     Args:
         keys: as ``EnsureChannelFirstd``.
@@ -189,17 +185,15 @@ def _grid_problem(image, label):
     if image.ndim != 4 or label.ndim != 4 or any(a is None or tuple(a.shape) != (4, 4) for a in affines):
         same = tuple(image.shape[1:]) == tuple(label.shape[1:])
         return None if same else GridMismatch("shape", f"{tuple(image.shape[1:])} against {tuple(label.shape[1:])}")
-    image_affine, label_affine = (np.asarray(_plain(a).detach().cpu(), dtype=np.float64) for a in affines)
+    image_affine, label_affine = (np.asarray(plain_tensor(a).detach().cpu(), dtype=np.float64) for a in affines)
     return grid_mismatch(image_affine, tuple(image.shape[1:]), label_affine, tuple(label.shape[1:]))
 
 
 class ValidateSegmentationd(MapTransform):
-    """Check an (image, label) pair after ``EnsureChannelFirstd``; raise a ValueError naming the case file otherwise.
-
-    Checks: the label on the image's voxel grid (``calib_monai.geometry``: the same shape, voxel size, axes and
-    position within a 1% of a voxel; a label stored in another orientation passes, the pipeline's ``Orientationd``
-    reorients both to RAS); a single label channel; finite image intensities (no NaN/Inf); integer label values
-    within ``allowed_labels``.
+    """Check an (image, label) pair after ``EnsureChannelFirstd``, raising a ``CaseDataError`` naming the case file:
+    the label on the image's voxel grid (``calib_monai.geometry``; another orientation passes, ``Orientationd``
+    reorients both), one label channel, integer label values within ``allowed_labels``. (Finite image values are
+    checked on reading, ``CheckedLoadImaged``.)
     """
 
     def __init__(
@@ -235,14 +229,7 @@ class ValidateSegmentationd(MapTransform):
                 f"label {label_file} has {label.shape[0]} channels; expected one channel of integer class values "
                 "(not one-hot)"
             )
-        finite = torch.isfinite(_plain(image))
-        if not bool(finite.all()):
-            bad = int((~finite).sum())
-            raise CaseDataError(
-                f"image {image_file} has {bad} NaN/Inf voxel(s); fix or remove the case (e.g. replace them by the "
-                "background intensity before training)"
-            )
-        labels = _plain(label).detach().reshape(-1)
+        labels = plain_tensor(label).detach().reshape(-1)
         rounded = labels.round()
         if not torch.equal(labels, rounded):
             odd = labels[labels != rounded].unique()[:5].tolist()
@@ -278,21 +265,19 @@ class KeepInputLabeld(MapTransform):
         d = dict(data)
         for key, name in zip(self.key_iterator(d), self.names):
             label = d[key]
-            dtype = torch.uint8 if float(_plain(label).max()) < 256 else torch.int32
-            copy = _plain(label).detach().to(dtype)
+            dtype = torch.uint8 if float(plain_tensor(label).max()) < 256 else torch.int32
+            copy = plain_tensor(label).detach().to(dtype)
             d[name] = MetaTensor(copy, meta=dict(label.meta)) if isinstance(label, MetaTensor) else copy
         return d
 
 
 class CropAroundForegroundd(MapTransform, InvertibleTransform):
-    """Crop a fixed ``roi_size`` window centred on the bounding box of ``data[source_key] > 0`` (FLARE: 192x192x30).
+    """Crop a fixed ``roi_size`` window centred on the bounding box of ``data[source_key] > 0``.
 
-    Unlike ``CropForegroundd`` followed by a pad, the window keeps the real image context around the organs: its start
-    along each axis is ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size,
-    ``n`` the image size), so it slides inward at image borders instead of padding. Axes whose ROI size is ``<= 0``
-    or not smaller than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty
-    foreground
-    centres the window on the image. Invertible (MONAI ``Crop``), so ``Invertd`` can map predictions back.
+    Unlike ``CropForegroundd`` and a pad, the window keeps the image context: its start along each axis is
+    ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size, ``n`` the image size),
+    sliding inward at the borders. Axes whose ROI size is ``<= 0`` or not smaller than the image are not cropped; an
+    empty foreground centres the window. Invertible (MONAI ``Crop``), for ``Invertd``.
     """
 
     def __init__(
@@ -307,7 +292,7 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
         shape = source.shape[1:]
         if len(self.roi_size) != len(shape):
             raise ValueError(f"roi_size {tuple(self.roi_size)} has {len(self.roi_size)} axes, the image {len(shape)}")
-        foreground = _plain(source).detach().gt(0).any(0)
+        foreground = plain_tensor(source).detach().gt(0).any(0)
         start, end = [], []
         for axis in range(foreground.ndim):  # bounding box from per-axis projections (cheaper than MONAI's generic one)
             hits = foreground.any(dim=[a for a in range(foreground.ndim) if a != axis]).nonzero().reshape(-1)
