@@ -44,11 +44,10 @@ class ACDC(VolumeSegmentationData):
 
     Args:
         dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``); None: preprocessing only.
-        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: final size (H, W, D) after the resize; ``-1`` keeps the slices of each volume.
         seed: seed of the patient split (when no split lists are used).
         resize: in-plane size (H, W) every slice is resized to.
-        split: (train, val, test) patient counts, or their ratios for another number of patients.
         use_split_lists: use ``splits/*.list`` when the folder has them.
     """
 

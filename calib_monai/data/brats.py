@@ -69,11 +69,8 @@ class BraTS(VolumeSegmentationData):
 
     Args:
         dataset_dir: the BraTS 2019 training folder (or its parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: final size (H, W, D), a centre crop/pad after the resize.
+        others: see ``VolumeSegmentationData``.
         resize: size (H, W, D) every volume is resized to.
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
 
     source = "brats"

@@ -92,9 +92,8 @@ class BUSI(VolumeSegmentationData):
 
     Args:
         dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, 1).
-        split: (train, val, test) image counts, or their ratios for another number of images.
         classes: "lesion" (background / lesion) or "type" (background / benign / malignant).
     """
 

@@ -40,16 +40,13 @@ class FLARE(VolumeSegmentationData):
 
     Args:
         dataset_dir: a FLARE download, or "" / None for the phantoms.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D) of the training volumes.
         cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
-        spacing: resampling voxel spacing in mm.
-        split: (train, val, test) counts; their ratios when there are not 360 cases.
         num_phantoms: number of phantoms (when ``dataset_dir`` is empty).
         phantom_shape: phantom grid size; None: the grid that covers the phantom field of view at ``spacing`` (no
             resampling), else the field of view sampled by ``shape`` voxels and resampled like real data.
         phantom_seed: seed of the phantom generator.
-        window: CT window (HU) mapped to [0, 1].
     """
 
     facts = DatasetFacts(FLARE_LABEL_NAMES, channel_names=("image",), roi_size=(192, 192, 30))

@@ -1,15 +1,12 @@
 """The served outputs mapped back from the network's grid to the input grid: one axis at a time where the
 preprocessing only reoriented and resampled the image, ``Invertd`` otherwise.
 
-Reorientation (``Orientationd``) and resampling (``Spacingd``) map an input voxel index ``k`` to a network voxel
-coordinate ``M k`` (``M = network affine^-1 @ file affine``) whose rotation part is a signed permutation times a
-diagonal: each input axis reads one network axis, ``c = scale * k + offset``. Linear interpolation is then the
-product of 1D ones (trilinear = three 1D lerps), and nearest the nearest index along each axis, so the map costs a
-few passes over the output instead of ``Invertd``'s ``grid_sample`` with a 3 x N coordinate grid (a
-512 x 512 x 200 CT from a 129 x 129 x 42 grid, 2 threads: the confidence 5x, the uint8 label map 35x faster).
-Edges are clamped (``Spacingd``'s ``border`` padding); nearest takes the upper voxel at a tie (``grid_sample``'s
-float32 coordinates decide those either way). Any other spatial step (crop, pad, resize), another padding or a
-rotation: ``Invertd`` through the chain.
+Reorientation and resampling map an input voxel index ``k`` to a network coordinate ``M k`` (``M = network
+affine^-1 @ file affine``) whose rotation part is a signed permutation times a diagonal: each input axis reads one
+network axis, ``c = scale * k + offset``. Trilinear interpolation is then three 1D lerps and nearest the nearest
+index per axis: a few passes over the output instead of ``Invertd``'s ``grid_sample`` on a 3 x N grid. Edges are
+clamped (``Spacingd``'s ``border`` padding); nearest takes the upper voxel at a tie. Any other spatial step, padding
+or a rotation: ``Invertd`` through the chain.
 """
 
 from __future__ import annotations
@@ -71,9 +68,7 @@ def _along(x: torch.Tensor, dim: int, coordinate: torch.Tensor, nearest: bool) -
     linear interpolation of its two neighbours."""
     size = x.shape[dim]
     coordinate = coordinate.clamp(0, size - 1)
-    # ``dim`` as the middle axis of a 3D view: index_select then copies whole blocks (along another axis of a
-    # multi-channel map it is several times slower with 2 CPU threads: 1.8 s instead of 0.3 s for a contour set's
-    # 4-channel uint8 masks of a full-size CT)
+    # ``dim`` as the middle axis of a 3D view: index_select then copies whole blocks
     blocks = x.reshape(math.prod(x.shape[:dim]), size, -1)
     shape = (*x.shape[:dim], coordinate.numel(), *x.shape[dim + 1 :])
     if nearest:
@@ -95,8 +90,7 @@ def map_axis_by_axis(
 ) -> torch.Tensor:
     """``x (C, *network grid)`` on the input grid ``shape`` through :func:`axis_map`'s ``axes``."""
     out = x.permute(0, *(1 + s for s, _, _ in axes)).contiguous()  # input axis a reads network axis s: put s at a
-    # the innermost axis first: the passes that make the most voxels then copy whole rows (3x faster than outermost
-    # first for a CT's confidence)
+    # the innermost axis first: the passes that make the most voxels then copy whole rows
     for a in reversed(range(len(axes))):
         _, scale, offset = axes[a]
         coordinate = torch.arange(int(shape[a]), dtype=torch.float64, device=x.device) * scale + offset

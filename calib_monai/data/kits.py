@@ -40,11 +40,8 @@ class KiTS(VolumeSegmentationData):
 
     Args:
         dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D).
+        others: see ``VolumeSegmentationData``.
         spacing: resampling voxel spacing in mm (x, y, z after RAS orientation).
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        window: CT window (HU) mapped to [0, 1].
     """
 
     source = "kits19"

@@ -50,11 +50,9 @@ class MRBrainS(VolumeSegmentationData):
     Args:
         dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself); None: preprocessing
             only (``fold`` is then not checked against the subjects).
-        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D).
+        others: see ``VolumeSegmentationData``.
         seed: seed of the choice of the validation subject.
         fold: index (0..n-1) of the held-out test subject in id order.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
 
     source = "mrbrains18"

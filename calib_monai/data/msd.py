@@ -26,12 +26,9 @@ class MSDDataset(VolumeSegmentationData):
     Args:
         dataset_dir: the task folder (holds ``dataset.json``); None: preprocessing only, for a subclass whose class
             names its labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
             keep every slice, as the Hippocampus reference setup).
-        spacing: resampling voxel spacing in mm, or None to keep the data's.
-        split: (train, val, test) counts, or ratios when they do not sum to the number of cases.
-        intensity: "minmax", "percentile" or a ``(low, high)`` window.
         crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground instead of the
             image centre (scored volumes are always centre cropped/padded).
     """

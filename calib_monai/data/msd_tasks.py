@@ -23,9 +23,7 @@ class Hippocampus(MSDDataset):
 
     Args:
         dataset_dir: the Task04_Hippocampus folder; None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        split: (train, val, test) counts, or their ratios for another number of cases.
+        others: see ``VolumeSegmentationData``.
     """
 
     source = "hippocampus"
@@ -54,11 +52,7 @@ class Prostate(MSDDataset):
 
     Args:
         dataset_dir: the Task05_Prostate folder; None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        spacing: resampling voxel spacing in mm, or None.
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
+        others: see ``VolumeSegmentationData``.
     """
 
     source = "prostate"

@@ -47,9 +47,7 @@ class PROMISE12(VolumeSegmentationData):
 
     Args:
         dataset_dir: the PROMISE12 training data folder; None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        split: (train, val, test) counts, or their ratios for another number of cases.
+        others: see ``VolumeSegmentationData``.
         in_plane_spacing: in-plane voxel size (mm) to resample to, or None to keep each scan's.
         intensity: "percentile" (default), "minmax" or a (low, high) window.
     """
