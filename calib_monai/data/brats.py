@@ -83,6 +83,7 @@ class BraTS(VolumeSegmentationData):
     )
     preprocessing_args = ("resize", "intensity")
     layouts = BRATS_LAYOUTS
+    label_mapping = BRATS_TO_CLASSES
 
     roi_size: Sequence[int] = facts.roi_size
     resize: Sequence[int] = (192, 192, 128)
@@ -155,10 +156,6 @@ class BraTS(VolumeSegmentationData):
     def inference_case(self, image) -> str | None:
         first = Path(image[0] if isinstance(image, (list, tuple)) else image).name
         return _modality_prefix(first)
-
-    @property
-    def raw_label_values(self) -> list[int]:
-        return list(BRATS_TO_CLASSES)
 
     def _label_convention(self) -> str:
         return "BraTS labels: 0 background, 1 NCR/NET, 2 edema, 4 enhancing tumour"

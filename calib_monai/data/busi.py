@@ -31,10 +31,8 @@ _MASK = re.compile(r"_mask(_\d+)?$")
 class LoadBUSId(MapTransform):
     """Read a BUSI image and the union of its masks as depth-1 volumes ``(1, H, W, 1)`` (PNG via MONAI's PILReader).
 
-    RGB(A) images become grey (mean of R, G, B; BUSI stores grey ultrasound as RGB); mask pixels > 0 in any of the
-    ``label`` files (one path or a list) get ``lesion_value`` (1), or 2 for a case under ``malignant/`` when
-    ``malignant_value=2`` (benign/malignant classes); ``label_key=None`` reads the image only (inference). A reader
-    failure is a ``CaseDataError`` naming the file.
+    RGB(A) becomes grey (the mean of R, G, B); mask pixels > 0 in any ``label`` file get 1, or ``malignant_value``
+    for a case under ``malignant/``; ``label_key=None`` reads the image only. A reader failure is a ``CaseDataError``.
     """
 
     def __init__(self, image_key: str = "image", label_key: str | None = "label", malignant_value: int = 1):

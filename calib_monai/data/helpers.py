@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -53,7 +53,7 @@ def check_window(window: Sequence[float]) -> tuple[float, float]:
     return values
 
 
-def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> list[Callable]:
+def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> MapTransform:
     """Per volume and channel scaling to [0, 1]; a ValueError for another ``intensity`` than:
 
     - ``"minmax"``: ``x' = (x - min x) / (max x - min x)``;
@@ -62,18 +62,14 @@ def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "
     """
     if isinstance(intensity, str):
         if intensity == "minmax":
-            return [ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)]
+            return ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)
         if intensity == "percentile":
-            return [
-                ScaleIntensityRangePercentilesd(
-                    keys, lower=0.5, upper=99.5, b_min=0.0, b_max=1.0, clip=True, channel_wise=True
-                )
-            ]
+            return ScaleIntensityRangePercentilesd(keys, 0.5, 99.5, b_min=0.0, b_max=1.0, clip=True, channel_wise=True)
         raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
     window = [float(v) for v in intensity]
     if len(window) != 2 or window[0] >= window[1]:
         raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
-    return [ScaleIntensityRanged(keys, a_min=window[0], a_max=window[1], b_min=0.0, b_max=1.0, clip=True)]
+    return ScaleIntensityRanged(keys, a_min=window[0], a_max=window[1], b_min=0.0, b_max=1.0, clip=True)
 
 
 class ScaleIntensityToUnitd(MapTransform):
@@ -85,7 +81,7 @@ class ScaleIntensityToUnitd(MapTransform):
     ):
         super().__init__(keys, allow_missing_keys)
         self.intensity = intensity
-        (self.scaler,) = intensity_scaling(intensity, self.keys)
+        self.scaler = intensity_scaling(intensity, self.keys)
         self.scaler.allow_missing_keys = allow_missing_keys
 
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:

@@ -99,17 +99,10 @@ def map_axis_by_axis(
 
 
 class ToInputGridd(MapTransform):
-    """Map the tensors under ``keys`` (``(C, *network grid)``, MetaTensors) back to the input grid of ``orig_key``
-    (the preprocessed image), axis by axis where :func:`axis_map` allows, else by ``Invertd`` through
-    ``preprocessing``; ``nearest`` per key (label maps), else linear. The result keeps its dtype (the label map its
-    integer type) and the file's affine.
-
-    Args:
-        keys: the tensors to map back.
-        preprocessing: the chain that made ``orig_key`` (one ``Compose`` instance, as ``Invertd`` needs).
-        nearest: per key, nearest (True) or linear interpolation.
-        orig_key: the preprocessed image whose operations and file geometry define the input grid.
-        allow_missing_keys: leave out the keys an item lacks (the contours of a case without a contour set).
+    """Map the tensors under ``keys`` (``(C, *network grid)``) back to the input grid of ``orig_key`` (the
+    preprocessed image), axis by axis where :func:`axis_map` allows, else by ``Invertd`` through ``preprocessing``
+    (the ``Compose`` instance that made ``orig_key``); ``nearest`` per key (label maps), else linear. The result
+    keeps its dtype and gets the file's affine.
     """
 
     def __init__(

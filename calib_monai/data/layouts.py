@@ -247,8 +247,6 @@ def split_groups(
     ``groups[i]`` names the group of ``cases[i]``; ``subset_of`` (group -> subset) fixes the split, else the sorted
     group names are shuffled with ``seed`` and cut by ``split_sizes``. Each subset lists its cases sorted by image path.
     """
-    if len(groups) != len(cases):
-        raise ValueError(f"split_groups needs one group name per case, got {len(groups)} for {len(cases)} cases")
     if subset_of is None:
         cut = _shuffle_and_cut(sorted(set(groups)), split, seed)
         subset_of = {group: key for key, names in cut.items() for group in names}
@@ -259,20 +257,14 @@ def split_groups(
 
 
 def load_or_create_datalist(
-    path: str | os.PathLike,
-    cases: Sequence[dict],
-    split: Sequence[int],
-    seed: int,
-    info: dict,
-    splitter: Callable | None = None,
+    path: Path, cases: Sequence[dict], split: Sequence[int], seed: int, info: dict, splitter: Callable
 ) -> dict[str, list[dict]]:
     """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
 
     ``info`` (source, dataset_dir, a cross-validation ``fold``, ...) is stored beside the lists; a stored datalist
     that disagrees with it or names missing files is an error rather than a silently different split.
-    ``splitter(cases, split, seed)`` makes the split (default ``split_cases``).
+    ``splitter(cases, split, seed)`` makes the split (e.g. ``split_cases``).
     """
-    path = Path(path)
     if path.is_file():
         stored = _read_datalist(path)
         for name, value in info.items():
@@ -308,7 +300,7 @@ def load_or_create_datalist(
             )
         logger.info("datalist: reusing %s", path)
         return {k: stored[k] for k in SUBSETS}
-    datalist = (splitter or split_cases)(cases, split, seed)
+    datalist = splitter(cases, split, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
     write_json_atomically(path, record, indent=1)

@@ -63,6 +63,7 @@ class MRBrainS(VolumeSegmentationData):
     )
     preprocessing_args = ("intensity",)
     layouts = MRBRAINS_LAYOUTS
+    label_mapping = MRBRAINS18_TO_TISSUE
     split = (1, 1, 1)  # leave-one-subject-out: set from the subjects found (_read_cases)
 
     roi_size: Sequence[int] = facts.roi_size
@@ -164,10 +165,6 @@ class MRBrainS(VolumeSegmentationData):
             "validation": [by_subject[validation]],
             "test": [by_subject[test]],
         }
-
-    @property
-    def raw_label_values(self) -> list[int]:
-        return list(MRBRAINS18_TO_TISSUE)
 
     def _label_convention(self) -> str:
         return "MRBrainS18 labels 0..10: 1 cortical GM, 2 basal ganglia, 3 WM, 4 WM lesions, 5 CSF, 6 ventricles, ..."

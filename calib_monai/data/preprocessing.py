@@ -1,10 +1,8 @@
 """Preprocessing as MONAI bundle config: one transform list per data set, and the chains of its phases derived from it.
 
-Each component states its deterministic preprocessing once, ``Component.preprocessing_steps()``: MONAI config items
-that refer to the component (``"$@data.spacing"``) and to the bundle's ``"@roi_size"``. The generated bundles write
-the chains out (``train#preprocessing``, ``validate#preprocessing``, ``inference.json``'s ``preprocessing``); in
-Python the component builds the same chains from the same list (``compose``). A step may be limited to phases
-(``only``):
+Each component states its preprocessing once, ``preprocessing_steps()``: MONAI config items that refer to the
+component (``"$@data.spacing"``) and the bundle's ``"@roi_size"``, which the bundles write out and the component
+composes (``compose``). A step may be limited to phases (``only``):
 
 - ``training``: every step;
 - ``evaluation``: the steps not limited to training (a window centred on the label is training-only);

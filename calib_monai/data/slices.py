@@ -59,8 +59,7 @@ class SliceDataset(Dataset):
     Args:
         volumes: dataset of preprocessed 3D volumes, image ``(C, H, W, D)`` and label ``(1, H, W, D)``.
         transform: optional callable applied to each slice dict (e.g. 2D augmentation).
-        drop_empty: keep only the slices whose label has foreground (BraTS: "slices containing only background are
-            removed from the training").
+        drop_empty: keep only the slices whose label has foreground (BraTS).
     """
 
     def __init__(self, volumes: Dataset, transform: Callable | None = None, drop_empty: bool = False):

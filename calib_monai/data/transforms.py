@@ -140,15 +140,8 @@ def _check_affine(key: Hashable, source: object) -> None:
 
 
 class ChannelFirstd(EnsureChannelFirstd):
-    """``EnsureChannelFirstd``, then the image's channels counted against the data set's ``image_channels`` (their
-    names): another number raises a ``CaseDataError`` naming the file, rather than failing in the network.
-
-    Args:
-        keys: as ``EnsureChannelFirstd``.
-        image_key: the key whose channels are counted (skipped when absent).
-        image_channels: the channel names the data set's images have; None: not checked.
-        source: the data set, for the message.
-    """
+    """``EnsureChannelFirstd``, then the ``image_key`` channels counted against ``image_channels`` (the data set's
+    channel names; None: not checked): another number raises a ``CaseDataError`` naming the file and ``source``."""
 
     def __init__(
         self,
@@ -251,9 +244,8 @@ class ValidateSegmentationd(MapTransform):
 
 
 class KeepInputLabeld(MapTransform):
-    """Keep a copy of the label as read (``keys`` -> ``names``), before any spatial step: the truth on the input grid,
-    the grid the delivered segmentation is on. Stored as the smallest unsigned integer type that holds the classes,
-    as a cached volume's copy costs memory."""
+    """Keep a copy of the label as read (``keys`` -> ``names``): the truth on the input grid, the grid the delivered
+    segmentation is on; uint8 when the classes fit (a cached volume's copy costs memory)."""
 
     def __init__(self, keys: KeysCollection, names: str | Iterable[str] = "input_label") -> None:
         super().__init__(keys)

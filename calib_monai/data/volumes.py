@@ -24,7 +24,6 @@ from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.helpers import check_window, existing_root, intensity_scaling
 from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import (
-    SUBSETS,
     given_datalist,
     layout_error,
     load_or_create_datalist,
@@ -80,6 +79,7 @@ class VolumeSegmentationData:
     facts: ClassVar[DatasetFacts | None] = None  # None: the classes come from the data (MSDDataset's dataset.json)
     preprocessing_args: ClassVar[tuple[str, ...]] = ()  # constructor arguments that preprocessing_steps() reads
     layouts: ClassVar[tuple[str, ...]] = ()  # the folder layouts the component reads, listed by its errors
+    label_mapping: ClassVar[dict[int, int] | None] = None  # the files' label values -> classes, when they differ
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -122,8 +122,6 @@ class VolumeSegmentationData:
     @property
     def label_names(self) -> dict[str, str]:
         """Class value (``"0"`` .. ``"C-1"``) -> name (default: ``facts.label_names``)."""
-        if self.facts is None:
-            raise NotImplementedError(f"{type(self).__name__} must set facts or override label_names")
         return dict(self.facts.label_names)
 
     @property
@@ -134,7 +132,7 @@ class VolumeSegmentationData:
     @property
     def raw_label_values(self) -> list[int]:
         """Label values the files may contain (before remapping); others are an error (``ValidateSegmentationd``)."""
-        return [int(v) for v in self.label_names]
+        return list(self.label_mapping) if self.label_mapping else [int(v) for v in self.label_names]
 
     @property
     def label_description(self) -> str:
@@ -263,8 +261,7 @@ class VolumeSegmentationData:
     def volume_dataset(self, subset: str, preprocessing: Callable | None = None) -> CacheDataset:
         """The cached preprocessed 3D volumes of ``subset``, built once per chain; ``preprocessing``: the chain to
         apply (a bundle's), which becomes ``preprocessing(subset)``; None: the chain given before, else the own one."""
-        if subset not in SUBSETS:
-            raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
+        phase = phase_of_subset(subset)  # a ValueError for another subset
         self.datalist()  # the data set's, or a given datalist.json; else the error that says what to pass
         if preprocessing is not None:
             if not callable(preprocessing):
@@ -272,7 +269,7 @@ class VolumeSegmentationData:
                     f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "
                     f"Compose), got {type(preprocessing).__name__}"
                 )
-            self._given[phase_of_subset(subset)] = preprocessing
+            self._given[phase] = preprocessing
         chain = self.preprocessing(subset)
         if subset not in self._volumes or self._volumes[subset][0] is not chain:
             items = self.datalist()[subset]
