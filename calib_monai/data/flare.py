@@ -100,13 +100,10 @@ class FLARE(VolumeSegmentationData):
     def _find_cases(self) -> list[dict[str, str]]:
         if self._cases is None:  # phantoms: generated on first use, reused from the cache afterwards
             logger.info(
-                "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms (seed %d, %s voxels "
-                "of %s mm), cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 "
-                "(imagesTr/ + labelsTr/) or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
+                "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms, cached in %s. To "
+                "train on real FLARE data pass --dataset_dir /path/to/FLARE22 (imagesTr/ + labelsTr/) or "
+                "/path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
                 self.num_phantoms,
-                self.phantom_seed,
-                "x".join(map(str, self.phantom_shape)),
-                "x".join(f"{s:g}" for s in self.phantom_spacing),
                 self.phantom_root,
             )
             phantoms.write_phantom_dataset(

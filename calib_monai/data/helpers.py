@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
@@ -11,28 +9,11 @@ import torch
 from monai.config import KeysCollection
 from monai.transforms import MapTransform, ScaleIntensityd, ScaleIntensityRanged, ScaleIntensityRangePercentilesd
 
-from calib_monai.data.layouts import layout_error
-
 __all__ = [
     "ScaleIntensityToUnitd",
-    "check_window",
-    "existing_root",
     "intensity_scaling",
     "require_file",
 ]
-
-
-def existing_root(dataset_dir: str | os.PathLike | None, layouts: Sequence[str]) -> Path | None:
-    """``dataset_dir`` resolved (None: preprocessing only); a ValueError listing the expected ``layouts`` when it is
-    empty (a forgotten ``--dataset_dir``) or not a folder."""
-    if dataset_dir is None:
-        return None
-    if not dataset_dir:
-        raise ValueError("dataset_dir is empty; expected:\n  - " + "\n  - ".join(layouts))
-    root = Path(dataset_dir).expanduser().resolve()
-    if not root.is_dir():
-        raise layout_error(root, "does not exist or is not a folder", layouts)
-    return root
 
 
 def require_file(path: Path, what: str) -> str:
@@ -40,17 +21,6 @@ def require_file(path: Path, what: str) -> str:
     if not path.is_file():
         raise ValueError(f"{what} {path} is missing; add the file or remove the case folder {path.parent}")
     return str(path)
-
-
-def check_window(window: Sequence[float]) -> tuple[float, float]:
-    """A CT ``window`` (HU) as ``(low, high)`` floats, or a ValueError."""
-    values = tuple(float(w) for w in window)
-    if len(values) != 2 or not -math.inf < values[0] < values[1] < math.inf:
-        raise ValueError(
-            f"window must be (low, high) finite HU with low < high, got {tuple(window)}: pass e.g. "
-            '--data#window "[-160,240]"'
-        )
-    return values
 
 
 def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> MapTransform:

@@ -140,19 +140,12 @@ def _check_affine(key: Hashable, source: object) -> None:
 
 
 class ChannelFirstd(EnsureChannelFirstd):
-    """``EnsureChannelFirstd``, then the ``image_key`` channels counted against ``image_channels`` (the data set's
+    """``EnsureChannelFirstd``, then the ``"image"`` channels counted against ``image_channels`` (the data set's
     channel names; None: not checked): another number raises a ``CaseDataError`` naming the file and ``source``."""
 
-    def __init__(
-        self,
-        keys: KeysCollection,
-        image_key: str = "image",
-        image_channels: Iterable[str] | None = None,
-        source: str = "",
-        **kwargs,
-    ) -> None:
+    def __init__(self, keys: KeysCollection, image_channels: Iterable[str] | None = None, source: str = "", **kwargs):
         super().__init__(keys, **kwargs)
-        self.image_key, self.source = image_key, source
+        self.image_key, self.source = "image", source
         self.image_channels = None if image_channels is None else tuple(str(c) for c in image_channels)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:

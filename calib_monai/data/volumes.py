@@ -21,7 +21,7 @@ from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import check_window, existing_root, intensity_scaling
+from calib_monai.data.helpers import intensity_scaling
 from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import (
     given_datalist,
@@ -62,7 +62,7 @@ class VolumeSegmentationData:
     Settings a subclass declares, as fields or class attributes: ``split`` (case counts ``(train, val, test)``, or
     their ratios for another number of cases), ``spacing`` (mm to resample to, or None), ``crop_foreground`` (centre
     the training volumes' ``roi_size`` window on the label, else on the image), ``intensity`` (``intensity_scaling``)
-    and ``window`` (CT HU, ``check_window``).
+    and ``window`` (CT HU).
     """
 
     dataset_dir: str | os.PathLike | None
@@ -96,8 +96,13 @@ class VolumeSegmentationData:
             )
         if hasattr(self, "intensity"):
             intensity_scaling(self.intensity)  # fails early on a bad value
-        if hasattr(self, "window"):
-            self.window = check_window(self.window)
+        if hasattr(self, "window"):  # a CT window in HU
+            window, self.window = self.window, tuple(float(w) for w in self.window)
+            if len(self.window) != 2 or not -math.inf < self.window[0] < self.window[1] < math.inf:
+                raise ValueError(
+                    f"window must be (low, high) finite HU with low < high, got {tuple(window)}: pass e.g. "
+                    '--data#window "[-160,240]"'
+                )
         self.split = tuple(int(s) for s in self.split)
         self.seed = int(self.seed)
         self.crop_foreground = bool(self.crop_foreground)
@@ -141,10 +146,15 @@ class VolumeSegmentationData:
 
     def _read_dataset(self) -> None:
         """Read ``dataset_dir``: nothing for None, or for an empty one with a given datalist."""
-        root = existing_root(unless_given(self.dataset_dir, self.datalist_path), self.layouts)
-        if root is not None:
-            self.root = root  # _read_cases may move it into a release's inner folder
-            self._cases = self._read_cases(root)
+        dataset_dir = unless_given(self.dataset_dir, self.datalist_path)
+        if dataset_dir is None:
+            return
+        if not dataset_dir:  # a forgotten --dataset_dir
+            raise ValueError("dataset_dir is empty; expected:\n  - " + "\n  - ".join(self.layouts))
+        self.root = Path(dataset_dir).expanduser().resolve()  # _read_cases may move it into a release's inner folder
+        if not self.root.is_dir():
+            raise self._layout_error(self.root, "does not exist or is not a folder")
+        self._cases = self._read_cases(self.root)
 
     def _read_cases(self, root: Path) -> list[dict]:
         """The labelled cases of the existing folder ``root`` (a one-line error for a folder in none of ``layouts``)."""
