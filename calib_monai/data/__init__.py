@@ -1,8 +1,6 @@
-"""Dataset components that bundle configs name (``FLARE``, ``MSDDataset``, ``ACDC``, ``BraTS``, ``Prostate``,
-``PROMISE12``, ``KiTS``, ``MRBrainS``, ``Hippocampus``, ``BUSI``), all on ``VolumeSegmentationData`` (datalist ->
-MONAI preprocessing -> cached volumes -> 2D slices), each stating its facts and its preprocessing once; and inference
-on unlabelled images (``image_datalist``, ``segmentation_and_confidence``).
-"""
+"""Dataset components that bundle configs name, all on ``VolumeSegmentationData`` (datalist -> MONAI preprocessing
+-> cached volumes -> 2D slices), and inference on unlabelled images (``image_datalist``,
+``segmentation_and_confidence``)."""
 
 from __future__ import annotations
 

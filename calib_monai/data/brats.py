@@ -131,20 +131,12 @@ class BraTS(VolumeSegmentationData):
                 return super().inference_items(path)
             flairs = [Path(_case_file(path.parent, prefix, "flair"))]
         else:
-            flairs = sorted(
-                {
-                    p
-                    for pattern in ("*_flair.nii.gz", "*_flair.nii")
-                    for p in path.rglob(pattern)
-                    if p.is_file() and not p.name.startswith(".")
-                }
-            )
-        if not flairs:
-            raise self._layout_error(
+            flairs = self._input_files(
                 path,
-                "has no <case>_flair.nii.gz file (searched recursively); expected one case "
-                "folder <case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release "
-                "root",
+                lambda p: p.name.endswith(("_flair.nii.gz", "_flair.nii")),
+                "a folder",
+                "has no <case>_flair.nii.gz file (searched recursively); expected one case folder "
+                "<case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release root",
             )
         items = []
         for flair in flairs:

@@ -149,19 +149,6 @@ def check_labels() -> dict[str, Any]:
     )
 
 
-def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
-    """The files' label values -> the component's classes."""
-    return only(
-        LABELLED,
-        {
-            "_target_": "MapLabelValued",
-            "keys": LABEL,
-            "orig_labels": [int(k) for k in mapping],
-            "target_labels": [int(v) for v in mapping.values()],
-        },
-    )
-
-
 def keep_input_label() -> dict[str, Any]:
     """The label as read kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the grid the delivered
     segmentation is on. Evaluation chain only, where the bundle sets ``keep_input_label`` (``evaluate.json``)."""
@@ -181,7 +168,11 @@ def read_as_ras(label_mapping: Mapping[int, int] | None = None) -> list[dict[str
     channels first (counted against the data set's), check the labels (then map them to the component's classes,
     when the files use other values), the label kept as read (evaluation), float32, RAS (the slices, the last axis,
     are axial)."""
-    mapped = [map_labels(label_mapping)] if label_mapping else []
+    mapped = []
+    if label_mapping:
+        orig, target = [int(k) for k in label_mapping], [int(v) for v in label_mapping.values()]
+        step = {"_target_": "MapLabelValued", "keys": LABEL, "orig_labels": orig, "target_labels": target}
+        mapped = [only(LABELLED, step)]
     channel_first = {
         "_target_": "calib_monai.data.ChannelFirstd",
         "keys": list(KEYS),
