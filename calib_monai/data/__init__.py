@@ -9,7 +9,6 @@ from calib_monai.data.brats import BraTS
 from calib_monai.data.busi import BUSI, LoadBUSId
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
-from calib_monai.data.helpers import ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
@@ -30,6 +29,7 @@ from calib_monai.data.transforms import (
     CheckedLoadImaged,
     CropAroundForegroundd,
     KeepInputLabeld,
+    ScaleIntensityToUnitd,
     ValidateSegmentationd,
 )
 from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData

@@ -73,7 +73,12 @@ class ACDC(VolumeSegmentationData):
         self.patients_dir = next((d for d in candidates if d.is_dir() and any(d.glob("patient*"))), None)
         if self.patients_dir is None:
             raise self._layout_error(root, "has no patientNNN folders")
-        self.split_lists = self._read_split_lists() if self.use_split_lists else None
+        files = {k: root / "splits" / name for k, name in _SPLIT_FILES.items()}
+        self.split_lists = None
+        if self.use_split_lists and all(f.is_file() for f in files.values()):
+            self.split_lists = {
+                k: [n.strip() for n in f.read_text().splitlines() if n.strip()] for k, f in files.items()
+            }
         cases = self._pair_frames()
         logger.info(
             "ACDC: %d annotated frames of %d patients in %s (%s split)",
@@ -115,13 +120,6 @@ class ACDC(VolumeSegmentationData):
                 self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels"
             )
         return cases
-
-    def _read_split_lists(self) -> dict[str, list[str]] | None:
-        folder = self.root / "splits"
-        files = {k: folder / name for k, name in _SPLIT_FILES.items()}
-        if not all(f.is_file() for f in files.values()):
-            return None
-        return {k: [line.strip() for line in f.read_text().splitlines() if line.strip()] for k, f in files.items()}
 
     def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
         patients = [self.subject_of(c) for c in cases]

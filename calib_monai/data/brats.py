@@ -8,8 +8,7 @@ from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import require_file
-from calib_monai.data.layouts import strip_nifti
+from calib_monai.data.layouts import require_file, strip_nifti
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = [

@@ -77,6 +77,7 @@ class FLARE(VolumeSegmentationData):
             self.phantom_spacing = self.spacing or phantoms.phantom_spacing((128, 128, 48))
             self.phantom_shape = phantoms.phantom_shape(self.phantom_spacing)
         self.dataset_dir = str(self.dataset_dir or "")
+        self.root = Path(self.dataset_dir).expanduser().resolve() if self.dataset_dir else self.phantom_root
         if self.dataset_dir:
             self.source = "flare"
             self.layout, self._cases = find_flare_cases(self.dataset_dir)  # fails early on a wrong folder
@@ -93,9 +94,6 @@ class FLARE(VolumeSegmentationData):
         spacing = "x".join(f"{s:g}" for s in self.phantom_spacing)
         name = f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
         return self.cache_dir / "flare_phantoms" / name
-
-    def _dataset_root(self) -> str:
-        return str(Path(self.dataset_dir).expanduser().resolve()) if self.dataset_dir else str(self.phantom_root)
 
     def _find_cases(self) -> list[dict[str, str]]:
         if self._cases is None:  # phantoms: generated on first use, reused from the cache afterwards

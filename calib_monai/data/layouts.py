@@ -19,6 +19,7 @@ __all__ = [
     "find_msd_cases",
     "read_dataset_json",
     "read_dataset_json_labels",
+    "require_file",
     "split_sizes",
     "strip_nifti",
     "split_cases",
@@ -46,6 +47,13 @@ def strip_nifti(name: str) -> str | None:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return None
+
+
+def require_file(path: Path, what: str) -> str:
+    """``str(path)``, or a ValueError naming the missing ``what`` file and where it was expected."""
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is missing; add the file or remove the case folder {path.parent}")
+    return str(path)
 
 
 def files_by_case(paths: Iterable[Path], case_of: Callable[[Path], str], what: str = "files") -> dict[str, Path]:

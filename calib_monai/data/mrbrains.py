@@ -10,7 +10,7 @@ import numpy as np
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import require_file
+from calib_monai.data.layouts import require_file
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]

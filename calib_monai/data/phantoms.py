@@ -307,7 +307,6 @@ def write_phantom_dataset(
         "numTraining": len(training),
         "training": training,
     }
-    json_path = root / "dataset.json"
-    write_json_atomically(json_path, description, indent=1)
+    write_json_atomically(root / "dataset.json", description, indent=1)
     logger.info("phantoms: %d generated, %d reused from the cache in %s", created, len(training) - created, root)
     return root

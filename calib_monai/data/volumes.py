@@ -21,7 +21,6 @@ from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import intensity_scaling
 from calib_monai.data.inference import nifti_items
 from calib_monai.data.layouts import (
     given_datalist,
@@ -32,6 +31,7 @@ from calib_monai.data.layouts import (
 )
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
 from calib_monai.data.slices import SliceDataset, cached_volumes
+from calib_monai.data.transforms import intensity_scaling
 
 __all__ = ["SliceDataset", "VolumeSegmentationData", "data_component"]
 
