@@ -250,11 +250,8 @@ def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[
 def split_groups(
     cases: Sequence[dict], groups: Sequence[str], split: Sequence[int], seed: int, subset_of: dict | None = None
 ) -> dict[str, list[dict]]:
-    """Split of whole groups (e.g. patients), so that all cases of a group land in the same subset.
-
-    ``groups[i]`` names the group of ``cases[i]``; ``subset_of`` (group -> subset) fixes the split, else the sorted
-    group names are shuffled with ``seed`` and cut by ``split_sizes``. Each subset lists its cases sorted by image path.
-    """
+    """Split of whole groups (``groups[i]`` of ``cases[i]``, e.g. patients) by ``subset_of`` (group -> subset), else by
+    a seeded shuffle of the sorted group names cut by ``split_sizes``; each subset sorted by image path."""
     if subset_of is None:
         cut = _shuffle_and_cut(sorted(set(groups)), split, seed)
         subset_of = {group: key for key, names in cut.items() for group in names}
@@ -267,12 +264,9 @@ def split_groups(
 def load_or_create_datalist(
     path: Path, cases: Sequence[dict], split: Sequence[int], seed: int, info: dict, splitter: Callable
 ) -> dict[str, list[dict]]:
-    """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
-
-    ``info`` (source, dataset_dir, a cross-validation ``fold``, ...) is stored beside the lists; a stored datalist
-    that disagrees with it or names missing files is an error rather than a silently different split.
-    ``splitter(cases, split, seed)`` makes the split (e.g. ``split_cases``).
-    """
+    """Read the datalist at ``path`` if present (a resumed run keeps its split), else ``splitter(cases, split, seed)``
+    and write it with ``info`` (source, dataset_dir, a ``fold``, ...): a stored datalist that disagrees with ``info``
+    or names missing files is an error rather than a silently different split."""
     if path.is_file():
         stored = _read_datalist(path)
         for name, value in info.items():

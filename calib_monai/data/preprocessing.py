@@ -141,8 +141,6 @@ def check_labels() -> dict[str, Any]:
         LABELLED,
         {
             "_target_": "calib_monai.data.ValidateSegmentationd",
-            "image_key": IMAGE,
-            "label_key": LABEL,
             "allowed_labels": "$@data.raw_label_values",
             "label_description": "$@data.label_description",
         },

@@ -51,9 +51,7 @@ def cached_volumes(items: Sequence[dict], chain: Callable, cache_rate: float, nu
 
 
 class SliceDataset(Dataset):
-    """All 2D slices along the last axis of the volumes of ``volumes`` (a dataset of 3D ``{"image", "label"}`` dicts).
-
-    Item ``i`` is slice ``k`` of volume ``v`` in volume-major order, as plain tensors (a 2D slice has no meaningful
+    """All 2D slices along the last axis of ``volumes``, volume-major, as plain tensors (a 2D slice has no meaningful
     3D affine). ``volumes`` should be fully cached: an uncached volume is recomputed for each of its slices.
 
     Args:

@@ -97,16 +97,14 @@ def check_image_values(image, filename: str) -> None:
 
 class CheckedLoadImaged(MapTransform):
     """``monai.transforms.LoadImaged`` per key, re-raising any reader failure (truncated downloads, non-NIfTI files)
-    as a ``CaseDataError`` that names the file. The ``image_key`` volume must be 3D, finite and not constant
+    as a ``CaseDataError`` that names the file. The ``"image"`` volume must be 3D, finite and not constant
     (:func:`check_image_values`), and every NIfTI read must have a usable affine (without one a reader guesses the
     orientation, and the segmentation is silently mirrored).
     """
 
-    def __init__(
-        self, keys: KeysCollection, allow_missing_keys: bool = False, image_key: str | None = "image", **load_kwargs
-    ):
+    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False, **load_kwargs):
         super().__init__(keys, allow_missing_keys)
-        self.image_key = image_key
+        self.image_key = "image"
         self.loaders = {key: LoadImaged(key, allow_missing_keys=allow_missing_keys, **load_kwargs) for key in self.keys}
 
     def _check_image(self, d: Mapping[Hashable, object], source: object) -> None:
@@ -187,21 +185,14 @@ def _grid_problem(image, label):
 
 
 class ValidateSegmentationd(MapTransform):
-    """Check an (image, label) pair after ``EnsureChannelFirstd``, raising a ``CaseDataError`` naming the case file:
-    the label on the image's voxel grid (``calib_monai.geometry``; another orientation passes, ``Orientationd``
-    reorients both), one label channel, integer label values within ``allowed_labels``. (Finite image values are
-    checked on reading, ``CheckedLoadImaged``.)
+    """Check the ``"image"``, ``"label"`` pair after ``EnsureChannelFirstd``, raising a ``CaseDataError`` naming the
+    case file: the label on the image's voxel grid (``calib_monai.geometry``; another orientation passes,
+    ``Orientationd`` reorients both), one label channel, integer label values within ``allowed_labels``.
     """
 
-    def __init__(
-        self,
-        image_key: str = "image",
-        label_key: str = "label",
-        allowed_labels: Iterable[int] | None = None,
-        label_description: str = "",
-    ):
-        super().__init__([image_key, label_key])
-        self.image_key, self.label_key = image_key, label_key
+    def __init__(self, allowed_labels: Iterable[int] | None = None, label_description: str = ""):
+        super().__init__(["image", "label"])
+        self.image_key, self.label_key = "image", "label"
         self.allowed = None if allowed_labels is None else sorted({int(v) for v in allowed_labels})
         self.label_description = label_description
 

@@ -46,10 +46,9 @@ data_component = dataclass(eq=False, repr=False)
 class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
-    A subclass is a ``data_component``: it declares its fields (checked in ``__post_init__`` before the base's), sets
-    ``source``, ``facts`` (or overrides ``label_names``), ``layouts``, ``preprocessing_steps()`` (MONAI config items,
-    ``calib_monai.data.preprocessing``, that the bundles write out as their chains) and ``preprocessing_args``, and
-    lists its cases in ``_read_cases``. Built with ``dataset_dir=None`` it serves ``inference_preprocessing`` only.
+    A subclass is a ``data_component`` that declares its fields, sets ``source``, ``facts``, ``layouts``,
+    ``preprocessing_steps()`` (``calib_monai.data.preprocessing``) and ``preprocessing_args``, and lists its cases in
+    ``_read_cases``. Built with ``dataset_dir=None`` it serves ``inference_preprocessing`` only.
 
     Args:
         dataset_dir: the data set folder; None: no data set, a preprocessing-only component for inference.
@@ -59,10 +58,9 @@ class VolumeSegmentationData:
         cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (uncached training slices are slow).
         num_workers: threads ``CacheDataset`` uses to preprocess.
 
-    Settings a subclass declares, as fields or class attributes: ``split`` (case counts ``(train, val, test)``, or
-    their ratios for another number of cases), ``spacing`` (mm to resample to, or None), ``crop_foreground`` (centre
-    the training volumes' ``roi_size`` window on the label, else on the image), ``intensity`` (``intensity_scaling``)
-    and ``window`` (CT HU).
+    A subclass' settings: ``split`` (counts ``(train, val, test)``, or their ratios for another number of cases),
+    ``spacing`` (mm, or None), ``crop_foreground`` (training windows centred on the label), ``intensity``
+    (``intensity_scaling``), ``window`` (CT HU).
     """
 
     dataset_dir: str | os.PathLike | None
@@ -212,10 +210,8 @@ class VolumeSegmentationData:
         return self._dataset_root() is None
 
     def datalist(self) -> dict[str, list[dict[str, str]]]:
-        """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
-        ``<output_dir>/datalist.json`` so a resumed run uses the same split. A datalist written beforehand with
-        ``"given": true`` is used as it is (``calib_monai.label.fine_tune``); without it, a preprocessing-only
-        component raises a ValueError (also from the dataset methods)."""
+        """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths, kept in
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split (or a given one: ``given_datalist``)."""
         if self._datalist is None:
             self._datalist = given_datalist(self.datalist_path)
         if self._datalist is None:
@@ -295,11 +291,9 @@ class VolumeSegmentationData:
     def train_dataset(
         self, transform: Callable | None = None, fraction: float = 1.0, preprocessing: Callable | None = None
     ) -> SliceDataset:
-        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
-
-        ``transform``: applied to each slice dict (e.g. 2D augmentation). ``fraction`` in (0, 1] keeps the first
-        ``round(fraction * n)`` training volumes (at least one) of the seeded split, nested across fractions.
-        ``preprocessing``: the chain of the training volumes (``volume_dataset``)."""
+        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32; ``transform``
+        applied to each slice dict; ``fraction`` in (0, 1] keeps the first ``round(fraction * n)`` training volumes
+        (at least one) of the seeded split; ``preprocessing``: as ``volume_dataset``."""
         fraction = float(fraction)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction (bundle key train_fraction) must be in (0, 1], got {fraction}")
