@@ -30,9 +30,8 @@ _LINEAR_CHUNK = 1 << 20  # output voxels per step of a linear pass
 
 
 def axis_map(image: torch.Tensor) -> list[tuple[int, float, float]] | None:
-    """Per input axis ``(network axis, scale, offset)`` of the preprocessed 3D ``image`` (a MetaTensor that tracked
-    its operations): the network coordinate of input voxel ``k`` is ``scale * k + offset``. None when the map is not
-    axis by axis (another operation than reorientation and ``border`` resampling, or a rotation)."""
+    """Per input axis ``(network axis, scale, offset)`` of the preprocessed 3D MetaTensor ``image``: the network
+    coordinate of input voxel ``k`` is ``scale * k + offset``; None when the map is not axis by axis."""
     operations = getattr(image, "applied_operations", None)
     if image.ndim != 4 or not operations:
         return None

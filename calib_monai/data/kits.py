@@ -87,9 +87,4 @@ class KiTS(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        return [
-            *steps.read_as_ras(),
-            steps.resample(),
-            steps.window(),
-            steps.pad_or_crop(),
-        ]
+        return [*steps.read_as_ras(), steps.resample(), steps.window(), steps.pad_or_crop()]

@@ -27,10 +27,8 @@ class MSDDataset(VolumeSegmentationData):
         dataset_dir: the task folder (holds ``dataset.json``); None: preprocessing only, for a subclass whose class
             names its labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
         others: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
-            keep every slice, as the Hippocampus reference setup).
-        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground instead of the
-            image centre (scored volumes are always centre cropped/padded).
+        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (scored
+            volumes are always centre cropped/padded).
     """
 
     source = "msd"

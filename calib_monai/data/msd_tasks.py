@@ -46,13 +46,13 @@ class Prostate(MSDDataset):
     """MSD Task05_Prostate (the NACL journal's PROSTATE): peripheral (PZ 1) and transition zone (TZ 2) in
     multi-parametric MRI; T2 and ADC as 2 input channels (a 4D file); 32 cases split at random 22/3/7 (NACL).
     Preprocessing: RAS, per-channel min-max scaling to [0, 1], axial slices centre cropped/padded to ``roi_size``.
-    The paper gives no resampling (the volumes share about 0.6 mm in-plane): ``spacing`` defaults to None.
 
     Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022.
 
     Args:
         dataset_dir: the Task05_Prostate folder; None: preprocessing only.
         others: see ``VolumeSegmentationData``.
+        spacing: voxel spacing (mm) to resample to; None (default): none, as the paper (about 0.6 mm in-plane).
     """
 
     source = "prostate"

@@ -75,9 +75,8 @@ def _spatial_shape(image) -> tuple[int, ...]:
 
 
 def check_image_values(image, filename: str) -> None:
-    """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (the
-    network's output, and every confidence, would be NaN) or one value everywhere (an empty export, a 1-voxel
-    image: nothing to segment, and the scaling to [0, 1] divides by zero)."""
+    """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (every
+    confidence would be NaN) or one value everywhere (nothing to segment; the scaling to [0, 1] divides by zero)."""
     values = plain_tensor(image).detach()
     finite = torch.isfinite(values)
     if not bool(finite.all()):
@@ -173,9 +172,8 @@ class ChannelFirstd(EnsureChannelFirstd):
 
 
 def _grid_problem(image, label):
-    """What differs between the voxel grids of ``image`` and ``label`` (``calib_monai.geometry.grid_mismatch``: the
-    same voxels stored in another order pass, since the pipeline's ``Orientationd`` reorients each to RAS); without
-    3D affines (plain tensors, 2D images) the shapes alone."""
+    """What differs between the voxel grids of ``image`` and ``label`` (``calib_monai.geometry.grid_mismatch``, in
+    RAS order); without 3D affines (plain tensors, 2D images) the shapes alone."""
     affines = [getattr(x, "affine", None) for x in (image, label)]
     if image.ndim != 4 or label.ndim != 4 or any(a is None or tuple(a.shape) != (4, 4) for a in affines):
         same = tuple(image.shape[1:]) == tuple(label.shape[1:])
