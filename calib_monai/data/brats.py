@@ -11,13 +11,7 @@ from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.layouts import require_file, strip_nifti
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
-__all__ = [
-    "BRATS_LABEL_NAMES",
-    "BRATS_LAYOUTS",
-    "BRATS_MODALITIES",
-    "BRATS_REGION_CLASSES",
-    "BraTS",
-]
+__all__ = ["BRATS_LABEL_NAMES", "BRATS_LAYOUTS", "BRATS_MODALITIES", "BRATS_REGION_CLASSES", "BraTS"]
 
 logger = logging.getLogger("calib_monai.data")
 

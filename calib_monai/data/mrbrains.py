@@ -112,11 +112,7 @@ class MRBrainS(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        return [
-            *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            steps.scale_to_unit(),
-            steps.pad_or_crop(),
-        ]
+        return [*steps.read_as_ras(MRBRAINS18_TO_TISSUE), steps.scale_to_unit(), steps.pad_or_crop()]
 
     def inference_items(self, path: Path) -> list[dict]:
         """``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for every ``<id>/pre/`` folder at

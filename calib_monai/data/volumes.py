@@ -22,13 +22,7 @@ from torch.utils.data import Subset
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.inference import nifti_items
-from calib_monai.data.layouts import (
-    given_datalist,
-    layout_error,
-    load_or_create_datalist,
-    split_cases,
-    unless_given,
-)
+from calib_monai.data.layouts import given_datalist, layout_error, load_or_create_datalist, split_cases, unless_given
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
 from calib_monai.data.slices import SliceDataset, cached_volumes
 from calib_monai.data.transforms import intensity_scaling
