@@ -1,11 +1,6 @@
-"""Per-volume evaluation report of an evaluator run: the metric handler and the ``SegmentationReport`` handler.
-
-MONAI's pattern: :class:`calib_monai.metrics.SegmentationReportMetric` computes (one row per volume),
-:class:`SegmentationReportMetricHandler` attaches it to the engine (``engine.state.metrics`` / ``metric_details``,
-whose ``"report"`` is the :class:`calib_monai.metrics.SegmentationReportTable` of the run),
-:class:`calib_monai.handlers.report_saver.SegmentationReportSaver` writes the table's files. ``SegmentationReport``
-attaches both (bundles' ``evaluate.json``). Code without an engine uses the table directly.
-"""
+"""Per-volume evaluation report of an evaluator run, in MONAI's pattern: ``SegmentationReportMetric`` computes,
+:class:`SegmentationReportMetricHandler` attaches it, ``SegmentationReportSaver`` writes the
+``SegmentationReportTable``'s files; :class:`SegmentationReport` (bundles' ``evaluate.json``) attaches both."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import reinit__is_reduced
 from monai.handlers import IgniteMetricHandler
@@ -29,29 +23,18 @@ from .report_saver import SegmentationReportSaver
 
 idist, _ = optional_import("ignite", "0.4.4", min_version, "distributed")
 
-__all__ = ["SegmentationReport", "SegmentationReportMetricHandler", "case_name"]
+__all__ = ["SegmentationReport", "SegmentationReportMetricHandler"]
 
 
 class SegmentationReportMetricHandler(IgniteMetricHandler):
     """Attach :class:`calib_monai.metrics.SegmentationReportMetric` to an evaluator, volume by volume.
 
-    Reads, per volume of ``output_transform(engine.state.output)`` (default: the evaluator's decollated list of
-    dicts): ``prob_key`` softmax probabilities ``(C, *spatial)``, ``pred_key`` the one-hot or label-map prediction,
-    ``label_key`` the ground truth, the voxel spacing from the affine of ``"image"``, the case name from its meta
-    data (``filename_or_obj``) and, when there, the review verdict ``quality_key``'s ``"review"``
-    (``calib_monai.review.CaseQualityd``, the transform ``inferring`` runs). At the end of the epoch, with
-    the volumes of all ranks gathered:
-
-    * ``engine.state.metrics[name]``: ``{column: mean over volumes}`` (non-finite entries left out) and the
-      ``pooled_ece`` / ``pooled_cece`` / ``pooled_nll`` / ``pooled_brier`` of all ground-truth foreground voxels;
-    * ``engine.state.metric_details[name]``: ``{"report": the SegmentationReportTable of the volumes (what
-      ``SegmentationReportSaver`` writes), "columns", "cases", "table" (N, K) float64, "pooled"}``.
-
-    Args:
-        metric: the metric (built from ``metric_args`` when None: ``label_names``, ``num_bins``, ``empty_class``,
-            ``regions``, ``surface_distances``).
-        prob_key, pred_key, label_key: keys of a volume's dict.
-        output_transform: extracts the list of volume dicts from ``engine.state.output``.
+    Reads per volume dict (``output_transform(engine.state.output)``, the decollated list): ``prob_key``
+    probabilities ``(C, *spatial)``, ``pred_key`` the prediction, ``label_key`` the ground truth, the spacing and
+    case name from ``"image"`` and, when there, ``quality_key``'s review verdict (``CaseQualityd``). At the end of the
+    epoch, all ranks gathered: ``engine.state.metrics[name]`` holds the means over volumes and the ``pooled_*``
+    values; ``engine.state.metric_details[name]`` ``{"report": SegmentationReportTable, "columns", "cases", "table"
+    (N, K) float64, "pooled"}``. ``metric`` is built from ``metric_args`` when None.
     """
 
     def __init__(
@@ -120,26 +103,16 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
 
 
 class SegmentationReport:
-    """Evaluate every volume an evaluator sees and write the report to ``output_dir`` at the end of the run.
-
-    Attaches a :class:`SegmentationReportMetricHandler` (the computation: one row per volume, see
-    :class:`calib_monai.metrics.SegmentationReportMetric`) and a
-    :class:`calib_monai.handlers.report_saver.SegmentationReportSaver` (the files of
-    :class:`calib_monai.metrics.SegmentationReportTable`: ``metrics.csv``, ``summary.json``, ``reliability.png``,
-    ``risk_coverage.png``; with the review verdicts of ``CaseQualityd`` under ``quality_key``, ``review_flag`` and
-    ``review_reasons`` beside the true DSC). After the run, ``table`` / ``rows`` hold the run's volumes.
+    """Evaluate every volume an evaluator sees and write the report's files to ``output_dir`` at the end of the run:
+    attaches a :class:`SegmentationReportMetricHandler` and a ``SegmentationReportSaver``. After the run, ``table``
+    (a ``SegmentationReportTable``) holds the run's volumes.
 
     Args:
         output_dir: folder of the files.
-        label_names: ``{"0": "background", "1": ...}``: class names for the columns.
-        num_bins: bins of the calibration metrics.
-        empty_class: ``"nan"`` or ``"papers"`` (DSC 1 / HD 0 for a class absent from both), see
-            :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
-        regions: extra columns for unions of classes scored as one binary segmentation, e.g. BraTS'
-            ``{"ET": [3], "TC": [1, 3], "WT": [1, 2, 3]}`` (``dice_ET``, ``hd95_ET``, ...).
-        surface_distances: False leaves out the HD95 and ASD columns (much faster).
+        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: see
+            :class:`calib_monai.metrics.SegmentationReportMetric` (``regions``, e.g. BraTS' ``{"ET": [3], "TC":
+            [1, 3], "WT": [1, 2, 3]}``, add ``dice_ET``, ``hd95_ET``, ...).
         name: the key of the handler's entries in ``engine.state.metrics`` / ``metric_details``.
-        band_radius, confidence_threshold: see :class:`calib_monai.metrics.SegmentationReportMetric`.
     """
 
     def __init__(
@@ -178,17 +151,3 @@ class SegmentationReport:
     def _keep_table(self, engine: Engine) -> None:
         details = engine.state.metric_details.get(self.name)
         self.table = details["report"] if details is not None else SegmentationReportTable(metric=self.metric)
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        """The run's rows (``case`` then every column)."""
-        return self.table.rows
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        return self.table.summary()
-
-    def pooled(self) -> dict[str, float]:
-        return self.table.pooled()
-
-    def reliability_data(self) -> dict[str, np.ndarray]:
-        return self.table.reliability_data()

@@ -15,21 +15,10 @@ __all__ = ["SegmentationReportSaver"]
 
 
 class SegmentationReportSaver:
-    """Write the report of ``SegmentationReportMetricHandler`` at ``COMPLETED``, on rank ``save_rank`` only.
-
-    Reads ``engine.state.metric_details[metric_name]["report"]`` (the handler's
-    :class:`calib_monai.metrics.SegmentationReportTable`, every rank's volumes gathered) and writes its files to
-    ``output_dir`` (:meth:`~calib_monai.metrics.SegmentationReportTable.write`: ``metrics.csv``, ``summary.json``,
-    ``reliability.png``, ``risk_coverage.png``). It computes nothing. ``monai.handlers.MetricsSaver`` is the model,
-    but it cannot write these files: it writes
-    one ``<name>_raw.csv`` per metric with one column per class (not one row per volume with all metrics), its
-    summaries are per-class statistics (not the pooled values), and it has no reliability diagram.
-
-    Args:
-        output_dir: folder of the files.
-        metric_name: the name the metric handler was attached under.
-        save_rank: the rank that writes in multi-GPU evaluation (the handler has gathered every rank's volumes).
-        logger_name: logger of the one-line summary.
+    """Write the ``SegmentationReportTable`` in ``engine.state.metric_details[metric_name]["report"]`` (every rank's
+    volumes gathered) to ``output_dir`` at ``COMPLETED``, on rank ``save_rank`` only; it computes nothing. Not
+    ``monai.handlers.MetricsSaver``: that writes one CSV per metric with a column per class, no pooled values and no
+    reliability diagram.
     """
 
     def __init__(

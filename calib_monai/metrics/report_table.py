@@ -1,13 +1,9 @@
-"""``SegmentationReportTable``: the evaluation report as a plain table, one row per volume, and its files.
+"""``SegmentationReportTable``: the evaluation report, one row per volume, and its files.
 
-Filled by the Ignite handler (``calib_monai.handlers.SegmentationReport``) or directly (:meth:`add`: the studies,
-``calib-monai calibrate-probabilities``); :meth:`write` writes, each atomically:
-
-* ``metrics.csv``: one row per volume (``SegmentationReportMetric``'s columns, then ``review_flag`` /
-  ``review_reasons`` when the volumes came with the review verdict);
-* ``summary.json``: ``settings``, ``metrics`` (mean, std and count per column), ``pooled`` (ECE / CECE / NLL / Brier
-  of all ground-truth foreground voxels) and ``case_quality`` (how well ``est_mean_dice`` predicts ``mean_dice``);
-* ``reliability.png`` and ``risk_coverage.png``.
+Filled by ``calib_monai.handlers.SegmentationReport`` or by :meth:`~SegmentationReportTable.add`; :meth:`write`
+writes atomically ``metrics.csv`` (one row per volume, then the review verdict's columns), ``summary.json``
+(``settings``, ``metrics``: mean / std / count per column, ``pooled``, ``case_quality``, ``review``),
+``reliability.png`` and ``risk_coverage.png``.
 """
 
 from __future__ import annotations
@@ -56,8 +52,8 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
 
 
 def served_verdict(quality: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What a report row shows of a case's served quality (``CaseQualityd``, ``DeliveredDiced``): its review verdict,
-    with the served case score and, when measured, the true mean DSC of the delivered segmentation (input grid)."""
+    """A case's review verdict (``CaseQualityd``) with its served case score and, when measured
+    (``DeliveredDiced``), the delivered segmentation's true mean DSC."""
     if not quality or quality.get("review") is None:
         return None
     verdict = {**quality["review"], "served_case_score": quality.get("case_score")}
@@ -67,8 +63,8 @@ def served_verdict(quality: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _review_columns(review: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``) and ``review_reasons``; the served
-    case score and the delivered segmentation's true mean DSC beside them when the verdict holds them."""
+    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``), ``review_reasons``,
+    ``served_case_score`` and ``delivered_mean_dice`` (NaN when the verdict lacks them)."""
     flag = (review or {}).get("flag")
     reasons = (review or {}).get("reasons", ["no review verdict"] if review is None else [])
     columns: dict[str, Any] = {
@@ -93,11 +89,10 @@ class SegmentationReportTable:
     """Per-volume segmentation, calibration and case-quality metrics of an evaluation.
 
     Args:
-        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: the
-            metric's (:class:`~calib_monai.metrics.SegmentationReportMetric`), built from them when ``metric`` is
-            None.
+        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: build the
+            :class:`~calib_monai.metrics.SegmentationReportMetric` when ``metric`` is None.
         metric: an existing metric whose volumes are the table (the Ignite handler's, gathered over ranks).
-        cases: the case names of ``metric``'s volumes, in order.
+        cases, reviews: the case names and review verdicts of ``metric``'s volumes, in order.
 
     Example::
 
@@ -128,29 +123,11 @@ class SegmentationReportTable:
             )
         self.metric = metric
         self.cases: list[str] = list(cases)
-        self.reviews: list[Mapping[str, Any] | None] = list(reviews)  # the review verdict of each volume, if any
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return self.metric.columns
+        self.reviews: list[Mapping[str, Any] | None] = list(reviews)
 
     @property
     def class_names(self) -> list[str]:
         return self.metric.class_names
-
-    @property
-    def num_bins(self) -> int:
-        return self.metric.num_bins
-
-    def settings(self) -> dict[str, Any]:
-        m = self.metric
-        return {
-            "num_bins": m.num_bins,
-            "empty_class": m.empty_class,
-            "classes": m.class_names,
-            "band_radius": m.band_radius,
-            "confidence_threshold": m.confidence_threshold,
-        }
 
     def add(
         self,
@@ -163,9 +140,8 @@ class SegmentationReportTable:
         review: Mapping[str, Any] | None = None,
     ) -> dict:
         """Score one volume (``prob (C, *spatial)``, ``label (1, *spatial)``, optional prediction and spacing in mm)
-        and return its row (``case`` first; default name ``volume_<index>``). ``same_segmentation_as``: a row of
-        the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused;
-        ``review``: the case's review verdict (``CaseQualityd``), written as ``review_flag`` / ``review_reasons``."""
+        and return its row (``case`` first, default ``volume_<index>``). ``same_segmentation_as``: a row of the same
+        argmax (e.g. before a temperature) whose DSC / HD95 / ASD are reused; ``review``: the case's verdict."""
         table = self.metric(
             [prob],
             [label],
@@ -177,7 +153,7 @@ class SegmentationReportTable:
         self.reviews.append(review)
         return {
             "case": self.cases[-1],
-            **dict(zip(self.columns, table[0].tolist())),
+            **dict(zip(self.metric.columns, table[0].tolist())),
             **(_review_columns(review) if review else {}),
         }
 
@@ -188,14 +164,13 @@ class SegmentationReportTable:
         reviewed = any(r is not None for r in self.reviews)
         reviews = self.reviews if reviewed else [None] * len(self.cases)
         return [
-            {"case": case, **dict(zip(self.columns, values)), **(_review_columns(review) if reviewed else {})}
+            {"case": case, **dict(zip(self.metric.columns, values)), **(_review_columns(review) if reviewed else {})}
             for case, values, review in zip(self.cases, table, reviews)
         ]
 
     def review_summary(self) -> dict[str, Any]:
-        """How the review flags went with the truth: volumes flagged / passed / not judged and their mean DSC (of the
-        delivered segmentation where measured, else of the evaluated grid's), and the rule's bound on the share of
-        ordinary cases flagged (``{}`` without review verdicts)."""
+        """Volumes flagged / passed / not judged and their true mean DSC (the delivered segmentation's where measured),
+        and the rule's bound (``{}`` without review verdicts)."""
         if not any(r is not None for r in self.reviews):
             return {}
         dice, out = self.values("mean_dice"), {}
@@ -214,11 +189,11 @@ class SegmentationReportTable:
 
     def values(self, column: str) -> np.ndarray:
         """One column over the volumes, float64."""
-        return self.metric.aggregate()[:, self.columns.index(column)].numpy()
+        return self.metric.aggregate()[:, self.metric.columns.index(column)].numpy()
 
     def summary(self) -> dict[str, dict[str, float]]:
         """``{column: {"mean", "std", "volumes"}}`` over the volumes (non-finite entries left out)."""
-        return dict(zip(self.columns, column_summary(self.metric.aggregate().numpy())))
+        return dict(zip(self.metric.columns, column_summary(self.metric.aggregate().numpy())))
 
     def pooled(self) -> dict[str, float]:
         """ECE / CECE / NLL / Brier of all ground-truth foreground voxels of the volumes together."""
@@ -229,14 +204,10 @@ class SegmentationReportTable:
         return self.metric.reliability_data()
 
     def case_quality(self) -> dict[str, Any]:
-        """How the label-free estimates compare with the truth, over the volumes with a finite mean DSC.
-
-        ``estimate``: Spearman / Pearson correlation, mean absolute error and bias of ``est_mean_dice`` against
-        ``mean_dice``; ``failure_detection``: AURC / AUGRC of the cases sorted by ``est_mean_dice`` with risk
-        ``1 - mean_dice``, the random and oracle AURC and the share of that gap closed
-        (:mod:`calib_monai.metrics.failure_detection`); ``volume``: per class, the mean absolute relative error of
-        the expected volume (summed probabilities) and of the prediction's volume against the true volume, and
-        the share of volumes whose 95% interval holds the true volume."""
+        """How the label-free estimates compare with the truth: ``estimate`` (``quality_agreement`` of
+        ``est_mean_dice`` with ``mean_dice``), ``failure_detection`` (``failure_detection_summary`` with risk
+        ``1 - mean_dice``) and ``volume`` (per class: mean relative error of the expected and predicted volumes, and
+        the share of true volumes inside the interval)."""
         if not len(self):
             return {}
         estimate, true = self.values(CASE_SCORE), self.values("mean_dice")
@@ -285,9 +256,14 @@ class SegmentationReportTable:
         writer.writerows(rows)
         write_text_atomically(output_dir / "metrics.csv", buffer.getvalue())
         summary, pooled, quality = self.summary(), self.pooled(), self.case_quality()
+        m = self.metric
         meta = {
             "volumes": len(rows),
-            **self.settings(),
+            "num_bins": m.num_bins,
+            "empty_class": m.empty_class,
+            "classes": m.class_names,
+            "band_radius": m.band_radius,
+            "confidence_threshold": m.confidence_threshold,
             **(settings or {}),
             "reduction": REDUCTION,
             "pooled": POOLED_OVER,

@@ -1,19 +1,12 @@
 """``SegmentationReportMetric``: the evaluation report's per-volume table as a MONAI ``CumulativeIterationMetric``.
 
-One row per volume, one column per metric (``columns``): DSC, HD95 and ASD per foreground class and their means
-(through MONAI, :func:`calib_monai.metrics.segmentation_metrics_per_volume`), the same for each region (a union of
-classes scored as one binary segmentation), ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on
-prediction-or-ground-truth foreground voxels (``*_union``), NLL and Brier on ground-truth foreground voxels; and
-what a user reads without the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC per class and its mean
-(``est_mean_dice``, the case score), ECE over all voxels (``ece_all``) and over a band of ``band_radius`` voxels
-around the predicted and true structures (``ece_band``), and per class the true volume, the volume of the prediction
-and the expected volume from the summed probabilities with its 95% interval (mL when the spacing is known, else
-voxels), and the share of predicted voxels below ``confidence_threshold``.
-
-Reductions, named as such: ``aggregate()`` is the per-volume table; ``summary_means`` the mean over volumes of each
-column (the papers' tables); ``pooled`` the ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
-volumes binned together (``pooled_ece``...: what ``calib_monai.metrics.ece`` gives on the concatenated volumes);
-``reliability_data`` the top-label reliability bins pooled the same way.
+One row per volume (``columns``): DSC, HD95, ASD per foreground class, their means and each region's (MONAI);
+ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on prediction-or-ground-truth voxels
+(``*_union``); NLL, Brier; ``ml1ace`` / ``cece_all`` as their paper defines them; and what a user reads without
+the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC (``est_mean_dice``, the case score), ECE over
+all voxels (``ece_all``) and in a band around the structures (``ece_band``), volumes (mL when the spacing is known)
+and the share of low-confidence voxels. ``summary_means`` is the mean over volumes, ``pooled`` /
+``reliability_data`` bin all ground-truth foreground voxels of all volumes together.
 """
 
 from __future__ import annotations
@@ -80,20 +73,14 @@ def column_summary(table: Any) -> list[dict[str, float]]:
 class SegmentationReportMetric(CumulativeIterationMetric):
     """Per-volume segmentation and calibration metrics of an evaluation, one volume per batch item.
 
-    Each call stores, per volume, its row (``len(columns)`` float64 values) and its additive calibration statistics
-    on ground-truth foreground voxels (ECE and CECE bins, NLL and Brier sums: ``[rows (N, K), statistics (N, S)]``),
-    so ``aggregate`` gives the per-volume table and ``pooled`` / ``reliability_data`` the pooled values without
-    keeping any voxel.
-
-    Where: the calibration metrics run on ``y_pred``'s device (float64 counts and sums; see
-    :mod:`calib_monai.metrics.calibration`), the volumes are never copied to the host; DSC / HD95 / ASD go
-    through MONAI on the argmax label maps (the CPU, for the distance transforms). Only each volume's numbers (its
-    row, on the host, and its bins, kept on the device) are stored.
+    The buffer holds ``[rows (N, K), statistics (N, S)]`` on ``y_pred``'s device: each volume's row and its additive
+    ground-truth foreground calibration statistics, nothing of the voxels. Calibration runs on ``y_pred``'s device;
+    DSC / HD95 / ASD through MONAI on the argmax label maps.
 
     Args:
         label_names: ``{"0": "background", "1": ...}``: class names for the columns (channel order).
-        num_bins: bins of the calibration metrics (15 in the papers).
-        empty_class: ``"nan"`` or ``"papers"``, see :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
+        num_bins: bins of the calibration metrics.
+        empty_class: ``"nan"`` or ``"papers"`` (:func:`calib_monai.metrics.segmentation_metrics_per_volume`).
         regions: unions of classes scored as one binary segmentation, e.g. BraTS' ``{"ET": [3], "TC": [1, 3]}``.
         surface_distances: False leaves out the HD95 and ASD columns (much faster).
         band_radius: voxels around the predicted and true structures scored by ``ece_band``.
@@ -129,11 +116,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     @property
     def columns(self) -> tuple[str, ...]:
         """The names of a row's values, in order (the ``metrics.csv`` header after ``case``)."""
-        shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
-        out: list[str] = []
-        for metric in shape:
-            out += [f"{metric}_{name}" for name in self.class_names[1:]] + [f"mean_{metric}"]
-        out += [f"{metric}_{region}" for region in self.regions for metric in shape]
+        out = self._segmentation_columns()
         out += [*CALIBRATION_COLUMNS, *(f"{c}_union" for c in CALIBRATION_COLUMNS), "nll", "brier"]
         out += list(ALL_VOXEL_COLUMNS)
         out += [f"est_dice_{name}" for name in self.class_names[1:]] + [CASE_SCORE, "ece_all", "ece_band"]
@@ -252,7 +235,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
 
     def _segmentation_columns(self) -> list[str]:
         shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
-        out = [f"{m}_{name}" for m in shape for name in self.class_names[1:]] + [f"mean_{m}" for m in shape]
+        out = [c for m in shape for c in [f"{m}_{name}" for name in self.class_names[1:]] + [f"mean_{m}"]]
         return out + [f"{m}_{region}" for region in self.regions for m in shape]
 
     def _segmentation_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing, num_classes: int) -> dict:
