@@ -31,11 +31,11 @@ from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
 
 from .calibration import detached_plain_tensor, probability_problem
+from .segmentation import EMPTY_CLASS_CONVENTIONS
 
 __all__ = [
     "ABSENT_PROBABILITY",
     "CASE_SCORE",
-    "EMPTY_CLASS_CONVENTIONS",
     "case_quality",
     "estimated_dice",
     "fit_volume_interval_scale",
@@ -50,8 +50,6 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 #: A class predicted nowhere whose largest probability ``max_v p_k(v)`` is below this is absent (module doc): unlike
 #: its expected size, that does not grow with the volume; a missed structure's core stays above it, leaks far below.
 ABSENT_PROBABILITY = 0.1
-#: What the estimated DSC of an absent class is, as ``segmentation_metrics_per_volume``'s ``empty_class``.
-EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
 
 
 def _check_probability_values(prob: torch.Tensor, name: str = "prob") -> None:
