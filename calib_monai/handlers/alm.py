@@ -25,22 +25,17 @@ def _sum_over_ranks(stats: torch.Tensor) -> torch.Tensor:
 
 
 class ALMUpdateHandler:
-    """After each training epoch, update a :class:`~calib_monai.losses.CRaCLoss`'s multipliers on the validation the
-    trainer already runs.
-
-    The ``evaluator`` must keep the raw logits under ``logits_key`` (a ``CopyItemsd`` before the softmax, as in the
-    bundles' ``train.json``). :meth:`CRaCLoss.validation_statistics` are summed as it goes (its 3D outputs cut into
-    axial slices), so validation runs once per epoch; an epoch without validation leaves the multipliers as they are.
-    The sums are all-reduced across DDP ranks, then :meth:`CRaCLoss.outer_update` runs. Each outer step logs, for every
-    (class, region), lambda, rho, the mean constraint and the share of satisfied pixels, puts them in
-    ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ...) and, with ``save_dir``, appends them to
-    ``alm_history.json``. The multipliers live in the loss's buffers: checkpoint the loss to resume with them.
+    """After each validated training epoch, CRaC's outer step (:meth:`CRaCLoss.outer_update`) on the
+    :meth:`CRaCLoss.validation_statistics` of the validation the trainer already runs (3D outputs cut into axial
+    slices), summed over DDP ranks. Each step's lambda, rho, mean constraint and share of satisfied pixels per (class,
+    region) are logged, put in ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ...) and appended to
+    ``<save_dir>/alm_history.json``. The multipliers live in the loss's buffers: checkpoint the loss to resume.
 
     Args:
         loss: the CRaC loss the trainer optimises.
         evaluator: the validation engine to read logits and labels from.
-        logits_key: where the evaluator's decollated outputs keep the raw logits ``(C, *spatial)``; labels are read
-            from "label" (class indices or one-hot).
+        logits_key: where the evaluator's decollated outputs keep the raw logits ``(C, *spatial)`` (a ``CopyItemsd``
+            before the softmax); labels are read from "label".
         class_names: names for the log line and the record (default: class indices).
         save_dir: folder of ``alm_history.json`` (None: no record).
     """

@@ -54,11 +54,10 @@ def _alive(pid: int) -> bool:
 
 
 class OutputFolderLock:
-    """``<folder>/training.lock``: one training or ``calibrate`` per output folder (``task``: which one holds it; a
-    calibrate must not fit weights a training is replacing, nor two calibrates replace each other's result). The
-    file names its holder (task, pid, host, start time); the lock itself is ``fcntl.flock`` on it, which the system
-    drops when the holder dies however it ends (SIGKILL too), so a stale file left by a killed run is taken over with
-    a log line. Where ``flock`` is not supported, a holder on this host whose pid is gone counts as stale."""
+    """``<folder>/training.lock``: one training or ``calibrate`` (``task``) per output folder. The file names its
+    holder (task, pid, host, start time); the lock is ``fcntl.flock`` on it, which the system drops when the holder
+    dies (SIGKILL too), so a killed run's file is taken over with a log line. Without ``flock``, a holder on this host
+    whose pid is gone counts as stale."""
 
     def __init__(self, folder: str | os.PathLike, logger: logging.Logger | None = None, task: str = "training") -> None:
         if task not in BUSY:
@@ -156,19 +155,14 @@ class OutputFolderLock:
 class TrainingCheckpoint:
     """Resumable checkpoints for a MONAI ``SupervisedTrainer``.
 
-    At every ``EPOCH_COMPLETED`` it writes ``latest_filename`` (atomically, by DDP rank 0) with the network,
-    optimizer, scheduler, trainer state, the state of every ``extra`` object and the random-number state
-    (``calib_monai.handlers.rng``). At ``STARTED``, when the file exists, everything is loaded back and training
-    continues at the next epoch, exactly as a run that was never stopped (same machine and settings). A file that
-    cannot be read is an error naming it and the fix; it is read with ``weights_only=True``.
-
-    The file also holds the run's settings (default: :func:`~calib_monai.bundle.runtime.run_settings`; ``epochs``
-    may change). A resumed run whose settings differ is an error listing each ``key: checkpoint value -> command
-    value``, unless ``resume_changes="allow"`` (a new learning rate then rescales the optimizer's and the
-    scheduler's). While it trains, rank 0 holds :class:`OutputFolderLock` on ``save_dir``. Attach it after the
-    handlers whose state it saves. A DDP network is unwrapped, so a multi-GPU run resumes on one GPU and vice versa.
-    Not MONAI's ``CheckpointSaver``/``CheckpointLoader``: they name checkpoints by epoch, fail when the fixed file is
-    absent, write non-atomically and keep no random-number state.
+    At every ``EPOCH_COMPLETED`` rank 0 writes ``latest_filename`` atomically: network (unwrapped from DDP),
+    optimizer, scheduler, trainer, every ``extra`` object's state, the random-number state and the run's settings.
+    At ``STARTED`` an existing file is loaded back (``weights_only=True``) and training continues at the next epoch
+    as if never stopped. Settings that differ are an error listing ``key: checkpoint -> command`` unless
+    ``resume_changes="allow"`` (a new learning rate then rescales the optimizer's and scheduler's). Rank 0 holds
+    :class:`OutputFolderLock` on ``save_dir`` while it trains. Attach it after the handlers whose state it saves.
+    Not MONAI's ``CheckpointSaver`` / ``CheckpointLoader``: they name files by epoch, fail when the file is absent,
+    write non-atomically and keep no random-number state.
 
     Args:
         save_dir: folder of the file.
@@ -177,7 +171,7 @@ class TrainingCheckpoint:
         latest_filename: the file's name.
         resume: load the file at start when it exists.
         settings: the settings to store and compare on resume (default: ``calib_monai.bundle.runtime.run_settings``).
-        resume_changes: ``"allow"`` resumes with other settings; default ``"refuse"`` (or ``--resume_changes``).
+        resume_changes: ``"allow"`` or ``"refuse"`` (None: ``--resume_changes``, else refuse).
         lock: hold the output folder's lock while training.
     """
 
@@ -225,8 +219,7 @@ class TrainingCheckpoint:
         return dict(run_settings() if self.settings is None else self.settings)
 
     def _check_settings(self, checkpoint: dict[str, Any], fix: str) -> None:
-        """The checkpoint's settings against this run's: an error listing the differences, or (allowed) a log line
-        and the command's learning rate."""
+        """An error listing the differences of the checkpoint's settings, or (allowed) a log line and the new lr."""
         recorded = checkpoint["settings"]
         differences = settings_differences(recorded, self._settings())
         if not differences:

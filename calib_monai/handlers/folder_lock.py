@@ -13,11 +13,9 @@ __all__ = ["HoldOutputFolder"]
 
 
 class HoldOutputFolder:
-    """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`, the one a
-    training holds) when the engine starts, and give it back when it completes, after every handler attached before
-    this one took its turn (``calibrate``'s ``RecalibrationFitter`` publishes then). Attach it first: the weights are
-    loaded under the lock, so no training replaces them while ``calibrate`` fits for them, and a second ``calibrate``
-    on the folder is refused with the holder named. A run ended by an error line gives the lock back too.
+    """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`) when the engine
+    starts and give it back when it completes, after the handlers attached with the engine (``RecalibrationFitter``
+    publishes then). Attach it first, so the weights are loaded under the lock.
 
     Args:
         folder: the run folder (``@output_dir``).

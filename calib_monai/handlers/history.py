@@ -1,6 +1,5 @@
-"""``ValidationHistory``: every validated epoch's metrics in ``validation_history.json``, and ``EpochSnapshots``:
-every epoch's network as ``epoch_<e>.pt``; the records that let studies apply other selection rules after training
-(:func:`calib_monai.handlers.select_epoch`)."""
+"""``ValidationHistory`` (``validation_history.json``) and ``EpochSnapshots`` (``epoch_<e>.pt``): the records that
+let studies apply other selection rules after training (:func:`calib_monai.handlers.select_epoch`)."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ def _as_float(value: Any) -> float:
 
 
 class ValidationHistory:
-    """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (a list of
-    ``{"epoch": e, "val_mean_dice": ..., ...}``, written atomically by rank 0). Its state goes into the resumable
-    checkpoint (``TrainingCheckpoint(extra={"history": ...})``), so a resumed run continues the same list."""
+    """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (``[{"epoch": e,
+    "val_mean_dice": ..., ...}]``, rank 0, atomically); resumable as ``TrainingCheckpoint(extra={"history": ...})``."""
 
     def __init__(
         self, save_dir: str | os.PathLike, evaluator: Engine, filename: str = "validation_history.json"

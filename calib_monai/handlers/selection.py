@@ -1,8 +1,5 @@
-"""Model selection: which epoch's network becomes ``model.pt``.
-
-``select_epoch`` is the one rule (best metric, epochs within ``bounds`` first); :class:`ModelSelection` applies it while
-training, and studies apply it afterwards to a run's ``validation_history.json`` (:class:`ValidationHistory`).
-"""
+"""Model selection: :func:`select_epoch` is the one rule of which epoch becomes ``model.pt``;
+:class:`ModelSelection` applies it while training, studies afterwards to ``validation_history.json``."""
 
 from __future__ import annotations
 
@@ -68,15 +65,8 @@ def select_epoch(
     mode: str = "max",
     bounds: dict[str, float] | None = None,
 ) -> int:
-    """The epoch ``TrainingCheckpoint`` saves as ``model.pt`` for a selection rule, from a run's validation history.
-
-    Args:
-        history: one dict per validated epoch with its ``"epoch"`` and the evaluator's metrics (the handler's
-            ``validation_history.json``).
-        metric_name, mode, bounds: the rule, as ``TrainingCheckpoint`` takes it.
-    Returns:
-        the selected epoch, -1 when no epoch has a finite ``metric_name``.
-    """
+    """The epoch :class:`ModelSelection` with this rule saves as ``model.pt``, from a run's validation history (one
+    dict per validated epoch: ``"epoch"`` and the metrics); -1 when no epoch has a finite ``metric_name``."""
     _check_mode(mode)
     bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
     best, best_within, best_epoch = (-math.inf if mode == "max" else math.inf), False, -1
@@ -90,18 +80,14 @@ def select_epoch(
 
 
 class ModelSelection:
-    """Write the network of the best epoch so far as ``model.pt`` (a plain ``state_dict``, the model-zoo format that
-    ``ckpt_export``, evaluation and MONAI Label read), after each validation.
+    """Write the network of the best epoch so far as ``model.pt`` (a plain ``state_dict``, unwrapped from DDP, by rank
+    0) after each validation.
 
-    The rule (:func:`select_epoch`): the highest ``evaluator.state.metrics[metric_name]`` (``mode="max"``, DSC in the
-    papers; ``"min"`` for NLL or ECE), strictly, so the earliest of equal epochs stays; with ``bounds`` (``{"val_ece":
-    0.05}``), epochs within them come first: until one is, the best epoch regardless of them is kept (``model.pt``
-    always exists) and the log says so. ``metric_name`` must be one of the evaluator's metrics: a name it does not
-    compute is an error at the first validation (naming the ones it computes), not an epoch silently never saved.
-
-    Attach after MONAI's ``ValidationHandler`` (the evaluator has run by ``EPOCH_COMPLETED``). Rank 0 writes (every DDP
-    rank holds the same weights); a DDP network is unwrapped, so the file loads into the bundle's ``network_def``. Its
-    state (the best so far) goes into the resumable checkpoint (``TrainingCheckpoint(extra={"selection": ...})``).
+    The rule (:func:`select_epoch`): the highest ``evaluator.state.metrics[metric_name]`` (``mode="max"``; ``"min"``
+    for NLL or ECE), the earliest of equal epochs; with ``bounds`` (``{"val_ece": 0.05}``) epochs within them come
+    first, and until one is the best regardless of them is kept and the log says so. A ``metric_name`` the evaluator
+    does not compute is an error at the first validation. Attach after MONAI's ``ValidationHandler``; resumable as
+    ``TrainingCheckpoint(extra={"selection": ...})``.
 
     Args:
         save_dir: folder of ``best_filename``.
