@@ -28,7 +28,7 @@ from .calibration import (
     statistics_values,
     value_from_statistics,
 )
-from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band
+from .case_quality import CASE_SCORE, case_quality, structure_band
 from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
 
 __all__ = ["ALL_VOXEL_COLUMNS", "CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
@@ -49,6 +49,8 @@ QUALITY_PREFIXES = (
     "volume_prob_high",
     "low_conf",
 )
+#: ``case_quality``'s key of each ``QUALITY_PREFIXES`` column but the true volume (from the label).
+_QUALITY_KEYS = ("est_dice", "volume_predicted", "volume", "volume_low", "volume_high", "low_confidence_fraction")
 #: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
 POOLED_METRICS = ("ece", "cece", "nll", "brier")
 
@@ -126,49 +128,30 @@ class SegmentationReportMetric(CumulativeIterationMetric):
     # -- per volume ------------------------------------------------------------------------------------------------
 
     def _compute_list(self, y_pred, y=None, pred=None, spacing=None, segmentation=None):  # type: ignore[override]
-        """Lists of channel-first volumes: each with its own prediction and spacing (MONAI's version passes the same
-        keyword arguments to every item). ``segmentation``: per volume, None or a row whose DSC / HD95 / ASD columns
-        are taken as they are (the same prediction scored before, e.g. before a temperature that keeps the argmax)."""
+        """Channel-first volumes, each with its own prediction, spacing and ``segmentation`` (None or a row of the same
+        argmax scored before, e.g. before a temperature, whose DSC / HD95 / ASD columns are reused)."""
         if y is None:
             raise ValueError("SegmentationReportMetric needs labels y, got None.")
-        preds = list(pred) if isinstance(pred, (list, tuple)) else [pred] * len(y_pred)
-        spacings = list(spacing) if _per_volume(spacing, len(y_pred)) else [spacing] * len(y_pred)
-        known = list(segmentation) if segmentation is not None else [None] * len(y_pred)
+        count = len(y_pred)
+        preds = list(pred) if isinstance(pred, (list, tuple, torch.Tensor)) else [pred] * count
+        spacings = list(spacing) if _per_volume(spacing, count) else [spacing] * count
+        known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * count
         rows, stats = [], []
         for p, y_, pr, sp, kn in zip(y_pred, y, preds, spacings, known):
-            p = detached_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
-            scored = None if pr is None else torch.as_tensor(pr)[None]
-            r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp], kn)
-            rows.append(r)
-            stats.append(s)
-        return [torch.cat(rows), torch.cat(stats)]
-
-    def _compute_tensor(  # type: ignore[override]
-        self,
-        y_pred: torch.Tensor,
-        y: torch.Tensor | None = None,
-        pred: torch.Tensor | None = None,
-        spacing=None,
-        segmentation: dict[str, float] | None = None,
-    ) -> list[torch.Tensor]:
-        if y is None:
-            raise ValueError("SegmentationReportMetric needs labels y, got None.")
-        if y_pred.ndim < 3:
-            raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
-        batch = y_pred.shape[0]
-        spacings = list(spacing) if _per_volume(spacing, batch) else [spacing] * batch
-        known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * batch
-        rows, stats = [], []
-        for b in range(batch):
-            prob = detached_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
-            label = detached_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
+            prob = detached_plain_tensor(torch.as_tensor(p))[None]  # a MetaTensor would slow every following op
+            label = detached_plain_tensor(torch.as_tensor(y_)).to(prob.device)
             label = (label.max(dim=0).indices[None] if label.shape[0] > 1 else label)[None]  # first class on ties
-            scored = prob if pred is None else detached_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
-            row, stat = self._volume(prob, label, scored, spacings[b], known[b])
+            scored = prob if pr is None else detached_plain_tensor(torch.as_tensor(pr)).to(prob.device)[None]
+            row, stat = self._volume(prob, label, scored, sp, kn)
             rows.append(row)
             stats.append(stat)
-        self._num_classes = int(y_pred.shape[1])
+            self._num_classes = int(prob.shape[1])
         return [torch.stack(rows), torch.stack(stats)]
+
+    def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None, **kwargs) -> list[torch.Tensor]:  # type: ignore[override]
+        if y_pred.ndim < 3:
+            raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
+        return self._compute_list(list(y_pred), y, **kwargs)
 
     def _volume(
         self,
@@ -207,22 +190,13 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         p, y = prob[0], label[0, 0]
         pred_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0, 0].long()
         voxel_ml = float(np.prod(spacing)) / 1000.0 if spacing is not None else 1.0  # mm^3 -> mL
-        est = estimated_dice(p, pred_map, empty_class=self.empty_class)  # the true DSC's convention
-        volumes = predicted_volumes(p, pred_map, voxel_ml)
+        quality = case_quality(p, pred_map, voxel_ml, self.confidence_threshold, self.class_names, self.empty_class)
         true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
-        low = low_confidence_fraction(p, pred_map, self.confidence_threshold)
+        row = {f"volume_{name}": value for name, value in zip(names, true.cpu().tolist())}
+        for prefix, key in zip(QUALITY_PREFIXES[:1] + QUALITY_PREFIXES[2:], _QUALITY_KEYS):
+            row.update({f"{prefix}_{name}": quality["classes"][name][key] for name in names})
+        row[CASE_SCORE] = quality["case_score"]
         band = structure_band([pred_map > 0, y > 0], self.band_radius)
-        stacked = torch.stack(
-            [est, true, volumes["predicted"], volumes["expected"], volumes["low"], volumes["high"], low]
-        )
-        values = stacked.cpu().tolist()  # one read-back
-        row = {
-            f"{prefix}_{name}": values[i][k]
-            for i, prefix in enumerate(QUALITY_PREFIXES)
-            for k, name in enumerate(names)
-        }
-        finite = [v for v in values[0] if np.isfinite(v)]
-        row[CASE_SCORE] = float(np.mean(finite)) if finite else float("nan")
         flat_p, flat_y = p.reshape(p.shape[0], -1), y.reshape(-1)
         row["ece_all"] = calibration_errors(flat_p[None], flat_y[None], ("ece",), self.num_bins, "all")["ece"]
         inside = band.reshape(-1)
