@@ -1,10 +1,11 @@
 """Per-volume evaluation report of an evaluator run, in MONAI's pattern: ``SegmentationReportMetric`` computes,
-:class:`SegmentationReportMetricHandler` attaches it, ``SegmentationReportSaver`` writes the
+:class:`SegmentationReportMetricHandler` attaches it, :class:`SegmentationReportSaver` writes the
 ``SegmentationReportTable``'s files; :class:`SegmentationReport` (bundles' ``evaluate.json``) attaches both."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +20,9 @@ from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_B
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, served_verdict, voxel_spacing
 from calib_monai.metrics.segmentation_report import SegmentationReportMetric
 
-from .report_saver import SegmentationReportSaver
-
 idist, _ = optional_import("ignite", "0.4.4", min_version, "distributed")
 
-__all__ = ["SegmentationReport", "SegmentationReportMetricHandler"]
+__all__ = ["SegmentationReport", "SegmentationReportMetricHandler", "SegmentationReportSaver"]
 
 
 class SegmentationReportMetricHandler(IgniteMetricHandler):
@@ -102,9 +101,41 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         super().attach(engine, name)
 
 
+class SegmentationReportSaver:
+    """Write the ``SegmentationReportTable`` in ``engine.state.metric_details[metric_name]["report"]`` (every rank's
+    volumes gathered) to ``output_dir`` at ``COMPLETED``, on rank ``save_rank`` only; it computes nothing. Not
+    ``monai.handlers.MetricsSaver``: that writes one CSV per metric with a column per class, no pooled values and no
+    reliability diagram.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        metric_name: str = "segmentation_report",
+        save_rank: int = 0,
+        logger_name: str = "calib_monai",
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.metric_name = metric_name
+        self.save_rank = save_rank
+        self.logger = logging.getLogger(logger_name)
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.COMPLETED, self)
+
+    def __call__(self, engine: Engine) -> None:
+        if idist.get_rank() != self.save_rank:
+            return
+        details = getattr(engine.state, "metric_details", {}).get(self.metric_name)
+        if details is None:
+            self.logger.warning(f"SegmentationReport: no volumes were evaluated; nothing written to {self.output_dir}")
+            return
+        details["report"].write(self.output_dir, logger=self.logger)
+
+
 class SegmentationReport:
     """Evaluate every volume an evaluator sees and write the report's files to ``output_dir`` at the end of the run:
-    attaches a :class:`SegmentationReportMetricHandler` and a ``SegmentationReportSaver``. After the run, ``table``
+    attaches a :class:`SegmentationReportMetricHandler` and a :class:`SegmentationReportSaver`. After the run, ``table``
     (a ``SegmentationReportTable``) holds the run's volumes.
 
     Args:
