@@ -33,9 +33,8 @@ class ALMUpdateHandler:
 
     Args:
         loss: the CRaC loss the trainer optimises.
-        evaluator: the validation engine to read logits and labels from.
-        logits_key: where the evaluator's decollated outputs keep the raw logits ``(C, *spatial)`` (a ``CopyItemsd``
-            before the softmax); labels are read from "label".
+        evaluator: the validation engine; its decollated outputs keep the raw logits ``(C, *spatial)`` under
+            ``"logits"`` (a ``CopyItemsd`` before the softmax) and the labels under ``"label"``.
         class_names: names for the log line and the record (default: class indices).
         save_dir: folder of ``alm_history.json`` (None: no record).
     """
@@ -44,19 +43,17 @@ class ALMUpdateHandler:
         self,
         loss: CRaCLoss,
         evaluator: Engine,
-        logits_key: str = "logits",
         class_names: list[str] | None = None,
         save_dir: str | os.PathLike | None = None,
-        logger_name: str = "calib_monai",
     ) -> None:
         if not isinstance(loss, CRaCLoss):
             raise ValueError(f"ALMUpdateHandler needs a CRaCLoss, got {type(loss).__name__}.")
         if evaluator is None:
             raise ValueError("ALMUpdateHandler needs evaluator=<the validation engine the trainer runs each epoch>")
-        self.loss, self.evaluator, self.logits_key = loss, evaluator, logits_key
+        self.loss, self.evaluator = loss, evaluator
         self.class_names = class_names or [str(k) for k in range(loss.classes)]
         self.history_path = Path(save_dir) / "alm_history.json" if save_dir is not None else None
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._stats: torch.Tensor | None = None  # sums of the current validation run
         self._validated = False  # the evaluator ran since the last outer step
 
@@ -74,7 +71,7 @@ class ALMUpdateHandler:
     def _add_evaluator_output(self, engine: Engine) -> None:
         output = engine.state.output
         for item in output if isinstance(output, list) else [output]:
-            logits = torch.as_tensor(item[self.logits_key]).detach()
+            logits = torch.as_tensor(item["logits"]).detach()
             label = torch.as_tensor(item["label"]).detach()
             if label.shape[0] > 1:  # one-hot after the evaluator's postprocessing
                 label = label.argmax(0, keepdim=True)

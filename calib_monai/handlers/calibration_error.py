@@ -26,7 +26,6 @@ class SegmentationCalibrationError(IgniteMetricHandler):
     Args:
         metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric.
         output_transform: extracts ``(y_pred, y)`` from ``engine.state.output``.
-        save_details: store the metric buffer in ``engine.state.metric_details[name]``.
     """
 
     def __init__(
@@ -38,7 +37,6 @@ class SegmentationCalibrationError(IgniteMetricHandler):
         include_background: bool | None = None,
         threshold: float = TACE_THRESHOLD,
         output_transform: Callable = lambda x: x,
-        save_details: bool = True,
     ) -> None:
         metric_fn = SegmentationCalibrationMetric(
             metric_name=metric_name,
@@ -48,4 +46,4 @@ class SegmentationCalibrationError(IgniteMetricHandler):
             include_background=include_background,
             threshold=threshold,
         )
-        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)
+        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=True)

@@ -155,11 +155,12 @@ class OutputFolderLock:
 class TrainingCheckpoint:
     """Resumable checkpoints for a MONAI ``SupervisedTrainer``.
 
-    At every ``EPOCH_COMPLETED`` rank 0 writes ``latest_filename`` atomically: network (unwrapped from DDP),
-    optimizer, scheduler, trainer, every ``extra`` object's state, the random-number state and the run's settings.
-    At ``STARTED`` an existing file is loaded back (``weights_only=True``) and training continues at the next epoch
-    as if never stopped. Settings that differ are an error listing ``key: checkpoint -> command`` unless
-    ``resume_changes="allow"`` (a new learning rate then rescales the optimizer's and scheduler's). Rank 0 holds
+    At every ``EPOCH_COMPLETED`` rank 0 writes ``checkpoint_latest.pt`` atomically: network (unwrapped from DDP),
+    optimizer, scheduler, trainer, every ``extra`` object's state, the random-number state and the run's settings
+    (:func:`~calib_monai.bundle.runtime.run_settings`). At ``STARTED`` an existing file is loaded back
+    (``weights_only=True``) and training continues at the next epoch as if never stopped. Settings that differ are an
+    error listing ``key: checkpoint -> command`` unless ``--resume_changes allow`` (a new learning rate then rescales
+    the optimizer's and scheduler's). Rank 0 holds
     :class:`OutputFolderLock` on ``save_dir`` while it trains. Attach it after the handlers whose state it saves.
     Not MONAI's ``CheckpointSaver`` / ``CheckpointLoader``: they name files by epoch, fail when the file is absent,
     write non-atomically and keep no random-number state.
@@ -168,11 +169,7 @@ class TrainingCheckpoint:
         save_dir: folder of the file.
         network, optimizer, lr_scheduler: the objects to save and restore.
         extra: more objects with ``state_dict`` / ``load_state_dict``, e.g. ``{"loss": crac_loss, "selection": ...}``.
-        latest_filename: the file's name.
         resume: load the file at start when it exists.
-        settings: the settings to store and compare on resume (default: ``calib_monai.bundle.runtime.run_settings``).
-        resume_changes: ``"allow"`` or ``"refuse"`` (None: ``--resume_changes``, else refuse).
-        lock: hold the output folder's lock while training.
     """
 
     def __init__(
@@ -182,51 +179,38 @@ class TrainingCheckpoint:
         optimizer: torch.optim.Optimizer,
         lr_scheduler: Any = None,
         extra: dict[str, Any] | None = None,
-        latest_filename: str = "checkpoint_latest.pt",
         resume: bool = True,
-        logger_name: str = "calib_monai",
-        settings: dict[str, Any] | None = None,
-        resume_changes: str | None = None,
-        lock: bool = True,
     ) -> None:
-        if resume_changes not in (None, "allow", "refuse"):
-            raise ValueError(f"resume_changes must be 'allow' or 'refuse', got {resume_changes!r}")
-        self.latest_path = Path(save_dir) / latest_filename
+        self.latest_path = Path(save_dir) / "checkpoint_latest.pt"
         self.network, self.optimizer, self.lr_scheduler = network, optimizer, lr_scheduler
         self.extra = dict(extra or {})
         self.resume = resume
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._trainer: Engine | None = None
-        self.settings, self.resume_changes = settings, resume_changes
         self._pending_lr: tuple[Any, Any] = (None, None)  # (command, checkpoint) learning rates of an allowed change
-        self.lock = OutputFolderLock(save_dir, self.logger) if lock else None
+        self.lock = OutputFolderLock(save_dir, self.logger)
 
     def attach(self, engine: Engine) -> None:
         self._trainer = engine
         engine.add_event_handler(Events.STARTED, self.start)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
-        if self.lock is not None:
-            engine.add_event_handler(Events.COMPLETED, self.lock.release)
-            engine.add_event_handler(Events.TERMINATE, self.lock.release)
+        engine.add_event_handler(Events.COMPLETED, self.lock.release)
+        engine.add_event_handler(Events.TERMINATE, self.lock.release)
 
     def start(self, engine: Engine) -> None:
         """Take the output folder's lock (DDP rank 0), then resume from the file when it exists."""
-        if self.lock is not None and idist.get_rank() == 0:
+        if idist.get_rank() == 0:
             self.lock.acquire()
         self.load_latest(engine)
-
-    def _settings(self) -> dict[str, Any]:
-        return dict(run_settings() if self.settings is None else self.settings)
 
     def _check_settings(self, checkpoint: dict[str, Any], fix: str) -> None:
         """An error listing the differences of the checkpoint's settings, or (allowed) a log line and the new lr."""
         recorded = checkpoint["settings"]
-        differences = settings_differences(recorded, self._settings())
+        differences = settings_differences(recorded, dict(run_settings()))
         if not differences:
             return
         listed = ", ".join(f"{k}: {json.dumps(old)} -> {json.dumps(new)}" for k, old, new in differences)
-        allowed = self.resume_changes == "allow" or (self.resume_changes is None and resume_changes_allowed())
-        if not allowed:
+        if not resume_changes_allowed():
             raise ValueError(
                 f"{self.latest_path} was trained with other settings than this command's ({listed}; checkpoint -> "
                 "command): resuming would go on with the checkpoint's optimizer state (its learning rate) without a "
@@ -306,5 +290,5 @@ class TrainingCheckpoint:
             return
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state["rng"] = capture_rng_state(engine.state.dataloader)
-        state["settings"] = self._settings()
+        state["settings"] = dict(run_settings())
         save_atomically(state, self.latest_path)

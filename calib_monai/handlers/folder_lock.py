@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 from ignite.engine import Engine, Events
@@ -16,14 +15,10 @@ class HoldOutputFolder:
     """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`) when the engine
     starts and give it back when it completes, after the handlers attached with the engine (``RecalibrationFitter``
     publishes then). Attach it first, so the weights are loaded under the lock.
-
-    Args:
-        folder: the run folder (``@output_dir``).
-        task: who holds it, for the message another process gets (``"calibrate"``).
     """
 
-    def __init__(self, folder: str | os.PathLike, task: str = "calibrate", logger_name: str = "calib_monai") -> None:
-        self.lock = OutputFolderLock(folder, logging.getLogger(logger_name), task=task)
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.lock = OutputFolderLock(folder, task="calibrate")
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self._take)

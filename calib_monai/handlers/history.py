@@ -25,10 +25,8 @@ class ValidationHistory:
     """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (``[{"epoch": e,
     "val_mean_dice": ..., ...}]``, rank 0, atomically); resumable as ``TrainingCheckpoint(extra={"history": ...})``."""
 
-    def __init__(
-        self, save_dir: str | os.PathLike, evaluator: Engine, filename: str = "validation_history.json"
-    ) -> None:
-        self.path = Path(save_dir) / filename
+    def __init__(self, save_dir: str | os.PathLike, evaluator: Engine) -> None:
+        self.path = Path(save_dir) / "validation_history.json"
         self.evaluator = evaluator
         self.history: list[dict[str, float]] = []
 

@@ -28,9 +28,9 @@ __all__ = ["SegmentationReport", "SegmentationReportMetricHandler", "Segmentatio
 class SegmentationReportMetricHandler(IgniteMetricHandler):
     """Attach :class:`calib_monai.metrics.SegmentationReportMetric` to an evaluator, volume by volume.
 
-    Reads per volume dict (``output_transform(engine.state.output)``, the decollated list): ``prob_key``
-    probabilities ``(C, *spatial)``, ``pred_key`` the prediction, ``label_key`` the ground truth, the spacing and
-    case name from ``"image"`` and, when there, ``quality_key``'s review verdict (``CaseQualityd``). At the end of the
+    Reads per volume dict (``output_transform(engine.state.output)``, the decollated list): ``"prob"``
+    probabilities ``(C, *spatial)``, ``"pred"`` the prediction, ``"label"`` the ground truth, the spacing and case
+    name from ``"image"`` and, when there, ``"quality"``'s review verdict (``CaseQualityd``). At the end of the
     epoch, all ranks gathered: ``engine.state.metrics[name]`` holds the means over volumes and the ``pooled_*``
     values; ``engine.state.metric_details[name]`` ``{"report": SegmentationReportTable, "columns", "cases", "table"
     (N, K) float64, "pooled"}``. ``metric`` is built from ``metric_args`` when None.
@@ -39,18 +39,12 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
     def __init__(
         self,
         metric: SegmentationReportMetric | None = None,
-        prob_key: str = "prob",
-        pred_key: str = "pred",
-        label_key: str = "label",
         output_transform: Callable = lambda x: x,
-        quality_key: str = "quality",
         **metric_args: Any,
     ) -> None:
         metric = SegmentationReportMetric(**metric_args) if metric is None else metric
         super().__init__(metric_fn=metric, output_transform=output_transform, save_details=True)
         self._metrics_result_mode = "named"  # the means stay under the handler's name (no clash with other metrics)
-        self.keys = (prob_key, pred_key, label_key)
-        self.quality_key = quality_key
         self._cases: list[str] = []
         self._reviews: list[str] = []  # JSON of each volume's review verdict ("null" without one)
 
@@ -63,14 +57,13 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
     def update(self, output: Any) -> None:  # type: ignore[override]
         """Add the volumes of one iteration (a dict or a list of dicts)."""
         items = output if isinstance(output, (list, tuple)) else [output]
-        prob_key, pred_key, label_key = self.keys
         for item in items:
             self._cases.append(case_name(item, len(self._cases)))
-            self._reviews.append(json.dumps(served_verdict(item.get(self.quality_key))))
+            self._reviews.append(json.dumps(served_verdict(item.get("quality"))))
         self.metric_fn(
-            [item[prob_key] for item in items],
-            [item[label_key] for item in items],
-            pred=[item[pred_key] for item in items],
+            [item["prob"] for item in items],
+            [item["label"] for item in items],
+            pred=[item["pred"] for item in items],
             spacing=[voxel_spacing(item) for item in items],
         )
 
@@ -103,7 +96,7 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
 
 class SegmentationReportSaver:
     """Write the ``SegmentationReportTable`` in ``engine.state.metric_details[metric_name]["report"]`` (every rank's
-    volumes gathered) to ``output_dir`` at ``COMPLETED``, on rank ``save_rank`` only; it computes nothing. Not
+    volumes gathered) to ``output_dir`` at ``COMPLETED``, on rank 0 only; it computes nothing. Not
     ``monai.handlers.MetricsSaver``: that writes one CSV per metric with a column per class, no pooled values and no
     reliability diagram.
     """
@@ -112,19 +105,16 @@ class SegmentationReportSaver:
         self,
         output_dir: str | os.PathLike,
         metric_name: str = "segmentation_report",
-        save_rank: int = 0,
-        logger_name: str = "calib_monai",
     ) -> None:
         self.output_dir = Path(output_dir)
         self.metric_name = metric_name
-        self.save_rank = save_rank
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.COMPLETED, self)
 
     def __call__(self, engine: Engine) -> None:
-        if idist.get_rank() != self.save_rank:
+        if idist.get_rank() != 0:
             return
         details = getattr(engine.state, "metric_details", {}).get(self.metric_name)
         if details is None:
@@ -135,15 +125,14 @@ class SegmentationReportSaver:
 
 class SegmentationReport:
     """Evaluate every volume an evaluator sees and write the report's files to ``output_dir`` at the end of the run:
-    attaches a :class:`SegmentationReportMetricHandler` and a :class:`SegmentationReportSaver`. After the run, ``table``
-    (a ``SegmentationReportTable``) holds the run's volumes.
+    attaches a :class:`SegmentationReportMetricHandler` (``engine.state.metrics["segmentation_report"]``) and a
+    :class:`SegmentationReportSaver`. After the run, ``table`` (a ``SegmentationReportTable``) holds its volumes.
 
     Args:
         output_dir: folder of the files.
         label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: see
             :class:`calib_monai.metrics.SegmentationReportMetric` (``regions``, e.g. BraTS' ``{"ET": [3], "TC":
             [1, 3], "WT": [1, 2, 3]}``, add ``dice_ET``, ``hd95_ET``, ...).
-        name: the key of the handler's entries in ``engine.state.metrics`` / ``metric_details``.
     """
 
     def __init__(
@@ -152,33 +141,24 @@ class SegmentationReport:
         label_names: dict[str, str],
         num_bins: int = NUM_BINS,
         empty_class: str = EMPTY_CLASS,
-        prob_key: str = "prob",
-        pred_key: str = "pred",
-        label_key: str = "label",
         regions: dict[str, list[int]] | None = None,
-        logger_name: str = "calib_monai",
         surface_distances: bool = True,
-        name: str = "segmentation_report",
         band_radius: int = BAND_RADIUS,
         confidence_threshold: float = LOW_CONFIDENCE,
-        quality_key: str = "quality",
     ) -> None:
         self.output_dir = Path(output_dir)
         self.metric = SegmentationReportMetric(
             label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
         )
-        self.handler = SegmentationReportMetricHandler(
-            self.metric, prob_key, pred_key, label_key, quality_key=quality_key
-        )
-        self.saver = SegmentationReportSaver(output_dir, name, logger_name=logger_name)
-        self.name = name
+        self.handler = SegmentationReportMetricHandler(self.metric)
+        self.saver = SegmentationReportSaver(output_dir)
         self.table = SegmentationReportTable(metric=self.metric)
 
     def attach(self, engine: Engine) -> None:
-        self.handler.attach(engine, self.name)
+        self.handler.attach(engine)
         self.saver.attach(engine)
         engine.add_event_handler(Events.COMPLETED, self._keep_table)
 
     def _keep_table(self, engine: Engine) -> None:
-        details = engine.state.metric_details.get(self.name)
+        details = engine.state.metric_details.get("segmentation_report")
         self.table = details["report"] if details is not None else SegmentationReportTable(metric=self.metric)

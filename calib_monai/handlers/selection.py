@@ -90,7 +90,7 @@ class ModelSelection:
     ``TrainingCheckpoint(extra={"selection": ...})``.
 
     Args:
-        save_dir: folder of ``best_filename``.
+        save_dir: folder of ``model.pt``.
         network: the trained network.
         evaluator: the validation engine holding ``metric_name``.
         metric_name, mode, bounds: the rule.
@@ -104,15 +104,13 @@ class ModelSelection:
         metric_name: str = "val_mean_dice",
         mode: str = "max",
         bounds: dict[str, float] | None = None,
-        best_filename: str = "model.pt",
-        logger_name: str = "calib_monai",
     ) -> None:
         _check_mode(mode)
-        self.best_path = Path(save_dir) / best_filename
+        self.best_path = Path(save_dir) / "model.pt"
         self.network, self.evaluator = network, evaluator
         self.metric_name, self.mode = metric_name, mode
         self.bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self.best_metric = -math.inf if mode == "max" else math.inf
         self.best_metric_epoch = -1
         self.best_within_bounds = False
@@ -131,7 +129,7 @@ class ModelSelection:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_metric = float(state["best_metric"])
         self.best_metric_epoch = int(state["best_metric_epoch"])
-        self.best_within_bounds = bool(state.get("best_within_bounds", not self.bounds))
+        self.best_within_bounds = bool(state["best_within_bounds"])
 
     def __call__(self, engine: Engine) -> None:
         metrics = self.evaluator.state.metrics

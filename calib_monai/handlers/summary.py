@@ -23,7 +23,6 @@ class EpochSummary:
         evaluator: the validation engine whose ``state.metrics`` are reported (None: training loss only).
         optimizer: the learning rate of the epoch (first parameter group, read when the epoch starts).
         metric_names: evaluator metrics to print, in order; default: all of them, sorted.
-        logger_name: logger the line goes to.
     """
 
     def __init__(
@@ -31,12 +30,11 @@ class EpochSummary:
         evaluator: Engine | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         metric_names: list[str] | None = None,
-        logger_name: str = "calib_monai",
     ) -> None:
         self.evaluator = evaluator
         self.optimizer = optimizer
         self.metric_names = metric_names
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._loss_sum = 0.0
         self._loss_count = 0
         self._epoch_start = 0.0
