@@ -16,7 +16,7 @@ from ignite.metrics.metric import reinit__is_reduced
 from monai.handlers import IgniteMetricHandler
 from monai.utils import min_version, optional_import, string_list_all_gather
 
-from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, LOW_CONFIDENCE, NUM_BINS
+from calib_monai.defaults import EMPTY_CLASS, NUM_BINS
 from calib_monai.metrics.report_table import SegmentationReportTable, case_name, served_verdict, voxel_spacing
 from calib_monai.metrics.segmentation_report import SegmentationReportMetric
 
@@ -130,7 +130,7 @@ class SegmentationReport:
 
     Args:
         output_dir: folder of the files.
-        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: see
+        label_names, num_bins, empty_class, regions, surface_distances: see
             :class:`calib_monai.metrics.SegmentationReportMetric` (``regions``, e.g. BraTS' ``{"ET": [3], "TC":
             [1, 3], "WT": [1, 2, 3]}``, add ``dice_ET``, ``hd95_ET``, ...).
     """
@@ -143,13 +143,9 @@ class SegmentationReport:
         empty_class: str = EMPTY_CLASS,
         regions: dict[str, list[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = BAND_RADIUS,
-        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.metric = SegmentationReportMetric(
-            label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
-        )
+        self.metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances)
         self.handler = SegmentationReportMetricHandler(self.metric)
         self.saver = SegmentationReportSaver(output_dir)
         self.table = SegmentationReportTable(metric=self.metric)

@@ -89,7 +89,7 @@ class SegmentationReportTable:
     """Per-volume segmentation, calibration and case-quality metrics of an evaluation.
 
     Args:
-        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: build the
+        label_names, num_bins, empty_class, regions, surface_distances: build the
             :class:`~calib_monai.metrics.SegmentationReportMetric` when ``metric`` is None.
         metric: an existing metric whose volumes are the table (the Ignite handler's, gathered over ranks).
         cases, reviews: the case names and review verdicts of ``metric``'s volumes, in order.
@@ -109,8 +109,6 @@ class SegmentationReportTable:
         empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = BAND_RADIUS,
-        confidence_threshold: float = LOW_CONFIDENCE,
         metric: SegmentationReportMetric | None = None,
         cases: Sequence[str] = (),
         reviews: Sequence[Mapping[str, Any] | None] = (),
@@ -118,9 +116,7 @@ class SegmentationReportTable:
         if metric is None:
             if label_names is None:
                 raise ValueError("SegmentationReportTable needs label_names (or an existing metric)")
-            metric = SegmentationReportMetric(
-                label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
-            )
+            metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances)
         self.metric = metric
         self.cases: list[str] = list(cases)
         self.reviews: list[Mapping[str, Any] | None] = list(reviews)
@@ -262,8 +258,8 @@ class SegmentationReportTable:
             "num_bins": m.num_bins,
             "empty_class": m.empty_class,
             "classes": m.class_names,
-            "band_radius": m.band_radius,
-            "confidence_threshold": m.confidence_threshold,
+            "band_radius": BAND_RADIUS,
+            "confidence_threshold": LOW_CONFIDENCE,
             **(settings or {}),
             "reduction": REDUCTION,
             "pooled": POOLED_OVER,

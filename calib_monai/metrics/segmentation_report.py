@@ -4,8 +4,8 @@ One row per volume (``columns``): DSC, HD95, ASD per foreground class, their mea
 ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on prediction-or-ground-truth voxels
 (``*_union``); NLL, Brier; ``ml1ace`` / ``cece_all`` as their paper defines them; and what a user reads without
 the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC (``est_mean_dice``, the case score), ECE over
-all voxels (``ece_all``) and in a band around the structures (``ece_band``), volumes (mL when the spacing is known)
-and the share of low-confidence voxels. ``summary_means`` is the mean over volumes, ``pooled`` /
+all voxels (``ece_all``) and within ``BAND_RADIUS`` voxels of the structures (``ece_band``), volumes (mL when the
+spacing is known) and the share of voxels below ``LOW_CONFIDENCE`` (``low_conf_*``). ``summary_means`` is the mean over volumes, ``pooled`` /
 ``reliability_data`` bin all ground-truth foreground voxels of all volumes together.
 """
 
@@ -85,8 +85,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         empty_class: ``"nan"`` or ``"papers"`` (:func:`calib_monai.metrics.segmentation_metrics_per_volume`).
         regions: unions of classes scored as one binary segmentation, e.g. BraTS' ``{"ET": [3], "TC": [1, 3]}``.
         surface_distances: False leaves out the HD95 and ASD columns (much faster).
-        band_radius: voxels around the predicted and true structures scored by ``ece_band``.
-        confidence_threshold: the confidence below which a predicted voxel counts as low confidence (``low_conf_*``).
 
     Inputs of ``__call__(y_pred, y, pred=None, spacing=None)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``
     or a list of ``(C, *spatial)``; ``y`` label maps ``(B, 1, ...)`` or one-hot, or a list; ``pred`` the
@@ -101,8 +99,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = BAND_RADIUS,
-        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         super().__init__()
         check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
@@ -111,8 +107,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         self.empty_class = empty_class
         self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
         self.surface_distances = bool(surface_distances)
-        self.band_radius = int(band_radius)
-        self.confidence_threshold = float(confidence_threshold)
         self._num_classes: int | None = None
 
     @property
@@ -190,13 +184,13 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         p, y = prob[0], label[0, 0]
         pred_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0, 0].long()
         voxel_ml = float(np.prod(spacing)) / 1000.0 if spacing is not None else 1.0  # mm^3 -> mL
-        quality = case_quality(p, pred_map, voxel_ml, self.confidence_threshold, self.class_names, self.empty_class)
+        quality = case_quality(p, pred_map, voxel_ml, LOW_CONFIDENCE, self.class_names, self.empty_class)
         true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
         row = {f"volume_{name}": value for name, value in zip(names, true.cpu().tolist())}
         for prefix, key in zip(QUALITY_PREFIXES[:1] + QUALITY_PREFIXES[2:], _QUALITY_KEYS):
             row.update({f"{prefix}_{name}": quality["classes"][name][key] for name in names})
         row[CASE_SCORE] = quality["case_score"]
-        band = structure_band([pred_map > 0, y > 0], self.band_radius)
+        band = structure_band([pred_map > 0, y > 0], BAND_RADIUS)
         flat_p, flat_y = p.reshape(p.shape[0], -1), y.reshape(-1)
         row["ece_all"] = calibration_errors(flat_p[None], flat_y[None], ("ece",), self.num_bins, "all")["ece"]
         inside = band.reshape(-1)
