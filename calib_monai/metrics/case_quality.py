@@ -52,22 +52,6 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 ABSENT_PROBABILITY = 0.1
 
 
-def _check_probability_values(prob: torch.Tensor, name: str = "prob") -> None:
-    """``prob (C, *spatial)`` must hold softmax probabilities: one ValueError line naming ``name`` otherwise (one
-    read-back of 4 numbers; nothing on ``meta``)."""
-    if prob.device.type == "meta" or not prob.numel():
-        return
-    if not prob.is_floating_point():
-        raise ValueError(f"{name} must be floating-point softmax probabilities in [0, 1], got dtype {prob.dtype}.")
-    lo, hi = torch.aminmax(prob)
-    sum_lo, sum_hi = torch.aminmax(prob.sum(dim=0, dtype=torch.float32 if prob.element_size() < 4 else prob.dtype))
-    values = torch.stack([lo.double(), hi.double(), sum_lo.double(), sum_hi.double()]).tolist()
-    tolerance = max(1e-3, prob.shape[0] * torch.finfo(prob.dtype).eps)
-    problem = probability_problem(name, *values, class_dim=0, tolerance=tolerance)
-    if problem:
-        raise ValueError(problem)
-
-
 def _check_voxel_volume(voxel_volume: Any) -> float:
     return check_number("voxel_volume", voxel_volume, 0, low_open=True, hint="mL or mm^3 of one voxel")
 
@@ -86,7 +70,17 @@ def _probabilities(prob: Any) -> torch.Tensor:
         raise ValueError(f"case quality needs class probabilities (C, *spatial), got shape {tuple(prob.shape)}")
     if prob.shape[0] < 2:
         raise ValueError(f"case quality needs at least 2 classes (background + 1), got {prob.shape[0]}")
-    _check_probability_values(prob)
+    if prob.device.type == "meta" or not prob.numel():  # nothing to read back
+        return prob
+    if not prob.is_floating_point():
+        raise ValueError(f"prob must be floating-point softmax probabilities in [0, 1], got dtype {prob.dtype}.")
+    lo, hi = torch.aminmax(prob)
+    sum_lo, sum_hi = torch.aminmax(prob.sum(dim=0, dtype=torch.float32 if prob.element_size() < 4 else prob.dtype))
+    values = torch.stack([lo.double(), hi.double(), sum_lo.double(), sum_hi.double()]).tolist()  # one read-back
+    tolerance = max(1e-3, prob.shape[0] * torch.finfo(prob.dtype).eps)
+    problem = probability_problem("prob", *values, class_dim=0, tolerance=tolerance)
+    if problem:
+        raise ValueError(problem)
     return prob
 
 
