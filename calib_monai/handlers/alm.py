@@ -75,16 +75,12 @@ class ALMUpdateHandler:
             label = torch.as_tensor(item["label"]).detach()
             if label.shape[0] > 1:  # one-hot after the evaluator's postprocessing
                 label = label.argmax(0, keepdim=True)
-            logits, label = self._as_loss_input(logits[None], label[None])
+            logits, label = logits[None], label[None]
+            if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
+                logits, label = logits.movedim(-1, 1).flatten(0, 1), label.movedim(-1, 1).flatten(0, 1)
             # the sums stay where the logits are: no host round trip per validation volume
             stats = self.loss.validation_statistics(logits, label)
             self._stats = stats if self._stats is None else self._stats + stats.to(self._stats.device)
-
-    def _as_loss_input(self, logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
-            logits = logits.movedim(-1, 1).flatten(0, 1)
-            label = label.movedim(-1, 1).flatten(0, 1)
-        return logits, label
 
     def __call__(self, engine: Engine) -> None:
         if not self._validated:  # validation did not run this epoch (val_interval > 1)
@@ -98,17 +94,10 @@ class ALMUpdateHandler:
         parts, record = [], {"epoch": engine.state.epoch, "step": int(self.loss.outer_steps), "classes": {}}
         for k, name in enumerate(self.class_names):
             for r, region in enumerate(REGIONS):
-                lam, rho, h, ok = (float(result[key][k, r]) for key in ("lambda", "rho", "constraint", "satisfied"))
-                engine.state.metrics[f"alm_lambda_{k}_{region}"] = lam
-                engine.state.metrics[f"alm_rho_{k}_{region}"] = rho
-                engine.state.metrics[f"alm_constraint_{k}_{region}"] = h
-                engine.state.metrics[f"alm_satisfied_{k}_{region}"] = ok
-                record["classes"].setdefault(name, {})[region] = {
-                    "lambda": lam,
-                    "rho": rho,
-                    "constraint": h,
-                    "satisfied": ok,
-                }
+                values = {key: float(result[key][k, r]) for key in ("lambda", "rho", "constraint", "satisfied")}
+                engine.state.metrics.update({f"alm_{key}_{k}_{region}": v for key, v in values.items()})
+                record["classes"].setdefault(name, {})[region] = values
+                lam, rho, h, ok = values.values()
                 parts.append(f"{name}/{region} lambda {lam:.3g} rho {rho:.3g} h {h:.3g} satisfied {ok:.3g}")
         self.logger.info(f"ALM outer step {record['step']} (epoch {engine.state.epoch}): " + "; ".join(parts))
         if self.history_path is not None and idist.get_rank() == 0:
