@@ -10,6 +10,6 @@ from .history import EpochSnapshots, ValidationHistory
 from .recalibration import RecalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler, SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state
-from .selection import ModelSelection, check_selection_metric, select_epoch
+from .selection import ModelSelection, select_epoch
 from .summary import EpochSummary
 from .weights import NetworkWeightsLoader

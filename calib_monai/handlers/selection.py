@@ -17,7 +17,7 @@ from ignite.engine import Engine, Events
 from calib_monai.atomic import save_atomically
 from calib_monai.bundle import unwrap_network
 
-__all__ = ["ModelSelection", "check_selection_metric", "select_epoch"]
+__all__ = ["ModelSelection", "select_epoch"]
 
 
 def _nearest(name: str, known: Any) -> str:
@@ -29,15 +29,6 @@ def _check_mode(mode: Any) -> str:
     if mode not in ("max", "min"):
         raise ValueError(f"selection mode must be 'max' or 'min' (higher or lower is better), got {mode!r}.")
     return str(mode)
-
-
-def check_selection_metric(metric_name: str, metrics: Any) -> None:
-    """A ValueError naming ``metric_name`` when the validation does not compute it (``metrics``: its metric names)."""
-    if metric_name not in metrics:
-        raise ValueError(
-            f"selection_metric {metric_name!r} is not a metric of the validation{_nearest(metric_name, metrics)}"
-            f": it computes {sorted(metrics)}; pass --selection_metric <one of them>"
-        )
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
@@ -135,7 +126,12 @@ class ModelSelection:
         metrics = self.evaluator.state.metrics
         if idist.get_rank() > 0 or not metrics:  # no validation this epoch (val_interval > 1)
             return
-        check_selection_metric(self.metric_name, metrics)
+        if self.metric_name not in metrics:
+            raise ValueError(
+                f"selection_metric {self.metric_name!r} is not a metric of the validation"
+                f"{_nearest(self.metric_name, metrics)}: it computes {sorted(metrics)}; pass --selection_metric <one "
+                "of them>"
+            )
         value, within = float(metrics[self.metric_name]), _within_bounds(metrics, self.bounds)
         if _better(value, within, self.best_metric, self.best_within_bounds, self.mode):
             self.best_metric, self.best_metric_epoch, self.best_within_bounds = value, engine.state.epoch, within

@@ -219,10 +219,7 @@ class SegmentationReportTable:
                 continue
             t = truth[present]
             rel = {kind: np.abs(self.values(f"volume_{kind}_{name}")[present] - t) / t for kind in ("prob", "pred")}
-            low, high = (
-                self.values(f"volume_prob_low_{name}")[present],
-                self.values(f"volume_prob_high_{name}")[present],
-            )
+            low, high = (self.values(f"volume_prob_{bound}_{name}")[present] for bound in ("low", "high"))
             volume[name] = {
                 "prob_relative_error": float(np.mean(rel["prob"])),
                 "pred_relative_error": float(np.mean(rel["pred"])),

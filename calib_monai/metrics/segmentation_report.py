@@ -119,8 +119,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         out += [f"{prefix}_{name}" for prefix in QUALITY_PREFIXES[1:] for name in self.class_names[1:]]
         return tuple(dict.fromkeys(out))  # a region named like a class shares its column (as a dict row did)
 
-    # -- per volume ------------------------------------------------------------------------------------------------
-
     def _compute_list(self, y_pred, y=None, pred=None, spacing=None, segmentation=None):  # type: ignore[override]
         """Channel-first volumes, each with its own prediction, spacing and ``segmentation`` (None or a row of the same
         argmax scored before, e.g. before a temperature, whose DSC / HD95 / ASD columns are reused)."""
@@ -242,8 +240,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             )
             out.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
         return out
-
-    # -- reductions ------------------------------------------------------------------------------------------------
 
     def _gathered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         buffer = self.get_buffer()  # gathered over ranks in distributed runs

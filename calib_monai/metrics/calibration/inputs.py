@@ -97,10 +97,6 @@ def metric_definition(
     return formula, num_bins, foreground, own_background if include_background is None else bool(include_background)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# messages
-
-
 def probability_problem(
     name: str,
     lo: float,
@@ -196,10 +192,6 @@ def as_tensors(probs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
         return probs, labels
     labels = labels if isinstance(labels, torch.Tensor) else _numpy_tensor(labels, "labels")
     return _numpy_tensor(probs, "probs"), labels
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# torch path (on the tensors' device)
 
 
 def prepare_tensors(probs: torch.Tensor, labels: Any, name: str = "probs") -> tuple[torch.Tensor, torch.Tensor, int]:

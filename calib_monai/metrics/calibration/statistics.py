@@ -122,10 +122,6 @@ def _threshold(threshold: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.nextafter(t, t.new_tensor(-1.0)) if float(t) > threshold else t
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# accumulation
-
-
 def _chunks(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The selected voxels in column slices of a bounded size (views, no copies)."""
     out = []
@@ -175,10 +171,6 @@ def _refine(chunks: list, marked: torch.Tensor, size: int, base: int) -> tuple[t
         cls, col = index // n, index % n
         found.append((cls, keys[index].long() - cls * size, p[cls, col] + 0.0, y[col] == cls))  # + 0.0: -0.0 is 0
     return tuple(torch.cat(t) for t in zip(*found))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# equal-mass bins (TACE, ACE)
 
 
 def _cumulative(x: torch.Tensor) -> torch.Tensor:
@@ -247,10 +239,6 @@ def _adaptive_error(grid: torch.Tensor, refined: tuple, num_bins: int, partial: 
     errors = (f_t.diff(dim=1) - f_v.diff(dim=1)).abs().sum(1) / n_k[:, 0].clamp(min=1)
     present = n_k[:, 0] > 0
     return torch.where(present, errors, 0.0).sum().div(present.sum()).reshape(1)  # NaN when no class has a value
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# statistics and values
 
 
 def selected_statistics(
