@@ -17,10 +17,6 @@ from calib_monai.bundle import unwrap_network
 __all__ = ["EpochSnapshots", "ValidationHistory"]
 
 
-def _as_float(value: Any) -> float:
-    return float(value.item() if isinstance(value, torch.Tensor) else value)
-
-
 class ValidationHistory:
     """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (``[{"epoch": e,
     "val_mean_dice": ..., ...}]``, rank 0, atomically); resumable as ``TrainingCheckpoint(extra={"history": ...})``."""
@@ -44,7 +40,7 @@ class ValidationHistory:
         if idist.get_rank() > 0 or not metrics:
             return
         self.history = [e for e in self.history if e["epoch"] < engine.state.epoch]
-        self.history.append({"epoch": engine.state.epoch, **{k: _as_float(v) for k, v in metrics.items()}})
+        self.history.append({"epoch": engine.state.epoch, **{k: float(v) for k, v in metrics.items()}})
         write_json_atomically(self.path, self.history, indent=1)
 
 

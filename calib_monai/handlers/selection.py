@@ -20,11 +20,6 @@ from calib_monai.bundle import unwrap_network
 __all__ = ["ModelSelection", "select_epoch"]
 
 
-def _nearest(name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _check_mode(mode: Any) -> str:
     if mode not in ("max", "min"):
         raise ValueError(f"selection mode must be 'max' or 'min' (higher or lower is better), got {mode!r}.")
@@ -127,10 +122,11 @@ class ModelSelection:
         if idist.get_rank() > 0 or not metrics:  # no validation this epoch (val_interval > 1)
             return
         if self.metric_name not in metrics:
+            close = difflib.get_close_matches(self.metric_name, list(metrics), n=1)
             raise ValueError(
                 f"selection_metric {self.metric_name!r} is not a metric of the validation"
-                f"{_nearest(self.metric_name, metrics)}: it computes {sorted(metrics)}; pass --selection_metric <one "
-                "of them>"
+                f"{f' (did you mean {close[0]!r}?)' if close else ''}: it computes {sorted(metrics)}; pass "
+                "--selection_metric <one of them>"
             )
         value, within = float(metrics[self.metric_name]), _within_bounds(metrics, self.bounds)
         if _better(value, within, self.best_metric, self.best_within_bounds, self.mode):

@@ -31,12 +31,11 @@ class NetworkWeightsLoader:
         load_path: str | os.PathLike,
         network: torch.nn.Module,
         map_location: Any = "cpu",
-        logger_name: str = "calib_monai",
     ) -> None:
         self.load_path = Path(load_path)
         self.network = network
         self.map_location = map_location
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self)

@@ -28,11 +28,7 @@ from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
 from .segmentation_report import SegmentationReportMetric, column_summary
 
-__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
-
-#: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
-REDUCTION = "mean over volumes"
-POOLED_OVER = "all ground-truth foreground voxels of all volumes"
+__all__ = ["SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
 
 
 def case_name(item: dict[str, Any], index: int) -> str:
@@ -258,8 +254,8 @@ class SegmentationReportTable:
             "band_radius": BAND_RADIUS,
             "confidence_threshold": LOW_CONFIDENCE,
             **(settings or {}),
-            "reduction": REDUCTION,
-            "pooled": POOLED_OVER,
+            "reduction": "mean over volumes",  # of metrics.<column>.mean / std (and the handlers' val_* / test_*)
+            "pooled": "all ground-truth foreground voxels of all volumes",
         }
         content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
         review = self.review_summary()

@@ -40,9 +40,6 @@ __all__ = [
     "tace",
 ]
 
-# The probabilities of the examples below: 2 classes, 4 voxels, labels [1, 0, 0, 0] (confidences 0.8 right, 0.8
-# wrong, 0.7 and 0.9 right).
-
 
 def calibration_statistics(
     probs: Any,
