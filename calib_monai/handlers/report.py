@@ -88,7 +88,8 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         if self._engine is None or self._name is None:
             raise RuntimeError("please call the attach() function to connect expected engine first.")
         self._engine.state.metric_details[self._name] = details
-        return {**self.metric_fn.summary_means(), **details["pooled"]}  # type: ignore[attr-defined]
+        means = {column: s["mean"] for column, s in details["report"].summary().items()}  # non-finite entries left out
+        return {**means, **details["pooled"]}
 
     def attach(self, engine: Engine, name: str = "segmentation_report") -> None:  # type: ignore[override]
         super().attach(engine, name)

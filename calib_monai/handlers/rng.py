@@ -57,11 +57,8 @@ def _as_numpy_state(state: dict[str, Any]) -> tuple:
 
 def _loader_generators(loader: Any) -> list[torch.Generator]:
     """The generators a training loader owns: its own and its sampler's (batch sampler's sampler) when set."""
-    if loader is None:
-        return []
-    candidates = [getattr(loader, "generator", None)]
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        candidates.append(getattr(sampler, "generator", None))
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    candidates = [getattr(x, "generator", None) for x in (loader, *samplers)]
     found: list[torch.Generator] = []
     for generator in candidates:
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):

@@ -5,8 +5,8 @@ ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on predicti
 (``*_union``); NLL, Brier; ``ml1ace`` / ``cece_all`` as their paper defines them; and what a user reads without
 the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC (``est_mean_dice``, the case score), ECE over
 all voxels (``ece_all``) and within ``BAND_RADIUS`` voxels of the structures (``ece_band``), volumes (mL when the
-spacing is known) and the share of voxels below ``LOW_CONFIDENCE`` (``low_conf_*``). ``summary_means`` is the mean
-over volumes; ``pooled`` / ``reliability_data`` bin all ground-truth foreground voxels of all volumes together.
+spacing is known) and the share of voxels below ``LOW_CONFIDENCE`` (``low_conf_*``). ``pooled`` /
+``reliability_data`` bin all ground-truth foreground voxels of all volumes together.
 """
 
 from __future__ import annotations
@@ -253,10 +253,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         if buffers is None:
             return torch.zeros((0, len(self.columns)), dtype=torch.float64)
         return buffers[0].double().cpu()
-
-    def summary_means(self) -> dict[str, float]:
-        """``{column: mean over volumes}`` (non-finite entries left out; NaN for a column without any)."""
-        return {c: s["mean"] for c, s in zip(self.columns, column_summary(self.aggregate().numpy()))}
 
     def pooled_statistics(self) -> np.ndarray | None:
         """The additive statistics summed over volumes (on the device, then ``S`` numbers to the host)."""
