@@ -115,7 +115,7 @@ class SegmentationReportTable:
             metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances)
         self.metric = metric
         self.cases: list[str] = list(cases)
-        self.reviews: list[Mapping[str, Any] | None] = list(reviews)
+        self.reviews: list[Mapping[str, Any] | None] = list(reviews) or [None] * len(self.cases)
 
     @property
     def class_names(self) -> list[str]:
@@ -143,22 +143,17 @@ class SegmentationReportTable:
         )[0]
         self.cases.append(case if case is not None else f"volume_{len(self.cases):04d}")
         self.reviews.append(review)
-        return {
-            "case": self.cases[-1],
-            **dict(zip(self.metric.columns, table[0].tolist())),
-            **(_review_columns(review) if review else {}),
-        }
+        return self._row(self.cases[-1], table[0].tolist(), review, bool(review))
+
+    def _row(self, case: str, values: list[float], review: Mapping[str, Any] | None, reviewed: bool) -> dict:
+        return {"case": case, **dict(zip(self.metric.columns, values)), **(_review_columns(review) if reviewed else {})}
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         """One dict per volume: ``case`` then every column, as Python floats."""
-        table = self.metric.aggregate().tolist()
         reviewed = any(r is not None for r in self.reviews)
-        reviews = self.reviews if reviewed else [None] * len(self.cases)
-        return [
-            {"case": case, **dict(zip(self.metric.columns, values)), **(_review_columns(review) if reviewed else {})}
-            for case, values, review in zip(self.cases, table, reviews)
-        ]
+        table = self.metric.aggregate().tolist()
+        return [self._row(*row, reviewed) for row in zip(self.cases, table, self.reviews)]
 
     def review_summary(self) -> dict[str, Any]:
         """Volumes flagged / passed / not judged and their true mean DSC (the delivered segmentation's where measured),

@@ -263,12 +263,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
 
     def _split(self, stats: np.ndarray) -> dict[str, np.ndarray]:
         c, m = self._num_classes or 0, self.num_bins
-        sizes = {"ece": m * 3, "cece": c * m * 3, "nll": 2, "brier": 2}
-        out, start = {}, 0
-        for name in POOLED_METRICS:
-            out[name] = stats[start : start + sizes[name]]
-            start += sizes[name]
-        return out
+        sizes = [m * 3, c * m * 3, 2, 2]  # the statistics of POOLED_METRICS, in order
+        return dict(zip(POOLED_METRICS, np.split(stats, np.cumsum(sizes)[:-1])))
 
     def pooled(self) -> dict[str, float]:
         """``{"pooled_ece", "pooled_cece", "pooled_nll", "pooled_brier"}``: all ground-truth foreground voxels of all
