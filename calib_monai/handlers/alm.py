@@ -25,11 +25,10 @@ def _sum_over_ranks(stats: torch.Tensor) -> torch.Tensor:
 
 
 class ALMUpdateHandler:
-    """After each validated training epoch, CRaC's outer step (:meth:`CRaCLoss.outer_update`) on the
-    :meth:`CRaCLoss.validation_statistics` of the validation the trainer already runs (3D outputs cut into axial
-    slices), summed over DDP ranks. Each step's lambda, rho, mean constraint and share of satisfied pixels per (class,
-    region) are logged, put in ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ...) and appended to
-    ``<save_dir>/alm_history.json``. The multipliers live in the loss's buffers: checkpoint the loss to resume.
+    """After each validated epoch, CRaC's outer step (:meth:`CRaCLoss.outer_update`) on the validation statistics
+    of the trainer's own validation (3D outputs cut into axial slices), summed over DDP ranks; each (class, region)'s
+    lambda, rho, mean constraint and satisfied share go to the log, ``engine.state.metrics``
+    (``alm_lambda_<k>_<region>``, ...) and ``<save_dir>/alm_history.json``. Checkpoint the loss to resume.
 
     Args:
         loss: the CRaC loss the trainer optimises.

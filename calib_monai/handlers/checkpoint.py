@@ -24,7 +24,6 @@ from .rng import capture_rng_state, restore_rng_state
 
 __all__ = ["OutputFolderLock", "TrainingCheckpoint"]
 _HELD: dict[str, OutputFolderLock] = {}  # the locks this process holds, by folder
-_WAIT_TRAINING = "wait for the training to finish, then run calibrate again"
 #: why a task cannot run while another holds the folder, and the fix: BUSY[this task][the holder's task]
 BUSY = {
     "training": {
@@ -34,7 +33,8 @@ BUSY = {
         "the calibrate to finish, or give this run another --output_dir",
     },
     "calibrate": {
-        "training": f"calibrate would fit its recalibration for weights the training is replacing; {_WAIT_TRAINING}",
+        "training": "calibrate would fit its recalibration for weights the training is replacing; wait for the "
+        "training to finish, then run calibrate again",
         "calibrate": "two calibrates on one folder replace each other's recalibration and range; wait for it to "
         "finish (one calibrate per folder is enough)",
     },

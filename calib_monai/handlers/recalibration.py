@@ -79,8 +79,7 @@ class RecalibrationFitter:
         engine.add_event_handler(Events.COMPLETED, self._fit)
 
     def _start(self, engine: Engine) -> None:
-        # the evaluator's network and inferer give the feature signal; a MONAI evaluator sets them after its handlers
-        # are attached, so they are read when it starts
+        # the feature signal's network and inferer: a MONAI evaluator sets them after attaching its handlers
         network = getattr(engine, "network", None)
         if network is not None and network is not self._network:
             self._network, self._hook = network, None

@@ -91,9 +91,6 @@ class SegmentationReportMetricHandler(IgniteMetricHandler):
         means = {column: s["mean"] for column, s in details["report"].summary().items()}  # non-finite entries left out
         return {**means, **details["pooled"]}
 
-    def attach(self, engine: Engine, name: str = "segmentation_report") -> None:  # type: ignore[override]
-        super().attach(engine, name)
-
 
 class SegmentationReportSaver:
     """Write the ``SegmentationReportTable`` in ``engine.state.metric_details[metric_name]["report"]`` (every rank's
@@ -152,7 +149,7 @@ class SegmentationReport:
         self.table = SegmentationReportTable(metric=self.metric)
 
     def attach(self, engine: Engine) -> None:
-        self.handler.attach(engine)
+        self.handler.attach(engine, "segmentation_report")
         self.saver.attach(engine)
         engine.add_event_handler(Events.COMPLETED, self._keep_table)
 

@@ -137,9 +137,7 @@ def _class_sums(
 
 
 def estimated_dice(prob: Any, pred: Any = None, empty_class: str = EMPTY_CLASS) -> torch.Tensor:
-    """Estimated DSC of each foreground class, ``(C - 1,)`` float64 on ``prob``'s device (see the module); an absent
-    class (predicted nowhere, ``max_v p_k(v) < ABSENT_PROBABILITY``) gets NaN (``empty_class="nan"``) or 1
-    (``"papers"``).
+    """Estimated DSC of each foreground class (see the module), ``(C - 1,)`` float64 on ``prob``'s device.
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -163,9 +161,8 @@ def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
 def predicted_volumes(
     prob: Any, pred: Any = None, voxel_volume: float = 1.0, volume_interval_scale: float = 1.0
 ) -> dict[str, torch.Tensor]:
-    """Per foreground class, float64 ``(C - 1,)``: ``expected`` (sum of p), ``low`` / ``high`` (its interval assuming
-    independent voxels, half-width times ``volume_interval_scale``: see the module) and ``predicted`` (voxels of
-    the prediction), each times ``voxel_volume``.
+    """Per foreground class, float64 ``(C - 1,)`` times ``voxel_volume``: ``expected`` (sum of p), ``low`` / ``high``
+    (its interval, see the module) and ``predicted`` (voxels of the prediction).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -233,9 +230,8 @@ def _low_from(sums: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def structure_band(masks: Sequence[torch.Tensor], radius: int) -> torch.Tensor:
-    """Voxels within ``radius`` voxels (a cube, Chebyshev distance) of any voxel that is set in one of ``masks``
-    (``(*spatial)`` booleans, 2D or 3D): the region around the predicted and true structures where a user reads
-    probabilities (calibration "in a band")."""
+    """Voxels within ``radius`` voxels (Chebyshev distance) of any voxel set in one of ``masks`` (``(*spatial)``
+    booleans, 2D or 3D): where a user reads probabilities around the predicted and true structures."""
     union = masks[0].bool()
     for mask in masks[1:]:
         union = union | mask.bool()
@@ -274,10 +270,8 @@ def case_quality(
     (0.9, 2.0)
     """
     voxel_volume, threshold = _check_voxel_volume(voxel_volume), _check_threshold(threshold)
-    empty_class, widen = (
-        check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS),
-        _check_scale(volume_interval_scale),
-    )
+    empty_class = check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
+    widen = _check_scale(volume_interval_scale)
     prob = _probabilities(prob)
     names = list(class_names)[1:] if class_names is not None else [f"class_{k}" for k in range(1, prob.shape[0])]
     if len(names) != prob.shape[0] - 1:

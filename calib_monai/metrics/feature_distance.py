@@ -170,8 +170,7 @@ def _distance_to(reference: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 
 def _principal_scores(points: np.ndarray, dim: int) -> np.ndarray:
-    """The rows of ``points`` on their own leading ``dim`` principal components (a symmetric function of the rows:
-    permuting them permutes the scores; the components' signs do not change any distance)."""
+    """The rows of ``points`` on their own leading ``dim`` principal components (a symmetric function of the rows)."""
     centred = points - points.mean(0)
     u, s, _ = np.linalg.svd(centred, full_matrices=False)
     return u[:, :dim] * s[:dim]

@@ -44,8 +44,7 @@ def bottleneck_module_name(network: torch.nn.Module) -> str:
     if isinstance(net, BasicUNetPlusPlus):
         return prefix + "conv_4_0"
     if isinstance(net, (UNet, AttentionUnet)):
-        # both nest Sequential(encoder block, SkipConnection/AttentionLayer(submodule=...), decoder) down to the
-        # bottom block, the submodule that is no such Sequential
+        # Sequential(encoder, SkipConnection/AttentionLayer(submodule=...), decoder) nested down to the bottom block
         name, module = prefix + "model", net.model
         while isinstance(module, torch.nn.Sequential) and len(module) > 1 and hasattr(module[1], "submodule"):
             name, module = f"{name}.1.submodule", module[1].submodule

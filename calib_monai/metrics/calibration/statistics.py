@@ -116,8 +116,7 @@ def _bucket_of(values: torch.Tensor, size: int, base: int) -> torch.Tensor:
 
 
 def _threshold(threshold: float, dtype: torch.dtype) -> torch.Tensor:
-    """The largest ``dtype`` value not above ``threshold``: ``v > result`` is ``v > threshold`` as real numbers (a
-    plain ``v > 1e-3`` compares float32 values with float32(1e-3) > 1e-3, dropping v = float32(1e-3))."""
+    """The largest ``dtype`` value not above ``threshold``: ``v > result`` is ``v > threshold`` as real numbers."""
     t = torch.tensor(threshold, dtype=dtype, device="cpu")
     return torch.nextafter(t, t.new_tensor(-1.0)) if float(t) > threshold else t
 
@@ -203,8 +202,8 @@ def _adaptive_marks(count: torch.Tensor, num_bins: int, partial: int | None) -> 
 
 
 def _adaptive_error(grid: torch.Tensor, refined: tuple, num_bins: int, partial: int | None, t: Any) -> torch.Tensor:
-    """Equal-mass calibration error of the classes of ``grid (3, K, size)`` (refined values: their position among
-    them), from the cumulative bucket statistics and the sorted values of the buckets an edge cuts."""
+    """Equal-mass calibration error of the classes of ``grid (3, K, size)``, from the cumulative bucket statistics
+    and the sorted ``refined`` values of the buckets an edge cuts."""
     count, total_v, total_t = grid.clone()
     cls, bucket, value, hit = refined
     k_all, size, dev = count.shape[0], count.shape[1], count.device
@@ -307,14 +306,9 @@ def selected_statistics(
 def value_from_statistics(
     stats: Any, metric_name: str, num_bins: int = NUM_BINS, include_background: bool = True
 ) -> float:
-    """A metric's value from its (possibly summed) statistics of ``selected_statistics``; NaN without voxels.
-
-    - ECE (Guo et al., ICML 2017; NACL Eq. 10): ``sum_b |B_b| / N * |acc_b - conf_b|``,
-      ``= sum_b |hits_b - sum conf_b| / N``.
-    - CECE (Kull et al., NeurIPS 2019; NACL Eq. 11): ``1/K sum_k sum_b |B_kb| / N * |acc_kb - conf_kb|``. Eq. 11 has
-      no 1/K; the authors' code (``ClasswiseECELoss``) averages over classes, and so do we.
-    - mL1-ACE (Barfoot et al., arXiv:2506.03942): ``1/K sum_k 1/|{b: B_kb != {}}| sum_{b: B_kb != {}}
-      |acc_kb - conf_kb|``, the bins of CECE, every non-empty bin weighted equally.
+    """A metric's value from its (possibly summed) statistics of ``selected_statistics``; NaN without voxels. The
+    formulas are the functions' (``ece``, ``cece``, ``ml1ace``); ECE is ``sum_b |hits_b - sum conf_b| / N``, and
+    CECE averages over classes as the authors' ``ClasswiseECELoss`` (NACL Eq. 11 has no 1/K).
 
     >>> value_from_statistics(torch.tensor([[0, 0, 0], [2, 1.6, 1], [2, 1.6, 2]]), "ece", num_bins=3)
     0.25
