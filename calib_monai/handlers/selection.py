@@ -20,10 +20,9 @@ from calib_monai.bundle import unwrap_network
 __all__ = ["ModelSelection", "select_epoch"]
 
 
-def _check_mode(mode: Any) -> str:
+def _check_mode(mode: Any) -> None:
     if mode not in ("max", "min"):
         raise ValueError(f"selection mode must be 'max' or 'min' (higher or lower is better), got {mode!r}.")
-    return str(mode)
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:

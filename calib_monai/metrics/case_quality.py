@@ -85,8 +85,7 @@ def _probabilities(prob: Any) -> torch.Tensor:
 
 
 def _prediction(prob: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
-    """The label map ``(*spatial)`` of ``pred`` (label map ``(1, *spatial)`` / ``(*spatial)`` or one-hot), else the
-    argmax of ``prob``."""
+    """The label map ``(*spatial)`` of ``pred`` (a label map or one-hot), else the argmax of ``prob``."""
     if pred is None:
         return prob.argmax(0)
     pred = detached_plain_tensor(torch.as_tensor(pred)).to(prob.device)
@@ -211,8 +210,7 @@ def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: flo
 
 
 def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = LOW_CONFIDENCE) -> torch.Tensor:
-    """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN
-    where the class is predicted nowhere).
+    """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN: none).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1

@@ -243,9 +243,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
 
     def _gathered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         buffer = self.get_buffer()  # gathered over ranks in distributed runs
-        if not isinstance(buffer, list) or len(buffer) != 2:
-            return None
-        return buffer[0], buffer[1]
+        return (buffer[0], buffer[1]) if isinstance(buffer, list) and len(buffer) == 2 else None
 
     def aggregate(self) -> torch.Tensor:  # type: ignore[override]
         """The per-volume table ``(N, len(columns))``, float64 on the CPU (``(0, K)`` before any volume)."""

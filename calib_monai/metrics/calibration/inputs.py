@@ -46,8 +46,7 @@ _SELECTION_TEXT = {"gt": "label != 0", "union": "label != 0 or argmax != 0", "al
 
 
 def detached_plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """``x`` out of the autograd graph and as a plain ``torch.Tensor`` (a ``MetaTensor``'s ``__torch_function__``
-    would slow every following op); no copy. The losses' ``plain_tensor`` keeps the graph instead."""
+    """``x`` out of the autograd graph as a plain ``torch.Tensor`` (a ``MetaTensor`` slows every op), no copy."""
     x = x.detach()
     return x.as_tensor() if hasattr(x, "as_tensor") else x
 
@@ -176,8 +175,7 @@ def _check_label_range(ylo: int, yhi: int, num_classes: int) -> None:
 
 
 def _numpy_tensor(x: Any, name: str) -> torch.Tensor:
-    """A CPU tensor sharing the memory of a NumPy array (a list: a new array); a copy only for a non-contiguous array
-    or a dtype torch computes poorly (wide unsigned integers, non-native byte order)."""
+    """A CPU tensor sharing a NumPy array's memory (a copy when not contiguous, wide unsigned or byte-swapped)."""
     a = np.asarray(x)
     if a.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a numeric array (probabilities or integer labels), got dtype {a.dtype}.")
