@@ -12,7 +12,6 @@ from torch.nn import functional as F
 from calib_monai.export import SegmentationWithConfidence
 from calib_monai.handlers import RecalibrationFitter
 from calib_monai.recalibration import (
-    CalibratedNetwork,
     CalibrateLogitsd,
     LocalTemperatureScaling,
     RecalibrationSettings,
@@ -21,9 +20,9 @@ from calib_monai.recalibration import (
     calibration_voxels,
     fit_temperature,
     load_calibration,
-    save_calibration,
 )
 from calib_monai.recalibration.fitting import split_volumes
+from calib_monai.recalibration.stored import publish_calibration
 
 TEMPERATURE_ALL = RecalibrationSettings(method="temperature", voxels="all")
 
@@ -88,19 +87,21 @@ def test_local_temperature_lowers_the_nll_of_overconfident_logits():
 def test_stored_calibration_round_trip_and_weights_check(tmp_path, caplog):
     weights = tmp_path / "model.pt"
     torch.save({"w": torch.ones(2)}, weights)
-    path = save_calibration(TemperatureScaling(1.7), tmp_path / "calibration.pt", weights, voxels=10)
+    path = tmp_path / "calibration.pt"
+    publish_calibration(TemperatureScaling(1.7), path, weights, voxels=10)
     assert float(load_calibration(path, weights).temperature) == pytest.approx(1.7)
     assert float(load_calibration(tmp_path).temperature) == pytest.approx(1.7)  # the folder finds the file
     assert '"temperature": 1.7' in (tmp_path / "calibration.json").read_text()
     lts = LocalTemperatureScaling(3, 2, hidden=4)
-    save_calibration(lts, tmp_path / "lts.pt", weights)
+    publish_calibration(lts, tmp_path / "own" / "lts.pt", weights)
     x, z = torch.rand(2, 2, 8, 8), torch.randn(2, 3, 8, 8)
-    assert torch.equal(load_calibration(tmp_path / "lts.pt", weights)(z, x), lts(z, x))
+    assert torch.equal(load_calibration(tmp_path / "own" / "lts.pt", weights)(z, x), lts(z, x))
     torch.save({"w": torch.zeros(2)}, weights)  # retrained: the calibration belongs to other weights
     with caplog.at_level(logging.WARNING):
-        assert load_calibration(tmp_path / "lts.pt", weights) is None  # a file of its own: not applied
+        assert load_calibration(tmp_path / "own" / "lts.pt", weights) is None  # a file of its own: not applied
     assert "fitted for other weights" in caplog.text
     # calibration.pt in a folder without manifest: its record names other weights, so the folder is refused
+    (tmp_path / "manifest.json").unlink()
     with pytest.raises(ValueError, match=r"no manifest.json in .*calibration.pt was fitted for the weights sha256"):
         load_calibration(path, weights)
     assert load_calibration(tmp_path / "missing.pt") is None
@@ -135,7 +136,7 @@ def test_exported_wrapper_equals_the_eager_calibrated_network():
     segmentation, confidence = scripted(x)
     slices = x.movedim(4, 1).reshape(5, 1, 8, 8)
     with torch.no_grad():
-        prob = torch.softmax(CalibratedNetwork(net, calibration)(slices), 1).reshape(1, 5, 3, 8, 8).movedim(1, 4)
+        prob = torch.softmax(calibration(net(slices), slices), 1).reshape(1, 5, 3, 8, 8).movedim(1, 4)
         raw_seg = SegmentationWithConfidence(net)(x)[0]
     assert torch.allclose(confidence, prob.max(1, keepdim=True).values, atol=1e-6)
     assert torch.equal(segmentation, raw_seg)  # the segmentation is unchanged by the temperature

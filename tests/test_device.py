@@ -16,7 +16,7 @@ from ignite.engine import Engine
 import calib_monai.losses as L
 from calib_monai.export import SegmentationWithConfidence
 from calib_monai.handlers import ALMUpdateHandler
-from calib_monai.losses._inputs import set_value_checks, value_checks_due
+from calib_monai.losses._inputs import value_checks_due
 from calib_monai.networks import backbone
 
 LOSSES = {
@@ -80,13 +80,6 @@ def test_value_checks_run_once_per_loss_off_the_cpu_and_always_on_it():
     assert value_checks_due(first, torch.device("cuda", 1))  # and per device
     assert value_checks_due(first, torch.device("cpu")) and value_checks_due(first, torch.device("cpu"))
     assert not value_checks_due(L.FocalLoss(), torch.device("meta"))  # no values to check
-    previous = set_value_checks("always")
-    try:
-        assert value_checks_due(first, cuda)
-    finally:
-        set_value_checks(previous)
-    with pytest.raises(ValueError, match="value checks mode must be one of"):
-        set_value_checks("sometimes")
 
 
 def test_cpu_inputs_are_still_checked_on_every_call():
@@ -99,16 +92,6 @@ def test_cpu_inputs_are_still_checked_on_every_call():
         loss(bad, labels)
     with pytest.raises(ValueError, match=r"label values must lie in \[0, 3\)"):
         loss(logits, labels + 3)
-
-
-def test_never_mode_skips_the_value_checks():
-    loss = L.FocalLoss()
-    logits, labels = _inputs("cpu")
-    previous = set_value_checks("never")
-    try:
-        loss(logits, labels.float())  # float labels are converted without the integer check
-    finally:
-        set_value_checks(previous)
 
 
 def test_alm_handler_sums_validation_statistics_on_the_logits_device():

@@ -12,13 +12,8 @@ import pytest
 import torch
 from monai.inferers import SliceInferer
 
-from calib_monai.metrics.feature_distance import (
-    BottleneckFeatures,
-    MahalanobisDistance,
-    bottleneck_module_name,
-    feature_distance_from_dict,
-    ledoit_wolf_covariance,
-)
+from calib_monai.metrics.feature_distance import MahalanobisDistance, feature_distance_from_dict, ledoit_wolf_covariance
+from calib_monai.metrics.network_features import BottleneckFeatures, bottleneck_module_name
 from calib_monai.networks import backbone
 
 

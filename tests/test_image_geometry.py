@@ -142,23 +142,21 @@ def test_the_geometry_of_a_plain_tensor_is_unknown_in_2d_and_3d(spatial):
     assert len(image_geometry(torch.zeros(1, *spatial))) == 2 * len(spatial)
 
 
-def test_a_stored_range_without_statistics_a_served_case_has_is_refused_in_one_line(tmp_path):
-    # an older validated_range.json named fewer statistics (no geometry): refused, naming the file, what it lacks and
-    # the fix
+def test_a_stored_range_without_statistics_a_served_case_has_cannot_judge_its_image(tmp_path):
+    # an older validated_range.json named fewer statistics (no geometry): a served case's image is not judged, the
+    # reason says why and the fix
     stats = [input_statistics(torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(i))) for i in range(3)]
     weights = tmp_path / "model.pt"
     weights.write_bytes(b"weights")
     stored = ValidatedRange([0.8, 0.7, 0.9], inputs=stats, input_check=True, input_names=input_statistic_names(1, 3))
     path = stored.save(tmp_path / "validated_range.json", weights)
-    assert read_validated_range(path, weights)[1] == ""
     record = json.loads(path.read_text())
     record.update(inputs=[s[:-6] for s in stats], input_names=image_statistic_names(1, 3))
     path.write_text(json.dumps(record))
-    with pytest.raises(ValueError) as error:
-        read_validated_range(path, weights)
-    message = str(error.value)
-    assert message.startswith(f"{path} lacks the image statistics field of view, voxel spacing a served case has")
-    assert message.endswith("run the bundle's calibrate step again") and "\n" not in message
+    older, why = read_validated_range(path, weights)
+    review = older.check({"case_score": 0.8, "classes": {}}, stats[0])
+    assert why == "" and review["flag"] is None and "input" not in review["signals"]
+    assert any(f"has {len(stats[0])} image statistics" in r and "run calibrate again" in r for r in review["reasons"])
 
 
 def test_ghosts_are_seen_by_the_spectrum_roughness_along_the_phase_axis():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_monai.metrics.case_quality import image_statistic_names, image_statistics
+from calib_monai.metrics.image_statistics import image_statistic_names, image_statistics
 from calib_monai.recalibration.references import fixed_references, group_precision
 from calib_monai.review import ValidatedRange
 

@@ -159,11 +159,11 @@ def test_report_computes_calibration_on_the_device(tmp_path):
     engine = Engine(lambda e, batch: batch)
     report.attach(engine)
     engine.run([[item]], max_epochs=1)
-    row = report.rows[0]
+    row = report.table.rows[0]
     assert row["ece"] == pytest.approx(ece(prob[None], labels), rel=1e-12)
     union = calibration_errors(prob[None], labels, ("tace",), foreground="union")
     assert row["tace_union"] == pytest.approx(union["tace"], rel=1e-12)
-    count = report.reliability_data()["count"]
+    count = report.table.reliability_data()["count"]
     assert count.sum() == int((labels > 0).sum())  # the diagram's bins come from the same (device) statistics
 
 

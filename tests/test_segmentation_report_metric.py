@@ -223,11 +223,11 @@ def test_pooled_section_equals_calibration_errors_on_the_concatenated_volumes(tm
     mean = json.loads((tmp_path / "summary.json").read_text())["metrics"]["ece"]["mean"]
     assert mean != pytest.approx(pooled["pooled_ece"])
     # the diagram's bins are the pooled ECE's bins
-    data = report.reliability_data()
+    data = report.table.reliability_data()
     assert data["count"].sum() == int((labels > 0).sum())
     ece = np.nansum(data["count"] * np.abs(data["accuracy"] - data["confidence"])) / data["count"].sum()
     assert ece == pytest.approx(pooled["pooled_ece"], rel=1e-12)
-    assert [r["case"] for r in report.rows] == [f"case_{i}.nii.gz" for i in range(5)]  # rows of the run
+    assert [r["case"] for r in report.table.rows] == [f"case_{i}.nii.gz" for i in range(5)]  # rows of the run
 
 
 def test_handlers_change_nothing_until_attached_and_run(tmp_path):
@@ -239,7 +239,7 @@ def test_handlers_change_nothing_until_attached_and_run(tmp_path):
     assert {event: len(engine._event_handlers[event]) for event in Events} == before
     assert not (tmp_path / "out").exists() and not (tmp_path / "saver").exists()
     assert not hasattr(engine.state, "metric_details") and engine.state.metrics == {}
-    assert report.rows == [] and handler.metric_fn.aggregate().shape == (0, len(handler.metric_fn.columns))
+    assert report.table.rows == [] and handler.metric_fn.aggregate().shape == (0, len(handler.metric_fn.columns))
     report.attach(engine)
     assert len(engine._event_handlers[Events.COMPLETED]) == before[Events.COMPLETED] + 2  # the saver, the rows
     assert not (tmp_path / "out").exists() and saver.metric_name == "segmentation_report"

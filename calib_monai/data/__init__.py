@@ -1,8 +1,6 @@
-"""Dataset components that bundle configs name (``FLARE``, ``MSDDataset``, ``ACDC``, ``BraTS``, ``Prostate``,
-``PROMISE12``, ``KiTS``, ``MRBrainS``, ``Hippocampus``, ``BUSI``), all on ``VolumeSegmentationData`` (datalist ->
-MONAI preprocessing -> cached volumes -> 2D slices), each stating its facts and its preprocessing once; and inference
-on unlabelled images (``image_datalist``, ``segmentation_and_confidence``).
-"""
+"""Dataset components that bundle configs name, all on ``VolumeSegmentationData`` (datalist -> MONAI preprocessing
+-> cached volumes -> 2D slices), and inference on unlabelled images (``image_datalist``,
+``segmentation_and_confidence``)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ from calib_monai.data.brats import BraTS
 from calib_monai.data.busi import BUSI, LoadBUSId
 from calib_monai.data.facts import DatasetFacts
 from calib_monai.data.flare import FLARE, FLARE22_TO_FLARE, FLARE_LABEL_NAMES
-from calib_monai.data.helpers import CheckChannelsd, ScaleIntensityToUnitd
 from calib_monai.data.inference import (
     ClipProbabilityRoundingd,
     ConfidenceAndSegmentationd,
@@ -32,46 +29,7 @@ from calib_monai.data.transforms import (
     CheckedLoadImaged,
     CropAroundForegroundd,
     KeepInputLabeld,
+    ScaleIntensityToUnitd,
     ValidateSegmentationd,
 )
 from calib_monai.data.volumes import SliceDataset, VolumeSegmentationData
-
-__all__ = [
-    "ACDC",
-    "BUSI",
-    "BraTS",
-    "CheckChannelsd",
-    "DatasetFacts",
-    "Hippocampus",
-    "ToInputGridd",
-    "KeepInputLabeld",
-    "KiTS",
-    "LoadBUSId",
-    "MRBRAINS18_TO_TISSUE",
-    "MRBrainS",
-    "PROMISE12",
-    "Prostate",
-    "FLARE",
-    "FLARE22_TO_FLARE",
-    "FLARE_LABEL_NAMES",
-    "FLARE_LAYOUTS",
-    "ChannelFirstd",
-    "CheckedLoadImaged",
-    "ClipProbabilityRoundingd",
-    "ConfidenceAndSegmentationd",
-    "CropAroundForegroundd",
-    "MSDDataset",
-    "ScaleIntensityToUnitd",
-    "SliceDataset",
-    "ValidateSegmentationd",
-    "VolumeSegmentationData",
-    "find_flare_cases",
-    "find_msd_cases",
-    "generate_phantom",
-    "image_datalist",
-    "inference_preprocessing",
-    "segmentation_and_confidence",
-    "split_cases",
-    "split_sizes",
-    "write_phantom_dataset",
-]

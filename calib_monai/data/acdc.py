@@ -9,7 +9,7 @@ from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.layouts import layout_error, split_groups
+from calib_monai.data.layouts import split_groups
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["ACDC", "ACDC_LABEL_NAMES", "ACDC_LAYOUTS"]
@@ -28,30 +28,26 @@ _SPLIT_FILES = {"training": "train.list", "validation": "val.list", "test": "tes
 
 @data_component
 class ACDC(VolumeSegmentationData):
-    """ACDC (Automated Cardiac Diagnosis Challenge 2017): right ventricle (RV 1), myocardium (Myo 2), left ventricle
-    (LV 3) in short-axis cine-MRI; 4 classes with background, 1 input channel.
+    """ACDC (Automated Cardiac Diagnosis Challenge 2017): RV (1), Myo (2), LV (3) in short-axis cine-MRI; 1 channel.
 
-    Layout (``ACDC_LAYOUTS``): ``database/training/patientNNN/patientNNN_frameNN.nii.gz`` and ``..._gt.nii.gz``;
-    every annotated frame (end-diastole and end-systole) of a patient is a case, ``patientNNN_4d.nii.gz`` is ignored.
-    The split is by PATIENT, so both frames of a patient are in the same subset: ``splits/{train,val,test}.list``
-    (one patient id per line) when present and ``use_split_lists``, else a seeded 70/10/20 patient split.
+    Every annotated frame (end-diastole, end-systole) of a patient is a case (``ACDC_LAYOUTS``). The split is by
+    patient: ``splits/{train,val,test}.list`` (one patient id per line) when present and ``use_split_lists``, else a
+    seeded 70/10/20 patient split.
 
-    Preprocessing (NACL journal: "we extract 2D slices, which are resized to 224x224"): RAS orientation, in-plane
-    resize of every slice to ``resize`` (bilinear, anti-aliased; nearest for labels; the number of slices is kept),
-    per-volume min-max scaling to [0, 1], then centre crop/pad to ``roi_size``. The authors' loader
-    (github.com/Bala93/MarginLoss) then crops the central 192x192 (``[16:208, 16:208]``): pass
-    ``roi_size=(192, 192, -1)`` for that. No resampling: the shared copy stores a 1 mm placeholder spacing.
+    Preprocessing (NACL journal: "we extract 2D slices, which are resized to 224x224"): RAS, in-plane resize of every
+    slice to ``resize``, per-volume min-max scaling to [0, 1], centre crop/pad to ``roi_size`` (the authors' loader,
+    github.com/Bala93/MarginLoss, crops the central 192x192: ``roi_size=(192, 192, -1)``). No resampling: the shared
+    copy stores a 1 mm placeholder spacing.
 
     Citation: Bernard O. et al., "Deep learning techniques for automatic MRI cardiac multi-structures segmentation
     and diagnosis: is the problem solved?", IEEE TMI 37(11), 2018.
 
     Args:
         dataset_dir: the ACDC folder (holding ``database/`` and optionally ``splits/``); None: preprocessing only.
-        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: final size (H, W, D) after the resize; ``-1`` keeps the slices of each volume.
         seed: seed of the patient split (when no split lists are used).
         resize: in-plane size (H, W) every slice is resized to.
-        split: (train, val, test) patient counts, or their ratios for another number of patients.
         use_split_lists: use ``splits/*.list`` when the folder has them.
     """
 
@@ -73,23 +69,21 @@ class ACDC(VolumeSegmentationData):
         super().__post_init__()
 
     def _read_cases(self, root: Path) -> list[dict]:
-        self.root = root
-        self.patients_dir = next(
-            (
-                d
-                for d in (root / "database" / "training", root / "training", root)
-                if d.is_dir() and any(d.glob("patient*"))
-            ),
-            None,
-        )
+        candidates = (root / "database" / "training", root / "training", root)
+        self.patients_dir = next((d for d in candidates if d.is_dir() and any(d.glob("patient*"))), None)
         if self.patients_dir is None:
-            raise layout_error(root, "has no patientNNN folders", ACDC_LAYOUTS)
-        self.split_lists = self._read_split_lists() if self.use_split_lists else None
+            raise self._layout_error(root, "has no patientNNN folders")
+        files = {k: root / "splits" / name for k, name in _SPLIT_FILES.items()}
+        self.split_lists = None
+        if self.use_split_lists and all(f.is_file() for f in files.values()):
+            self.split_lists = {
+                k: [n.strip() for n in f.read_text().splitlines() if n.strip()] for k, f in files.items()
+            }
         cases = self._pair_frames()
         logger.info(
             "ACDC: %d annotated frames of %d patients in %s (%s split)",
             len(cases),
-            len({self._patient(c) for c in cases}),
+            len({self.subject_of(c) for c in cases}),
             self.patients_dir,
             "splits/*.list" if self.split_lists else "seeded",
         )
@@ -97,7 +91,6 @@ class ACDC(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """No resampling (the shared copy stores a 1 mm placeholder spacing): every slice resized in-plane."""
         return [
             *steps.read_as_ras(),
             steps.resize("$list(@data.resize) + [-1]"),
@@ -108,12 +101,8 @@ class ACDC(VolumeSegmentationData):
     def _datalist_info(self) -> dict:
         return {**super()._datalist_info(), "split_by": "splits/*.list" if self.split_lists else "seeded patients"}
 
-    @staticmethod
-    def _patient(case: dict) -> str:
-        return Path(case["image"]).parent.name
-
     def subject_of(self, case: dict) -> str:
-        return self._patient(case)  # end-diastole and end-systole of one patient: one subject
+        return Path(case["image"]).parent.name  # end-diastole and end-systole of one patient: one subject
 
     def _pair_frames(self) -> list[dict[str, str]]:
         cases = []
@@ -127,20 +116,13 @@ class ACDC(VolumeSegmentationData):
                     raise ValueError(f"ACDC label {gt} has no image: expected {image}; restore it or remove the label")
                 cases.append({"image": str(image), "label": str(gt)})
         if not cases:
-            raise layout_error(
-                self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels", ACDC_LAYOUTS
+            raise self._layout_error(
+                self.patients_dir, "has patient folders but no patientNNN_frameNN_gt.nii.gz labels"
             )
         return cases
 
-    def _read_split_lists(self) -> dict[str, list[str]] | None:
-        folder = self.root / "splits"
-        files = {k: folder / name for k, name in _SPLIT_FILES.items()}
-        if not all(f.is_file() for f in files.values()):
-            return None
-        return {k: [line.strip() for line in f.read_text().splitlines() if line.strip()] for k, f in files.items()}
-
     def _split_cases(self, cases: list[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
-        patients = [self._patient(c) for c in cases]
+        patients = [self.subject_of(c) for c in cases]
         if self.split_lists is None:
             return split_groups(cases, patients, split, seed)
         subset_of = {p: k for k, names in self.split_lists.items() for p in names}
@@ -160,7 +142,4 @@ class ACDC(VolumeSegmentationData):
                 self.patients_dir,
                 absent[0],
             )
-        out: dict[str, list[dict]] = {"training": [], "validation": [], "test": []}
-        for case, patient in sorted(zip(cases, patients), key=lambda cp: cp[0]["image"]):
-            out[subset_of[patient]].append(case)
-        return out
+        return split_groups(cases, patients, split, seed, subset_of)

@@ -8,17 +8,10 @@ from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import require_file, strip_nifti
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
-__all__ = [
-    "BRATS_LABEL_NAMES",
-    "BRATS_LAYOUTS",
-    "BRATS_MODALITIES",
-    "BRATS_REGION_CLASSES",
-    "BraTS",
-]
+__all__ = ["BRATS_LABEL_NAMES", "BRATS_LAYOUTS", "BRATS_MODALITIES", "BRATS_REGION_CLASSES", "BraTS"]
 
 logger = logging.getLogger("calib_monai.data")
 
@@ -35,14 +28,9 @@ BRATS_LAYOUTS = (
 )
 
 
-def _nifti_suffix(name: str) -> str:
-    return ".nii.gz" if name.endswith(".nii.gz") else ".nii" if name.endswith(".nii") else ""
-
-
 def _modality_prefix(name: str) -> str | None:
     """``<case>`` of ``<case>_<modality>.nii[.gz]`` (modality one of ``BRATS_MODALITIES``), else None."""
-    suffix = _nifti_suffix(name)
-    stem = name[: -len(suffix)] if suffix else ""
+    stem = strip_nifti(name) or ""
     for modality in BRATS_MODALITIES:
         if stem.endswith(f"_{modality}") and len(stem) > len(modality) + 1:
             return stem[: -len(modality) - 1]
@@ -60,17 +48,13 @@ def _case_file(folder: Path, case: str, modality: str) -> str:
 
 @data_component
 class BraTS(VolumeSegmentationData):
-    """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes background, NCR/NET (1),
-    ED (2), ET (3, stored as 4 in the files); DSC/HD are reported on the regions ET, TC, WT (``BRATS_REGION_CLASSES``).
+    """BraTS 2019 glioma segmentation: FLAIR, T1, T1ce, T2 as 4 input channels; classes NCR/NET (1), ED (2), ET (3,
+    stored as 4); DSC/HD are reported on the regions ET, TC, WT (``BRATS_REGION_CLASSES``). 335 cases
+    (``BRATS_LAYOUTS``), split at random 235/35/65 (NACL journal).
 
-    Layout (``BRATS_LAYOUTS``): ``MICCAI_BraTS_2019_Data_Training/{HGG,LGG}/<case>/<case>_<modality>.nii.gz`` as
-    downloaded (335 cases: 259 HGG, 76 LGG), split at random 235/35/65 (NACL journal).
-
-    Preprocessing (NACL: "each volume of dimension 155x240x240 is resampled to 128x192x192"; "all available
-    modalities are concatenated"; "slices containing only background are removed from the training"): the four
-    modalities stacked as channels, labels 4 -> 3, RAS orientation, resize to ``resize`` (H, W, D) = 192x192x128
-    (trilinear, anti-aliased; nearest for labels), per-volume and per-channel min-max scaling to [0, 1], and only
-    the training slices with tumour are served (``train_dataset``). Validation/test volumes are whole.
+    Preprocessing (NACL: "each volume of dimension 155x240x240 is resampled to 128x192x192"; "slices containing only
+    background are removed from the training"): the modalities stacked as channels, labels 4 -> 3, RAS, resize to
+    ``resize``, per-channel min-max scaling to [0, 1]; only the training slices with tumour are served.
 
     Citations: Menze B.H. et al., "The multimodal brain tumor image segmentation benchmark (BRATS)", IEEE TMI 34,
     2015; Bakas S. et al., "Advancing The Cancer Genome Atlas glioma MRI collections with expert segmentation labels
@@ -78,11 +62,8 @@ class BraTS(VolumeSegmentationData):
 
     Args:
         dataset_dir: the BraTS 2019 training folder (or its parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: final size (H, W, D), a centre crop/pad after the resize.
+        others: see ``VolumeSegmentationData``.
         resize: size (H, W, D) every volume is resized to.
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
 
     source = "brats"
@@ -95,6 +76,7 @@ class BraTS(VolumeSegmentationData):
     )
     preprocessing_args = ("resize", "intensity")
     layouts = BRATS_LAYOUTS
+    label_mapping = BRATS_TO_CLASSES
 
     roi_size: Sequence[int] = facts.roi_size
     resize: Sequence[int] = (192, 192, 128)
@@ -105,7 +87,6 @@ class BraTS(VolumeSegmentationData):
         resize, self.resize = self.resize, tuple(int(s) for s in self.resize)
         if len(self.resize) != 3 or min(self.resize) <= 0:
             raise ValueError(f"resize must be (H, W, D), three positive ints, got {tuple(resize)}")
-        intensity_scaling(self.intensity)  # fails early on a bad value
         super().__post_init__()
 
     def _read_cases(self, root: Path) -> list[dict]:
@@ -113,56 +94,42 @@ class BraTS(VolumeSegmentationData):
         self.root = inner if not any((root / g).is_dir() for g in ("HGG", "LGG")) and inner.is_dir() else root
         grades = [self.root / g for g in ("HGG", "LGG") if (self.root / g).is_dir()]
         if not grades:
-            raise layout_error(self.root, "has no HGG/ or LGG/ folder", BRATS_LAYOUTS)
+            raise self._layout_error(self.root, "has no HGG/ or LGG/ folder")
         cases = []
         for grade in grades:
             for folder in sorted(p for p in grade.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 files = {m: _case_file(folder, folder.name, m) for m in (*BRATS_MODALITIES, "seg")}
                 cases.append({"image": [files[m] for m in BRATS_MODALITIES], "label": files["seg"]})
         if not cases:
-            raise layout_error(self.root, "has HGG/LGG folders but no case folders in them", BRATS_LAYOUTS)
+            raise self._layout_error(self.root, "has HGG/LGG folders but no case folders in them")
         logger.info("BraTS: %d cases in %s", len(cases), self.root)
         return cases
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """The four modality files stacked as channels (checked by name), labels 4 -> 3, resize to ``resize``."""
         return [
             *steps.read_as_ras(BRATS_TO_CLASSES),
             steps.resize("$@data.resize"),
-            steps.check_channels(list(BRATS_MODALITIES), "BraTS"),
             steps.scale_to_unit(),
             steps.pad_or_crop(),
         ]
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The cases at ``path``: ``{"image": [flair, t1, t1ce, t2], "case": <case>}`` for every
-        ``<case>_flair.nii[.gz]`` under ``path`` (searched recursively) with its three other modalities beside it.
-        ``path`` may be one case folder, a folder of case folders (``HGG/``, the validation release), the release
-        root (``MICCAI_BraTS_2019_Data_Training``, or its parent), or one modality file of a case; a single NIfTI
-        file that is not ``<case>_<modality>`` is taken as a 4-channel image (default listing)."""
+        """``{"image": [flair, t1, t1ce, t2], "case": <case>}`` for every ``<case>_flair.nii[.gz]`` under ``path``
+        (searched recursively) or for the case of one modality file; another NIfTI file is a 4-channel image."""
         path = Path(path)
         if path.is_file():
             prefix = _modality_prefix(path.name)
             if prefix is None:
                 return super().inference_items(path)
-            flairs = [path.parent / f"{prefix}_flair{_nifti_suffix(path.name)}"]
+            flairs = [Path(_case_file(path.parent, prefix, "flair"))]
         else:
-            flairs = sorted(
-                {
-                    p
-                    for pattern in ("*_flair.nii.gz", "*_flair.nii")
-                    for p in path.rglob(pattern)
-                    if p.is_file() and not p.name.startswith(".")
-                }
-            )
-        if not flairs:
-            raise layout_error(
+            flairs = self._input_files(
                 path,
-                "has no <case>_flair.nii.gz file (searched recursively); expected one case "
-                "folder <case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release "
-                "root",
-                BRATS_LAYOUTS,
+                lambda p: p.name.endswith(("_flair.nii.gz", "_flair.nii")),
+                "a folder",
+                "has no <case>_flair.nii.gz file (searched recursively); expected one case folder "
+                "<case>/<case>_{flair,t1,t1ce,t2}.nii.gz, a folder of them, or the release root",
             )
         items = []
         for flair in flairs:
@@ -174,10 +141,6 @@ class BraTS(VolumeSegmentationData):
     def inference_case(self, image) -> str | None:
         first = Path(image[0] if isinstance(image, (list, tuple)) else image).name
         return _modality_prefix(first)
-
-    @property
-    def raw_label_values(self) -> list[int]:
-        return list(BRATS_TO_CLASSES)
 
     def _label_convention(self) -> str:
         return "BraTS labels: 0 background, 1 NCR/NET, 2 edema, 4 enhancing tumour"

@@ -13,7 +13,6 @@ from monai.transforms import LoadImage, MapTransform
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.layouts import layout_error
 from calib_monai.data.transforms import CaseDataError
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
@@ -32,10 +31,8 @@ _MASK = re.compile(r"_mask(_\d+)?$")
 class LoadBUSId(MapTransform):
     """Read a BUSI image and the union of its masks as depth-1 volumes ``(1, H, W, 1)`` (PNG via MONAI's PILReader).
 
-    RGB(A) images become grey (mean of R, G, B; BUSI stores grey ultrasound as RGB); mask pixels > 0 in any of the
-    ``label`` files (one path or a list) get ``lesion_value`` (1), or 2 for a case under ``malignant/`` when
-    ``malignant_value=2`` (benign/malignant classes); ``label_key=None`` reads the image only (inference). A reader
-    failure is a ``CaseDataError`` naming the file.
+    RGB(A) becomes grey (the mean of R, G, B); mask pixels > 0 in any ``label`` file get 1, or ``malignant_value``
+    for a case under ``malignant/``; ``label_key=None`` reads the image only. A reader failure is a ``CaseDataError``.
     """
 
     def __init__(self, image_key: str = "image", label_key: str | None = "label", malignant_value: int = 1):
@@ -78,28 +75,23 @@ class LoadBUSId(MapTransform):
 
 @data_component
 class BUSI(VolumeSegmentationData):
-    """BUSI (Breast UltraSound Images, Al-Dhabyani et al.): breast lesions in 2D ultrasound; benign and malignant
-    images only (normal images, without lesions, are excluded: 437 + 210 = 647), 1 input channel.
+    """BUSI (Breast UltraSound Images): breast lesions in 2D ultrasound, the 437 benign and 210 malignant images
+    (normal ones have no lesion); 1 input channel. ``BUSI_LAYOUTS``: the label is the union of an image's masks.
 
-    Classes: MbLS reports BUSI as one "Tumor" class, so by default the label is background 0 / lesion 1
-    (``classes="lesion"``, 2 classes); ``classes="type"`` gives background 0 / benign 1 / malignant 2 (3 classes).
+    Classes: background / lesion (``classes="lesion"``, MbLS' one "Tumor" class) or background / benign / malignant
+    (``classes="type"``).
 
-    Layout (``BUSI_LAYOUTS``): ``<class>/<name> (N).png`` with ``<name> (N)_mask.png``; a few images have more masks
-    (``_mask_1.png``, ...), whose union is the label.
-
-    Preprocessing (MbLS: "resized to a resolution of 256x256"; 445/65/137 images): PNG read with MONAI's PILReader,
-    grey, each image a volume of depth 1, ``(1, H, W, 1)``, so that the 2D-slice / 3D-volume machinery and
-    ``SliceInferer`` work unchanged; resize to 256x256 (bilinear, anti-aliased; nearest for labels); per-image
-    min-max scaling to [0, 1]. No orientation or spacing: PNGs carry none.
+    Preprocessing (MbLS: "resized to a resolution of 256x256"; 445/65/137 images): each image a grey volume of depth
+    1, ``(1, H, W, 1)`` (``LoadBUSId``), so the slice / volume machinery works unchanged; resized in-plane to
+    ``roi_size``, per-image min-max scaling to [0, 1]. No orientation or spacing: PNGs carry none.
 
     Citation: Al-Dhabyani W., Gomaa M., Khaled H., Fahmy A., "Dataset of breast ultrasound images", Data in Brief 28,
     104863, 2020.
 
     Args:
         dataset_dir: the ``Dataset_BUSI_with_GT`` folder (or its parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, 1).
-        split: (train, val, test) image counts, or their ratios for another number of images.
         classes: "lesion" (background / lesion) or "type" (background / benign / malignant).
     """
 
@@ -130,8 +122,6 @@ class BUSI(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """PNGs read as depth-1 volumes (no orientation or spacing: PNGs carry none), resized in-plane to
-        ``roi_size``, min-max scaled."""
         return [
             {
                 "_target_": "calib_monai.data.LoadBUSId",
@@ -152,7 +142,7 @@ class BUSI(VolumeSegmentationData):
         self.root = inner if inner.is_dir() and not (root / "benign").is_dir() else root
         folders = [self.root / c for c in BUSI_CLASSES if (self.root / c).is_dir()]
         if not folders:
-            raise layout_error(self.root, "has no benign/ or malignant/ folder", BUSI_LAYOUTS)
+            raise self._layout_error(self.root, "has no benign/ or malignant/ folder")
         cases = []
         for folder in folders:
             pngs = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".png" and not p.name.startswith("."))
@@ -169,32 +159,19 @@ class BUSI(VolumeSegmentationData):
                     )
                 cases.append({"image": str(image), "label": sorted(masks[image.stem])})
         if not cases:
-            raise layout_error(self.root, "has benign/malignant folders but no <name> (N).png images", BUSI_LAYOUTS)
+            raise self._layout_error(self.root, "has benign/malignant folders but no <name> (N).png images")
         logger.info("BUSI: %d benign/malignant images in %s", len(cases), self.root)
         return cases
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The images at ``path``: ``{"image": png, "case": <name>}`` for one PNG, or every PNG under a folder
-        (searched recursively: a folder of images or the release root, ``normal/`` included), masks
-        (``*_mask.png``, ``*_mask_N.png``) and hidden files skipped."""
-        path = Path(path)
-        if path.is_file():
-            if path.suffix.lower() != ".png" or _MASK.search(path.stem):
-                raise ValueError(
-                    f"{path} is not a BUSI image to segment: pass a .png image (not a *_mask.png) or a folder of them"
-                )
-            images = [path]
-        else:
-            images = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file()
-                and p.suffix.lower() == ".png"
-                and not p.name.startswith(".")
-                and not _MASK.search(p.stem)
-            )
-        if not images:
-            raise layout_error(path, "has no .png image (other than *_mask.png; searched recursively)", BUSI_LAYOUTS)
+        """``{"image": png, "case": <name>}`` for one PNG, or every PNG under a folder (searched recursively, masks
+        and hidden files skipped)."""
+        images = self._input_files(
+            Path(path),
+            lambda p: p.suffix.lower() == ".png" and not _MASK.search(p.stem),
+            "a BUSI image to segment: pass a .png image (not a *_mask.png) or a folder of them",
+            "has no .png image (other than *_mask.png; searched recursively)",
+        )
         return [{"image": str(p), "case": p.stem} for p in images]
 
     def inference_case(self, image) -> str | None:

@@ -10,11 +10,8 @@ __all__ = ["DatasetFacts"]
 
 @dataclass(frozen=True)
 class DatasetFacts:
-    """The facts of a data set that the component, its bundles and their docs share (``Component.facts``).
-
-    ``bundle_factory`` writes the bundles' ``label_names``, ``num_classes``, ``in_channels``, ``roi_size``, the
-    metadata's channel and class definitions and BraTS' evaluation regions from here, so they cannot disagree with the
-    component that reads the data (``tests/test_dataset_facts.py`` checks it).
+    """The facts of a data set that the component, its bundles and their docs share (``Component.facts``), so that
+    they cannot disagree with the component that reads the data.
 
     Args:
         label_names: class value (as a string, ``"0"`` .. ``"C-1"``) -> name, background first.

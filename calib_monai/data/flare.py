@@ -10,7 +10,6 @@ from pathlib import Path
 from calib_monai.data import phantoms
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import check_window
 from calib_monai.data.layouts import find_flare_cases, read_dataset_json
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
@@ -30,30 +29,24 @@ _FLARE22_NAMES = {1: ("liver",), 2: ("kidney",), 3: ("spleen",), 4: ("pancreas",
 class FLARE(VolumeSegmentationData):
     """FLARE abdominal organ segmentation: liver, kidney, spleen, pancreas (plus background: 5 classes).
 
-    Reads FLARE21 ``TrainingImg/`` + ``TrainingMask/`` (labels 0..4) and FLARE22 / MSD-style ``imagesTr/`` +
-    ``labelsTr/`` (13 organs, mapped by ``FLARE22_TO_FLARE``; ``calib_monai.data.layouts.FLARE_LAYOUTS``).
-    Preprocessing follows the NACL journal ("resampled to the same space and cropped to 192 x 192 x 30"; 240/40/80
-    split): RAS, resampling to ``spacing``, the CT ``window`` (HU) scaled to [0, 1] with clipping, and for training
-    volumes a ``roi_size`` window centred on the organs (validation and test volumes are scored whole, as inference
-    serves them). The paper gives neither spacing nor window: 1.6 x 1.6 x 6 mm and W400/L40 = [-160, 240] HU fit a
-    typical adult abdomen into 192 x 192 x 30 voxels.
+    Reads FLARE21 (labels 0..4) and FLARE22 / MSD-style folders (13 organs, mapped by ``FLARE22_TO_FLARE``;
+    ``FLARE_LAYOUTS``). Preprocessing (NACL journal: "resampled to the same space and cropped to 192 x 192 x 30";
+    240/40/80 split): RAS, resampling to ``spacing``, the CT ``window`` scaled to [0, 1], and for training volumes a
+    ``roi_size`` window centred on the organs (validation and test volumes are scored whole). The paper gives
+    neither spacing nor window: 1.6 x 1.6 x 6 mm and W400/L40 fit an adult abdomen into 192 x 192 x 30 voxels.
 
     With ``dataset_dir=""`` (the bundle default) it trains on ``num_phantoms`` synthetic CT phantoms
-    (``calib_monai.data.phantoms``), cached in the FLARE22 layout and read by the same code as real data.
+    (``calib_monai.data.phantoms``), cached in the FLARE22 layout.
 
     Args:
         dataset_dir: a FLARE download, or "" / None for the phantoms.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
+        others: see ``VolumeSegmentationData``.
         roi_size: preprocessed size (H, W, D) of the training volumes.
         cache_dir: where phantoms are cached; None: ``$CALIB_MONAI_CACHE`` or ``~/.cache/calib_monai``.
-        spacing: resampling voxel spacing in mm.
-        split: (train, val, test) counts; their ratios when there are not 360 cases.
         num_phantoms: number of phantoms (when ``dataset_dir`` is empty).
-        phantom_shape: phantom grid size. None (default): the grid that covers the phantom field of view
-            (384 x 384 x 240 mm) at ``spacing``, so resampling is a no-op (fast); given: the field of view is sampled
-            at ``384 / shape`` mm and resampled to ``spacing`` like real data.
+        phantom_shape: phantom grid size; None: the grid that covers the phantom field of view at ``spacing`` (no
+            resampling), else the field of view sampled by ``shape`` voxels and resampled like real data.
         phantom_seed: seed of the phantom generator.
-        window: CT window (HU) mapped to [0, 1].
     """
 
     facts = DatasetFacts(FLARE_LABEL_NAMES, channel_names=("image",), roi_size=(192, 192, 30))
@@ -72,7 +65,6 @@ class FLARE(VolumeSegmentationData):
     window: Sequence[float] = (-160.0, 240.0)
 
     def __post_init__(self) -> None:
-        self.window = check_window(self.window)
         self.num_phantoms, self.phantom_seed = int(self.num_phantoms), int(self.phantom_seed)
         self.cache_dir = Path(self.cache_dir).expanduser() if self.cache_dir else phantoms.default_cache_dir()
         super().__post_init__()
@@ -85,6 +77,7 @@ class FLARE(VolumeSegmentationData):
             self.phantom_spacing = self.spacing or phantoms.phantom_spacing((128, 128, 48))
             self.phantom_shape = phantoms.phantom_shape(self.phantom_spacing)
         self.dataset_dir = str(self.dataset_dir or "")
+        self.root = Path(self.dataset_dir).expanduser().resolve() if self.dataset_dir else self.phantom_root
         if self.dataset_dir:
             self.source = "flare"
             self.layout, self._cases = find_flare_cases(self.dataset_dir)  # fails early on a wrong folder
@@ -102,20 +95,13 @@ class FLARE(VolumeSegmentationData):
         name = f"v{phantoms.PHANTOM_VERSION}_seed{self.phantom_seed}_{shape}_{spacing}mm"
         return self.cache_dir / "flare_phantoms" / name
 
-    def _dataset_root(self) -> str:
-        return str(Path(self.dataset_dir).expanduser().resolve()) if self.dataset_dir else str(self.phantom_root)
-
     def _find_cases(self) -> list[dict[str, str]]:
         if self._cases is None:  # phantoms: generated on first use, reused from the cache afterwards
-            # said when the phantoms are used, not at construction (an inference-only component never uses them)
             logger.info(
-                "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms (seed %d, %s voxels "
-                "of %s mm), cached in %s. To train on real FLARE data pass --dataset_dir /path/to/FLARE22 "
-                "(imagesTr/ + labelsTr/) or /path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
+                "FLARE: no dataset_dir given, so the data are %d synthetic abdominal CT phantoms, cached in %s. To "
+                "train on real FLARE data pass --dataset_dir /path/to/FLARE22 (imagesTr/ + labelsTr/) or "
+                "/path/to/FLARE21 (TrainingImg/ + TrainingMask/).",
                 self.num_phantoms,
-                self.phantom_seed,
-                "x".join(map(str, self.phantom_shape)),
-                "x".join(f"{s:g}" for s in self.phantom_spacing),
                 self.phantom_root,
             )
             phantoms.write_phantom_dataset(
@@ -126,8 +112,7 @@ class FLARE(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """FLARE21 labels go through ``FLARE22_TO_FLARE`` unchanged (0..4 map to themselves). The training volumes
-        are cropped around the organs and padded to ``roi_size``; the validation and test volumes stay whole."""
+        """FLARE21 labels go through ``FLARE22_TO_FLARE`` unchanged (0..4 map to themselves)."""
         return [
             *steps.read_as_ras(FLARE22_TO_FLARE),
             steps.resample(),

@@ -1,15 +1,12 @@
 """The served outputs mapped back from the network's grid to the input grid: one axis at a time where the
 preprocessing only reoriented and resampled the image, ``Invertd`` otherwise.
 
-Reorientation (``Orientationd``) and resampling (``Spacingd``) map an input voxel index ``k`` to a network voxel
-coordinate ``M k`` (``M = network affine^-1 @ file affine``) whose rotation part is a signed permutation times a
-diagonal: each input axis reads one network axis, ``c = scale * k + offset``. Linear interpolation is then the
-product of 1D ones (trilinear = three 1D lerps), and nearest the nearest index along each axis, so the map costs a
-few passes over the output instead of ``Invertd``'s ``grid_sample`` with a 3 x N coordinate grid (a
-512 x 512 x 200 CT from a 129 x 129 x 42 grid, 2 threads: the confidence 5x, the uint8 label map 35x faster).
-Edges are clamped (``Spacingd``'s ``border`` padding); nearest takes the upper voxel at a tie (``grid_sample``'s
-float32 coordinates decide those either way). Any other spatial step (crop, pad, resize), another padding or a
-rotation: ``Invertd`` through the chain.
+Reorientation and resampling map an input voxel index ``k`` to a network coordinate ``M k`` (``M = network
+affine^-1 @ file affine``) whose rotation part is a signed permutation times a diagonal: each input axis reads one
+network axis, ``c = scale * k + offset``. Trilinear interpolation is then three 1D lerps and nearest the nearest
+index per axis: a few passes over the output instead of ``Invertd``'s ``grid_sample`` on a 3 x N grid. Edges are
+clamped (``Spacingd``'s ``border`` padding); nearest takes the upper voxel at a tie. Any other spatial step, padding
+or a rotation: ``Invertd`` through the chain.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ _LINEAR_CHUNK = 1 << 20  # output voxels per step of a linear pass
 
 
 def axis_map(image: torch.Tensor) -> list[tuple[int, float, float]] | None:
-    """Per input axis ``(network axis, scale, offset)`` of the preprocessed 3D ``image`` (a MetaTensor that tracked
-    its operations): the network coordinate of input voxel ``k`` is ``scale * k + offset``. None when the map is not
-    axis by axis (another operation than reorientation and ``border`` resampling, or a rotation)."""
+    """Per input axis ``(network axis, scale, offset)`` of the preprocessed 3D MetaTensor ``image``: the network
+    coordinate of input voxel ``k`` is ``scale * k + offset``; None when the map is not axis by axis."""
     operations = getattr(image, "applied_operations", None)
     if image.ndim != 4 or not operations:
         return None
@@ -71,9 +67,7 @@ def _along(x: torch.Tensor, dim: int, coordinate: torch.Tensor, nearest: bool) -
     linear interpolation of its two neighbours."""
     size = x.shape[dim]
     coordinate = coordinate.clamp(0, size - 1)
-    # ``dim`` as the middle axis of a 3D view: index_select then copies whole blocks (along another axis of a
-    # multi-channel map it is several times slower with 2 CPU threads: 1.8 s instead of 0.3 s for a contour set's
-    # 4-channel uint8 masks of a full-size CT)
+    # ``dim`` as the middle axis of a 3D view: index_select then copies whole blocks
     blocks = x.reshape(math.prod(x.shape[:dim]), size, -1)
     shape = (*x.shape[:dim], coordinate.numel(), *x.shape[dim + 1 :])
     if nearest:
@@ -95,8 +89,7 @@ def map_axis_by_axis(
 ) -> torch.Tensor:
     """``x (C, *network grid)`` on the input grid ``shape`` through :func:`axis_map`'s ``axes``."""
     out = x.permute(0, *(1 + s for s, _, _ in axes)).contiguous()  # input axis a reads network axis s: put s at a
-    # the innermost axis first: the passes that make the most voxels then copy whole rows (3x faster than outermost
-    # first for a CT's confidence)
+    # the innermost axis first: the passes that make the most voxels then copy whole rows
     for a in reversed(range(len(axes))):
         _, scale, offset = axes[a]
         coordinate = torch.arange(int(shape[a]), dtype=torch.float64, device=x.device) * scale + offset
@@ -105,17 +98,10 @@ def map_axis_by_axis(
 
 
 class ToInputGridd(MapTransform):
-    """Map the tensors under ``keys`` (``(C, *network grid)``, MetaTensors) back to the input grid of ``orig_key``
-    (the preprocessed image), axis by axis where :func:`axis_map` allows, else by ``Invertd`` through
-    ``preprocessing``; ``nearest`` per key (label maps), else linear. The result keeps its dtype (the label map its
-    integer type) and the file's affine.
-
-    Args:
-        keys: the tensors to map back.
-        preprocessing: the chain that made ``orig_key`` (one ``Compose`` instance, as ``Invertd`` needs).
-        nearest: per key, nearest (True) or linear interpolation.
-        orig_key: the preprocessed image whose operations and file geometry define the input grid.
-        allow_missing_keys: leave out the keys an item lacks (the contours of a case without a contour set).
+    """Map the tensors under ``keys`` (``(C, *network grid)``) back to the input grid of ``orig_key`` (the
+    preprocessed image), axis by axis where :func:`axis_map` allows, else by ``Invertd`` through ``preprocessing``
+    (the ``Compose`` instance that made ``orig_key``); ``nearest`` per key (label maps), else linear. The result
+    keeps its dtype and gets the file's affine.
     """
 
     def __init__(

@@ -10,8 +10,6 @@ import nibabel as nib
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import check_window
-from calib_monai.data.layouts import layout_error
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["KITS_LAYOUTS", "KiTS"]
@@ -27,32 +25,23 @@ KITS_LAYOUTS = (
 @data_component
 class KiTS(VolumeSegmentationData):
     """KiTS19 (Kidney Tumor Segmentation challenge 2019): kidney (1) and tumour (2) in contrast-enhanced abdominal
-    CT; 3 classes with background, 1 input channel.
+    CT; 1 input channel. Cases without a segmentation (the challenge's test cases) are skipped. KiTS19 stores
+    (slices, H, W) with an affine mapping array axis 0 to S/I, so RAS moves the slices last; a file whose affine
+    does not (a re-saved copy) is refused, as its slices would not be axial.
 
-    Layout (``KITS_LAYOUTS``): ``case_NNNNN/imaging.nii.gz`` + ``segmentation.nii.gz``; cases without a
-    segmentation (the challenge's test cases 210-299) are skipped. KiTS19 stores arrays as (slices, H, W), with an
-    affine that maps the FIRST array axis to the superior-inferior direction; RAS orientation therefore moves the
-    slices to the last axis and the 2D training slices are axial. A file whose affine does not map axis 0 to S/I
-    (a re-saved copy that lost it) is refused, since its slices would be sagittal.
-
-    Preprocessing (NACL journal, following Islam and Glocker, 2021: "resampled ... to a common resolution of
-    3.22x1.62x1.62 mm and center crop to image size 80x160x160"): RAS orientation, resampling to
-    ``spacing`` = (1.62, 1.62, 3.22) mm in (x, y, z) order, the CT ``window`` (HU) scaled to [0, 1] with clipping,
-    and an image-centre crop/pad to ``roi_size`` = (160, 160, 80). The paper gives no window; the default
-    [-79, 304] HU is nnU-Net's KiTS19 foreground range (Isensee et al., Nat. Methods 2021).
-
-    Split: 150/25/40 (NACL); the public release has 210 labelled cases, so the ratios give 147/24/39.
+    Preprocessing (NACL journal, after Islam and Glocker, 2021: "resampled ... to a common resolution of
+    3.22x1.62x1.62 mm and center crop to image size 80x160x160"): RAS, resampling to ``spacing`` (x, y, z), the CT
+    ``window`` scaled to [0, 1], an image-centre crop/pad to ``roi_size``. The paper gives no window: [-79, 304] HU
+    is nnU-Net's KiTS19 foreground range (Isensee et al., Nat. Methods 2021). Split 150/25/40 (NACL); the 210
+    labelled cases of the public release give 147/24/39.
 
     Citation: Heller N. et al., "The KiTS19 challenge data: 300 kidney tumor cases with clinical context, CT semantic
     segmentations, and surgical outcomes", arXiv:1904.00445, 2019.
 
     Args:
         dataset_dir: the KiTS19 data folder (``case_NNNNN/`` folders, or their parent); None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D).
+        others: see ``VolumeSegmentationData``.
         spacing: resampling voxel spacing in mm (x, y, z after RAS orientation).
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        window: CT window (HU) mapped to [0, 1].
     """
 
     source = "kits19"
@@ -67,15 +56,11 @@ class KiTS(VolumeSegmentationData):
     split: Sequence[int] = (150, 25, 40)
     window: Sequence[float] = (-79.0, 304.0)
 
-    def __post_init__(self) -> None:
-        self.window = check_window(self.window)
-        super().__post_init__()
-
     def _read_cases(self, root: Path) -> list[dict]:
         self.root = root / "data" if not any(root.glob("case_*")) and (root / "data").is_dir() else root
         folders = sorted(p for p in self.root.glob("case_*") if p.is_dir())
         if not folders:
-            raise layout_error(self.root, "has no case_NNNNN folders", KITS_LAYOUTS)
+            raise self._layout_error(self.root, "has no case_NNNNN folders")
         cases = []
         for folder in folders:
             image, label = folder / "imaging.nii.gz", folder / "segmentation.nii.gz"
@@ -85,7 +70,7 @@ class KiTS(VolumeSegmentationData):
                 self._check_slice_axis(image)
                 cases.append({"image": str(image), "label": str(label)})
         if not cases:
-            raise layout_error(self.root, "has case folders but no segmentation.nii.gz in them", KITS_LAYOUTS)
+            raise self._layout_error(self.root, "has case folders but no segmentation.nii.gz in them")
         logger.info("KiTS19: %d labelled cases in %s", len(cases), self.root)
         return cases
 
@@ -102,10 +87,4 @@ class KiTS(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """Resampling to ``spacing``, the CT ``window``, an image-centre crop/pad to ``roi_size``."""
-        return [
-            *steps.read_as_ras(),
-            steps.resample(),
-            steps.window(),
-            steps.pad_or_crop(),
-        ]
+        return [*steps.read_as_ras(), steps.resample(), steps.window(), steps.pad_or_crop()]

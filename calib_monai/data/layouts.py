@@ -19,18 +19,20 @@ __all__ = [
     "find_msd_cases",
     "read_dataset_json",
     "read_dataset_json_labels",
+    "require_file",
     "split_sizes",
+    "strip_nifti",
     "split_cases",
     "load_or_create_datalist",
     "layout_error",
     "split_groups",
     "given_datalist",
-    "is_given_datalist",
     "unless_given",
 ]
 
 logger = logging.getLogger("calib_monai.data")
 
+SUBSETS = ("training", "validation", "test")
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 FLARE_LAYOUTS = (
     "FLARE21: <dataset_dir>/TrainingImg/<case>_0000.nii.gz with <dataset_dir>/TrainingMask/<case>.nii.gz",
@@ -40,11 +42,18 @@ FLARE_LAYOUTS = (
 )
 
 
-def _strip_nifti(name: str) -> str | None:
+def strip_nifti(name: str) -> str | None:
     for suffix in NIFTI_SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return None
+
+
+def require_file(path: Path, what: str) -> str:
+    """``str(path)``, or a ValueError naming the missing ``what`` file and where it was expected."""
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is missing; add the file or remove the case folder {path.parent}")
+    return str(path)
 
 
 def files_by_case(paths: Iterable[Path], case_of: Callable[[Path], str], what: str = "files") -> dict[str, Path]:
@@ -64,7 +73,7 @@ def files_by_case(paths: Iterable[Path], case_of: Callable[[Path], str], what: s
 
 def _nifti_files(folder: Path) -> list[Path]:
     # MSD archives carry macOS "._x.nii.gz" resource forks: skip hidden files
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _strip_nifti(p.name))
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and strip_nifti(p.name))
 
 
 def _found(dataset_dir: Path) -> str:
@@ -73,17 +82,13 @@ def _found(dataset_dir: Path) -> str:
     return shown or "nothing (empty folder)"
 
 
-def _layout_error(dataset_dir: Path, problem: str, layouts: Sequence[str] = FLARE_LAYOUTS) -> ValueError:
-    expected = "\n  - ".join(layouts)
+def layout_error(dataset_dir: str | os.PathLike, problem: str, layouts: Sequence[str] = FLARE_LAYOUTS) -> ValueError:
+    """A ValueError saying ``dataset_dir`` ``problem``, listing the expected ``layouts`` and what the folder holds."""
+    dataset_dir, expected = Path(dataset_dir), "\n  - ".join(layouts)
     return ValueError(
         f"dataset_dir {str(dataset_dir)!r} {problem}.\nExpected one of:\n  - {expected}\n"
         f"Found: {_found(dataset_dir) if dataset_dir.is_dir() else 'no such folder'}"
     )
-
-
-def layout_error(dataset_dir: str | os.PathLike, problem: str, layouts: Sequence[str]) -> ValueError:
-    """A ValueError saying ``dataset_dir`` ``problem``, listing the expected ``layouts`` and what the folder holds."""
-    return _layout_error(Path(dataset_dir), problem, layouts)
 
 
 def _paths(value) -> list[str]:
@@ -95,12 +100,18 @@ def _case_key(case: dict) -> str:
     return _paths(case["image"])[0]
 
 
+def _first_missing(items: Iterable[dict]) -> str | None:
+    """The first image or label file of ``items`` (datalist entries) that does not exist, if any."""
+    files = (f for item in items for f in _paths(item["image"]) + _paths(item["label"]))
+    return next((f for f in files if not Path(f).is_file()), None)
+
+
 def _pair_by_name(image_dir: Path, label_dir: Path) -> list[dict[str, str]]:
     """Pair ``<case>_0000.nii.gz`` (nnU-Net/FLARE channel suffix) or ``<case>.nii.gz`` with ``<case>.nii[.gz]``."""
-    labels = files_by_case(_nifti_files(label_dir), lambda p: _strip_nifti(p.name), "labels")
+    labels = files_by_case(_nifti_files(label_dir), lambda p: strip_nifti(p.name), "labels")
 
     def case_of(image: Path) -> str:
-        stem = _strip_nifti(image.name)
+        stem = strip_nifti(image.name)
         return stem[: -len("_0000")] if stem.endswith("_0000") and stem not in labels else stem
 
     cases = []
@@ -164,19 +175,19 @@ def find_flare_cases(dataset_dir: str | os.PathLike) -> tuple[str, list[dict[str
     """Return ``(layout, cases)`` for a FLARE download: layout ``"flare21"`` or ``"flare22"`` (imagesTr/images)."""
     root = Path(dataset_dir).expanduser().resolve()
     if not root.is_dir():
-        raise _layout_error(root, "does not exist or is not a folder")
+        raise layout_error(root, "does not exist or is not a folder")
     if (root / "TrainingImg").is_dir() and (root / "TrainingMask").is_dir():
         layout, cases = "flare21", _pair_by_name(root / "TrainingImg", root / "TrainingMask")
     else:
         pairs = [(root / i, root / m) for i, m in (("imagesTr", "labelsTr"), ("images", "labels"))]
         pairs = [(i, m) for i, m in pairs if i.is_dir() and m.is_dir()]
         if not pairs:
-            raise _layout_error(root, "is in no known FLARE layout")
+            raise layout_error(root, "is in no known FLARE layout")
         description = read_dataset_json(root) if pairs[0][0].name == "imagesTr" else None
         cases = (description and _cases_from_dataset_json(root, description)) or _pair_by_name(*pairs[0])
         layout = "flare22"
     if not cases:
-        raise _layout_error(root, "has the folders of a FLARE layout but no .nii/.nii.gz image files in them")
+        raise layout_error(root, "has the folders of a FLARE layout but no .nii/.nii.gz image files in them")
     return layout, cases
 
 
@@ -224,80 +235,54 @@ def split_sizes(num_cases: int, split: Sequence[int] = (240, 40, 80)) -> tuple[i
     return num_cases - sum(sizes), sizes[0], sizes[1]
 
 
+def _shuffle_and_cut(items: Sequence, split: Sequence[int], seed: int) -> dict[str, list]:
+    order = np.random.default_rng(int(seed)).permutation(len(items))
+    n_train, n_val, _ = split_sizes(len(items), split)
+    shuffled = [items[i] for i in order]
+    return dict(zip(SUBSETS, (shuffled[:n_train], shuffled[n_train : n_train + n_val], shuffled[n_train + n_val :])))
+
+
 def split_cases(cases: Sequence[dict], split: Sequence[int], seed: int) -> dict[str, list[dict]]:
     """Seeded shuffle of the cases (sorted by image path first, so the listing order does not matter), then cut."""
-    ordered = sorted(cases, key=_case_key)
-    order = np.random.default_rng(int(seed)).permutation(len(ordered))
-    n_train, n_val, _ = split_sizes(len(ordered), split)
-    shuffled = [ordered[i] for i in order]
-    return {
-        "training": shuffled[:n_train],
-        "validation": shuffled[n_train : n_train + n_val],
-        "test": shuffled[n_train + n_val :],
-    }
+    return _shuffle_and_cut(sorted(cases, key=_case_key), split, seed)
 
 
 def split_groups(
-    cases: Sequence[dict], groups: Sequence[str], split: Sequence[int], seed: int
+    cases: Sequence[dict], groups: Sequence[str], split: Sequence[int], seed: int, subset_of: dict | None = None
 ) -> dict[str, list[dict]]:
-    """Seeded split of whole groups (e.g. patients), so that all cases of a group land in the same subset.
-
-    ``groups[i]`` names the group of ``cases[i]``; the sorted group names are shuffled with ``seed`` and cut by
-    ``split_sizes(number of groups, split)``; each subset lists its cases sorted by image path.
-    """
-    if len(groups) != len(cases):
-        raise ValueError(f"split_groups needs one group name per case, got {len(groups)} for {len(cases)} cases")
-    names = sorted(set(groups))
-    order = np.random.default_rng(int(seed)).permutation(len(names))
-    n_train, n_val, _ = split_sizes(len(names), split)
-    shuffled = [names[i] for i in order]
-    subset_of = {g: "training" for g in shuffled[:n_train]}
-    subset_of.update({g: "validation" for g in shuffled[n_train : n_train + n_val]})
-    subset_of.update({g: "test" for g in shuffled[n_train + n_val :]})
-    out: dict[str, list[dict]] = {"training": [], "validation": [], "test": []}
+    """Split of whole groups (``groups[i]`` of ``cases[i]``, e.g. patients) by ``subset_of`` (group -> subset), else by
+    a seeded shuffle of the sorted group names cut by ``split_sizes``; each subset sorted by image path."""
+    if subset_of is None:
+        cut = _shuffle_and_cut(sorted(set(groups)), split, seed)
+        subset_of = {group: key for key, names in cut.items() for group in names}
+    out: dict[str, list[dict]] = {key: [] for key in SUBSETS}
     for case, group in sorted(zip(cases, groups), key=lambda cg: _case_key(cg[0])):
         out[subset_of[group]].append(case)
     return out
 
 
 def load_or_create_datalist(
-    path: str | os.PathLike,
-    cases: Sequence[dict],
-    split: Sequence[int],
-    seed: int,
-    info: dict,
-    splitter: Callable | None = None,
+    path: Path, cases: Sequence[dict], split: Sequence[int], seed: int, info: dict, splitter: Callable
 ) -> dict[str, list[dict]]:
-    """Read the datalist at ``path`` if present (a resumed run keeps its split), else split ``cases`` and write it.
-
-    ``info`` (source, dataset_dir, ...) is stored beside the lists; a stored datalist whose ``dataset_dir`` (or any
-    other ``info`` entry it also stores, e.g. a cross-validation ``fold``) differs from ``info`` or that names missing
-    files is an error rather than a silently different split. ``splitter(cases, split, seed)`` makes the split
-    (default ``split_cases``); image entries may be lists of paths (modalities stacked as channels).
-    """
-    path = Path(path)
+    """Read the datalist at ``path`` if present (a resumed run keeps its split), else ``splitter(cases, split, seed)``
+    and write it with ``info`` (source, dataset_dir, a ``fold``, ...): a stored datalist that disagrees with ``info``
+    or names missing files is an error rather than a silently different split."""
     if path.is_file():
         stored = _read_datalist(path)
-        if stored.get("dataset_dir") != info.get("dataset_dir"):
-            raise ValueError(
-                f"{path} was written for dataset_dir {stored.get('dataset_dir')!r}, not "
-                f"{info.get('dataset_dir')!r}: use a new output_dir or delete {path}"
-            )
         for name, value in info.items():
-            if name not in ("source", "dataset_dir") and name in stored and stored[name] != value:
+            if name != "source" and (name in stored or name == "dataset_dir") and stored.get(name) != value:
                 raise ValueError(
-                    f"{path} was written for {name} {stored[name]!r}, not {value!r}: use a new "
+                    f"{path} was written for {name} {stored.get(name)!r}, not {value!r}: use a new "
                     f"output_dir or delete {path}"
                 )
-        for key in ("training", "validation", "test"):
-            for item in stored.get(key, []):
-                missing = [f for f in _paths(item["image"]) + _paths(item["label"]) if not Path(f).is_file()]
-                if missing:
-                    raise ValueError(
-                        f"{path} lists {missing[0]}{_relative(missing[0])} ({key}), which no longer exists: restore "
-                        f"the data or delete {path} to split again"
-                    )
-        stored_images = {_case_key(item) for key in ("training", "validation", "test") for item in stored.get(key, [])}
+        for key in SUBSETS:
+            missing = _first_missing(stored.get(key, []))
+            if missing:
+                raise ValueError(
+                    f"{path} lists {missing}{_relative(missing)} ({key}), which no longer exists: restore "
+                    f"the data or delete {path} to split again"
+                )
+        stored_images = {_case_key(item) for key in SUBSETS for item in stored.get(key, [])}
         if stored_images != {_case_key(case) for case in cases}:
             logger.warning(
                 "%s lists %d cases but %d are found now: reusing the stored split; delete the file to "
@@ -316,37 +301,34 @@ def load_or_create_datalist(
                 list(split),
             )
         logger.info("datalist: reusing %s", path)
-        return {k: stored[k] for k in ("training", "validation", "test")}
-    datalist = (splitter or split_cases)(cases, split, seed)
+        return {k: stored[k] for k in SUBSETS}
+    datalist = splitter(cases, split, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**info, "seed": int(seed), "split": [int(s) for s in split], **datalist}
     write_json_atomically(path, record, indent=1)
-    sizes = {k: len(v) for k, v in datalist.items()}
-    logger.info("datalist: wrote %s (%s)", path, sizes)
+    logger.info("datalist: wrote %s (%s)", path, {k: len(v) for k, v in datalist.items()})
     return datalist
 
 
 def given_datalist(path: str | os.PathLike) -> dict[str, list[dict]] | None:
-    """The ``training`` / ``validation`` / ``test`` lists of a datalist written beforehand with ``"given": true`` (no
-    data set folder behind it; every listed file must exist, training and validation must not be empty); None when
-    ``path`` is absent or is a split this code wrote."""
+    """The lists of a datalist written beforehand with ``"given": true`` (no data set folder behind it: MONAI Label's
+    train task, ``calib_monai.label.fine_tune``); None when ``path`` is absent or a split this code wrote."""
     path = Path(path)
     if not path.is_file():
         return None
     stored = _read_datalist(path)
     if not stored.get("given"):
         return None
-    lists = {key: list(stored.get(key, [])) for key in ("training", "validation", "test")}
+    lists = {key: list(stored.get(key, [])) for key in SUBSETS}
     for key in ("training", "validation"):
         if not lists[key]:
             raise ValueError(f"{path} lists no {key} case: a run needs at least one of each")
     for key, items in lists.items():
-        for item in items:
-            missing = [f for f in _paths(item["image"]) + _paths(item["label"]) if not Path(f).is_file()]
-            if missing:
-                raise ValueError(
-                    f"{path} lists {missing[0]}{_relative(missing[0])} ({key}), which does not exist: fix the datalist"
-                )
+        missing = _first_missing(items)
+        if missing:
+            raise ValueError(
+                f"{path} lists {missing}{_relative(missing)} ({key}), which does not exist: fix the datalist"
+            )
     logger.info("datalist: the given %s (%s)", path, {k: len(v) for k, v in lists.items()})
     return lists
 
@@ -362,7 +344,7 @@ def _read_datalist(path: Path) -> dict:
     if not isinstance(stored, dict):
         raise ValueError(f"{path} is not a datalist (a {type(stored).__name__}, not an object of lists): {fix}")
     seen: dict[str, str] = {}
-    for key in ("training", "validation", "test"):
+    for key in SUBSETS:
         for item in stored.get(key, []):
             absent = [k for k in ("image", "label") if not isinstance(item, dict) or k not in item]
             if absent:
@@ -379,22 +361,16 @@ def _relative(name: str) -> str:  # a relative path in a datalist is read from t
     return "" if Path(name).is_absolute() else f" (a relative path, read from the current folder {os.getcwd()})"
 
 
-def is_given_datalist(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a datalist written beforehand with ``"given": true`` (``given_datalist``)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    try:
-        return bool(json.loads(path.read_text()).get("given"))
-    except (OSError, ValueError, AttributeError):
-        return False  # not ours to judge here: the component's own datalist reading reports it
-
-
 def unless_given(dataset_dir: str | os.PathLike | None, datalist_path: str | os.PathLike):
-    """``dataset_dir``, or None when it is empty and ``datalist_path`` is a given datalist (MONAI Label's train task
-    lists the submitted labels there: ``calib_monai.label.fine_tune``): the component then reads no data set folder,
-    as one built with ``dataset_dir=None``, and ``datalist()`` returns the given lists."""
-    if not dataset_dir and is_given_datalist(datalist_path):
+    """``dataset_dir``, or None when it is empty and ``datalist_path`` is a given datalist (``given_datalist``): the
+    component then reads no data set folder, as one built with ``dataset_dir=None``."""
+    if dataset_dir:
+        return dataset_dir
+    try:
+        given = bool(json.loads(Path(datalist_path).read_text()).get("given"))
+    except (OSError, ValueError, AttributeError):
+        given = False  # absent, or not ours to judge here: the component's own datalist reading reports it
+    if given:
         logger.info("dataset_dir is empty and %s is a given datalist: training on the cases it lists", datalist_path)
         return None
     return dataset_dir

@@ -10,8 +10,7 @@ import numpy as np
 
 from calib_monai.data import preprocessing as steps
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import intensity_scaling, require_file
-from calib_monai.data.layouts import layout_error
+from calib_monai.data.layouts import require_file
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
 __all__ = ["MRBRAINS18_TO_TISSUE", "MRBRAINS_LAYOUTS", "MRBRAINS_MODALITIES", "MRBrainS"]
@@ -36,21 +35,14 @@ def _subject_order(name: str) -> tuple[int, str]:
 
 @data_component
 class MRBrainS(VolumeSegmentationData):
-    """MRBrainS18 brain tissue segmentation: gray matter (GM 1), white matter (WM 2), cerebrospinal fluid (CSF 3);
-    4 classes with background; T1, T2-FLAIR and T1-IR as 3 input channels; 7 subjects, leave-one-subject-out.
-
-    Layout (``MRBRAINS_LAYOUTS``): ``training/<id>/pre/`` (the pre-processed, FLAIR-registered scans) and
-    ``training/<id>/segm.nii.gz``. The 10 labels of the release are reduced to the three tissues of the challenge's
-    evaluation with ``MRBRAINS18_TO_TISSUE``: cortical GM + basal ganglia -> GM, WM + WM lesions -> WM, extracerebral
-    CSF + ventricles -> CSF, cerebellum, brain stem, infarction and other -> background.
+    """MRBrainS18 brain tissue segmentation: GM (1), WM (2), CSF (3); T1, T2-FLAIR and T1-IR as 3 input channels
+    (the paper's "T1, T2 and T1-IR"); the release's 10 labels reduced by ``MRBRAINS18_TO_TISSUE``.
 
     Folds (NACL: "leave-one-out-cross-validation"): subjects sorted by id, ``fold`` k holds out subject k for
-    testing, one other subject (chosen with ``seed``) validates, the rest (5) train. ``datalist.json`` records the
-    fold; reusing an output_dir with another fold is an error.
+    testing, one other subject (chosen with ``seed``) validates, the rest train; ``datalist.json`` records the fold.
 
-    Preprocessing: the three modalities stacked as channels (T1, FLAIR, IR: the paper's "T1, T2 and T1-IR"; the
-    release's T2 is a T2-FLAIR), RAS orientation, no resampling (240x240x48 at 0.96x0.96x3 mm), per-volume and
-    per-channel min-max scaling to [0, 1], centre crop/pad to ``roi_size`` = (240, 240, 48).
+    Preprocessing: the modalities stacked as channels, RAS, no resampling (240x240x48 at 0.96x0.96x3 mm),
+    per-channel min-max scaling to [0, 1], centre crop/pad to ``roi_size``.
 
     Citation: Mendrik A.M. et al., "MRBrainS challenge: online evaluation framework for brain image segmentation in
     3T MRI scans", Computational Intelligence and Neuroscience, 2015; MRBrainS18: https://mrbrains18.isi.uu.nl.
@@ -58,11 +50,9 @@ class MRBrainS(VolumeSegmentationData):
     Args:
         dataset_dir: the MRBrainS18 folder holding ``training/`` (or ``training/`` itself); None: preprocessing
             only (``fold`` is then not checked against the subjects).
-        output_dir, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D).
+        others: see ``VolumeSegmentationData``.
         seed: seed of the choice of the validation subject.
         fold: index (0..n-1) of the held-out test subject in id order.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
     """
 
     source = "mrbrains18"
@@ -73,6 +63,7 @@ class MRBrainS(VolumeSegmentationData):
     )
     preprocessing_args = ("intensity",)
     layouts = MRBRAINS_LAYOUTS
+    label_mapping = MRBRAINS18_TO_TISSUE
     split = (1, 1, 1)  # leave-one-subject-out: set from the subjects found (_read_cases)
 
     roi_size: Sequence[int] = facts.roi_size
@@ -81,7 +72,6 @@ class MRBrainS(VolumeSegmentationData):
 
     def __post_init__(self) -> None:
         self.fold = int(self.fold)
-        intensity_scaling(self.intensity)  # fails early on a bad value
         self.subjects: list[str] = []
         super().__post_init__()
 
@@ -92,11 +82,10 @@ class MRBrainS(VolumeSegmentationData):
             key=lambda p: _subject_order(p.name),
         )
         if len(subjects) < 3:
-            raise layout_error(
+            raise self._layout_error(
                 self.root,
                 f"has {len(subjects)} subject folder(s) with a pre/ folder; leave-one-"
                 "out needs at least 3 (training, validation, test)",
-                MRBRAINS_LAYOUTS,
             )
         if not 0 <= self.fold < len(subjects):
             raise ValueError(
@@ -123,19 +112,12 @@ class MRBrainS(VolumeSegmentationData):
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """The three scans stacked as channels, the 10 labels reduced to GM/WM/CSF, no resampling."""
-        return [
-            *steps.read_as_ras(MRBRAINS18_TO_TISSUE),
-            steps.check_channels("$@data.channel_names", "MRBrainS18"),
-            steps.scale_to_unit(),
-            steps.pad_or_crop(),
-        ]
+        return [*steps.read_as_ras(MRBRAINS18_TO_TISSUE), steps.scale_to_unit(), steps.pad_or_crop()]
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The subjects at ``path``: ``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for
-        every ``<id>/pre/`` folder. ``path`` may be one subject folder, its ``pre/`` folder or a file in it, a folder
-        of subject folders (``training/``) or the release root (searched recursively); a single NIfTI file outside a
-        ``pre/`` folder is taken as a 3-channel image (default listing)."""
+        """``{"image": [pre/reg_T1, pre/FLAIR, pre/reg_IR], "case": <subject id>}`` for every ``<id>/pre/`` folder at
+        ``path`` (a subject, its ``pre/`` or a file in it, or a folder searched recursively); another NIfTI file is a
+        3-channel image."""
         path = Path(path)
         if path.is_file():
             if path.parent.name != "pre":
@@ -151,12 +133,11 @@ class MRBrainS(VolumeSegmentationData):
                 key=lambda p: (_subject_order(p.name), str(p)),
             )
         if not subjects:
-            raise layout_error(
+            raise self._layout_error(
                 path,
                 "has no <id>/pre/ subject folder (searched recursively); expected one subject "
                 f"folder <id>/pre/{{{', '.join(MRBRAINS_MODALITIES)}}}, a folder of them or the "
                 "release root",
-                MRBRAINS_LAYOUTS,
             )
         return [
             {"image": [require_file(p / "pre" / m, "MRBrainS18 scan") for m in MRBRAINS_MODALITIES], "case": p.name}
@@ -180,10 +161,6 @@ class MRBrainS(VolumeSegmentationData):
             "validation": [by_subject[validation]],
             "test": [by_subject[test]],
         }
-
-    @property
-    def raw_label_values(self) -> list[int]:
-        return list(MRBRAINS18_TO_TISSUE)
 
     def _label_convention(self) -> str:
         return "MRBrainS18 labels 0..10: 1 cortical GM, 2 basal ganglia, 3 WM, 4 WM lesions, 5 CSF, 6 ventricles, ..."

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calib_monai.data import preprocessing as steps
-from calib_monai.data.helpers import intensity_scaling
 from calib_monai.data.layouts import find_msd_cases, read_dataset_json_labels, unless_given
 from calib_monai.data.volumes import VolumeSegmentationData, data_component
 
@@ -21,26 +20,15 @@ class MSDDataset(VolumeSegmentationData):
     """Cases listed by an MSD ``dataset.json`` (``labels`` and ``training``, or ``imagesTr/`` + ``labelsTr/``).
 
     Classes come from ``dataset.json`` ``labels`` (MSD ``{"0": "background", ...}`` or nnU-Net v2 ``{"background":
-    0, ...}``); label values outside them are an error. Intensities are normalised per volume and per channel, since
-    MSD tasks mix dtypes and scanners (Task04_Hippocampus: uint8 and float32 files, maxima from 112 to 1.7e6):
-
-    - ``"minmax"`` (default): ``x' = (x - min x) / (max x - min x)``;
-    - ``"percentile"``: ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)`` with the volume's 0.5th and 99.5th
-      percentiles, robust to a few hot voxels;
-    - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)`` (CT tasks, in HU).
+    0, ...}``); label values outside them are an error. Intensities are scaled per volume and channel
+    (``intensity_scaling``), as MSD tasks mix dtypes and scanners.
 
     Args:
         dataset_dir: the task folder (holds ``dataset.json``); None: preprocessing only, for a subclass whose class
             names its labels (``expected_labels``: ``Hippocampus``, ``Prostate``).
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis (default: pad/crop axial slices to 64 x 64 and
-            keep every slice, as the Hippocampus reference setup).
-        spacing: resampling voxel spacing in mm, or None to keep the data's.
-        split: (train, val, test) counts, or ratios when they do not sum to the number of cases.
-        intensity: "minmax", "percentile" or a ``(low, high)`` window.
-        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground instead of the
-            image centre (validation and test volumes are always centre cropped/padded: the label never chooses
-            the crop of a scored volume).
+        others: see ``VolumeSegmentationData``.
+        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (scored
+            volumes are always centre cropped/padded).
     """
 
     source = "msd"
@@ -58,15 +46,11 @@ class MSDDataset(VolumeSegmentationData):
         """The classes a known task must have (``facts``); none for the generic component (from dataset.json)."""
         return {} if self.facts is None else dict(self.facts.label_names)
 
-    def __post_init__(self) -> None:
-        intensity_scaling(self.intensity)  # fails early on a bad value
-        super().__post_init__()
-
     def _read_dataset(self) -> None:
         dataset_dir = self.dataset_dir
         if self.expected_labels:  # a known task: its classes need no dataset.json, so a given datalist is enough
             dataset_dir = unless_given(dataset_dir, self.datalist_path)
-        if dataset_dir is None and not self.expected_labels:
+        elif dataset_dir is None:
             raise ValueError(
                 f"{type(self).__name__} reads its classes from the task's dataset.json, so it needs "
                 "dataset_dir (an MSD task folder with dataset.json, imagesTr/, labelsTr/) even for "
@@ -75,22 +59,37 @@ class MSDDataset(VolumeSegmentationData):
             )
         if dataset_dir is not None and not dataset_dir:
             raise ValueError("dataset_dir must name an MSD task folder (with dataset.json, imagesTr/, labelsTr/)")
-        self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
+        self.root = self.dataset_dir = None if dataset_dir is None else Path(dataset_dir).expanduser().resolve()
         if self.dataset_dir is None:  # preprocessing only: the classes come from the class
             self.description, self._label_names = {}, dict(self.expected_labels)
             return
         self.description, self._cases = find_msd_cases(self.dataset_dir)
-        self._label_names = read_dataset_json_labels(self.description, str(self.dataset_dir / "dataset.json"))
+        where = self.dataset_dir / "dataset.json"
+        self._label_names = read_dataset_json_labels(self.description, str(where))
         logger.info("MSD: %d cases in %s, classes %s", len(self._cases), self.dataset_dir, self._label_names)
+        if not self.expected_labels:
+            return
+        # a known task: dataset.json must name its classes and modalities
+        names, expected = ({k: v.lower() for k, v in d.items()} for d in (self._label_names, self.expected_labels))
+        if names != expected:
+            raise ValueError(
+                f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
+                "this is not that data set; use calib_monai.data.MSDDataset for other tasks"
+            )
+        modality = self.description.get("modality")
+        if isinstance(modality, dict) and len(modality) != len(self.channel_names):
+            raise ValueError(
+                f"{where} lists modalities {modality}, but {self.task} has {len(self.channel_names)} "
+                f"({', '.join(self.channel_names)})"
+            )
 
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """Every MSD task, known or not: the channel check runs for the known tasks (``channel_names``), resampling
-        when ``spacing`` is set, the label-centred window (training only) with ``crop_foreground``."""
+        """Every MSD task, known or not: resampling when ``spacing`` is set, the label-centred window (training
+        only) with ``crop_foreground``."""
         return [
             *steps.read_as_ras(),
             steps.resample(),
-            steps.check_channels("$@data.channel_names", "$@data.task", disabled="$@data.channel_names is None"),
             steps.scale_to_unit(),
             steps.crop_around_label(disabled="$not @data.crop_foreground"),
             steps.pad_or_crop(),
@@ -110,6 +109,3 @@ class MSDDataset(VolumeSegmentationData):
         if isinstance(channels, dict) and channels and all(str(k).isdigit() for k in channels):
             return tuple(str(channels[k]) for k in sorted(channels, key=int))
         return None
-
-    def _dataset_root(self) -> str | None:
-        return None if self.dataset_dir is None else str(self.dataset_dir)

@@ -12,48 +12,18 @@ from calib_monai.data.volumes import data_component
 __all__ = ["Hippocampus", "Prostate"]
 
 
-class _MSDTask(MSDDataset):
-    """An ``MSDDataset`` whose ``dataset.json`` must name the expected classes and modalities (``facts``); its
-    preprocessing checks the channels (``MSDDataset.preprocessing_steps``)."""
-
-    def _read_dataset(self) -> None:
-        super()._read_dataset()
-        if self.dataset_dir is None:  # preprocessing only: no dataset.json to check
-            return
-        where = self.dataset_dir / "dataset.json"
-        names = {k: v.lower() for k, v in self._label_names.items()}
-        expected = {k: v.lower() for k, v in self.expected_labels.items()}
-        if names != expected:
-            raise ValueError(
-                f"{where} has labels {self._label_names}, but {self.task} has {self.expected_labels}: "
-                "this is not that data set; use calib_monai.data.MSDDataset for other tasks"
-            )
-        modality = self.description.get("modality")
-        if isinstance(modality, dict) and len(modality) != len(self.channel_names):
-            raise ValueError(
-                f"{where} lists modalities {modality}, but {self.task} has {len(self.channel_names)} "
-                f"({', '.join(self.channel_names)})"
-            )
-
-
 @data_component
-class Hippocampus(_MSDTask):
+class Hippocampus(MSDDataset):
     """MSD Task04_Hippocampus (the MbLS paper's HPC): anterior (1) and posterior (2) hippocampus in T1 MRI crops;
-    3 classes with background, 1 input channel.
-
-    Layout: the MSD task folder (``dataset.json``, ``imagesTr/``, ``labelsTr/``), 260 labelled cases, split at
-    random 185/25/50 (MbLS). Preprocessing: RAS orientation (1 mm isotropic, no resampling), per-volume min-max
-    scaling to [0, 1] (the files mix uint8 and float32 with maxima from 112 to 1.7e6), axial slices padded (centre)
-    to 64x64 with every slice kept (``roi_size=(64, 64, -1)``).
+    1 input channel; 260 cases split at random 185/25/50 (MbLS). Preprocessing: RAS (1 mm isotropic, no
+    resampling), per-volume min-max scaling to [0, 1], axial slices centre padded to 64x64, every slice kept.
 
     Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022; Simpson A.L.
     et al., arXiv:1902.09063, 2019.
 
     Args:
         dataset_dir: the Task04_Hippocampus folder; None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        split: (train, val, test) counts, or their ratios for another number of cases.
+        others: see ``VolumeSegmentationData``.
     """
 
     source = "hippocampus"
@@ -72,25 +42,17 @@ class Hippocampus(_MSDTask):
 
 
 @data_component
-class Prostate(_MSDTask):
-    """MSD Task05_Prostate (the NACL journal's PROSTATE): peripheral zone (PZ 1) and transition zone (TZ 2) in
-    multi-parametric MRI; T2 and ADC as 2 input channels; 3 classes with background.
-
-    Layout: the MSD task folder (``dataset.json``, ``imagesTr/prostate_NN.nii.gz`` 4D with the two modalities last,
-    ``labelsTr/``), 32 labelled cases, split at random 22/3/7 (NACL). Preprocessing: channels first, RAS
-    orientation, per-volume and per-channel min-max scaling to [0, 1], axial slices centre cropped/padded to
-    ``roi_size`` (320x320, every slice kept). The paper gives no resampling; the volumes share an in-plane spacing
-    of about 0.6 mm, so ``spacing`` defaults to None (pass e.g. (0.625, 0.625, 3.6) to resample).
+class Prostate(MSDDataset):
+    """MSD Task05_Prostate (the NACL journal's PROSTATE): peripheral (PZ 1) and transition zone (TZ 2) in
+    multi-parametric MRI; T2 and ADC as 2 input channels (a 4D file); 32 cases split at random 22/3/7 (NACL).
+    Preprocessing: RAS, per-channel min-max scaling to [0, 1], axial slices centre cropped/padded to ``roi_size``.
 
     Citation: Antonelli M. et al., "The Medical Segmentation Decathlon", Nat. Commun. 13, 4128, 2022.
 
     Args:
         dataset_dir: the Task05_Prostate folder; None: preprocessing only.
-        output_dir, seed, cache_rate, num_workers: see ``VolumeSegmentationData``.
-        roi_size: preprocessed size (H, W, D); ``-1`` keeps an axis.
-        spacing: resampling voxel spacing in mm, or None.
-        split: (train, val, test) counts, or their ratios for another number of cases.
-        intensity: "minmax" (default), "percentile" or a (low, high) window, per channel.
+        others: see ``VolumeSegmentationData``.
+        spacing: voxel spacing (mm) to resample to; None (default): none, as the paper (about 0.6 mm in-plane).
     """
 
     source = "prostate"

@@ -1,22 +1,16 @@
-"""Deterministic synthetic abdominal CT phantoms in the FLARE22 layout and label convention.
+"""Deterministic synthetic abdominal CT phantoms (HU, int16) in the FLARE22 layout and label convention.
 
-Each phantom is a CT-like volume (Hounsfield units, int16) of an elliptic abdomen with fat/bowel texture, a
-vertebral body, aorta, inferior vena cava, gallbladder and the four FLARE organs (liver, both kidneys, spleen,
-pancreas) drawn as smooth, randomly deformed shapes. Calibration is a real question on them because:
+An elliptic abdomen with fat/bowel texture, spine, vessels, gallbladder and the four FLARE organs as smooth, randomly
+deformed shapes. Calibration is a real question on them:
 
-- partial volume: every structure has a soft occupancy ``o(x) = sigmoid(-d(x) / w)`` (``d`` the approximate signed
-  distance to its surface in mm, ``w`` a boundary width); the image mixes HU values by occupancy, is blurred by a
-  Gaussian point-spread function and gets Gaussian noise;
-- ambiguous boundary labels: the "annotator" labels a voxel as a structure when ``o(x) > t(x)``, with a threshold
-  ``t(x) = clip(0.5 + 0.15 b(x) + 0.05 n(x), 0.2, 0.8)`` varying smoothly over the volume (``b`` a smooth random
-  field: rater bias) plus per-voxel jitter ``n``; so boundary voxels carry labels that the image cannot fully decide;
-- low contrast: pancreas (about 90 HU) sits in bowel-like soft tissue (about 35 HU) and next to enhanced vessels.
+- partial volume: each structure has a soft occupancy ``o(x) = sigmoid(-d(x) / w)`` (``d`` the approximate signed
+  distance to its surface in mm, ``w`` a boundary width); HU values mix by occupancy, then blur and noise;
+- ambiguous boundary labels: a voxel is labelled when ``o(x) > t(x) = clip(0.5 + 0.15 b(x) + 0.05 n(x), 0.2, 0.8)``
+  (``b`` a smooth random field, rater bias; ``n`` per-voxel jitter);
+- low contrast: pancreas (about 90 HU) in bowel-like soft tissue (about 35 HU).
 
-Labels follow FLARE22 (1 liver, 2 right kidney, 3 spleen, 4 pancreas, 5 aorta, 6 inferior vena cava, 9 gallbladder,
-13 left kidney), so reading them goes through the same 13 -> 4 mapping as real FLARE22 data. Case ``i`` of seed ``s``
-depends only on ``(s, i)`` (``numpy.random.default_rng([s, i])``): the first ``n`` phantoms are the same for any number
-requested. The image axes are RAS (affine ``diag(sx, sy, sz)``, centred on the origin). The anatomy is defined in mm:
-a grid of ``shape`` voxels of size ``spacing`` (default ``PHANTOM_FOV_MM / shape``, the whole abdomen) samples it.
+Case ``i`` of seed ``s`` depends only on ``(s, i)``. The axes are RAS, centred on the origin; the anatomy is defined
+in mm and sampled by ``shape`` voxels of ``spacing`` (default ``PHANTOM_FOV_MM / shape``).
 """
 
 from __future__ import annotations
@@ -198,11 +192,8 @@ def phantom_shape(spacing: Sequence[float]) -> tuple[int, int, int]:
 def generate_phantom(
     seed: int, index: int, shape: Sequence[int] = (128, 128, 48), spacing: Sequence[float] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Generate phantom ``index`` of ``seed``: ``(image_hu int16, label uint8 in FLARE22 values, affine 4x4)``.
-
-    ``spacing`` (mm) defaults to ``phantom_spacing(shape)``; a grid smaller than the field of view shows the
-    centre of the abdomen.
-    """
+    """Phantom ``index`` of ``seed``: ``(image_hu int16, label uint8 in FLARE22 values, affine 4x4)``; ``spacing``
+    (mm) defaults to ``phantom_spacing(shape)`` (a smaller grid shows the centre of the abdomen)."""
     if len(shape) != 3 or min(shape) < 8:
         raise ValueError(f"phantom_shape must be three sizes >= 8, got {tuple(shape)}")
     spacing = phantom_spacing(shape) if spacing is None else tuple(float(s) for s in spacing)
@@ -286,11 +277,8 @@ def write_phantom_dataset(
     shape: Sequence[int] = (128, 128, 48),
     spacing: Sequence[float] | None = None,
 ) -> Path:
-    """Write (or reuse) phantoms ``0..num_phantoms-1`` under ``root`` in the FLARE22/MSD layout.
-
-    ``root/imagesTr/Phantom_NNNN_0000.nii.gz``, ``root/labelsTr/Phantom_NNNN.nii.gz`` and ``root/dataset.json``
-    (FLARE22 label names). Cases whose two files already exist are not regenerated. Returns ``root``.
-    """
+    """Write phantoms ``0..num_phantoms-1`` under ``root`` in the FLARE22/MSD layout (``imagesTr/``, ``labelsTr/``,
+    ``dataset.json``), reusing cases whose two files exist. Returns ``root``."""
     if int(num_phantoms) < 3:
         raise ValueError(f"num_phantoms must be >= 3 (one case each for training/validation/test), got {num_phantoms}")
     root = Path(root)
@@ -319,7 +307,6 @@ def write_phantom_dataset(
         "numTraining": len(training),
         "training": training,
     }
-    json_path = root / "dataset.json"
-    write_json_atomically(json_path, description, indent=1)
+    write_json_atomically(root / "dataset.json", description, indent=1)
     logger.info("phantoms: %d generated, %d reused from the cache in %s", created, len(training) - created, root)
     return root

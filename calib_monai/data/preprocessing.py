@@ -1,10 +1,8 @@
 """Preprocessing as MONAI bundle config: one transform list per data set, and the chains of its phases derived from it.
 
-Each component states its deterministic preprocessing once, ``Component.preprocessing_steps()``: MONAI config items
-that refer to the component (``"$@data.spacing"``) and to the bundle's ``"@roi_size"``. The generated bundles write
-the chains out (``train#preprocessing``, ``validate#preprocessing``, ``inference.json``'s ``preprocessing``); in
-Python the component builds the same chains from the same list (``compose``). A step may be limited to phases
-(``only``):
+Each component states its preprocessing once, ``preprocessing_steps()``: MONAI config items that refer to the
+component (``"$@data.spacing"``) and the bundle's ``"@roi_size"``, which the bundles write out and the component
+composes (``compose``). A step may be limited to phases (``only``):
 
 - ``training``: every step;
 - ``evaluation``: the steps not limited to training (a window centred on the label is training-only);
@@ -25,8 +23,6 @@ __all__ = [
     "INFERENCE",
     "PHASES",
     "TRAINING",
-    "channel_first",
-    "check_channels",
     "check_labels",
     "compose",
     "compose_config",
@@ -34,8 +30,6 @@ __all__ = [
     "image_only",
     "INPUT_LABEL",
     "keep_input_label",
-    "load_images",
-    "map_labels",
     "only",
     "pad_or_crop",
     "phase_of_subset",
@@ -45,7 +39,6 @@ __all__ = [
     "resize",
     "scale_to_unit",
     "to_float32",
-    "to_ras",
     "window",
 ]
 
@@ -55,8 +48,8 @@ INPUT_LABEL = "input_label"
 KEYS = [IMAGE, LABEL]
 TRAINING, EVALUATION, INFERENCE = "training", "evaluation", "inference"
 PHASES = (TRAINING, EVALUATION, INFERENCE)
-LABELLED = (TRAINING, EVALUATION)  # steps that read the label: checks, label mappings
-SCORED = (TRAINING, EVALUATION)  # the crop/pad to roi_size: inference covers the whole image instead
+# steps that read the label (checks, label mappings), and the crop/pad to roi_size (inference covers the whole image)
+LABELLED = (TRAINING, EVALUATION)
 _PHASES_KEY = "_phases_"  # marks a limited step in the Python list; never written to a config
 # arguments given once per key (a list as long as "keys"): image_only keeps the image's entry
 _PER_KEY_ARGS = ("mode", "padding_mode", "anti_aliasing", "align_corners")
@@ -142,53 +135,21 @@ def compose(steps: Sequence[Mapping[str, Any]], phase: str, component) -> Compos
 
 
 # ---- the steps the data sets share -------------------------------------------------------------------------------
-def load_images() -> dict[str, Any]:
-    """Read image and label (``CheckedLoadImaged``: a reader failure names the file); an image may be several files,
-    one per channel."""
-    return {"_target_": "calib_monai.data.CheckedLoadImaged", "keys": list(KEYS), "image_only": True}
-
-
-def channel_first() -> dict[str, Any]:
-    """Channels first; the image's channel count checked against the data set's (``ChannelFirstd``)."""
-    return {
-        "_target_": "calib_monai.data.ChannelFirstd",
-        "keys": list(KEYS),
-        "image_channels": "$@data.channel_names",
-        "source": "$@data.source",
-    }
-
-
 def check_labels() -> dict[str, Any]:
     """Shapes, NaN and the label values the component's files may hold (before any remapping)."""
     return only(
         LABELLED,
         {
             "_target_": "calib_monai.data.ValidateSegmentationd",
-            "image_key": IMAGE,
-            "label_key": LABEL,
             "allowed_labels": "$@data.raw_label_values",
             "label_description": "$@data.label_description",
         },
     )
 
 
-def map_labels(mapping: Mapping[int, int]) -> dict[str, Any]:
-    """The files' label values -> the component's classes."""
-    return only(
-        LABELLED,
-        {
-            "_target_": "MapLabelValued",
-            "keys": LABEL,
-            "orig_labels": [int(k) for k in mapping],
-            "target_labels": [int(v) for v in mapping.values()],
-        },
-    )
-
-
 def keep_input_label() -> dict[str, Any]:
-    """The label as read, before any spatial step, kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the
-    grid the delivered segmentation is on (``evaluating``'s ``DeliveredDiced``). Evaluation chain only, and only where
-    the bundle sets ``keep_input_label`` (``evaluate.json``): cached validation volumes carry the copy."""
+    """The label as read kept under ``INPUT_LABEL`` (``KeepInputLabeld``): the truth on the grid the delivered
+    segmentation is on. Evaluation chain only, where the bundle sets ``keep_input_label`` (``evaluate.json``)."""
     step = {"_target_": "calib_monai.data.KeepInputLabeld", "keys": LABEL, "names": INPUT_LABEL}
     # as_bool: the command line's --keep_input_label false is the string "false", which is truthy
     return only(
@@ -200,16 +161,31 @@ def to_float32() -> dict[str, Any]:
     return {"_target_": "EnsureTyped", "keys": list(KEYS), "dtype": "$torch.float32", "track_meta": True}
 
 
-def to_ras() -> dict[str, Any]:
-    """The 2D slices are the last axis after RAS orientation: axial."""
-    return {"_target_": "Orientationd", "keys": list(KEYS), "axcodes": "RAS", "labels": RAS_LABELS}
-
-
 def read_as_ras(label_mapping: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
-    """The opening every volume data set shares: read, channel first, check the labels (then map them to the
-    component's classes, when the files use other values), the label kept as read (evaluation), float32, RAS."""
-    mapped = [map_labels(label_mapping)] if label_mapping else []
-    return [load_images(), channel_first(), check_labels(), *mapped, keep_input_label(), to_float32(), to_ras()]
+    """The opening every volume data set shares: read (``CheckedLoadImaged``: an image may be one file per channel),
+    channels first (counted against the data set's), check the labels (then map them to the component's classes,
+    when the files use other values), the label kept as read (evaluation), float32, RAS (the slices, the last axis,
+    are axial)."""
+    mapped = []
+    if label_mapping:
+        orig, target = [int(k) for k in label_mapping], [int(v) for v in label_mapping.values()]
+        step = {"_target_": "MapLabelValued", "keys": LABEL, "orig_labels": orig, "target_labels": target}
+        mapped = [only(LABELLED, step)]
+    channel_first = {
+        "_target_": "calib_monai.data.ChannelFirstd",
+        "keys": list(KEYS),
+        "image_channels": "$@data.channel_names",
+        "source": "$@data.source",
+    }
+    return [
+        {"_target_": "calib_monai.data.CheckedLoadImaged", "keys": list(KEYS), "image_only": True},
+        channel_first,
+        check_labels(),
+        *mapped,
+        keep_input_label(),
+        to_float32(),
+        {"_target_": "Orientationd", "keys": list(KEYS), "axcodes": "RAS", "labels": RAS_LABELS},
+    ]
 
 
 def resample() -> dict[str, Any]:
@@ -234,12 +210,6 @@ def resize(spatial_size: str) -> dict[str, Any]:
         "mode": ["trilinear", "nearest"],
         "anti_aliasing": [True, False],
     }
-
-
-def check_channels(names: Sequence[str] | str, source: str, disabled: str | None = None) -> dict[str, Any]:
-    """The image's channel count against ``names`` (``CheckChannelsd``: modality files stacked as channels)."""
-    step = {"_target_": "calib_monai.data.CheckChannelsd", "key": IMAGE, "names": names, "source": source}
-    return {**step, **({"_disabled_": disabled} if disabled else {})}
 
 
 def scale_to_unit() -> dict[str, Any]:
@@ -272,6 +242,6 @@ def crop_around_label(disabled: str | None = None) -> dict[str, Any]:
     return only((TRAINING,), {**step, **({"_disabled_": disabled} if disabled else {})})
 
 
-def pad_or_crop(phases: Iterable[str] = SCORED) -> dict[str, Any]:
+def pad_or_crop(phases: Iterable[str] = LABELLED) -> dict[str, Any]:
     """Centre crop/pad to ``roi_size`` (axes with size -1 keep their extent)."""
     return only(phases, {"_target_": "ResizeWithPadOrCropd", "keys": list(KEYS), "spatial_size": "@roi_size"})

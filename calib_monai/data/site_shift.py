@@ -1,8 +1,5 @@
-"""Simulated site shifts: what another scanner or protocol could do to an image, from the data we have.
-
-:func:`apply_site_shift` applies one kind of shift at a named strength (``"mild"``, ``"moderate"``, ``"strong"``:
-``SITE_SHIFTS``) to a channel-first image ``(C, H, W[, D])``, deterministically for a seed (which draws the shift's
-free parameters). Built on MONAI's MR artefact transforms:
+"""Simulated site shifts: what another scanner or protocol could do to an image. :func:`apply_site_shift` applies one
+kind at a named strength (``SITE_SHIFTS``), deterministically for a seed, with MONAI's MR artefact transforms:
 
 * ``bias_field``: ``exp(sum_k c_k P_k)`` of Legendre polynomials of degree 3, ``c_k`` in ``[-c, c]``
   (``RandBiasField``; Sled et al., IEEE TMI 1998);
@@ -12,8 +9,6 @@ free parameters). Built on MONAI's MR artefact transforms:
   phase-encoding axis scaled by ``1 - intensity``, centre lines kept (Zaitsev et al., JMRI 2015);
 * ``gamma``: ``((x - min) / range) ** gamma * range + min`` (``AdjustContrast``), gamma above or below 1 by the seed;
 * ``resolution``: a thicker slice, the last spatial axis averaged down by a factor and interpolated back (3D only).
-
-The output has the input's shape, dtype and device (a ``MetaTensor`` keeps its metadata).
 """
 
 from __future__ import annotations

@@ -1,15 +1,24 @@
-"""Dictionary transforms that turn bad input files into errors naming the case file and the fix."""
+"""Dictionary transforms of the data sets' preprocessing: checks that turn bad input files into errors naming the case
+file and the fix, the label-centred crop, the intensity scaling to [0, 1]."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
-from monai.transforms import EnsureChannelFirstd, InvertibleTransform, LoadImaged, MapTransform
+from monai.transforms import (
+    EnsureChannelFirstd,
+    InvertibleTransform,
+    LoadImaged,
+    MapTransform,
+    ScaleIntensityd,
+    ScaleIntensityRanged,
+    ScaleIntensityRangePercentilesd,
+)
 from monai.transforms.croppad.array import Crop
 
 from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch, nifti_affine_problem
@@ -20,15 +29,18 @@ __all__ = [
     "CheckedLoadImaged",
     "CropAroundForegroundd",
     "KeepInputLabeld",
+    "ScaleIntensityToUnitd",
     "ValidateSegmentationd",
     "case_filename",
     "check_image_values",
+    "intensity_scaling",
+    "plain_tensor",
     "unwrap_case_error",
 ]
 
 
-def _plain(x) -> torch.Tensor:
-    """The tensor without MetaTensor tracking: checks need no meta data, and skip its per-operation overhead."""
+def plain_tensor(x) -> torch.Tensor:
+    """The tensor without MetaTensor tracking (no meta data, none of its per-operation overhead)."""
     return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
 
 
@@ -63,10 +75,9 @@ def _spatial_shape(image) -> tuple[int, ...]:
 
 
 def check_image_values(image, filename: str) -> None:
-    """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (the
-    network's output, and every confidence, would be NaN) or one value everywhere (an empty export, a 1-voxel
-    image: nothing to segment, and the scaling to [0, 1] divides by zero)."""
-    values = _plain(image).detach()
+    """A ``CaseDataError`` naming ``filename`` for an image that cannot be judged: NaN or infinite voxels (every
+    confidence would be NaN) or one value everywhere (nothing to segment; the scaling to [0, 1] divides by zero)."""
+    values = plain_tensor(image).detach()
     finite = torch.isfinite(values)
     if not bool(finite.all()):
         bad = int((~finite).sum())
@@ -84,21 +95,15 @@ def check_image_values(image, filename: str) -> None:
 
 
 class CheckedLoadImaged(MapTransform):
-    """``monai.transforms.LoadImaged`` per key, re-raising any reader failure as a ValueError that names the file.
-
-    Truncated downloads and non-NIfTI files otherwise surface as zlib/EOF/reader errors deep inside a CacheDataset
-    worker, with no hint of which of hundreds of cases is broken. The ``image_key`` volume must then be judgeable,
-    each a ``CaseDataError`` naming the file: 3D (a 2D image would reach the 2D inferer as a bad shape), finite and
-    not constant (:func:`check_image_values`; a NaN image would give all-NaN confidence maps). Every volume read
-    must have a usable affine (:func:`calib_monai.geometry.affine_problem`): without one a reader guesses the
-    orientation (x mirrored), and the segmentation is silently wrong.
+    """``monai.transforms.LoadImaged`` per key, re-raising any reader failure (truncated downloads, non-NIfTI files)
+    as a ``CaseDataError`` that names the file. The ``"image"`` volume must be 3D, finite and not constant
+    (:func:`check_image_values`), and every NIfTI read must have a usable affine (without one a reader guesses the
+    orientation, and the segmentation is silently mirrored).
     """
 
-    def __init__(
-        self, keys: KeysCollection, allow_missing_keys: bool = False, image_key: str | None = "image", **load_kwargs
-    ):
+    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False, **load_kwargs):
         super().__init__(keys, allow_missing_keys)
-        self.image_key = image_key
+        self.image_key = "image"
         self.loaders = {key: LoadImaged(key, allow_missing_keys=allow_missing_keys, **load_kwargs) for key in self.keys}
 
     def _check_image(self, d: Mapping[Hashable, object], source: object) -> None:
@@ -143,27 +148,12 @@ def _check_affine(key: Hashable, source: object) -> None:
 
 
 class ChannelFirstd(EnsureChannelFirstd):
-    """``EnsureChannelFirstd``, then the image's channels counted against the data set's ``image_channels`` (their
-    names): an image with another number of channels raises a ``CaseDataError`` naming the file, where it would
-    otherwise reach the network and fail there without a name (a 2-channel image into a 1-channel bundle).
+    """``EnsureChannelFirstd``, then the ``"image"`` channels counted against ``image_channels`` (the data set's
+    channel names; None: not checked): another number raises a ``CaseDataError`` naming the file and ``source``."""
 
-    Args:
-        keys: as ``EnsureChannelFirstd``.
-        image_key: the key whose channels are counted (skipped when absent).
-        image_channels: the channel names the data set's images have; None: not checked.
-        source: the data set, for the message.
-    """
-
-    def __init__(
-        self,
-        keys: KeysCollection,
-        image_key: str = "image",
-        image_channels: Iterable[str] | None = None,
-        source: str = "",
-        **kwargs,
-    ) -> None:
+    def __init__(self, keys: KeysCollection, image_channels: Iterable[str] | None = None, source: str = "", **kwargs):
         super().__init__(keys, **kwargs)
-        self.image_key, self.source = image_key, source
+        self.image_key, self.source = "image", source
         self.image_channels = None if image_channels is None else tuple(str(c) for c in image_channels)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
@@ -182,35 +172,25 @@ class ChannelFirstd(EnsureChannelFirstd):
 
 
 def _grid_problem(image, label):
-    """What differs between the voxel grids of ``image`` and ``label`` (``calib_monai.geometry.grid_mismatch``: the
-    same voxels stored in another order pass, since the pipeline's ``Orientationd`` reorients each to RAS); without
-    3D affines (plain tensors, 2D images) the shapes alone."""
+    """What differs between the voxel grids of ``image`` and ``label`` (``calib_monai.geometry.grid_mismatch``, in
+    RAS order); without 3D affines (plain tensors, 2D images) the shapes alone."""
     affines = [getattr(x, "affine", None) for x in (image, label)]
     if image.ndim != 4 or label.ndim != 4 or any(a is None or tuple(a.shape) != (4, 4) for a in affines):
         same = tuple(image.shape[1:]) == tuple(label.shape[1:])
         return None if same else GridMismatch("shape", f"{tuple(image.shape[1:])} against {tuple(label.shape[1:])}")
-    image_affine, label_affine = (np.asarray(_plain(a).detach().cpu(), dtype=np.float64) for a in affines)
+    image_affine, label_affine = (np.asarray(plain_tensor(a).detach().cpu(), dtype=np.float64) for a in affines)
     return grid_mismatch(image_affine, tuple(image.shape[1:]), label_affine, tuple(label.shape[1:]))
 
 
 class ValidateSegmentationd(MapTransform):
-    """Check an (image, label) pair after ``EnsureChannelFirstd``; raise a ValueError naming the case file otherwise.
-
-    Checks: the label on the image's voxel grid (``calib_monai.geometry``: the same shape, voxel size, axes and
-    position within a 1% of a voxel; a label stored in another orientation passes, the pipeline's ``Orientationd``
-    reorients both to RAS); a single label channel; finite image intensities (no NaN/Inf); integer label values
-    within ``allowed_labels``.
+    """Check the ``"image"``, ``"label"`` pair after ``EnsureChannelFirstd``, raising a ``CaseDataError`` naming the
+    case file: the label on the image's voxel grid (``calib_monai.geometry``; another orientation passes,
+    ``Orientationd`` reorients both), one label channel, integer label values within ``allowed_labels``.
     """
 
-    def __init__(
-        self,
-        image_key: str = "image",
-        label_key: str = "label",
-        allowed_labels: Iterable[int] | None = None,
-        label_description: str = "",
-    ):
-        super().__init__([image_key, label_key])
-        self.image_key, self.label_key = image_key, label_key
+    def __init__(self, allowed_labels: Iterable[int] | None = None, label_description: str = ""):
+        super().__init__(["image", "label"])
+        self.image_key, self.label_key = "image", "label"
         self.allowed = None if allowed_labels is None else sorted({int(v) for v in allowed_labels})
         self.label_description = label_description
 
@@ -235,14 +215,7 @@ class ValidateSegmentationd(MapTransform):
                 f"label {label_file} has {label.shape[0]} channels; expected one channel of integer class values "
                 "(not one-hot)"
             )
-        finite = torch.isfinite(_plain(image))
-        if not bool(finite.all()):
-            bad = int((~finite).sum())
-            raise CaseDataError(
-                f"image {image_file} has {bad} NaN/Inf voxel(s); fix or remove the case (e.g. replace them by the "
-                "background intensity before training)"
-            )
-        labels = _plain(label).detach().reshape(-1)
+        labels = plain_tensor(label).detach().reshape(-1)
         rounded = labels.round()
         if not torch.equal(labels, rounded):
             odd = labels[labels != rounded].unique()[:5].tolist()
@@ -264,9 +237,8 @@ class ValidateSegmentationd(MapTransform):
 
 
 class KeepInputLabeld(MapTransform):
-    """Keep a copy of the label as read (``keys`` -> ``names``), before any spatial step: the truth on the input grid,
-    the grid the delivered segmentation is on. Stored as the smallest unsigned integer type that holds the classes,
-    as a cached volume's copy costs memory."""
+    """Keep a copy of the label as read (``keys`` -> ``names``): the truth on the input grid, the grid the delivered
+    segmentation is on; uint8 when the classes fit (a cached volume's copy costs memory)."""
 
     def __init__(self, keys: KeysCollection, names: str | Iterable[str] = "input_label") -> None:
         super().__init__(keys)
@@ -278,21 +250,19 @@ class KeepInputLabeld(MapTransform):
         d = dict(data)
         for key, name in zip(self.key_iterator(d), self.names):
             label = d[key]
-            dtype = torch.uint8 if float(_plain(label).max()) < 256 else torch.int32
-            copy = _plain(label).detach().to(dtype)
+            dtype = torch.uint8 if float(plain_tensor(label).max()) < 256 else torch.int32
+            copy = plain_tensor(label).detach().to(dtype)
             d[name] = MetaTensor(copy, meta=dict(label.meta)) if isinstance(label, MetaTensor) else copy
         return d
 
 
 class CropAroundForegroundd(MapTransform, InvertibleTransform):
-    """Crop a fixed ``roi_size`` window centred on the bounding box of ``data[source_key] > 0`` (FLARE: 192x192x30).
+    """Crop a fixed ``roi_size`` window centred on the bounding box of ``data[source_key] > 0``.
 
-    Unlike ``CropForegroundd`` followed by a pad, the window keeps the real image context around the organs: its start
-    along each axis is ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size,
-    ``n`` the image size), so it slides inward at image borders instead of padding. Axes whose ROI size is ``<= 0``
-    or not smaller than the image are not cropped (pad them afterwards with ``ResizeWithPadOrCropd``). An empty
-    foreground
-    centres the window on the image. Invertible (MONAI ``Crop``), so ``Invertd`` can map predictions back.
+    Unlike ``CropForegroundd`` and a pad, the window keeps the image context: its start along each axis is
+    ``clip(c - r // 2, 0, max(n - r, 0))`` (``c`` the bounding-box centre, ``r`` the ROI size, ``n`` the image size),
+    sliding inward at the borders. Axes whose ROI size is ``<= 0`` or not smaller than the image are not cropped; an
+    empty foreground centres the window. Invertible (MONAI ``Crop``), for ``Invertd``.
     """
 
     def __init__(
@@ -307,7 +277,7 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
         shape = source.shape[1:]
         if len(self.roi_size) != len(shape):
             raise ValueError(f"roi_size {tuple(self.roi_size)} has {len(self.roi_size)} axes, the image {len(shape)}")
-        foreground = _plain(source).detach().gt(0).any(0)
+        foreground = plain_tensor(source).detach().gt(0).any(0)
         start, end = [], []
         for axis in range(foreground.ndim):  # bounding box from per-axis projections (cheaper than MONAI's generic one)
             hits = foreground.any(dim=[a for a in range(foreground.ndim) if a != axis]).nonzero().reshape(-1)
@@ -335,3 +305,38 @@ class CropAroundForegroundd(MapTransform, InvertibleTransform):
         for key in self.key_iterator(d):
             d[key] = self.cropper.inverse(d[key])
         return d
+
+
+def intensity_scaling(intensity: str | Sequence[float], keys: KeysCollection = "image") -> MapTransform:
+    """Per volume and channel scaling to [0, 1]; a ValueError for another ``intensity`` than:
+
+    - ``"minmax"``: ``x' = (x - min x) / (max x - min x)``;
+    - ``"percentile"``: ``x' = clip((x - p_0.5) / (p_99.5 - p_0.5), 0, 1)``, robust to a few hot voxels;
+    - ``(low, high)``: a fixed window, ``x' = clip((x - low) / (high - low), 0, 1)``.
+    """
+    if isinstance(intensity, str):
+        if intensity == "minmax":
+            return ScaleIntensityd(keys, minv=0.0, maxv=1.0, channel_wise=True)
+        if intensity == "percentile":
+            return ScaleIntensityRangePercentilesd(keys, 0.5, 99.5, b_min=0.0, b_max=1.0, clip=True, channel_wise=True)
+        raise ValueError(f"intensity must be 'minmax', 'percentile' or a (low, high) window, got {intensity!r}")
+    window = [float(v) for v in intensity]
+    if len(window) != 2 or window[0] >= window[1]:
+        raise ValueError(f"an intensity window must be (low, high) with low < high, got {tuple(intensity)}")
+    return ScaleIntensityRanged(keys, a_min=window[0], a_max=window[1], b_min=0.0, b_max=1.0, clip=True)
+
+
+class ScaleIntensityToUnitd(MapTransform):
+    """Scale ``keys`` to [0, 1] by the ``intensity`` rule (``intensity_scaling``): one config item whose argument
+    picks the MONAI transform, so that ``--data#intensity percentile`` switches it."""
+
+    def __init__(
+        self, keys: KeysCollection, intensity: str | Sequence[float] = "minmax", allow_missing_keys: bool = False
+    ):
+        super().__init__(keys, allow_missing_keys)
+        self.intensity = intensity
+        self.scaler = intensity_scaling(intensity, self.keys)
+        self.scaler.allow_missing_keys = allow_missing_keys
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> Mapping[Hashable, torch.Tensor]:
+        return self.scaler(data)

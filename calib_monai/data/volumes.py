@@ -21,22 +21,18 @@ from torch.utils.data import Subset
 
 from calib_monai.atomic import check_folder
 from calib_monai.data.facts import DatasetFacts
-from calib_monai.data.helpers import existing_root
 from calib_monai.data.inference import nifti_items
-from calib_monai.data.layouts import given_datalist, load_or_create_datalist, split_cases, unless_given
+from calib_monai.data.layouts import given_datalist, layout_error, load_or_create_datalist, split_cases, unless_given
 from calib_monai.data.preprocessing import EVALUATION, INFERENCE, TRAINING, compose, phase_of_subset, phase_transforms
 from calib_monai.data.slices import SliceDataset, cached_volumes
+from calib_monai.data.transforms import intensity_scaling
 
 __all__ = ["SliceDataset", "VolumeSegmentationData", "data_component"]
 
 logger = logging.getLogger("calib_monai.data")
 
-SUBSETS = ("training", "validation", "test")
-
-
-# The components are dataclasses: one constructor, generated from the fields the base and each class declare (its
-# signature is what bundle configs, ``--data#<name>`` overrides and ``bundle_factory`` read); identity equality, as
-# the components are cached and hashed by object; the base's repr.
+# One constructor generated from the fields (what bundle configs, ``--data#<name>`` overrides and ``bundle_factory``
+# read); identity equality, as components are cached and hashed by object; the base's repr.
 data_component = dataclass(eq=False, repr=False)
 
 
@@ -44,31 +40,21 @@ data_component = dataclass(eq=False, repr=False)
 class VolumeSegmentationData:
     """Base of the dataset components: a seeded datalist and the MONAI preprocessing of (image, label) volumes.
 
-    Preprocessing is the class's ``preprocessing_steps()``: one list of MONAI config items (``calib_monai.data
-    .preprocessing``) that the bundles write out as their chains. The datasets apply the chain they are given (a
-    bundle's), else the one the component builds from that list (``preprocessing(subset)``). Training volumes may be
-    cropped around the label (``crop_foreground``); validation and test volumes never are.
-
-    A subclass is a ``data_component`` too: it declares its own fields, checks them in ``__post_init__`` before the
-    base's, sets ``source``, ``facts`` (or overrides ``label_names``), ``layouts``, ``preprocessing_steps`` and
-    ``preprocessing_args``, and lists its cases in ``_read_cases`` (or overrides ``_read_dataset``). Built with
-    ``dataset_dir=None`` it serves ``inference_preprocessing`` only (``inference_only``): ``datalist`` and the
-    datasets raise a ValueError saying so.
+    A subclass is a ``data_component`` that declares its fields, sets ``source``, ``facts``, ``layouts``,
+    ``preprocessing_steps()`` (``calib_monai.data.preprocessing``) and ``preprocessing_args``, and lists its cases in
+    ``_read_cases``. Built with ``dataset_dir=None`` it serves ``inference_preprocessing`` only.
 
     Args:
         dataset_dir: the data set folder; None: no data set, a preprocessing-only component for inference.
         output_dir: the run's output folder; ``<output_dir>/datalist.json`` stores the split (re-read if present).
         roi_size: spatial size ``(H, W, D)`` of the preprocessed volumes; ``-1`` keeps an axis' size.
         seed: seed of the split.
-        cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (1.0: all; training slices of
-            uncached volumes are slow, see ``SliceDataset``).
+        cache_rate: fraction of volumes ``CacheDataset`` preprocesses up front (uncached training slices are slow).
         num_workers: threads ``CacheDataset`` uses to preprocess.
 
-    Settings a subclass declares, as fields (constructor arguments) or class attributes:
-        split: case counts ``(train, val, test)``, or their ratios when the data set has another number of cases.
-        spacing: voxel spacing (mm) to resample to, or None to keep the data's (default None).
-        crop_foreground: centre the ``roi_size`` window of the training volumes on the label foreground (else on the
-            image centre; default False).
+    A subclass' settings: ``split`` (counts ``(train, val, test)``, or their ratios for another number of cases),
+    ``spacing`` (mm, or None), ``crop_foreground`` (training windows centred on the label), ``intensity``
+    (``intensity_scaling``), ``window`` (CT HU).
     """
 
     dataset_dir: str | os.PathLike | None
@@ -80,12 +66,12 @@ class VolumeSegmentationData:
 
     spacing = None
     crop_foreground = False
-    datalist_name: ClassVar[str] = "datalist.json"
     drop_empty_training_slices: ClassVar[bool] = False
     source: ClassVar[str] = ""
     facts: ClassVar[DatasetFacts | None] = None  # None: the classes come from the data (MSDDataset's dataset.json)
     preprocessing_args: ClassVar[tuple[str, ...]] = ()  # constructor arguments that preprocessing_steps() reads
     layouts: ClassVar[tuple[str, ...]] = ()  # the folder layouts the component reads, listed by its errors
+    label_mapping: ClassVar[dict[int, int] | None] = None  # the files' label values -> classes, when they differ
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -100,6 +86,15 @@ class VolumeSegmentationData:
                 f"spacing must be three positive finite voxel sizes in mm (or None), got {tuple(spacing)}: pass e.g. "
                 '--data#spacing "[1.5,1.5,3.0]"'
             )
+        if hasattr(self, "intensity"):
+            intensity_scaling(self.intensity)  # fails early on a bad value
+        if hasattr(self, "window"):  # a CT window in HU
+            window, self.window = self.window, tuple(float(w) for w in self.window)
+            if len(self.window) != 2 or not -math.inf < self.window[0] < self.window[1] < math.inf:
+                raise ValueError(
+                    f"window must be (low, high) finite HU with low < high, got {tuple(window)}: pass e.g. "
+                    '--data#window "[-160,240]"'
+                )
         self.split = tuple(int(s) for s in self.split)
         self.seed = int(self.seed)
         self.crop_foreground = bool(self.crop_foreground)
@@ -118,15 +113,12 @@ class VolumeSegmentationData:
     # ---- subclass hooks -------------------------------------------------------------------------------------------
     @classmethod
     def preprocessing_steps(cls) -> list[dict]:
-        """The deterministic preprocessing as MONAI config items, steps limited to phases with
-        ``calib_monai.data.preprocessing.only`` (see that module)."""
+        """The deterministic preprocessing as MONAI config items (``calib_monai.data.preprocessing``)."""
         raise NotImplementedError
 
     @property
     def label_names(self) -> dict[str, str]:
         """Class value (``"0"`` .. ``"C-1"``) -> name (default: ``facts.label_names``)."""
-        if self.facts is None:
-            raise NotImplementedError(f"{type(self).__name__} must set facts or override label_names")
         return dict(self.facts.label_names)
 
     @property
@@ -137,7 +129,7 @@ class VolumeSegmentationData:
     @property
     def raw_label_values(self) -> list[int]:
         """Label values the files may contain (before remapping); others are an error (``ValidateSegmentationd``)."""
-        return [int(v) for v in self.label_names]
+        return list(self.label_mapping) if self.label_mapping else [int(v) for v in self.label_names]
 
     @property
     def label_description(self) -> str:
@@ -145,15 +137,35 @@ class VolumeSegmentationData:
         return f" of {self.source} ({self._label_convention()})"
 
     def _read_dataset(self) -> None:
-        """Read ``dataset_dir`` (``_read_cases``): nothing for None, or for an empty one with a given datalist."""
-        root = existing_root(unless_given(self.dataset_dir, self.datalist_path), self.layouts)
-        if root is not None:
-            self._cases = self._read_cases(root)
+        """Read ``dataset_dir``: nothing for None, or for an empty one with a given datalist."""
+        dataset_dir = unless_given(self.dataset_dir, self.datalist_path)
+        if dataset_dir is None:
+            return
+        if not dataset_dir:  # a forgotten --dataset_dir
+            raise ValueError("dataset_dir is empty; expected:\n  - " + "\n  - ".join(self.layouts))
+        self.root = Path(dataset_dir).expanduser().resolve()  # _read_cases may move it into a release's inner folder
+        if not self.root.is_dir():
+            raise self._layout_error(self.root, "does not exist or is not a folder")
+        self._cases = self._read_cases(self.root)
 
     def _read_cases(self, root: Path) -> list[dict]:
-        """Set ``self.root`` from the existing folder ``root`` and list its labelled cases (a one-line error for a
-        folder in none of ``layouts``)."""
+        """The labelled cases of the existing folder ``root`` (a one-line error for a folder in none of ``layouts``)."""
         raise NotImplementedError
+
+    def _layout_error(self, path: str | os.PathLike, problem: str) -> ValueError:
+        return layout_error(path, problem, self.layouts)
+
+    def _input_files(self, path: Path, is_input: Callable[[Path], bool], not_input: str, none: str) -> list[Path]:
+        """``[path]`` for an input file (else a ValueError: ``path`` is not ``not_input``), or the input files under the
+        folder ``path`` (searched recursively, hidden files skipped; none: a layout error saying ``none``)."""
+        if path.is_file():
+            if not is_input(path):
+                raise ValueError(f"{path} is not {not_input}")
+            return [path]
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".") and is_input(p))
+        if not files:
+            raise self._layout_error(path, none)
+        return files
 
     def _find_cases(self) -> list[dict]:
         """The cases the split draws from (read at construction, by default)."""
@@ -168,9 +180,8 @@ class VolumeSegmentationData:
         return split_cases(cases, split, seed)
 
     def subject_of(self, case: dict) -> str | None:
-        """The subject (patient) of a case, when a subject has several cases (ACDC's two frames of a patient), else
-        None. The datalist's items carry it as ``"subject"``: the calibrate step ranks validation subjects, not volumes
-        (the review rule's guarantee counts exchangeable units)."""
+        """The subject (patient) of a case when a subject has several cases (ACDC's two frames), else None; the
+        calibrate step ranks validation subjects, the exchangeable units of the review rule."""
         return None
 
     def _datalist_info(self) -> dict:
@@ -185,38 +196,29 @@ class VolumeSegmentationData:
 
     @property
     def datalist_path(self) -> Path:
-        return self.output_dir / self.datalist_name
+        return self.output_dir / "datalist.json"
 
     @property
     def inference_only(self) -> bool:
         """True when built with ``dataset_dir=None``: image preprocessing only, no datalist or datasets."""
         return self._dataset_root() is None
 
-    def _require_dataset(self) -> None:
-        if self.inference_only:
-            name = type(self).__name__
-            raise ValueError(
-                f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
-                "the image preprocessing but has no cases to list, train, validate or test on); pass "
-                f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
-                "train or evaluate on the data set"
-            )
-
     def datalist(self) -> dict[str, list[dict[str, str]]]:
-        """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths; written to / re-read from
-        ``<output_dir>/datalist.json`` so a resumed run uses the same split.
-
-        A ``datalist.json`` written beforehand with ``"given": true`` is used as it is, whatever ``dataset_dir`` says
-        (MONAI Label's train task lists the submitted labels there: ``calib_monai.label.fine_tune``). A component
-        built with ``dataset_dir=None`` (preprocessing only) has no other cases: a ValueError says so (also from
-        ``train_dataset``, ``val_dataset``, ``test_dataset``)."""
+        """``{"training", "validation", "test"}`` lists of ``{"image", "label"}`` paths, kept in
+        ``<output_dir>/datalist.json`` so a resumed run uses the same split (or a given one: ``given_datalist``)."""
         if self._datalist is None:
             self._datalist = given_datalist(self.datalist_path)
         if self._datalist is None:
-            self._require_dataset()
-            cases = self._find_cases()
+            if self.inference_only:
+                name = type(self).__name__
+                raise ValueError(
+                    f"{name} was built without a dataset_dir (dataset_dir=None: for inference only, it gives "
+                    "the image preprocessing but has no cases to list, train, validate or test on); pass "
+                    f"dataset_dir=<the {name} data set folder> (bundles: --dataset_dir /path/to/data) to "
+                    "train or evaluate on the data set"
+                )
             self._datalist = load_or_create_datalist(
-                self.datalist_path, cases, self.split, self.seed, self._datalist_info(), splitter=self._split_cases
+                self.datalist_path, self._find_cases(), self.split, self.seed, self._datalist_info(), self._split_cases
             )
             for item in (i for items in self._datalist.values() for i in items if "subject" not in i):
                 subject = self.subject_of(item)  # also on a datalist stored before items had one
@@ -225,15 +227,10 @@ class VolumeSegmentationData:
         return self._datalist
 
     def preprocessing(self, subset: str = "training") -> Compose:
-        """The deterministic MONAI chain from file paths to the preprocessed volumes of ``subset`` ("training",
-        "validation" or "test"; the last two share the evaluation chain): the one given to the dataset methods (a
-        bundle's ``train#preprocessing`` / ``validate#preprocessing``), else the one built from
-        ``preprocessing_steps()``.
-
-        Always the same instance, the one the datasets apply, so ``Invertd(keys, transform=data.preprocessing(subset),
-        orig_keys="label")`` can map a prediction back to the original image grid (MONAI matches transform ids). When
-        the evaluation steps equal the training steps, both subsets share the training instance.
-        """
+        """The deterministic chain from file paths to the preprocessed volumes of ``subset`` (validation and test share
+        the evaluation chain): the one given to the dataset methods (a bundle's), else the one built from
+        ``preprocessing_steps()``. Always the instance the datasets apply, so ``Invertd(keys,
+        transform=data.preprocessing(subset), orig_keys="label")`` can map a prediction back (MONAI matches ids)."""
         phase = phase_of_subset(subset)
         return self._given[phase] if phase in self._given else self._built_chain(phase)
 
@@ -252,13 +249,9 @@ class VolumeSegmentationData:
         return self._built[phase]
 
     def inference_items(self, path: Path) -> list[dict]:
-        """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``: a list of
+        """The unlabelled inputs to segment at ``path`` (a file or a folder), for ``image_datalist``:
         ``{"image": path or [paths, one per channel], "case": name}`` (``"case"`` optional: it names the outputs).
-
-        Default: NIfTI files (``calib_monai.data.inference.nifti_items``: one file, a folder of them, or a data set
-        root with ``imagesTs/``, ``imagesTr/``, ...). Components whose inputs are several files per case or not
-        NIfTI override it (BraTS, MRBrainS, BUSI, PROMISE12).
-        """
+        Default: NIfTI files (``calib_monai.data.inference.nifti_items``)."""
         return nifti_items(Path(path))
 
     def inference_case(self, image) -> str | None:
@@ -266,13 +259,9 @@ class VolumeSegmentationData:
         return None
 
     def volume_dataset(self, subset: str, preprocessing: Callable | None = None) -> CacheDataset:
-        """The cached preprocessed 3D volumes of ``subset`` ("training", "validation" or "test"), built once per chain.
-
-        ``preprocessing``: the chain to apply (a bundle's ``train#preprocessing`` or ``validate#preprocessing``); it
-        becomes ``preprocessing(subset)``. None: the chain given before, else the component's own.
-        """
-        if subset not in SUBSETS:
-            raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
+        """The cached preprocessed 3D volumes of ``subset``, built once per chain; ``preprocessing``: the chain to
+        apply (a bundle's), which becomes ``preprocessing(subset)``; None: the chain given before, else the own one."""
+        phase = phase_of_subset(subset)  # a ValueError for another subset
         self.datalist()  # the data set's, or a given datalist.json; else the error that says what to pass
         if preprocessing is not None:
             if not callable(preprocessing):
@@ -280,7 +269,7 @@ class VolumeSegmentationData:
                     f"preprocessing of the {subset} volumes must be a transform chain (e.g. a MONAI "
                     f"Compose), got {type(preprocessing).__name__}"
                 )
-            self._given[phase_of_subset(subset)] = preprocessing
+            self._given[phase] = preprocessing
         chain = self.preprocessing(subset)
         if subset not in self._volumes or self._volumes[subset][0] is not chain:
             items = self.datalist()[subset]
@@ -296,12 +285,9 @@ class VolumeSegmentationData:
     def train_dataset(
         self, transform: Callable | None = None, fraction: float = 1.0, preprocessing: Callable | None = None
     ) -> SliceDataset:
-        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32.
-
-        ``transform``: applied to each slice dict (e.g. 2D augmentation). ``fraction`` in (0, 1] keeps the first
-        ``round(fraction * n)`` training volumes (at least one) of the seeded split: a seeded random subset of cases,
-        nested across fractions (the 25/50/75/100% data studies). ``preprocessing``: the chain of the training volumes
-        (bundles: ``train#preprocessing``; default: the component's own)."""
+        """All axial slices of the training volumes: ``{"image": (C, H, W), "label": (1, H, W)}`` float32; ``transform``
+        applied to each slice dict; ``fraction`` in (0, 1] keeps the first ``round(fraction * n)`` training volumes
+        (at least one) of the seeded split; ``preprocessing``: as ``volume_dataset``."""
         fraction = float(fraction)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction (bundle key train_fraction) must be in (0, 1], got {fraction}")
@@ -311,13 +297,11 @@ class VolumeSegmentationData:
         return SliceDataset(volumes, transform=transform, drop_empty=self.drop_empty_training_slices)
 
     def val_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
-        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
-        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        """Whole validation volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
         return self.volume_dataset("validation", preprocessing)
 
     def test_dataset(self, preprocessing: Callable | None = None) -> CacheDataset:
-        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data;
-        ``preprocessing``: their chain (bundles: ``validate#preprocessing``; default: the component's own)."""
+        """Whole test volumes ``{"image": (C, H, W, D), "label": (1, H, W, D)}`` with their meta data."""
         return self.volume_dataset("test", preprocessing)
 
     def _label_convention(self) -> str:

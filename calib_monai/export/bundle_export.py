@@ -1,13 +1,6 @@
-"""Export a trained bundle for deployment: TorchScript and ``torch.export`` models that need only ``torch``.
-
-``export_bundle`` writes into ``<bundle>/models/``:
-
-    - ``model.ts``: the 2D network's logits, made by MONAI's ``ckpt_export`` (the bundle convention that MONAI
-      Deploy, MONAI Label and the model zoo load), with the bundle's configs and metadata inside;
-    - ``segmentation_confidence.ts``: TorchScript of :py:class:`SegmentationWithConfidence`, volumes in,
-      ``(segmentation, confidence)`` out;
-    - ``segmentation_confidence.pt2``: the same module through ``torch.export``, with a dynamic batch and depth
-      and, where the backbone allows it, dynamic in-plane sizes (multiples of ``in_plane_multiple``).
+"""Export a trained bundle for deployment into ``<bundle>/models/``: ``model.ts`` (the 2D network's logits, by MONAI's
+``ckpt_export``), and :class:`SegmentationWithConfidence` (volumes in, ``(segmentation, confidence)`` out) as
+TorchScript ``segmentation_confidence.ts`` and ``torch.export`` ``segmentation_confidence.pt2``; both need only torch.
 """
 
 from __future__ import annotations
@@ -37,13 +30,8 @@ logger = logging.getLogger("calib_monai")
 
 @contextlib.contextmanager
 def _torchscript_allowed():
-    """Silence torch's deprecation warnings for ``torch.jit`` here only (a context manager and a decorator).
-
-    TorchScript is deprecated in recent torch, but ``model.ts`` is still the format MONAI bundles ship and MONAI's
-    ``ckpt_export`` produces, so we keep writing it next to the ``torch.export`` program. The warning is aimed at
-    whoever writes the code, not at the user running the export, and repeats once per scripted submodule (and
-    once per ``@torch.jit.script`` helper of MONAI modules first imported while the config is parsed).
-    """
+    """Silence torch's ``torch.jit`` deprecation warnings here only: ``model.ts`` is still the format MONAI bundles
+    ship, and the warning (once per scripted submodule) is aimed at developers, not at the user exporting."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
         yield
@@ -123,12 +111,9 @@ def export_bundle(
     spatial_dim: int = 2,
     in_plane_multiple: int = 32,
 ) -> dict[str, str]:
-    """Export a trained bundle's network as ``model.ts``, ``segmentation_confidence.ts`` and ``.pt2``.
-
-    The network is built from ``configs/<config_file>`` (``network_def`` only) with ``bundle_root`` set to
-    ``bundle_dir``; nothing else in the config (data, workflows) is instantiated. Everything runs on the CPU.
-    ``model.ts`` holds the network's raw logits; the ``segmentation_confidence`` modules apply the bundle's calibration
-    (``calibration.pt`` next to the checkpoint, from the ``calibrate`` step) when it was fitted for that checkpoint.
+    """Export a trained bundle's network (only ``network_def`` is built, with ``bundle_root`` set to ``bundle_dir``, on
+    the CPU) as ``model.ts`` (raw logits) and ``segmentation_confidence.ts`` / ``.pt2``, which apply the calibration
+    fitted for the checkpoint, if any.
 
     Args:
         bundle_dir: the bundle folder.
@@ -163,12 +148,11 @@ def export_bundle(
     example = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     example_slices = example.movedim(spatial_dim + 2, 1).flatten(0, 1)
     scripted, traced = _script_or_trace(network, example_slices)
-    paths = {name: str(output_dir / name) for name in ("model.ts", "segmentation_confidence.ts")}
-    paths["segmentation_confidence.pt2"] = str(output_dir / "segmentation_confidence.pt2")
+    names = ("model.ts", "segmentation_confidence.ts", "segmentation_confidence.pt2")
+    paths = {name: str(output_dir / name) for name in names}
 
-    # model.ts through MONAI, so it carries the bundle's configs and metadata exactly as `ckpt_export` writes them;
-    # ckpt_export copies only the keys that match (copy_model_state), so it is given the weights just loaded into
-    # `network` (plain keys) rather than the file, which may hold module.-prefixed keys that would be skipped silently
+    # model.ts through MONAI's ckpt_export (the bundle's configs and metadata inside), given the weights as loaded:
+    # it copies only matching keys, and the file may hold module.-prefixed ones
     with tempfile.TemporaryDirectory() as tmp:
         plain_checkpoint = os.path.join(tmp, "model.pt")
         torch.save(network.state_dict(), plain_checkpoint)
@@ -196,8 +180,7 @@ def export_bundle(
     meta = bundle_dir / "configs" / "metadata.json"
     extra = {"metadata.json": meta.read_text() if meta.exists() else "{}"}
 
-    # the calibrate step's calibration, when it was fitted for these weights: the confidence is then calibrated
-    # (read as a member of the weights' checked set: a mixed models/ folder is an error naming its files)
+    # the calibrate step's calibration when it was fitted for these weights (checked with its set)
     calibration = load_calibration(bundle.weights.parent / CALIBRATION_FILE, bundle.weights)
     info["calibration"] = repr(calibration) if calibration is not None else None
     source = bundle.artifacts.source() if bundle.artifacts is not None else {}

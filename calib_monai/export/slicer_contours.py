@@ -1,12 +1,8 @@
-"""The contours of the 3D Slicer segmentation (:mod:`calib_monai.export.slicer`): per structure the segments
-``"<name> (outer 90%)"`` and ``"<name> (inner 90%)"`` (90% = 1 - alpha) from the inner and outer contours that
-``inferring`` writes (``<case>_inner.nii.gz``, ``<case>_outer.nii.gz``: :class:`~calib_monai.review.ContourMarginsd`)
-or that ``TrainedBundle.predict`` gives (``Prediction.contours``), with the lambdas, alpha and epsilon in segment tags
-and header fields (``calib_monai_contours_*``).
-
-Layers: the inner contours of all structures lie inside their disjoint predictions, so they share one layer (value:
-the structure's label value); the outer contours of neighbouring structures may overlap, so each has its own layer
-(value 1).
+"""The contours in the 3D Slicer segmentation: per structure the segments ``"<name> (outer 90%)"`` and
+``"<name> (inner 90%)"`` (90% = 1 - alpha) from ``inferring``'s ``<case>_inner/_outer.nii.gz`` or
+``Prediction.contours``, with the lambdas, alpha and epsilon in segment tags and ``calib_monai_contours_*`` fields.
+The inner contours lie inside their disjoint predictions and share one layer (value: the label value); the outer ones
+may overlap, so each has its own layer (value 1).
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ _FIX = "write the contours with the segmentation again (the bundle's inferring s
 
 
 def contour_stack(volume: ArrayOrPath, shape: Sequence[int], affine: np.ndarray, what: str) -> np.ndarray:
-    """``(structures, *shape)`` uint8 of one contour output: a NIfTI file (or nibabel image) as ``inferring`` writes
-    it, the structure last (one structure: 3D), or an array or tensor as ``Prediction.contours`` holds it, the
-    structure first. A ValueError naming ``what`` when it is not on the segmentation's grid (``shape``, ``affine``)."""
+    """``(structures, *shape)`` uint8 of one contour output: a NIfTI file or image (structure last; one structure: 3D)
+    or an array or tensor (structure first), checked to lie on the segmentation's grid (``shape``, ``affine``)."""
     array, own = load_volume(volume, what)
     if own is not None and not np.allclose(own, affine, atol=1e-4):
         raise ValueError(f"{what} is not on the segmentation's grid (affine\n{own}\nvs\n{affine}): {_FIX}")
@@ -72,10 +67,9 @@ def contour_segments(
     contours: Mapping[str, Any] | None,
     first_layer: int,
 ) -> tuple[list[np.ndarray], list[tuple], dict[str, str]]:
-    """``(layers, segments, header fields)`` of the contours ``inner`` and ``outer`` (``(n, *spatial)``, structure
-    ``i`` is ``structures[i]``: its label value, name and colour), laid out from layer ``first_layer``; ``contours``
-    is the case quality's ``"contours"`` (alpha, epsilon, lambdas; without it alpha is unknown and the segments say
-    so). Segments are ``(id, name, colour, label value, layer, tags)``."""
+    """``(layers, segments, header fields)`` of the contours ``inner`` and ``outer`` ``(n, *spatial)`` of
+    ``structures`` (label value, name, colour), from layer ``first_layer``; ``contours``: the case quality's
+    (alpha, epsilon, lambdas). Segments are ``(id, name, colour, label value, layer, tags)``."""
     if inner.shape != outer.shape or len(inner) != len(structures):
         raise ValueError(
             f"the inner {inner.shape} and outer {outer.shape} contours do not hold one volume for each of the same "

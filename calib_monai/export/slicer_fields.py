@@ -1,30 +1,24 @@
-"""The custom NRRD header fields and segment tags calib-monai writes into the Slicer files: a case's quality, its
-lower bound and review verdict, the outputs' source, and each structure's estimated DSC and volume (Slicer keeps
-unknown fields)."""
+"""The custom NRRD header fields and segment tags of the Slicer files: a case's quality and review verdict, the
+outputs' source, each structure's estimated DSC and volume (Slicer keeps unknown fields)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["number_field", "quality_fields", "quality_tags", "source_fields"]
+__all__ = ["quality_fields", "quality_tags", "source_fields"]
 
 
 def quality_fields(quality: Mapping[str, Any]) -> dict[str, str]:
-    """The case's score and review verdict as custom NRRD header fields (Slicer keeps unknown fields)."""
-    review = quality.get("review", {})
+    """The case's score and review verdict as header fields."""
+    review, low = quality.get("review", {}), quality.get("case_score_low")
     flag = review.get("flag")
     return {
         "calib_monai_case_score": f"{float(quality['case_score']):.4f}",
-        "calib_monai_case_score_low": number_field(quality.get("case_score_low")),
+        "calib_monai_case_score_low": "-" if low is None else f"{float(low):.4f}",
         "calib_monai_review": "unknown" if flag is None else ("yes" if flag else "no"),
         "calib_monai_review_reasons": "; ".join(review.get("reasons", [])) or "-",
     }
-
-
-def number_field(value: Any) -> str:
-    """A number as a header field: 4 decimals, ``-`` for none."""
-    return "-" if value is None else f"{float(value):.4f}"
 
 
 def source_fields(source: Mapping[str, Any] | None) -> dict[str, str]:

@@ -1,6 +1,5 @@
-"""The inputs of the 3D Slicer files (``calib_monai.export.slicer``): volumes read from a path, a nibabel image or
-an array, with an error naming the file when it cannot be read (a ``.nii.gz`` cut off by a killed run), and the
-check that an inference run's segmentation, confidence and quality of a case come from the same source."""
+"""The inputs of the 3D Slicer files: volumes from a path, a nibabel image or an array (an unreadable file is an error
+naming it), and the check that a case's files come from one source."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ FIX = "run the bundle's inferring step on the image again"
 
 
 def _read_nifti(path: str | os.PathLike, data: bool = True):
-    """A nibabel image of ``path`` (its voxels read now with ``data``): a ``ValueError`` naming the file when it is
-    cut off or damaged (gzip's EOFError, zlib errors, a short header), not the reader's bare exception."""
+    """A nibabel image of ``path`` (its voxels read now with ``data``); a cut-off or damaged file is a ValueError
+    naming it."""
     import nibabel as nib
 
     try:

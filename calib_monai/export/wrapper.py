@@ -10,14 +10,10 @@ __all__ = ["SegmentationWithConfidence"]
 
 
 class SegmentationWithConfidence(torch.nn.Module):
-    """Segment a volume with a 2D network slice by slice and return the labels and their confidence.
-
-    The slice axis is folded into the batch inside the module, so the exported model takes whole volumes ``(B,
-    C_in, H, W, D)`` without a ``SliceInferer``, and returns ``segmentation`` ``(B, 1, H, W, D)`` ``int64`` (the
-    argmax) and ``confidence`` ``(B, 1, H, W, D)`` ``float32`` (the max softmax probability, in ``[1 / C, 1]``). With
-    a ``calibration`` the softmax is of each slice's calibrated logits: the confidence is calibrated, the segmentation
-    unchanged. ``torch.jit.script``-able and ``torch.export``-able; all ``B x D`` slices run as one batch, so feed a
-    large CT in chunks of slices.
+    """Segment volumes ``(B, C_in, H, W, D)`` with a 2D network slice by slice (no ``SliceInferer``): ``segmentation``
+    ``(B, 1, H, W, D)`` ``int64`` (the argmax) and ``confidence`` ``(B, 1, H, W, D)`` ``float32`` (the max softmax
+    probability, of the calibrated logits with a ``calibration``). Scriptable and exportable; all ``B x D`` slices
+    run as one batch, so feed a large CT in chunks.
 
     Args:
         network: a 2D network mapping ``(N, C_in, H, W)`` to logits ``(N, C, H, W)``.

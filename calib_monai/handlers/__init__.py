@@ -8,9 +8,8 @@ from .checkpoint import TrainingCheckpoint
 from .folder_lock import HoldOutputFolder
 from .history import EpochSnapshots, ValidationHistory
 from .recalibration import RecalibrationFitter
-from .report import SegmentationReport, SegmentationReportMetricHandler
-from .report_saver import SegmentationReportSaver
+from .report import SegmentationReport, SegmentationReportMetricHandler, SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state
-from .selection import ModelSelection, check_selection_metric, select_epoch
+from .selection import ModelSelection, select_epoch
 from .summary import EpochSummary
 from .weights import NetworkWeightsLoader

@@ -25,22 +25,15 @@ def _sum_over_ranks(stats: torch.Tensor) -> torch.Tensor:
 
 
 class ALMUpdateHandler:
-    """After each training epoch, update a :class:`~calib_monai.losses.CRaCLoss`'s multipliers on the validation the
-    trainer already runs.
-
-    The ``evaluator`` must keep the raw logits under ``logits_key`` (a ``CopyItemsd`` before the softmax, as in the
-    bundles' ``train.json``). :meth:`CRaCLoss.validation_statistics` are summed as it goes (its 3D outputs cut into
-    axial slices), so validation runs once per epoch; an epoch without validation leaves the multipliers as they are.
-    The sums are all-reduced across DDP ranks, then :meth:`CRaCLoss.outer_update` runs. Each outer step logs, for every
-    (class, region), lambda, rho, the mean constraint and the share of satisfied pixels, puts them in
-    ``engine.state.metrics`` (``alm_lambda_<k>_<region>``, ...) and, with ``save_dir``, appends them to
-    ``alm_history.json``. The multipliers live in the loss's buffers: checkpoint the loss to resume with them.
+    """After each validated epoch, CRaC's outer step (:meth:`CRaCLoss.outer_update`) on the validation statistics
+    of the trainer's own validation (3D outputs cut into axial slices), summed over DDP ranks; each (class, region)'s
+    lambda, rho, mean constraint and satisfied share go to the log, ``engine.state.metrics``
+    (``alm_lambda_<k>_<region>``, ...) and ``<save_dir>/alm_history.json``. Checkpoint the loss to resume.
 
     Args:
         loss: the CRaC loss the trainer optimises.
-        evaluator: the validation engine to read logits and labels from.
-        logits_key: where the evaluator's decollated outputs keep the raw logits ``(C, *spatial)``; labels are read
-            from "label" (class indices or one-hot).
+        evaluator: the validation engine; its decollated outputs keep the raw logits ``(C, *spatial)`` under
+            ``"logits"`` (a ``CopyItemsd`` before the softmax) and the labels under ``"label"``.
         class_names: names for the log line and the record (default: class indices).
         save_dir: folder of ``alm_history.json`` (None: no record).
     """
@@ -49,19 +42,17 @@ class ALMUpdateHandler:
         self,
         loss: CRaCLoss,
         evaluator: Engine,
-        logits_key: str = "logits",
         class_names: list[str] | None = None,
         save_dir: str | os.PathLike | None = None,
-        logger_name: str = "calib_monai",
     ) -> None:
         if not isinstance(loss, CRaCLoss):
             raise ValueError(f"ALMUpdateHandler needs a CRaCLoss, got {type(loss).__name__}.")
         if evaluator is None:
             raise ValueError("ALMUpdateHandler needs evaluator=<the validation engine the trainer runs each epoch>")
-        self.loss, self.evaluator, self.logits_key = loss, evaluator, logits_key
+        self.loss, self.evaluator = loss, evaluator
         self.class_names = class_names or [str(k) for k in range(loss.classes)]
         self.history_path = Path(save_dir) / "alm_history.json" if save_dir is not None else None
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._stats: torch.Tensor | None = None  # sums of the current validation run
         self._validated = False  # the evaluator ran since the last outer step
 
@@ -79,20 +70,16 @@ class ALMUpdateHandler:
     def _add_evaluator_output(self, engine: Engine) -> None:
         output = engine.state.output
         for item in output if isinstance(output, list) else [output]:
-            logits = torch.as_tensor(item[self.logits_key]).detach()
+            logits = torch.as_tensor(item["logits"]).detach()
             label = torch.as_tensor(item["label"]).detach()
             if label.shape[0] > 1:  # one-hot after the evaluator's postprocessing
                 label = label.argmax(0, keepdim=True)
-            logits, label = self._as_loss_input(logits[None], label[None])
+            logits, label = logits[None], label[None]
+            if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
+                logits, label = logits.movedim(-1, 1).flatten(0, 1), label.movedim(-1, 1).flatten(0, 1)
             # the sums stay where the logits are: no host round trip per validation volume
             stats = self.loss.validation_statistics(logits, label)
             self._stats = stats if self._stats is None else self._stats + stats.to(self._stats.device)
-
-    def _as_loss_input(self, logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if logits.ndim - 2 == self.loss.dim + 1:  # a volume for a 2D loss: slices along the last axis
-            logits = logits.movedim(-1, 1).flatten(0, 1)
-            label = label.movedim(-1, 1).flatten(0, 1)
-        return logits, label
 
     def __call__(self, engine: Engine) -> None:
         if not self._validated:  # validation did not run this epoch (val_interval > 1)
@@ -106,17 +93,10 @@ class ALMUpdateHandler:
         parts, record = [], {"epoch": engine.state.epoch, "step": int(self.loss.outer_steps), "classes": {}}
         for k, name in enumerate(self.class_names):
             for r, region in enumerate(REGIONS):
-                lam, rho, h, ok = (float(result[key][k, r]) for key in ("lambda", "rho", "constraint", "satisfied"))
-                engine.state.metrics[f"alm_lambda_{k}_{region}"] = lam
-                engine.state.metrics[f"alm_rho_{k}_{region}"] = rho
-                engine.state.metrics[f"alm_constraint_{k}_{region}"] = h
-                engine.state.metrics[f"alm_satisfied_{k}_{region}"] = ok
-                record["classes"].setdefault(name, {})[region] = {
-                    "lambda": lam,
-                    "rho": rho,
-                    "constraint": h,
-                    "satisfied": ok,
-                }
+                values = {key: float(result[key][k, r]) for key in ("lambda", "rho", "constraint", "satisfied")}
+                engine.state.metrics.update({f"alm_{key}_{k}_{region}": v for key, v in values.items()})
+                record["classes"].setdefault(name, {})[region] = values
+                lam, rho, h, ok = values.values()
                 parts.append(f"{name}/{region} lambda {lam:.3g} rho {rho:.3g} h {h:.3g} satisfied {ok:.3g}")
         self.logger.info(f"ALM outer step {record['step']} (epoch {engine.state.epoch}): " + "; ".join(parts))
         if self.history_path is not None and idist.get_rank() == 0:

@@ -13,28 +13,19 @@ __all__ = ["SegmentationCalibrationError"]
 
 
 class SegmentationCalibrationError(IgniteMetricHandler):
-    """Calibration error (ECE, CECE, TACE, ACE, mL1-ACE, NLL, Brier, ``cece_all`` or ``ml1ace_gt``) of segmentation
-    outputs over an evaluation epoch.
-
-    Wraps :class:`calib_monai.metrics.SegmentationCalibrationMetric` like ``monai.handlers.MeanDice`` wraps
-    ``DiceMetric``. Bundle config (evaluator output ``"pred"``: probabilities after softmax, ``"label"``: integer
-    labels ``B,1,...`` or one-hot)::
+    """Attach :class:`calib_monai.metrics.SegmentationCalibrationMetric` as ``monai.handlers.MeanDice`` attaches
+    ``DiceMetric`` (``"pred"``: softmax probabilities, ``"label"``: labels or one-hot)::
 
         "key_val_metric": {"val_ece": {
             "_target_": "calib_monai.handlers.SegmentationCalibrationError", "metric_name": "ece", "num_bins": 15,
             "foreground": "gt", "output_transform": "$monai.handlers.from_engine(['pred', 'label'])"}},
         "metric_cmp_fn": "$lambda current, best: current < best"
 
-    Calibration errors are lower-is-better: hence ``metric_cmp_fn`` above (and ``key_metric_negative_sign=True`` for
-    MONAI's ``CheckpointSaver``). Computed on the outputs' device, as the metric; logits raise a ``ValueError``
-    (add ``Activationsd(keys="pred", softmax=True)``).
+    Calibration errors are lower-is-better: hence ``metric_cmp_fn`` above. Logits raise a ``ValueError``.
 
     Args:
-        metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric class (None: the
-            metric's definition, e.g. ``"ml1ace"``: 20 bins over every voxel, background excluded).
+        metric_name, num_bins, foreground, reduction, include_background, threshold: see the metric.
         output_transform: extracts ``(y_pred, y)`` from ``engine.state.output``.
-        save_details: store the metric buffer ``[per-volume values (N, 1), per-volume statistics (N, S)]`` in
-            ``engine.state.metric_details[name]``.
     """
 
     def __init__(
@@ -46,7 +37,6 @@ class SegmentationCalibrationError(IgniteMetricHandler):
         include_background: bool | None = None,
         threshold: float = TACE_THRESHOLD,
         output_transform: Callable = lambda x: x,
-        save_details: bool = True,
     ) -> None:
         metric_fn = SegmentationCalibrationMetric(
             metric_name=metric_name,
@@ -56,4 +46,4 @@ class SegmentationCalibrationError(IgniteMetricHandler):
             include_background=include_background,
             threshold=threshold,
         )
-        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)
+        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=True)

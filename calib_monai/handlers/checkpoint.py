@@ -24,7 +24,6 @@ from .rng import capture_rng_state, restore_rng_state
 
 __all__ = ["OutputFolderLock", "TrainingCheckpoint"]
 _HELD: dict[str, OutputFolderLock] = {}  # the locks this process holds, by folder
-_WAIT_TRAINING = "wait for the training to finish, then run calibrate again"
 #: why a task cannot run while another holds the folder, and the fix: BUSY[this task][the holder's task]
 BUSY = {
     "training": {
@@ -34,7 +33,8 @@ BUSY = {
         "the calibrate to finish, or give this run another --output_dir",
     },
     "calibrate": {
-        "training": f"calibrate would fit its recalibration for weights the training is replacing; {_WAIT_TRAINING}",
+        "training": "calibrate would fit its recalibration for weights the training is replacing; wait for the "
+        "training to finish, then run calibrate again",
         "calibrate": "two calibrates on one folder replace each other's recalibration and range; wait for it to "
         "finish (one calibrate per folder is enough)",
     },
@@ -54,11 +54,10 @@ def _alive(pid: int) -> bool:
 
 
 class OutputFolderLock:
-    """``<folder>/training.lock``: one training or ``calibrate`` per output folder (``task``: which one holds it; a
-    calibrate must not fit weights a training is replacing, nor two calibrates replace each other's result). The
-    file names its holder (task, pid, host, start time); the lock itself is ``fcntl.flock`` on it, which the system
-    drops when the holder dies however it ends (SIGKILL too), so a stale file left by a killed run is taken over with
-    a log line. Where ``flock`` is not supported, a holder on this host whose pid is gone counts as stale."""
+    """``<folder>/training.lock``: one training or ``calibrate`` (``task``) per output folder. The file names its
+    holder (task, pid, host, start time); the lock is ``fcntl.flock`` on it, which the system drops when the holder
+    dies (SIGKILL too), so a killed run's file is taken over with a log line. Without ``flock``, a holder on this host
+    whose pid is gone counts as stale."""
 
     def __init__(self, folder: str | os.PathLike, logger: logging.Logger | None = None, task: str = "training") -> None:
         if task not in BUSY:
@@ -156,29 +155,21 @@ class OutputFolderLock:
 class TrainingCheckpoint:
     """Resumable checkpoints for a MONAI ``SupervisedTrainer``.
 
-    At every ``EPOCH_COMPLETED`` it writes ``latest_filename`` (atomically, by DDP rank 0) with the network,
-    optimizer, scheduler, trainer state, the state of every ``extra`` object and the random-number state
-    (``calib_monai.handlers.rng``). At ``STARTED``, when the file exists, everything is loaded back and training
-    continues at the next epoch, exactly as a run that was never stopped (same machine and settings). A file that
-    cannot be read is an error naming it and the fix; it is read with ``weights_only=True``.
-
-    The file also holds the run's settings (default: :func:`~calib_monai.bundle.runtime.run_settings`; ``epochs``
-    may change). A resumed run whose settings differ is an error listing each ``key: checkpoint value -> command
-    value``, unless ``resume_changes="allow"`` (a new learning rate then rescales the optimizer's and the
-    scheduler's). While it trains, rank 0 holds :class:`OutputFolderLock` on ``save_dir``. Attach it after the
-    handlers whose state it saves. A DDP network is unwrapped, so a multi-GPU run resumes on one GPU and vice versa.
-    Not MONAI's ``CheckpointSaver``/``CheckpointLoader``: they name checkpoints by epoch, fail when the fixed file is
-    absent, write non-atomically and keep no random-number state.
+    At every ``EPOCH_COMPLETED`` rank 0 writes ``checkpoint_latest.pt`` atomically: network (unwrapped from DDP),
+    optimizer, scheduler, trainer, every ``extra`` object's state, the random-number state and the run's settings
+    (:func:`~calib_monai.bundle.runtime.run_settings`). At ``STARTED`` an existing file is loaded back
+    (``weights_only=True``) and training continues at the next epoch as if never stopped. Settings that differ are an
+    error listing ``key: checkpoint -> command`` unless ``--resume_changes allow`` (a new learning rate then rescales
+    the optimizer's and scheduler's). Rank 0 holds
+    :class:`OutputFolderLock` on ``save_dir`` while it trains. Attach it after the handlers whose state it saves.
+    Not MONAI's ``CheckpointSaver`` / ``CheckpointLoader``: they name files by epoch, fail when the file is absent,
+    write non-atomically and keep no random-number state.
 
     Args:
         save_dir: folder of the file.
         network, optimizer, lr_scheduler: the objects to save and restore.
         extra: more objects with ``state_dict`` / ``load_state_dict``, e.g. ``{"loss": crac_loss, "selection": ...}``.
-        latest_filename: the file's name.
         resume: load the file at start when it exists.
-        settings: the settings to store and compare on resume (default: ``calib_monai.bundle.runtime.run_settings``).
-        resume_changes: ``"allow"`` resumes with other settings; default ``"refuse"`` (or ``--resume_changes``).
-        lock: hold the output folder's lock while training.
     """
 
     def __init__(
@@ -188,52 +179,38 @@ class TrainingCheckpoint:
         optimizer: torch.optim.Optimizer,
         lr_scheduler: Any = None,
         extra: dict[str, Any] | None = None,
-        latest_filename: str = "checkpoint_latest.pt",
         resume: bool = True,
-        logger_name: str = "calib_monai",
-        settings: dict[str, Any] | None = None,
-        resume_changes: str | None = None,
-        lock: bool = True,
     ) -> None:
-        if resume_changes not in (None, "allow", "refuse"):
-            raise ValueError(f"resume_changes must be 'allow' or 'refuse', got {resume_changes!r}")
-        self.latest_path = Path(save_dir) / latest_filename
+        self.latest_path = Path(save_dir) / "checkpoint_latest.pt"
         self.network, self.optimizer, self.lr_scheduler = network, optimizer, lr_scheduler
         self.extra = dict(extra or {})
         self.resume = resume
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._trainer: Engine | None = None
-        self.settings, self.resume_changes = settings, resume_changes
         self._pending_lr: tuple[Any, Any] = (None, None)  # (command, checkpoint) learning rates of an allowed change
-        self.lock = OutputFolderLock(save_dir, self.logger) if lock else None
+        self.lock = OutputFolderLock(save_dir, self.logger)
 
     def attach(self, engine: Engine) -> None:
         self._trainer = engine
         engine.add_event_handler(Events.STARTED, self.start)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
-        if self.lock is not None:
-            engine.add_event_handler(Events.COMPLETED, self.lock.release)
-            engine.add_event_handler(Events.TERMINATE, self.lock.release)
+        engine.add_event_handler(Events.COMPLETED, self.lock.release)
+        engine.add_event_handler(Events.TERMINATE, self.lock.release)
 
     def start(self, engine: Engine) -> None:
         """Take the output folder's lock (DDP rank 0), then resume from the file when it exists."""
-        if self.lock is not None and idist.get_rank() == 0:
+        if idist.get_rank() == 0:
             self.lock.acquire()
         self.load_latest(engine)
 
-    def _settings(self) -> dict[str, Any]:
-        return dict(run_settings() if self.settings is None else self.settings)
-
     def _check_settings(self, checkpoint: dict[str, Any], fix: str) -> None:
-        """The checkpoint's settings against this run's: an error listing the differences, or (allowed) a log line
-        and the command's learning rate."""
+        """An error listing the differences of the checkpoint's settings, or (allowed) a log line and the new lr."""
         recorded = checkpoint["settings"]
-        differences = settings_differences(recorded, self._settings())
+        differences = settings_differences(recorded, dict(run_settings()))
         if not differences:
             return
         listed = ", ".join(f"{k}: {json.dumps(old)} -> {json.dumps(new)}" for k, old, new in differences)
-        allowed = self.resume_changes == "allow" or (self.resume_changes is None and resume_changes_allowed())
-        if not allowed:
+        if not resume_changes_allowed():
             raise ValueError(
                 f"{self.latest_path} was trained with other settings than this command's ({listed}; checkpoint -> "
                 "command): resuming would go on with the checkpoint's optimizer state (its learning rate) without a "
@@ -313,5 +290,5 @@ class TrainingCheckpoint:
             return
         state = {name: obj.state_dict() for name, obj in self._objects().items()}
         state["rng"] = capture_rng_state(engine.state.dataloader)
-        state["settings"] = self._settings()
+        state["settings"] = dict(run_settings())
         save_atomically(state, self.latest_path)

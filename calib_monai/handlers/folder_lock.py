@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 from ignite.engine import Engine, Events
@@ -13,19 +12,13 @@ __all__ = ["HoldOutputFolder"]
 
 
 class HoldOutputFolder:
-    """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`, the one a
-    training holds) when the engine starts, and give it back when it completes, after every handler attached before
-    this one took its turn (``calibrate``'s ``RecalibrationFitter`` publishes then). Attach it first: the weights are
-    loaded under the lock, so no training replaces them while ``calibrate`` fits for them, and a second ``calibrate``
-    on the folder is refused with the holder named. A run ended by an error line gives the lock back too.
-
-    Args:
-        folder: the run folder (``@output_dir``).
-        task: who holds it, for the message another process gets (``"calibrate"``).
+    """Take ``<folder>/training.lock`` (:class:`~calib_monai.handlers.checkpoint.OutputFolderLock`) when the engine
+    starts and give it back when it completes, after the handlers attached with the engine (``RecalibrationFitter``
+    publishes then). Attach it first, so the weights are loaded under the lock.
     """
 
-    def __init__(self, folder: str | os.PathLike, task: str = "calibrate", logger_name: str = "calib_monai") -> None:
-        self.lock = OutputFolderLock(folder, logging.getLogger(logger_name), task=task)
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.lock = OutputFolderLock(folder, task="calibrate")
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self._take)

@@ -1,6 +1,5 @@
-"""``ValidationHistory``: every validated epoch's metrics in ``validation_history.json``, and ``EpochSnapshots``:
-every epoch's network as ``epoch_<e>.pt``; the records that let studies apply other selection rules after training
-(:func:`calib_monai.handlers.select_epoch`)."""
+"""``ValidationHistory`` (``validation_history.json``) and ``EpochSnapshots`` (``epoch_<e>.pt``): the records that
+let studies apply other selection rules after training (:func:`calib_monai.handlers.select_epoch`)."""
 
 from __future__ import annotations
 
@@ -18,19 +17,12 @@ from calib_monai.bundle import unwrap_network
 __all__ = ["EpochSnapshots", "ValidationHistory"]
 
 
-def _as_float(value: Any) -> float:
-    return float(value.item() if isinstance(value, torch.Tensor) else value)
-
-
 class ValidationHistory:
-    """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (a list of
-    ``{"epoch": e, "val_mean_dice": ..., ...}``, written atomically by rank 0). Its state goes into the resumable
-    checkpoint (``TrainingCheckpoint(extra={"history": ...})``), so a resumed run continues the same list."""
+    """Append each validated epoch's evaluator metrics to ``<save_dir>/validation_history.json`` (``[{"epoch": e,
+    "val_mean_dice": ..., ...}]``, rank 0, atomically); resumable as ``TrainingCheckpoint(extra={"history": ...})``."""
 
-    def __init__(
-        self, save_dir: str | os.PathLike, evaluator: Engine, filename: str = "validation_history.json"
-    ) -> None:
-        self.path = Path(save_dir) / filename
+    def __init__(self, save_dir: str | os.PathLike, evaluator: Engine) -> None:
+        self.path = Path(save_dir) / "validation_history.json"
         self.evaluator = evaluator
         self.history: list[dict[str, float]] = []
 
@@ -48,7 +40,7 @@ class ValidationHistory:
         if idist.get_rank() > 0 or not metrics:
             return
         self.history = [e for e in self.history if e["epoch"] < engine.state.epoch]
-        self.history.append({"epoch": engine.state.epoch, **{k: _as_float(v) for k, v in metrics.items()}})
+        self.history.append({"epoch": engine.state.epoch, **{k: float(v) for k, v in metrics.items()}})
         write_json_atomically(self.path, self.history, indent=1)
 
 

@@ -26,37 +26,22 @@ KEYS = ("pred", "label", "image")  # the evaluator's logits (before any softmax)
 
 
 class RecalibrationFitter:
-    """Attach to a validation evaluator whose outputs keep the raw logits; when it completes, fit the recalibration
-    ``settings`` name on them and write ``output_path`` (``<models>/calibration.pt`` and its readable
-    ``calibration.json``): :func:`calib_monai.recalibration.recalibrate` on the volumes it collected.
-
-    The fit and the scheme that scores the range are those of ``settings``: every
-    validation volume in the range is scored by a recalibration it did not fit (cross-fitting by subject, else a
-    plain split; :mod:`calib_monai.recalibration.fitting`). The log line and ``calibration.json`` name every number
-    for what it was measured on (``range_volumes_*``, ``heldout_slices_*``, ``in_sample_*``).
-
-    With ``validated_range_path``, the range's volumes are scored (:func:`calib_monai.metrics.case_quality`) and
-    their case scores, volumes, image statistics and (``review_feature_check``) the pooled bottleneck features of
-    the evaluator's network (``engine.network``, one volume per batch) are stored there
-    (:class:`calib_monai.review.validated_range.ValidatedRange`, with the review rule of ``settings``). A volume
-    whose item has a ``"subject"`` (the data component's ``subject_of``) is counted with its subject's volumes.
-
-    The evaluator's decollated outputs hold the logits under ``"pred"``, the label under ``"label"`` and the image
-    under ``"image"``; every volume is scored on the network's grid, as ``inferring`` scores a case.
+    """When the validation evaluator completes, :func:`calib_monai.recalibration.recalibrate` the volumes it
+    collected (logits under ``"pred"``, before any softmax; ``"label"``; ``"image"``; an optional ``"subject"``):
+    fit the recalibration of ``settings`` and write ``output_path`` (``calibration.pt`` and ``calibration.json``)
+    and, with ``validated_range_path``, the validated range (case scores, volumes, image statistics and, with
+    ``review_feature_check``, the pooled bottleneck features of ``engine.network``, one volume per batch).
 
     Args:
         output_path: the calibration file.
-        weights: the network's weights file it is fitted for (its SHA-256 is stored; the calibration is never
-            applied to other weights).
+        weights: the network's weights file it is fitted for (its SHA-256 is stored).
         settings: :class:`~calib_monai.recalibration.RecalibrationSettings` (checked when made; None: the defaults).
         validated_range_path: where to store the validated range (None: not stored).
         label_names: ``{"0": "background", ...}`` (the range's class names).
-        preprocessing: the validation chain (``@validate#preprocessing``, the served chain with the label), through
-            which the reference images go.
-        reference_images: the training items (``@data.datalist()['training']``): the image statistics and pooled
-            features (through the evaluator's inferer) of up to ``settings.max_reference`` of them through
-            ``preprocessing``, evenly spaced, are the input and feature signals' fixed references (None: the
-            validation volumes measure each other).
+        preprocessing: the validation chain (``@validate#preprocessing``) the reference images go through.
+        reference_images: the training items (``@data.datalist()['training']``): up to ``settings.max_reference`` of
+            them, evenly spaced, are the input and feature signals' fixed references (None: the validation volumes
+            measure each other).
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
     """
 
@@ -94,8 +79,7 @@ class RecalibrationFitter:
         engine.add_event_handler(Events.COMPLETED, self._fit)
 
     def _start(self, engine: Engine) -> None:
-        # the evaluator's network and inferer give the feature signal; a MONAI evaluator sets them after its handlers
-        # are attached, so they are read when it starts
+        # the feature signal's network and inferer: a MONAI evaluator sets them after attaching its handlers
         network = getattr(engine, "network", None)
         if network is not None and network is not self._network:
             self._network, self._hook = network, None

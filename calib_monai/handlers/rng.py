@@ -1,11 +1,7 @@
-"""The random-number state of a training run, for checkpoints that resume exactly where a run stopped.
-
-:func:`capture_rng_state` reads every generator a run uses at the end of an epoch and :func:`restore_rng_state` puts
-them back when it resumes (``TrainingCheckpoint``): ``torch`` (the CPU generator, which seeds the sampler and the
-loader's workers, and every initialised GPU's), ``numpy`` and ``python``, ``samplers`` (a generator of the training
-loader or its sampler) and ``transforms`` (the ``R`` of every MONAI ``Randomizable`` transform of the training
-dataset). Persistent workers keep their own generators in their own processes, which a checkpoint cannot hold.
-Everything is stored as tensors, ints and floats, so the checkpoint loads with ``weights_only=True``.
+"""The random-number state of a training run, for checkpoints that resume exactly where a run stopped: ``torch``
+(CPU and initialised GPUs), ``numpy``, ``python``, the training loader's and sampler's generators and the ``R`` of
+every MONAI ``Randomizable`` transform of its dataset (not persistent workers' own), as tensors, ints and floats so
+the checkpoint loads with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ _DATA = (torch.Tensor, np.ndarray, dict, list, tuple, str, bytes, int, float, bo
 
 def randomizable_transforms(root: Any) -> list:
     """The MONAI ``Randomizable`` objects reachable from ``root`` (a dataset) through attributes, lists and tuples,
-    in a fixed order (depth first, attributes in definition order); data is not searched: tensors, arrays, dicts and
-    lists whose first item is data (a cache of items, an index of slices)."""
+    depth first; data (tensors, arrays, dicts, lists of data such as a cache) is not searched."""
     from monai.transforms import Randomizable
 
     found, seen, stack = [], set(), [root]
@@ -62,11 +57,8 @@ def _as_numpy_state(state: dict[str, Any]) -> tuple:
 
 def _loader_generators(loader: Any) -> list[torch.Generator]:
     """The generators a training loader owns: its own and its sampler's (batch sampler's sampler) when set."""
-    if loader is None:
-        return []
-    candidates = [getattr(loader, "generator", None)]
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        candidates.append(getattr(sampler, "generator", None))
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    candidates = [getattr(x, "generator", None) for x in (loader, *samplers)]
     found: list[torch.Generator] = []
     for generator in candidates:
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):

@@ -1,8 +1,5 @@
-"""Model selection: which epoch's network becomes ``model.pt``.
-
-``select_epoch`` is the one rule (best metric, epochs within ``bounds`` first); :class:`ModelSelection` applies it while
-training, and studies apply it afterwards to a run's ``validation_history.json`` (:class:`ValidationHistory`).
-"""
+"""Model selection: :func:`select_epoch` is the one rule of which epoch becomes ``model.pt``;
+:class:`ModelSelection` applies it while training, studies afterwards to ``validation_history.json``."""
 
 from __future__ import annotations
 
@@ -20,27 +17,12 @@ from ignite.engine import Engine, Events
 from calib_monai.atomic import save_atomically
 from calib_monai.bundle import unwrap_network
 
-__all__ = ["ModelSelection", "check_selection_metric", "select_epoch"]
+__all__ = ["ModelSelection", "select_epoch"]
 
 
-def _nearest(name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _check_mode(mode: Any) -> str:
+def _check_mode(mode: Any) -> None:
     if mode not in ("max", "min"):
         raise ValueError(f"selection mode must be 'max' or 'min' (higher or lower is better), got {mode!r}.")
-    return str(mode)
-
-
-def check_selection_metric(metric_name: str, metrics: Any) -> None:
-    """A ValueError naming ``metric_name`` when the validation does not compute it (``metrics``: its metric names)."""
-    if metric_name not in metrics:
-        raise ValueError(
-            f"selection_metric {metric_name!r} is not a metric of the validation{_nearest(metric_name, metrics)}"
-            f": it computes {sorted(metrics)}; pass --selection_metric <one of them>"
-        )
 
 
 def _within_bounds(metrics: dict[str, Any], bounds: dict[str, float]) -> bool:
@@ -68,15 +50,8 @@ def select_epoch(
     mode: str = "max",
     bounds: dict[str, float] | None = None,
 ) -> int:
-    """The epoch ``TrainingCheckpoint`` saves as ``model.pt`` for a selection rule, from a run's validation history.
-
-    Args:
-        history: one dict per validated epoch with its ``"epoch"`` and the evaluator's metrics (the handler's
-            ``validation_history.json``).
-        metric_name, mode, bounds: the rule, as ``TrainingCheckpoint`` takes it.
-    Returns:
-        the selected epoch, -1 when no epoch has a finite ``metric_name``.
-    """
+    """The epoch :class:`ModelSelection` with this rule saves as ``model.pt``, from a run's validation history (one
+    dict per validated epoch: ``"epoch"`` and the metrics); -1 when no epoch has a finite ``metric_name``."""
     _check_mode(mode)
     bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
     best, best_within, best_epoch = (-math.inf if mode == "max" else math.inf), False, -1
@@ -90,21 +65,17 @@ def select_epoch(
 
 
 class ModelSelection:
-    """Write the network of the best epoch so far as ``model.pt`` (a plain ``state_dict``, the model-zoo format that
-    ``ckpt_export``, evaluation and MONAI Label read), after each validation.
+    """Write the network of the best epoch so far as ``model.pt`` (a plain ``state_dict``, unwrapped from DDP, by rank
+    0) after each validation.
 
-    The rule (:func:`select_epoch`): the highest ``evaluator.state.metrics[metric_name]`` (``mode="max"``, DSC in the
-    papers; ``"min"`` for NLL or ECE), strictly, so the earliest of equal epochs stays; with ``bounds`` (``{"val_ece":
-    0.05}``), epochs within them come first: until one is, the best epoch regardless of them is kept (``model.pt``
-    always exists) and the log says so. ``metric_name`` must be one of the evaluator's metrics: a name it does not
-    compute is an error at the first validation (naming the ones it computes), not an epoch silently never saved.
-
-    Attach after MONAI's ``ValidationHandler`` (the evaluator has run by ``EPOCH_COMPLETED``). Rank 0 writes (every DDP
-    rank holds the same weights); a DDP network is unwrapped, so the file loads into the bundle's ``network_def``. Its
-    state (the best so far) goes into the resumable checkpoint (``TrainingCheckpoint(extra={"selection": ...})``).
+    The rule (:func:`select_epoch`): the highest ``evaluator.state.metrics[metric_name]`` (``mode="max"``; ``"min"``
+    for NLL or ECE), the earliest of equal epochs; with ``bounds`` (``{"val_ece": 0.05}``) epochs within them come
+    first, and until one is the best regardless of them is kept and the log says so. A ``metric_name`` the evaluator
+    does not compute is an error at the first validation. Attach after MONAI's ``ValidationHandler``; resumable as
+    ``TrainingCheckpoint(extra={"selection": ...})``.
 
     Args:
-        save_dir: folder of ``best_filename``.
+        save_dir: folder of ``model.pt``.
         network: the trained network.
         evaluator: the validation engine holding ``metric_name``.
         metric_name, mode, bounds: the rule.
@@ -118,15 +89,13 @@ class ModelSelection:
         metric_name: str = "val_mean_dice",
         mode: str = "max",
         bounds: dict[str, float] | None = None,
-        best_filename: str = "model.pt",
-        logger_name: str = "calib_monai",
     ) -> None:
         _check_mode(mode)
-        self.best_path = Path(save_dir) / best_filename
+        self.best_path = Path(save_dir) / "model.pt"
         self.network, self.evaluator = network, evaluator
         self.metric_name, self.mode = metric_name, mode
         self.bounds = {str(k): float(v) for k, v in (bounds or {}).items()}
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self.best_metric = -math.inf if mode == "max" else math.inf
         self.best_metric_epoch = -1
         self.best_within_bounds = False
@@ -145,13 +114,19 @@ class ModelSelection:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_metric = float(state["best_metric"])
         self.best_metric_epoch = int(state["best_metric_epoch"])
-        self.best_within_bounds = bool(state.get("best_within_bounds", not self.bounds))
+        self.best_within_bounds = bool(state["best_within_bounds"])
 
     def __call__(self, engine: Engine) -> None:
         metrics = self.evaluator.state.metrics
         if idist.get_rank() > 0 or not metrics:  # no validation this epoch (val_interval > 1)
             return
-        check_selection_metric(self.metric_name, metrics)
+        if self.metric_name not in metrics:
+            close = difflib.get_close_matches(self.metric_name, list(metrics), n=1)
+            raise ValueError(
+                f"selection_metric {self.metric_name!r} is not a metric of the validation"
+                f"{f' (did you mean {close[0]!r}?)' if close else ''}: it computes {sorted(metrics)}; pass "
+                "--selection_metric <one of them>"
+            )
         value, within = float(metrics[self.metric_name]), _within_bounds(metrics, self.bounds)
         if _better(value, within, self.best_metric, self.best_within_bounds, self.mode):
             self.best_metric, self.best_metric_epoch, self.best_within_bounds = value, engine.state.epoch, within

@@ -13,13 +13,9 @@ __all__ = ["EpochSummary"]
 
 
 class EpochSummary:
-    """Log one line per epoch: training loss, the evaluator's metrics, learning rate and wall time.
-
-    Why not MONAI's ``StatsHandler``: it logs the trainer's own state (a line per iteration, or the trainer's epoch
-    metrics), not the *evaluator's* metrics beside the epoch's mean loss, learning rate and time in one line; it
-    reads the loss back every logged iteration, where this handler sums it on the device and reads it once per epoch.
-
-    Example line::
+    """Log one line per epoch: training loss, the evaluator's metrics, learning rate and wall time (MONAI's
+    ``StatsHandler`` logs the trainer's own state and reads the loss back every iteration; this sums it on the
+    device and reads it once per epoch)::
 
         epoch 3/100  loss 0.4123  val_mean_dice 0.8120  val_ece 0.0710  lr 1.0e-03  time 12.3 s
 
@@ -27,7 +23,6 @@ class EpochSummary:
         evaluator: the validation engine whose ``state.metrics`` are reported (None: training loss only).
         optimizer: the learning rate of the epoch (first parameter group, read when the epoch starts).
         metric_names: evaluator metrics to print, in order; default: all of them, sorted.
-        logger_name: logger the line goes to (bundle ``logging.conf`` files configure ``calib_monai``).
     """
 
     def __init__(
@@ -35,12 +30,11 @@ class EpochSummary:
         evaluator: Engine | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         metric_names: list[str] | None = None,
-        logger_name: str = "calib_monai",
     ) -> None:
         self.evaluator = evaluator
         self.optimizer = optimizer
         self.metric_names = metric_names
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
         self._loss_sum = 0.0
         self._loss_count = 0
         self._epoch_start = 0.0

@@ -16,11 +16,9 @@ __all__ = ["NetworkWeightsLoader"]
 
 
 class NetworkWeightsLoader:
-    """Load a ``model.pt`` into a network when an engine starts (bundle ``evaluate.json`` and ``inference.json``).
-
-    Like MONAI's ``CheckpointLoader(load_dict={"model": network})`` with ``strict=True``, but through
-    :func:`calib_monai.bundle.load_network_weights`, so it also reads the ``module.``-prefixed files that multi-GPU
-    runs wrote before the handlers unwrapped DDP (``CheckpointLoader`` fails on those with missing keys).
+    """Load a ``model.pt`` into a network when an engine starts (bundle ``evaluate.json`` and ``inference.json``):
+    MONAI's strict ``CheckpointLoader`` through :func:`calib_monai.bundle.load_network_weights`, which also reads
+    ``module.``-prefixed files (on which ``CheckpointLoader`` fails with missing keys).
 
     Args:
         load_path: the weights file: a plain state_dict, a ``module.``-prefixed one, or ``{"model": ...}``.
@@ -33,12 +31,11 @@ class NetworkWeightsLoader:
         load_path: str | os.PathLike,
         network: torch.nn.Module,
         map_location: Any = "cpu",
-        logger_name: str = "calib_monai",
     ) -> None:
         self.load_path = Path(load_path)
         self.network = network
         self.map_location = map_location
-        self.logger = logging.getLogger(logger_name)
+        self.logger = logging.getLogger("calib_monai")
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self)

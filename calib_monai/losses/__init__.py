@@ -1,9 +1,6 @@
-"""Calibration losses, one per module (see each class docstring for its paper and formula).
-
-All take logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``; inputs are
-checked by :func:`calib_monai.losses._inputs.prepare_inputs`. :mod:`calib_monai.losses.priors` holds the shared
-neighbourhood machinery (SVLS kernel, NACL prior, boundary mask); :mod:`calib_monai.losses._l1ace` what the two
-average calibration losses (``HardL1ACELoss``, ``SoftL1ACELoss``) share.
+"""Calibration losses, one per module (each class docstring gives its formula and paper). All take logits
+``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``, checked by
+:func:`calib_monai.losses._inputs.prepare_inputs`.
 """
 
 from __future__ import annotations

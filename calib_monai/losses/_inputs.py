@@ -1,62 +1,29 @@
-"""Input checks shared by every loss of :mod:`calib_monai.losses`.
-
-:func:`prepare_inputs` takes logits ``(B, C, H, W[, D])`` and integer labels ``(B, 1, H, W[, D])`` or ``(B, H, W[,
-D])`` (float holding integers, or ``MetaTensor``) and returns plain tensors: logits unchanged and labels ``int64 (B,
-H, W[, D])``; bad input is a ``ValueError`` naming what was seen and expected. Shapes are checked on every call. The
-*value* checks (finite logits, labels in ``[0, C)``) read a reduction back to the host, a GPU stall, so they run
-
-* always for CPU tensors;
-* on the first call of each loss instance on an accelerator (``set_value_checks("always")`` or
-  ``CALIB_MONAI_VALUE_CHECKS=always``: every call; ``"never"``: not at all);
-* never for ``meta`` tensors (they have no values).
-"""
+"""Input checks shared by every loss of :mod:`calib_monai.losses` (:func:`prepare_inputs`), and the base class of the
+per-voxel losses. Shapes are checked on every call; the *value* checks read a reduction back to the host, a GPU stall,
+so they run on every call for CPU tensors, on the first call of each loss instance on an accelerator, never on
+``meta`` tensors."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-
 import torch
+from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_option
 
-__all__ = [
-    "VALUE_CHECK_MODES",
-    "check_reduction",
-    "plain_tensor",
-    "prepare_inputs",
-    "reduce_per_voxel",
-    "set_value_checks",
-    "value_checks_due",
-]
-
-#: ``"first"`` (default: first call per loss on an accelerator, every call on CPU), ``"always"``, ``"never"``.
-VALUE_CHECK_MODES = ("first", "always", "never")
-_value_checks = os.environ.get("CALIB_MONAI_VALUE_CHECKS", "first")
+__all__ = ["PerVoxelLoss", "plain_tensor", "prepare_inputs", "value_checks_due"]
 
 
 def plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept.
-
-    Losses only need the values; dropping the subclass avoids MetaTensor's per-operation metadata bookkeeping.
-    (The metrics' :func:`calib_monai.metrics.calibration.detached_plain_tensor` also leaves the autograd graph.)
-    """
+    """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept
+    (MetaTensor's per-operation metadata bookkeeping would slow every loss op)."""
     return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
-
-
-def set_value_checks(mode: str) -> str:
-    """Set when the losses check input *values* (see the module docstring); returns the previous mode."""
-    global _value_checks
-    previous, _value_checks = _value_checks, check_option("value checks mode", mode, VALUE_CHECK_MODES)
-    return previous
 
 
 def value_checks_due(owner: object | None, device: torch.device) -> bool:
     """Whether the loss ``owner`` checks values of tensors on ``device`` in this call (and records that it did)."""
-    mode = check_option("CALIB_MONAI_VALUE_CHECKS", _value_checks, VALUE_CHECK_MODES)
-    if device.type == "meta" or mode == "never":
+    if device.type == "meta":
         return False
-    if mode == "always" or device.type == "cpu" or owner is None:
+    if device.type == "cpu" or owner is None:
         return True
     checked = getattr(owner, "_calib_monai_values_checked", set())
     if device in checked:
@@ -64,11 +31,6 @@ def value_checks_due(owner: object | None, device: torch.device) -> bool:
     # plain attribute, not a buffer: it must not enter state_dicts or checkpoints
     object.__setattr__(owner, "_calib_monai_values_checked", checked | {device})
     return True
-
-
-def check_reduction(reduction: str, options: Sequence[str] = ("mean", "sum", "none")) -> str:
-    """``reduction`` if it is one of ``options``, else ``"reduction must be one of ..."`` (a ValueError)."""
-    return check_option("reduction", str(reduction), options)
 
 
 def _check_logits(
@@ -117,9 +79,7 @@ def _check_logits(
 
 
 def _check_labels(labels: torch.Tensor, logits: torch.Tensor, check_values: bool) -> torch.Tensor:
-    if not isinstance(labels, torch.Tensor):
-        labels = torch.as_tensor(labels)
-    labels = plain_tensor(labels).detach()
+    labels = plain_tensor(torch.as_tensor(labels)).detach()
     batch, n_classes, *spatial = logits.shape
     expected = f"(B, 1, *spatial) = {(batch, 1, *spatial)} or (B, *spatial) = {(batch, *spatial)}"
     if labels.ndim == logits.ndim and labels.shape[0] == batch and labels.shape[1] == 1:
@@ -133,9 +93,7 @@ def _check_labels(labels: torch.Tensor, logits: torch.Tensor, check_values: bool
         raise ValueError(
             f"labels must have shape {expected} to match logits {tuple(logits.shape)}, got shape {tuple(labels.shape)}."
         )
-    if labels.dtype == torch.bool:
-        labels = labels.long()
-    elif labels.is_floating_point() and check_values:
+    if labels.is_floating_point() and check_values:
         # MONAI loaders often hand labels over as float tensors holding integers (NaN fails this test too)
         not_integer = labels != torch.round(labels)
         if bool(not_integer.any()):
@@ -144,19 +102,14 @@ def _check_labels(labels: torch.Tensor, logits: torch.Tensor, check_values: bool
                 f"labels must hold integer class indices, got {bad.numel()} non-integer value(s) "
                 f"(first: {bad[0].item()}) with dtype {labels.dtype}."
             )
-        labels = labels.long()
-    else:
-        labels = labels.long()
-    if labels.device != logits.device:
-        labels = labels.to(logits.device)
+    labels = labels.long().to(logits.device)
     if not check_values:
         return labels
-    lowest, highest = torch.aminmax(labels)
-    lowest_v, highest_v = int(lowest), int(highest)
-    if lowest_v < 0 or highest_v >= n_classes:
+    lowest, highest = (int(v) for v in torch.aminmax(labels))
+    if lowest < 0 or highest >= n_classes:
         raise ValueError(
             f"label values must lie in [0, {n_classes}) for logits with {n_classes} channels, "
-            f"got values in [{lowest_v}, {highest_v}]."
+            f"got values in [{lowest}, {highest}]."
         )
     return labels
 
@@ -168,24 +121,18 @@ def prepare_inputs(
     spatial_dims: int | None = None,
     owner: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check logits and labels and return them as plain tensors.
+    """Check logits and labels; return the logits as a plain tensor in the autograd graph and the labels as ``int64``
+    ``(B, *spatial)`` on the logits' device.
 
     Args:
         logits: ``(B, C, H, W)`` or ``(B, C, H, W, D)`` floating point, finite.
         labels: class indices in ``[0, C)``, shape ``(B, 1, *spatial)`` or ``(B, *spatial)``; any integer, bool or
             integer-valued float dtype; a ``MetaTensor`` is accepted.
-        num_classes: if given, the number of channels the logits must have.
-        spatial_dims: if given (2 or 3), the number of spatial dims the logits must have.
-        owner: the loss calling; on an accelerator its values are checked on its first call only
-            (:func:`value_checks_due`). None: values are checked whenever they can be.
-
-    Returns:
-        ``(logits, labels)``: logits as a plain tensor in the autograd graph; labels as ``int64`` ``(B, *spatial)``
-        on the logits' device.
+        num_classes, spatial_dims: if given, the channels and spatial dims the logits must have.
+        owner: the loss calling (:func:`value_checks_due`); None: values are checked whenever they can be.
 
     Raises:
-        ValueError: wrong rank, channel count or shape mismatch, non-integer or out-of-range labels, non-finite
-            logits. The message names the shape or value seen and the one expected.
+        ValueError: naming the shape or value seen and the one expected.
     """
     device = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
     check_values = value_checks_due(owner, device)
@@ -193,10 +140,28 @@ def prepare_inputs(
     return logits, _check_labels(labels, logits, check_values)
 
 
-def reduce_per_voxel(per_voxel: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Reduce a ``(B, 1, *spatial)`` per-voxel loss map: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` (the map)."""
-    if reduction == "mean":
-        return per_voxel.mean()
-    if reduction == "sum":
-        return per_voxel.sum()
-    return per_voxel
+class PerVoxelLoss(_Loss):
+    """A loss defined per voxel (:meth:`per_voxel`, ``(B, 1, *spatial)``) of checked logits and labels, reduced by
+    ``reduction``: ``"mean"`` over voxels, ``"sum"``, or ``"none"`` for the map. ``classes`` and ``dim``, when a
+    subclass sets them, are the channels and spatial dims the logits must have."""
+
+    classes: int | None = None
+    dim: int | None = None
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__(reduction=check_option("reduction", str(reduction), ("mean", "sum", "none")))
+
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The ``(B, 1, *spatial)`` loss map of plain logits and ``int64`` labels ``(B, *spatial)``."""
+        raise NotImplementedError
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            input: logits ``(B, C, H, W[, D])``.
+            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
+        """
+        per_voxel = self.per_voxel(*prepare_inputs(input, target, self.classes, self.dim, owner=self))
+        if self.reduction == "mean":
+            return per_voxel.mean()
+        return per_voxel.sum() if self.reduction == "sum" else per_voxel

@@ -1,13 +1,8 @@
-"""What :class:`~calib_monai.losses.HardL1ACELoss` and :class:`~calib_monai.losses.SoftL1ACELoss` share.
-
-Both are ``lambda_dice * Dice + lambda_ce * CE + lambda_ace * mL1-ACE`` (Barfoot et al., "Average Calibration Losses
-for Reliable Uncertainty in Medical Image Segmentation", arXiv:2506.03942). They differ only in how a probability is
-assigned to the equal-width bins (:meth:`L1ACELoss.memberships`) and which bins count as empty
-(:meth:`L1ACELoss.occupied`); this module holds the rest: argument checks, the segmentation term, the per-bin sums
-and the reduction over bins, classes and images.
-
-All sums are scatters into fixed-size tensors on the logits' device (no host read-back, shapes the ``meta`` device
-can follow), in the logits' dtype (float32 for float16 / bfloat16 logits).
+"""What :class:`~calib_monai.losses.HardL1ACELoss` and :class:`~calib_monai.losses.SoftL1ACELoss` share: argument
+checks, the DiceCE term, the per-bin sums and the reduction over bins, classes and images. They differ only in how a
+probability is assigned to bins (:meth:`L1ACELoss.memberships`) and which bins count as empty
+(:meth:`L1ACELoss.occupied`). Sums are scatters into fixed-size tensors on the logits' device (no host read-back), in
+the logits' dtype (float32 for float16 / bfloat16 logits).
 """
 
 from __future__ import annotations
@@ -26,16 +21,12 @@ __all__ = ["EMPTY_CLASSES", "L1ACELoss"]
 EMPTY_CLASSES = ("zero", "exclude", "include")
 
 # The Dice term of the paper's DiceCE (authors' bundle_templates/configs/loss/*_dice_ce.yaml, dice_params).
-PAPER_DICE = {"smooth_nr": 0.0, "smooth_dr": 1e-5, "squared_pred": True}
+PAPER_DICE = {"smooth_nr": 0.0, "squared_pred": True}  # smooth_dr: 1e-5, CEDiceLoss's
 
 
 class L1ACELoss(_Loss):
-    """Base class: ``lambda_dice * Dice + lambda_ce * CE + lambda_ace * mL1-ACE`` on logits and integer labels.
-
-    Subclasses define :meth:`memberships` (the bins each probability is counted in, with weights) and may override
-    :meth:`occupied` (which bins are not empty). The arguments, their defaults and sources are documented in
-    :class:`~calib_monai.losses.HardL1ACELoss` (which adds nothing to them).
-    """
+    """Base class: ``lambda_dice * Dice + lambda_ce * CE + lambda_ace * mL1-ACE`` (Barfoot et al.,
+    arXiv:2506.03942); arguments as :class:`~calib_monai.losses.HardL1ACELoss`."""
 
     def __init__(
         self,
@@ -59,8 +50,6 @@ class L1ACELoss(_Loss):
         if self.lambda_dice or self.lambda_ce:
             self.segmentation = CEDiceLoss(self.include_background, self.lambda_dice, self.lambda_ce, **PAPER_DICE)
 
-    # -- what the subclasses define --------------------------------------------------------------------------------
-
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The bins each probability of ``p (B, C, N)`` is counted in: ``(bin index (B, C, N) int64, weight (B, C, N)
         or None for 1)`` pairs whose weights add up to 1 per probability."""
@@ -70,20 +59,12 @@ class L1ACELoss(_Loss):
         """Which bins of the per-bin weight sums ``count (B, C, M)`` are not empty (enter the mean over bins)."""
         return count > 0
 
-    # -- computation -------------------------------------------------------------------------------------------------
-
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
         logits, labels = prepare_inputs(input, target, owner=self)
-        total = self.segmentation(logits, labels) if self.segmentation is not None else None
-        if self.lambda_ace:
-            term = self.lambda_ace * self._calibration_term(logits, labels)
-            total = term if total is None else total + term
-        return total
+        if not self.lambda_ace:
+            return self.segmentation(logits, labels)
+        term = self.lambda_ace * self._calibration_term(logits, labels)
+        return term if self.segmentation is None else self.segmentation(logits, labels) + term
 
     def calibration_term(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The mL1-ACE term alone, unweighted (what ``forward`` multiplies by ``lambda_ace``): a scalar in the autograd

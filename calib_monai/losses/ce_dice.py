@@ -6,8 +6,8 @@ import torch
 from monai.losses import DiceCELoss
 from torch.nn.modules.loss import _Loss
 
-from calib_monai.checks import check_number
-from calib_monai.losses._inputs import check_reduction, prepare_inputs
+from calib_monai.checks import check_number, check_option
+from calib_monai.losses._inputs import prepare_inputs
 
 __all__ = ["CEDiceLoss"]
 
@@ -20,9 +20,9 @@ class CEDiceLoss(_Loss):
             + \\lambda_{Dice} \\, \\mathrm{mean}_{b, c}\\left(1 - \\frac{2 \\sum_n p_{bnc} y_{bnc} + s_{nr}}
             {\\sum_n p_{bnc} + \\sum_n y_{bnc} + s_{dr}}\\right)
 
-    with ``p = softmax(logits)``, ``y`` the one-hot labels, both weights 1 by default; class 0 is in the Dice term by
-    default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan et al., NACL,
-    MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
+    with ``p = softmax(logits)``, ``y`` the one-hot labels, ``s_dr = 1e-5``, both weights 1 by default; class 0 is in
+    the Dice term by default. Milletari et al., "V-Net", 3DV 2016 (the Dice term); the CE+DSC baseline of Murugesan
+    et al., NACL, MICCAI 2023 / MedIA 2024. Source code and differences: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits = torch.zeros(1, 2, 1, 2)  # uniform: p = 1/2 everywhere
@@ -36,9 +36,7 @@ class CEDiceLoss(_Loss):
         lambda_dice: weight of the Dice term, >= 0.
         lambda_ce: weight of the cross-entropy term, >= 0.
         reduction: ``"mean"`` or ``"sum"`` (passed to ``DiceCELoss``; there is no per-voxel Dice).
-        smooth_nr: Dice numerator smoothing.
-        smooth_dr: Dice denominator smoothing.
-        batch: whether Dice sums over the batch before dividing.
+        smooth_nr: Dice numerator smoothing ``s_nr``.
         squared_pred: whether the Dice denominator sums squared probabilities ``sum_n p^2`` (the V-Net form, used
             by the Average Calibration Losses paper's DiceCE baseline) instead of ``sum_n p``.
     """
@@ -50,11 +48,9 @@ class CEDiceLoss(_Loss):
         lambda_ce: float = 1.0,
         reduction: str = "mean",
         smooth_nr: float = 1e-5,
-        smooth_dr: float = 1e-5,
-        batch: bool = False,
         squared_pred: bool = False,
     ) -> None:
-        super().__init__(reduction=check_reduction(reduction, ("mean", "sum")))
+        super().__init__(reduction=check_option("reduction", str(reduction), ("mean", "sum")))
         check_number("lambda_dice", lambda_dice, 0, hint="the weight of the Dice term")
         check_number("lambda_ce", lambda_ce, 0, hint="the weight of the cross-entropy term")
         self.dice_ce = DiceCELoss(
@@ -63,18 +59,11 @@ class CEDiceLoss(_Loss):
             softmax=True,
             reduction=reduction,
             smooth_nr=smooth_nr,
-            smooth_dr=smooth_dr,
-            batch=batch,
             squared_pred=squared_pred,
             lambda_dice=lambda_dice,
             lambda_ce=lambda_ce,
         )
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
         logits, labels = prepare_inputs(input, target, owner=self)
         return self.dice_ce(logits, labels.unsqueeze(1))

@@ -25,7 +25,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "rho_init": 0.1,
         "clamp_per_pixel": False,
     },
-    # the authors' released code as far as our options express it (see CRaCLoss.preset)
+    # the authors' released code as far as our options express it (docs/notes/losses.md)
     "authors": {
         "inner_margin": 5.0,
         "multiplier_average": "all_padded",
@@ -62,29 +62,22 @@ class CRaCLoss(_Loss):
     Murugesan, Silva-Rodriguez, Ben Ayed, Dolz, "Class and Region-Adaptive Constraints for Network Calibration",
     MICCAI 2024 (CRaC). For pixel ``i``, class ``k`` and the region ``r(i)`` of ``i``:
 
-    * ``tau_ik``: the NACL mean prior, class proportions of the labels in the ``k^dim`` patch around ``i``
-      (:func:`calib_monai.losses.priors.class_proportion_prior`, pixels outside the image count as background);
-    * region: "inner" if the patch holds a single class, else "boundary", decided exactly from the labels
-      (window max != window min; :func:`~calib_monai.losses.priors.boundary_mask`);
+    * ``tau_ik``: the NACL mean prior over the ``k^dim`` patch around ``i`` (outside pixels count as background);
+    * region: "inner" if the patch holds one class, else "boundary" (:func:`~calib_monai.losses.priors.boundary_mask`);
     * ``h_ik = |m tau_ik - l_ik|`` for inner pixels and ``|tau_ik - l_ik|`` for boundary pixels, where
       ``m = inner_margin`` (1, the paper's Eq. 3/7);
     * constraint ``g_ik = h_ik - eps <= 0`` with ``eps = tolerance >= 0``.
 
-    Loss (Eq. 7, averaged rather than summed so that it does not scale with image size):
+    The loss is Eq. 7 averaged rather than summed (it does not scale with image size; ``reduction`` is not used),
+    ``L = CE + mean_{i,k} PHR(g_ik; rho_{k,r(i)}, lambda_{k,r(i)})``, with the PHR penalty of Eq. 10 (:func:`phr`).
 
-        ``L = CE + mean_{i,k} PHR(g_ik; rho_{k,r(i)}, lambda_{k,r(i)})``
+    Why a tolerance: with Eq. 7's ``h >= 0``, ``P' >= lambda`` at every pixel and a multiplier can only rise; with
+    ``g = h - eps`` satisfied pixels (``P' = 0``) pull it down. ``eps = 0`` is exactly the paper's Eq. 7.
 
-    with the PHR penalty of Eq. 10 (:func:`phr`); the result is always this mean (``reduction`` is not used).
-
-    Why a tolerance: Eq. 7 feeds PHR ``|tau - l| >= 0``, so ``P' >= lambda`` at every pixel and a multiplier can
-    only rise; with ``g = |tau - l| - eps`` the constraint is a true inequality of Eq. 4 form, whose satisfied pixels
-    (PHR's inactive branch, ``P' = 0``) pull lambda down. ``eps = 0`` is exactly the paper's Eq. 7.
-
-    ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`) held fixed during an epoch;
-    :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch on the validation set
-    (:meth:`validation_statistics`, :meth:`outer_update`); as buffers they are checkpointed and follow the logits'
-    device. :meth:`preset` builds the named settings :data:`PRESETS`. The authors' code and the differences from
-    it: ``docs/notes/losses.md``.
+    ``lambdas`` and ``rhos`` are ``(K, 2)`` buffers (columns :data:`REGIONS`, checkpointed, following the logits'
+    device) held fixed during an epoch; :class:`calib_monai.handlers.ALMUpdateHandler` updates them after each epoch
+    on the validation set (:meth:`validation_statistics`, :meth:`outer_update`). Named settings: :meth:`preset`. The
+    authors' code and the differences from it: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits, labels = torch.zeros(1, 2, 3, 3), torch.zeros(1, 3, 3, dtype=torch.long)
@@ -105,12 +98,9 @@ class CRaCLoss(_Loss):
         tau_alm: a ``(k, r)`` whose mean ``h`` did not fall below ``tau_alm`` times its previous value gets a
             larger ``rho`` (0.9).
         rho_interval: epochs between two ``rho`` checks (10).
-        multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (default:
-            the mean over the pixels of region ``r``, Eq. 8's mean of ``P'`` over the constraint's own terms),
-            ``"all"`` (the sum over region ``r``'s pixels divided by *all* validation pixels; boundary multipliers
-            then shrink with the boundary's share of the image) or ``"all_padded"`` (the mean over all pixels, where
-            each pixel of the other region enters with constraint 0 and so adds ``P'(0) = lambda``; a multiplier then
-            moves only by its region's share of the image).
+        multiplier_average: how :meth:`outer_update` averages ``P'`` over validation pixels: ``"region"`` (the mean
+            over region ``r``'s pixels, Eq. 8), ``"all"`` (their sum over *all* validation pixels) or ``"all_padded"``
+            (the mean over all pixels, each pixel of the other region adding ``P'(0) = lambda``).
         tolerance: ``eps >= 0`` above (0: the paper).
         lambda_min, lambda_max: the new multipliers are clamped to ``[lambda_min, lambda_max]`` (1e-6, 1e6).
         clamp_per_pixel: also clamp each pixel's ``P'`` to ``[lambda_min, lambda_max]`` before averaging (False).
@@ -139,25 +129,12 @@ class CRaCLoss(_Loss):
             raise ValueError(f"classes must be >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
-        check_number(
-            "tau_alm",
-            tau_alm,
-            0,
-            1,
-            low_open=True,
-            hint="a multiplier's rho grows when its constraint did "
-            "not fall below tau_alm times its previous value; 0.9 in the paper",
-        )
-        check_number("inner_margin", inner_margin, 0, hint="the width of the boundary region in pixels")
-        settings = {
-            "rho_init": rho_init,
-            "rho_max": rho_max,
-            "gamma": gamma,
-            "lambda_init": lambda_init,
-            "lambda_min": lambda_min,
-            "lambda_max": lambda_max,
-        }
-        for name, value in settings.items():
+        grows = "a multiplier's rho grows when its constraint did not fall below tau_alm times its previous value"
+        self.tau_alm = check_number("tau_alm", tau_alm, 0, 1, low_open=True, hint=f"{grows}; 0.9 in the paper")
+        margin = "m, the factor on tau at inner pixels; 1 in the paper"
+        self.inner_margin = check_number("inner_margin", inner_margin, 0, hint=margin)
+        alm = (rho_init, rho_max, gamma, lambda_init, lambda_min, lambda_max)
+        for name, value in zip(("rho_init", "rho_max", "gamma", "lambda_init", "lambda_min", "lambda_max"), alm):
             check_number(name, value, hint="an Augmented Lagrangian setting")
         if not 0 < rho_init <= rho_max:
             raise ValueError(f"need 0 < rho_init <= rho_max, got rho_init={rho_init!r}, rho_max={rho_max!r}.")
@@ -166,18 +143,15 @@ class CRaCLoss(_Loss):
                 "need lambda_init >= 0, gamma >= 1, rho_interval >= 1; "
                 f"got {lambda_init!r}, {gamma!r}, {rho_interval!r}."
             )
-        check_number("tolerance", tolerance, 0)
+        self.tolerance = check_number("tolerance", tolerance, 0)
         if not 0 <= lambda_min <= lambda_max:
             raise ValueError(f"need 0 <= lambda_min <= lambda_max, got {lambda_min!r}, {lambda_max!r}.")
         self.classes, self.dim, self.kernel_size = classes, dim, kernel_size
-        self.inner_margin = float(inner_margin)
         self.rho_init, self.rho_max, self.gamma = float(rho_init), float(rho_max), float(gamma)
-        self.tau_alm = float(tau_alm)
         self.rho_interval = rho_interval
         self.multiplier_average = check_option(
             "multiplier_average", multiplier_average, ("region", "all", "all_padded")
         )
-        self.tolerance = float(tolerance)
         self.lambda_min, self.lambda_max, self.clamp_per_pixel = float(lambda_min), float(lambda_max), clamp_per_pixel
         self.register_buffer("lambdas", torch.full((classes, 2), float(lambda_init), dtype=torch.float64))
         self.register_buffer("rhos", torch.full((classes, 2), float(rho_init), dtype=torch.float64))
@@ -188,10 +162,6 @@ class CRaCLoss(_Loss):
     @classmethod
     def preset(cls, name: str, classes: int, dim: int = 2, **overrides) -> CRaCLoss:
         """A loss with the named settings of :data:`PRESETS`, any of them replaced by ``overrides``.
-
-        ``"paper"`` is Eq. 3/7/8/10 as written (the constructor's defaults), ``"authors"`` the authors' released code
-        as far as these options express it, ``"tolerance"`` the bundles' default (``|tau - l| <= 2``, ``rho_init=1``,
-        from the ablation): see ``docs/notes/losses.md``.
 
         >>> CRaCLoss.preset("tolerance", classes=3).tolerance
         2.0
@@ -210,11 +180,7 @@ class CRaCLoss(_Loss):
         return (tau - logits).abs(), boundary
 
     def _follow_device(self, device: torch.device) -> None:
-        """Move the multiplier buffers to the logits' device (once), so that nobody has to move the loss module.
-
-        Bundles move the network, never the loss; a buffer left on the CPU would meet CUDA logits in
-        ``torch.where``. The buffers stay float64 wherever they live.
-        """
+        """Move the float64 multiplier buffers to the logits' device (bundles move the network, never the loss)."""
         if self.lambdas.device != device:
             self.to(device)
 
@@ -230,9 +196,6 @@ class CRaCLoss(_Loss):
         h, boundary = self.constraints(logits, labels)
         lam = self._per_pixel_tables(boundary, self.lambdas, logits.dtype)
         rho = self._per_pixel_tables(boundary, self.rhos, logits.dtype)
-        if self.tolerance == 0:
-            # h >= 0 and lam, rho >= 0, so PHR is always on its quadratic branch: lam h + rho h^2 / 2
-            return F.cross_entropy(logits, labels) + (lam * h + 0.5 * rho * h * h).mean()
         return F.cross_entropy(logits, labels) + phr(h - self.tolerance, rho, lam).mean()
 
     def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

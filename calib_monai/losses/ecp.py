@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number, check_option
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 
 __all__ = ["ECPLoss"]
 
 
-class ECPLoss(_Loss):
+class ECPLoss(PerVoxelLoss):
     """Entropy-based confidence penalty (ECP).
 
     .. math::
@@ -38,21 +37,15 @@ class ECPLoss(_Loss):
     """
 
     def __init__(self, alpha: float = 0.1, class_reduction: str = "mean", reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         self.alpha = check_number(
             "alpha", alpha, 0, hint="the weight of the confidence (negative entropy) penalty; 0.1 in the bundles"
         )
         self.class_reduction = check_option("class_reduction", class_reduction, ("mean", "sum"))
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, owner=self)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         log_p = F.log_softmax(logits, dim=1)
         ce = -log_p.gather(1, labels.unsqueeze(1))
         p_log_p = log_p.exp() * log_p  # 0 * finite where p underflows, never NaN
         neg_entropy = p_log_p.mean(dim=1, keepdim=True) if self.class_reduction == "mean" else p_log_p.sum(1, True)
-        return reduce_per_voxel(ce + self.alpha * neg_entropy, self.reduction)
+        return ce + self.alpha * neg_entropy

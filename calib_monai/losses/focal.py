@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 
 __all__ = ["FocalLoss"]
 
 
-class FocalLoss(_Loss):
+class FocalLoss(PerVoxelLoss):
     """Multi-class (softmax) focal loss, averaged over voxels.
 
     .. math::
@@ -20,9 +19,8 @@ class FocalLoss(_Loss):
         \\qquad p_n = \\mathrm{softmax}(l_n)
 
     Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017; calibration effect: Mukhoti et al., NeurIPS 2020.
-    The term is computed on the target class only. It equals ``monai.losses.FocalLoss(use_softmax=True,
-    to_onehot_y=True, reduction="none")`` summed over classes and averaged over voxels (MONAI's default is the
-    sigmoid focal loss, another quantity); ``docs/notes/losses.md``.
+    It equals ``monai.losses.FocalLoss(use_softmax=True, to_onehot_y=True, reduction="none")`` summed over classes
+    and averaged over voxels (MONAI's default is the sigmoid focal loss); ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits, labels = torch.zeros(1, 2, 1, 2), torch.tensor([[[0, 1]]])  # p = 1/2 everywhere
@@ -35,16 +33,9 @@ class FocalLoss(_Loss):
     """
 
     def __init__(self, gamma: float = 3.0, reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         self.gamma = check_number("gamma", gamma, 0, hint="the focusing exponent; 3 in the bundles")
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, owner=self)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         log_pt = F.log_softmax(logits, dim=1).gather(1, labels.unsqueeze(1))
-        per_voxel = -((1.0 - log_pt.exp()) ** self.gamma) * log_pt
-        return reduce_per_voxel(per_voxel, self.reduction)
+        return -((1.0 - log_pt.exp()) ** self.gamma) * log_pt

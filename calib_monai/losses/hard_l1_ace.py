@@ -20,30 +20,18 @@ class HardL1ACELoss(L1ACELoss):
             \\left| \\frac{1}{|B_{ikb}|} \\sum_{n \\in B_{ikb}} p_{nk}
             - \\frac{1}{|B_{ikb}|} \\sum_{n \\in B_{ikb}} [y_n = k] \\right|
 
-    for image ``i`` of the batch and class ``k``: ``p = softmax(logits)``; ``B_ikb`` the voxels of image ``i`` whose
-    ``p_k`` lies in bin ``b = (b/M, (b+1)/M]`` (0 in the first bin), all voxels of the image, not a foreground
-    selection; ``B+_ik`` the non-empty bins, each weighted equally (an *average*, not expected, calibration error:
-    the mean predicted probability and the observed frequency of class ``k`` are compared per bin, whatever the bin's
-    voxel count). The mean over classes makes it *marginal* (classwise), over the images of the batch *per image*.
-    The bin assignment is not differentiable; the per-bin means are, so the gradient reaches the logits through
-    ``mean p`` of each bin. ``L_Dice`` and ``L_CE`` are the paper's DiceCE: softmax Dice with squared
-    probabilities in the denominator (``squared_pred``, ``smooth_nr=0``, ``smooth_dr=1e-5``, background included)
-    and cross-entropy (:class:`~calib_monai.losses.CEDiceLoss`).
+    for image ``i`` of the batch and class ``k``: ``p = softmax(logits)``; ``B_ikb`` the voxels of image ``i`` (all
+    of them) whose ``p_k`` lies in bin ``b = (b/M, (b+1)/M]`` (0 in the first bin, a value on an edge in the lower
+    bin, as :func:`calib_monai.metrics.ml1ace`); ``B+_ik`` the non-empty bins, each weighted equally (an *average*
+    calibration error). The bin assignment is not differentiable; the gradient reaches the logits through each bin's
+    ``mean p``. ``L_Dice`` and ``L_CE`` are the paper's DiceCE (:class:`~calib_monai.losses.CEDiceLoss` with
+    ``squared_pred``, ``smooth_nr=0``, ``smooth_dr=1e-5``, background included). The loss is the scalar above (no
+    ``reduction``); :meth:`calibration_term` returns the term alone, which equals :func:`calib_monai.metrics.ml1ace`
+    (``foreground="all"``) of one image's softmax when every class is present or ``empty_classes="include"``.
 
     Barfoot, Garcia-Peraza-Herrera, Akcay, Glocker, Vercauteren, "Average Calibration Losses for Reliable
-    Uncertainty in Medical Image Segmentation", arXiv:2506.03942 (IEEE TMI 2026; MICCAI 2024).
-
-    Defaults are the authors': 20 bins, background included, classes absent from an image's labels contribute 0,
-    Dice, CE and mL1-ACE weighted equally (``lambda_ace = 1`` with unit Dice and CE weights). Bin edges are exactly
-    ``k / M``, a value on an edge in the lower bin, as :func:`calib_monai.metrics.ml1ace`. Empty classes:
-    ``empty_classes="zero"`` (the term of an absent class is 0 and still counts in the mean over ``B x C``),
-    ``"include"`` (scored like any class), ``"exclude"`` (the mean over the present (image, class) pairs only).
-    The loss is the scalar above (no ``reduction``, no per-class ``weight``). The authors' code, the lines each
-    default comes from and the differences: ``docs/notes/losses.md``.
-
-    With ``foreground="all"`` and ``num_bins`` as here, :func:`calib_monai.metrics.ml1ace` of the softmax of one
-    image equals the calibration term (``empty_classes="include"``, or any setting when every class is present):
-    the loss optimises the metric. :meth:`calibration_term` returns the term alone.
+    Uncertainty in Medical Image Segmentation", arXiv:2506.03942 (IEEE TMI 2026; MICCAI 2024). Defaults are the
+    authors'; their code and the differences: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits = torch.zeros(1, 2, 1, 2)  # p = 1/2 for both classes, in bin 9 of 20 ((0.45, 0.5])
@@ -60,7 +48,9 @@ class HardL1ACELoss(L1ACELoss):
         lambda_dice: weight of the Dice term (finite, >= 0; 0 with ``lambda_ce=0`` leaves the mL1-ACE term alone).
         lambda_ce: weight of the cross-entropy term (finite, >= 0).
         include_background: whether class 0 enters the mL1-ACE and Dice terms (True, the authors').
-        empty_classes: ``"zero"`` (the authors'), ``"exclude"`` or ``"include"``: see above.
+        empty_classes: a class absent from an image's labels: ``"zero"`` (its term is 0 and still counts in the mean
+            over ``B x C``, the authors'), ``"include"`` (scored like any class) or ``"exclude"`` (the mean over the
+            present (image, class) pairs only).
     """
 
     def memberships(self, p: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

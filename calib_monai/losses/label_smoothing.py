@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 
 __all__ = ["LabelSmoothingLoss"]
 
 
-class LabelSmoothingLoss(_Loss):
+class LabelSmoothingLoss(PerVoxelLoss):
     """Cross-entropy against ``q = (1 - alpha) onehot(y) + alpha / C``.
 
     .. math::
@@ -20,7 +19,7 @@ class LabelSmoothingLoss(_Loss):
             = \\mathrm{mean}_n\\left(-(1 - \\alpha) \\log p_{n, y_n} - \\frac{\\alpha}{C} \\sum_c \\log p_{nc}\\right)
 
     Szegedy et al., "Rethinking the Inception Architecture for Computer Vision", CVPR 2016; calibration effect:
-    Mueller et al., NeurIPS 2019. Same value as ``torch.nn.CrossEntropyLoss(label_smoothing=alpha)``. Its raw
+    Mueller et al., NeurIPS 2019. Computed by ``torch.nn.functional.cross_entropy(label_smoothing=alpha)``. Its raw
     probabilities overstate volumes: read volumes and the case score after recalibration (``docs/notes/losses.md``).
 
     >>> import torch
@@ -36,19 +35,10 @@ class LabelSmoothingLoss(_Loss):
     """
 
     def __init__(self, alpha: float = 0.1, reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         self.alpha = check_number(
             "alpha", alpha, 0, 1, hint="the probability mass spread over the classes; 0.1 in the bundles"
         )
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, owner=self)
-        log_p = F.log_softmax(logits, dim=1)
-        # the smoothed target is never materialised: it is a target term plus a uniform term
-        per_voxel = -(1.0 - self.alpha) * log_p.gather(1, labels.unsqueeze(1)) - self.alpha * log_p.mean(1, True)
-        return reduce_per_voxel(per_voxel, self.reduction)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.alpha).unsqueeze(1)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number, check_option
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 
 __all__ = ["MbLSLoss"]
 
 
-class MbLSLoss(_Loss):
+class MbLSLoss(PerVoxelLoss):
     """Cross-entropy plus a hinge penalty on logit distances larger than a margin.
 
     .. math::
@@ -39,23 +38,17 @@ class MbLSLoss(_Loss):
     """
 
     def __init__(self, margin: float = 10.0, alpha: float = 0.1, penalty: str = "l1", reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         self.margin = check_number(
             "margin", margin, 0, hint="the logit distance m tolerated before the penalty; the papers use 10"
         )
         self.alpha = check_number("alpha", alpha, 0, hint="the weight lambda of the margin penalty; the papers use 0.1")
         self.penalty = check_option("penalty", penalty, ("l1", "l2"))
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, owner=self)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         ce = F.cross_entropy(logits, labels, reduction="none").unsqueeze(1)
         # relu((max_j l_j - m) - l_c): the margin is subtracted on the (B, 1, ...) max, one full-size op fewer
         hinge = F.relu((logits.amax(dim=1, keepdim=True) - self.margin) - logits)
         if self.penalty == "l2":
             hinge = hinge * hinge
-        return reduce_per_voxel(ce + self.alpha * hinge.mean(dim=1, keepdim=True), self.reduction)
+        return ce + self.alpha * hinge.mean(dim=1, keepdim=True)

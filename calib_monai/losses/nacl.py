@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_number, check_option
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 from calib_monai.losses.priors import BORDER_MODES, KERNEL_OPS, _check_kernel_size, class_proportion_prior
 
 __all__ = ["NACLLoss"]
 
 
-class NACLLoss(_Loss):
+class NACLLoss(PerVoxelLoss):
     """Cross-entropy plus a penalty pulling the logits towards the class proportions of each voxel's neighbourhood.
 
     .. math::
@@ -29,12 +28,8 @@ class NACLLoss(_Loss):
     Murugesan et al., "Trust your neighbours: Penalty-based constraints for model calibration", MICCAI 2023;
     "Neighbor-Aware Calibration of Segmentation Networks with Penalty-Based Constraints", MedIA 2024.
 
-    ``border="background"`` (default) counts voxels outside the image as class 0, so ``tau`` sums to 1 everywhere;
-    ``"zeros"`` zero-pads the one-hot map (``tau`` sums to less than 1 at the border), ``"replicate"`` repeats the
-    edge. ``"gaussian"`` is MONAI's ``GaussianFilter`` (truncated at 4 sigma) and ignores ``kernel_size``;
-    ``"svls"`` is the SVLS kernel over the ``k^dim`` patch. The discrete priors ``"max"``, ``"min"``, ``"median"``,
-    ``"mode"`` (MICCAI Table 3) are the one-hot encoding of the largest / smallest / lower-median / most frequent
-    class index in each ``k^dim`` window (:mod:`calib_monai.losses.priors`). The signature is a superset of
+    Border modes and kernel ops (``"max"``, ``"min"``, ``"median"``, ``"mode"``: MICCAI Table 3) are those of
+    :func:`~calib_monai.losses.priors.class_proportion_prior`. The signature is a superset of
     ``monai.losses.NACLLoss``: with ``border="zeros"``, ``space="logits"``, ``class_reduction="mean"`` and
     ``kernel_ops`` ``"mean"`` or ``"gaussian"`` the value is MONAI's. Its raw probabilities overstate volumes: read
     volumes and the case score after recalibration. Sources and differences: ``docs/notes/losses.md``.
@@ -73,42 +68,31 @@ class NACLLoss(_Loss):
         class_reduction: str = "mean",
         reduction: str = "mean",
     ) -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
             raise ValueError(f"classes must be an integer >= 2, got {classes!r}.")
         if dim not in (2, 3):
             raise ValueError(f"dim must be 2 or 3, got {dim!r}.")
         self.kernel_ops = check_option("kernel_ops", kernel_ops, KERNEL_OPS)
         _check_kernel_size(kernel_size, minimum=3 if kernel_ops == "svls" else 1)
-        check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
-        self.nc = classes
-        self.dim = dim
-        self.ks = kernel_size
+        self.sigma = check_number("sigma", sigma, 0, low_open=True, hint="the Gaussian prior's standard deviation")
+        self.classes, self.dim, self.ks = classes, dim, kernel_size
         self.distance_type = check_option("distance_type", distance_type, ("l1", "l2"))
         self.alpha = check_number(
             "alpha", alpha, 0, hint="the weight lambda of the neighbour penalty; the papers use 0.1"
         )
-        self.sigma = float(sigma)
         self.border = check_option("border", border, BORDER_MODES)
         self.space = check_option("space", space, ("logits", "softmax"))
         self.class_reduction = check_option("class_reduction", class_reduction, ("mean", "sum"))
 
-    def get_constr_target(self, labels: torch.Tensor) -> torch.Tensor:
-        """The prior ``tau``, ``(B, C, *spatial)``, from ``(B, *spatial)`` int64 labels (name kept from MONAI)."""
-        return class_proportion_prior(labels, self.nc, self.ks, self.kernel_ops, self.border, self.sigma)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, num_classes=self.nc, spatial_dims=self.dim, owner=self)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         log_p = F.log_softmax(logits, dim=1)
         ce = -log_p.gather(1, labels.unsqueeze(1))
-        tau = class_proportion_prior(labels, self.nc, self.ks, self.kernel_ops, self.border, self.sigma, logits.dtype)
+        tau = class_proportion_prior(
+            labels, self.classes, self.ks, self.kernel_ops, self.border, self.sigma, logits.dtype
+        )
         constrained = logits if self.space == "logits" else log_p.exp()
         gap = constrained - tau
         distance = gap.abs() if self.distance_type == "l1" else gap * gap
         penalty = distance.mean(dim=1, keepdim=True) if self.class_reduction == "mean" else distance.sum(1, True)
-        return reduce_per_voxel(ce + self.alpha * penalty, self.reduction)
+        return ce + self.alpha * penalty

@@ -1,36 +1,18 @@
-"""Neighbourhood machinery shared by the spatially-aware losses (SVLS, NACL, CRaC).
+"""Neighbourhood targets of the spatially-aware losses (SVLS, NACL, CRaC), from ``int64`` labels ``(B, *spatial)``.
 
-* :func:`svls_kernel` -- the SVLS weights over a ``k^dim`` patch (Islam & Glocker, IPMI 2021).
-* :func:`class_proportion_prior` -- the class-proportion prior ``tau`` of NACL (Murugesan et al., MICCAI 2023 and
-  MedIA 2024), ``(B, C, *spatial)``, for every kernel op and border mode.
-* :func:`boundary_mask` -- ``(B, 1, *spatial)`` bool, True where the ``k^dim`` patch around a voxel holds more than
-  one class (CRaC's "outer" region; Murugesan et al., MICCAI 2024).
+:func:`svls_kernel` (Islam & Glocker, IPMI 2021), :func:`class_proportion_prior` (NACL's ``tau``, Murugesan et al.,
+MICCAI 2023 / MedIA 2024) and :func:`boundary_mask` (CRaC's region split, MICCAI 2024). They run under ``no_grad``
+with whole-tensor window reductions. Border modes, what voxels outside the image count as:
 
-All three take labels as ``int64`` class indices of shape ``(B, *spatial)`` (2D or 3D, e.g. from
-:func:`calib_monai.losses._inputs.prepare_inputs`), run under ``torch.no_grad()`` (targets need no gradient) and use
-whole-tensor window reductions (no Python loop over voxels).
-
-Border modes, i.e. what the voxels outside the image count as:
-
-* ``"background"``: class 0, as the authors' code does (``nn.Unfold`` zero-pads the label map). Each ``tau`` then
-  sums to the kernel's total weight (1 for mean and svls) at every voxel, borders included.
-* ``"zeros"``: nothing (MONAI's ``NACLLoss``: the one-hot map is zero-padded), so at the border ``tau`` sums to the
-  in-image part of the kernel, less than 1; for max/min/median/mode the window is the in-image part only.
+* ``"background"``: class 0, as the authors' code (``nn.Unfold`` zero-pads the label map): ``tau`` sums to 1;
+* ``"zeros"``: nothing (MONAI's ``NACLLoss``): at the border ``tau`` sums to less than 1, and max/min/median/mode
+  see the in-image part of the window only;
 * ``"replicate"``: the nearest in-image label (SVLS).
 
-Discrete kernel ops (the priors of NACL MICCAI Table 3 / journal Sec. 4.2.4). The papers give no formula (the
-MICCAI paper defers to its supplement); in the authors' code (``Bala93/MarginLoss``,
-``calibrate/losses/spatial_adaptive_margin.py``) each takes the ``k^dim`` window of *label indices* around a voxel,
-reduces it with ``torch.max``/``min``/``median``/``mode`` and one-hot encodes the result, so ``tau`` is the one-hot of:
-
-* ``"max"``: the largest class index in the window (grey-level dilation of the label map);
-* ``"min"``: the smallest class index (erosion);
-* ``"median"``: the lower median of the window's class indices (``torch.median``: element ``(n - 1) // 2`` of the
-  sorted window, ``n`` its number of voxels);
-* ``"mode"``: the most frequent class, ties going to the smallest class index (as ``torch.mode`` does on CPU).
-
-These treat class indices as ordered, as the authors' code does. Here they are computed from per-class window counts
-and window max/min (separable shifted-view reductions), which give the same result without unfolding every window.
+Discrete kernel ops (NACL MICCAI Table 3; as the authors' code ``Bala93/MarginLoss``, ``spatial_adaptive_margin.py``):
+``tau`` is the one-hot of the window's largest (``"max"``, dilation), smallest (``"min"``, erosion), lower median
+(``"median"``, element ``(n - 1) // 2`` of the sorted window) or most frequent (``"mode"``, ties to the smallest)
+class index, computed from per-class window counts and window max/min.
 """
 
 from __future__ import annotations
@@ -57,12 +39,6 @@ def _check_kernel_size(kernel_size: int, minimum: int = 1) -> int:
     return kernel_size
 
 
-def _check_dim(dim: int) -> int:
-    if dim not in (2, 3):
-        raise ValueError(f"dim (number of spatial dims) must be 2 or 3, got {dim!r}.")
-    return dim
-
-
 def _check_labels(labels: torch.Tensor) -> int:
     if labels.ndim not in (3, 4) or labels.is_floating_point() or labels.dtype == torch.bool:
         raise ValueError(
@@ -80,22 +56,21 @@ def svls_kernel(kernel_size: int = 3, dim: int = 2, sigma: float = 1.0) -> torch
         g_i = \\exp\\left(-\\frac{\\lVert x_i - x_c \\rVert^2}{2 \\sigma^2}\\right)
 
     Islam & Glocker, "Spatially Varying Label Smoothing: Capturing Uncertainty from Expert Annotations", IPMI 2021.
-    With sigma 1 and k 3 the weights are: 2D edge 0.0778, corner 0.0472; 3D face 0.0308, edge 0.0187, corner 0.0113.
 
     Args:
         kernel_size: odd patch size ``k >= 3``.
         dim: 2 or 3.
         sigma: Gaussian standard deviation, > 0.
 
-    Returns:
-        float32 tensor of shape ``(k,) * dim`` summing to 1.
+    Returns a float32 tensor of shape ``(k,) * dim`` summing to 1.
 
     >>> k = svls_kernel(3, dim=2, sigma=1.0)
     >>> round(k.sum().item(), 4), k[1, 1].item(), round(k[0, 1].item(), 4), round(k[0, 0].item(), 4)
     (1.0, 0.5, 0.0778, 0.0472)
     """
     _check_kernel_size(kernel_size, minimum=3)
-    _check_dim(dim)
+    if dim not in (2, 3):
+        raise ValueError(f"dim (number of spatial dims) must be 2 or 3, got {dim!r}.")
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma!r}.")
     offsets = torch.arange(kernel_size, dtype=torch.float64) - kernel_size // 2
@@ -132,10 +107,7 @@ def _padded_one_hot(
     labels: torch.Tensor, num_classes: int, radius: int, border: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """One-hot map padded by ``radius`` on every spatial side according to ``border``."""
-    dim = labels.ndim - 1
-    pad = [radius] * (2 * dim)
-    if radius == 0:
-        return _one_hot(labels, num_classes, dtype)
+    pad = [radius] * (2 * (labels.ndim - 1))
     if border == "background":
         return _one_hot(F.pad(labels, pad, value=0), num_classes, dtype)
     if border == "zeros":
@@ -143,9 +115,8 @@ def _padded_one_hot(
     return F.pad(_one_hot(labels, num_classes, dtype), pad, mode="replicate")
 
 
-# Window filters below are "valid": the input is pre-padded according to the border mode. Box sums and window
-# max/min are separable passes of shifted-view adds/maxima, several times faster on CPU than stride-1
-# avg_pool/max_pool; weighted kernels use depthwise convolution.
+# Window filters below are "valid" (the input is pre-padded by the border mode); box sums and max/min are separable
+# shifted-view passes, several times faster on CPU than stride-1 avg_pool/max_pool.
 
 
 def _box_reduce(x: torch.Tensor, kernel_size: int, op: str) -> torch.Tensor:
@@ -160,25 +131,11 @@ def _box_reduce(x: torch.Tensor, kernel_size: int, op: str) -> torch.Tensor:
     return x
 
 
-_CONV = {2: F.conv2d, 3: F.conv3d}
-
-
 def _depthwise_conv(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """Filter every channel of a padded ``(B, C, *spatial)`` tensor with the same ``kernel`` (valid conv)."""
     channels, dim = x.shape[1], x.ndim - 2
     weight = kernel.to(x).reshape(1, 1, *kernel.shape).expand(channels, *([-1] * (dim + 1))).contiguous()
-    return _CONV[dim](x, weight, groups=channels)
-
-
-def _first_argmax(counts: torch.Tensor) -> torch.Tensor:
-    """Argmax over dim 1, ties to the smallest index (a loop over classes: faster than argmax over a strided dim)."""
-    best = counts[:, 0]
-    index = torch.zeros_like(best, dtype=torch.long)
-    for c in range(1, counts.shape[1]):
-        better = counts[:, c] > best
-        index = torch.where(better, c, index)
-        best = torch.maximum(best, counts[:, c])
-    return index
+    return (F.conv2d if dim == 2 else F.conv3d)(x, weight, groups=channels)
 
 
 def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: str, border: str) -> torch.Tensor:
@@ -196,7 +153,7 @@ def _window_index(labels: torch.Tensor, num_classes: int, kernel_size: int, op: 
         return _box_reduce(x, kernel_size, op)[:, 0].long()
     counts = _box_reduce(_padded_one_hot(labels, num_classes, radius, border, torch.float32), kernel_size, "sum")
     if op == "mode":
-        return _first_argmax(counts)  # ties go to the smallest class
+        return counts.argmax(dim=1)  # ties go to the first, the smallest class
     # lower median: the smallest class v with #(labels <= v) >= (n - 1) // 2 + 1
     n_voxels = counts.sum(dim=1, keepdim=True)
     threshold = torch.div(n_voxels - 1, 2, rounding_mode="floor") + 1
@@ -220,10 +177,8 @@ def class_proportion_prior(
     * ``"mean"``: ``1 / k^dim`` over the ``k^dim`` patch (the paper's prior; MONAI's ``MeanFilter / k^dim``);
     * ``"gaussian"``: MONAI's ``GaussianFilter`` (separable, erf-approximated, truncated at 4 sigma, so
       ``2 * int(4 sigma + 0.5) + 1`` taps per axis; ``kernel_size`` is not used), as in ``monai.losses.NACLLoss``;
-    * ``"svls"``: :func:`svls_kernel` over the ``k^dim`` patch (what the authors' code calls "gaussian").
-
-    For the discrete ops ``"max"``, ``"min"``, ``"median"``, ``"mode"``, ``tau`` is the one-hot encoding of the class
-    chosen in each ``k^dim`` window (see the module docstring).
+    * ``"svls"``: :func:`svls_kernel` over the ``k^dim`` patch (what the authors' code calls "gaussian");
+    * ``"max"``, ``"min"``, ``"median"``, ``"mode"``: the one-hot of the class chosen in each window (module docstring).
 
     Args:
         labels: ``(B, H, W)`` or ``(B, H, W, D)`` int64 class indices in ``[0, num_classes)`` (not re-checked).
@@ -232,10 +187,7 @@ def class_proportion_prior(
         kernel_ops: one of :data:`KERNEL_OPS`.
         border: one of :data:`BORDER_MODES` (see the module docstring).
         sigma: Gaussian standard deviation for ``"gaussian"`` and ``"svls"``.
-        dtype: floating dtype of the result.
-
-    Returns:
-        ``(B, C, *spatial)`` tensor of ``dtype``, without gradient.
+        dtype: floating dtype of the result, ``(B, C, *spatial)`` without gradient.
 
     >>> import torch
     >>> labels = torch.tensor([[[0, 0, 0], [0, 1, 0], [0, 0, 0]]])  # (B, H, W): one voxel of class 1
@@ -271,9 +223,8 @@ def class_proportion_prior(
 def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "background") -> torch.Tensor:
     """True where the ``k^dim`` window around a voxel holds more than one class (window max != window min).
 
-    This is CRaC's region split (Murugesan et al., "Class and Region-Adaptive Constraints for Network Calibration",
-    MICCAI 2024): a voxel whose patch holds one class is "inner", otherwise "outer"/boundary. It is decided exactly
-    from the labels (the authors' code tests a floating point sum of deviations from the window mean instead).
+    CRaC's region split (Murugesan et al., MICCAI 2024): "inner" where the patch holds one class, else boundary;
+    decided exactly from the labels (the authors' code tests a floating point sum of deviations from the window mean).
 
     Args:
         labels: ``(B, H, W)`` or ``(B, H, W, D)`` int64 class indices.
@@ -281,8 +232,7 @@ def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "bac
         border: one of :data:`BORDER_MODES`; with ``"background"`` a foreground voxel whose window leaves the image
             is a boundary voxel, with ``"zeros"`` or ``"replicate"`` outside voxels add no class.
 
-    Returns:
-        ``(B, 1, *spatial)`` bool tensor.
+    Returns ``(B, 1, *spatial)`` bool.
 
     >>> import torch
     >>> labels = torch.tensor([[[0, 0, 0, 0, 1, 1]]])  # (B, H, W) = (1, 1, 6)
@@ -293,7 +243,5 @@ def boundary_mask(labels: torch.Tensor, kernel_size: int = 3, border: str = "bac
     _check_kernel_size(kernel_size)
     border = _check_option("border", border, BORDER_MODES)
     with torch.no_grad():
-        # max/min need no class count
-        highest = _window_index(labels, 0, kernel_size, "max", border)
-        lowest = _window_index(labels, 0, kernel_size, "min", border)
+        highest, lowest = (_window_index(labels, 0, kernel_size, op, border) for op in ("max", "min"))  # no counts
         return (highest != lowest).unsqueeze(1)

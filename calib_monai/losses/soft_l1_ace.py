@@ -29,15 +29,10 @@ class SoftL1ACELoss(L1ACELoss):
             \\frac{\\left| \\sum_n w_{nk,b} \\, p_{nk} - \\sum_n w_{nk,b} \\, [y_n = k] \\right|}{\\sum_n w_{nk,b}},
         \\qquad \\mathcal{B}^+_{ik} = \\{b : \\textstyle\\sum_n w_{nk,b} \\ge \\epsilon_{empty}\\},
 
-    so the loss is differentiable in the bin assignment too: the gradient reaches the logits through the weights
-    as well as through ``p``. The kernel has no width or temperature to tune: it is the interpolation between
-    neighbouring centres; when every probability lies on a centre the loss equals the hard one (whose bin ``b``
-    holds ``c_b``), and it tends to it as the probabilities approach the centres (tests/test_losses_l1_ace.py).
-
-    Barfoot et al., "Average Calibration Losses for Reliable Uncertainty in Medical Image Segmentation",
-    arXiv:2506.03942 (sL1-ACE). Defaults are the authors': 20 bins, ``empty_weight=0.01``, background included,
-    absent classes contribute 0, the three terms weighted equally. Centres are exactly ``(2b + 1) / (2M)``. The
-    authors' code, the lines each default comes from and the differences: ``docs/notes/losses.md``.
+    so the gradient reaches the logits through the weights as well as through ``p``. There is no width to tune: when
+    every probability lies on a centre the loss equals the hard one. Barfoot et al., "Average Calibration Losses for
+    Reliable Uncertainty in Medical Image Segmentation", arXiv:2506.03942 (sL1-ACE); defaults are the authors', their
+    code and the differences: ``docs/notes/losses.md``.
 
     >>> import torch
     >>> logits = torch.zeros(1, 2, 1, 2)  # p = 1/2, between the centres 0.475 and 0.525 of 20 bins: weights 1/2
@@ -47,8 +42,7 @@ class SoftL1ACELoss(L1ACELoss):
 
     Args:
         num_bins, lambda_ace, lambda_dice, lambda_ce, include_background, empty_classes: as for
-            :class:`~calib_monai.losses.HardL1ACELoss`, with the same defaults (20 bins; weights 1, 1, 1; background
-            included; ``"zero"``).
+            :class:`~calib_monai.losses.HardL1ACELoss`, with the same defaults.
         empty_weight: ``epsilon_empty`` above, the smallest summed weight of a bin that counts (finite, >= 0; 0.01,
             the authors'; keyword only); bins without any weight never count.
     """

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.loss import _Loss
 
-from calib_monai.losses._inputs import check_reduction, prepare_inputs, reduce_per_voxel
+from calib_monai.losses._inputs import PerVoxelLoss
 from calib_monai.losses.priors import class_proportion_prior, svls_kernel
 
 __all__ = ["SVLSLoss"]
 
 
-class SVLSLoss(_Loss):
+class SVLSLoss(PerVoxelLoss):
     """Cross-entropy against the SVLS soft target: the one-hot labels filtered by the SVLS kernel.
 
     .. math::
@@ -37,20 +36,12 @@ class SVLSLoss(_Loss):
     """
 
     def __init__(self, kernel_size: int = 3, sigma: float = 1.0, reduction: str = "mean") -> None:
-        super().__init__(reduction=check_reduction(reduction))
+        super().__init__(reduction)
         svls_kernel(kernel_size, 2, sigma)  # validates kernel_size and sigma now rather than at the first batch
-        self.kernel_size = kernel_size
-        self.sigma = float(sigma)
+        self.kernel_size, self.sigma = kernel_size, float(sigma)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            input: logits ``(B, C, H, W[, D])``.
-            target: class indices ``(B, 1, H, W[, D])`` or ``(B, H, W[, D])``.
-        """
-        logits, labels = prepare_inputs(input, target, owner=self)
+    def per_voxel(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         soft_target = class_proportion_prior(
             labels, logits.shape[1], self.kernel_size, "svls", border="replicate", sigma=self.sigma, dtype=logits.dtype
         )
-        per_voxel = -(soft_target * F.log_softmax(logits, dim=1)).sum(dim=1, keepdim=True)
-        return reduce_per_voxel(per_voxel, self.reduction)
+        return -(soft_target * F.log_softmax(logits, dim=1)).sum(dim=1, keepdim=True)

@@ -1,12 +1,6 @@
-"""Calibration and segmentation metrics.
-
-Reductions over volumes are named: the functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``,
-``brier`` and ``calibration_errors`` are *pooled over all volumes given* (their voxels binned together); the papers'
-tables, the bundles' ``val_*`` / ``test_*`` metrics (``SegmentationCalibrationMetric``, default ``reduction="mean"``)
-and the report's ``summary.json`` columns are the *mean over volumes* of per-volume values
-(``SegmentationReportMetric``; its ``pooled_*`` values are the pooled ones). ``ml1ace`` and ``cece_all`` follow their
-papers by default: per volume over every voxel, background excluded, 20 bins, then the mean over volumes.
-"""
+"""Calibration, segmentation, case-quality and failure-detection metrics. The functions ``ece``, ``cece``... pool
+the voxels of all volumes given; ``SegmentationCalibrationMetric`` (the bundles' ``val_*`` / ``test_*``) and the
+report's columns are the papers' mean over volumes (``calibration/functions.py``)."""
 
 from .calibration import (
     CALIBRATION_METRICS,

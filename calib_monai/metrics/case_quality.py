@@ -1,39 +1,21 @@
 """Case quality from a case's own probabilities, without its label: what a user decides on.
 
-For one volume's class probabilities ``p (C, *spatial)`` (softmax, 2D or 3D) and its prediction
-``pred = argmax_c p``, per foreground class k:
+For one volume's probabilities ``p (C, *spatial)`` and its prediction ``pred = argmax_c p``, per foreground class k:
 
-* **estimated DSC**: the expected overlap of the prediction with a label drawn voxel by voxel from ``p``
-  (the soft Dice of Milletari et al. 2016 between the prediction and the model's own probabilities)::
+* **estimated DSC** (the "expected Dice": Jungo & Reyes, MICCAI 2019; Zenk et al., MedIA 2025)::
 
       est_dsc_k = 2 * sum_v p_k(v) [pred(v) = k] / (sum_v [pred(v) = k] + sum_v p_k(v))
 
-  the ratio of the expectations of ``2 |pred_k & y_k|`` and ``|pred_k| + |y_k|`` under independent
-  ``y(v) ~ Categorical(p(v))``: for a perfectly calibrated model the expected DSC up to O(1/size) (the "expected
-  Dice" of segmentation quality control: Jungo & Reyes, MICCAI 2019; Zenk et al., MedIA 2025). Unlike the mean
-  confidence of the predicted voxels it counts the probability put *outside* the prediction (expected misses).
+  the expected DSC of the prediction against labels drawn voxel by voxel from ``p``, up to O(1/size). A class
+  predicted nowhere whose largest probability is below ``ABSENT_PROBABILITY`` is absent: NaN (``empty_class="nan"``)
+  or 1 (``"papers"``), as the true DSC; predicted nowhere but above it, 0.
+* **volume**: expected volume ``sum_v p_k(v)`` with the interval ``mean +- 1.96 s sqrt(sum_v p_k (1 - p_k))``
+  (Poisson-binomial, independent voxels, clipped at 0); :func:`fit_volume_interval_scale` fits ``s`` (split
+  conformal) since neighbouring voxels are not independent; and the prediction's volume.
+* **low-confidence fraction**: the share of the voxels predicted as k whose ``max_c p_c`` is below ``threshold``.
 
-  **Absent structures** follow the true DSC's ``empty_class`` convention: a class predicted nowhere and given less
-  than ``ABSENT_PROBABILITY = 0.1`` at every voxel gets NaN (``"nan"``, the default: left out of the case score) or
-  1 (``"papers"``). A class predicted nowhere but given 0.1 or more somewhere gets 0 (the prediction misses it). The
-  largest probability, not the expected size ``sum_v p_k(v)``, decides: it does not grow with the volume (a leak of
-  1e-6 per voxel would sum to several voxels), while a missed structure's core keeps 0.2 to 0.5.
-* **volume**: expected volume ``sum_v p_k(v)`` (voxels, times the voxel volume), with an interval **assuming
-  independent voxels**: the 95% interval of the Poisson-binomial count, ``mean +- 1.96 s sqrt(sum_v p_k (1 - p_k))``
-  (normal approximation, clipped at 0; ``s = volume_interval_scale``, 1 by default); and the volume of the
-  prediction ``sum_v [pred(v) = k]``. With ``s = 1`` it is *not* a 95% interval of the true volume (neighbouring
-  voxels' labels are not independent); :func:`fit_volume_interval_scale` fits ``s`` on validation cases (split
-  conformal) to make it one for cases like those.
-* **low-confidence fraction**: the share of the predicted voxels of class k whose confidence ``max_c p_c`` is below
-  ``threshold``.
-
-The **case score** is the mean estimated DSC over the foreground classes (NaN classes left out, NaN when all are):
-one number per case, comparable with the case's mean DSC (the NaN-aware mean of the true DSCs). ``mean_confidence``
-(the mean max probability of the predicted foreground voxels, a common single-model aggregate) is reported beside it.
-
-Impossible inputs are a one-line ``ValueError`` naming the argument, its range and the value: ``prob`` outside
-[0, 1], not finite or not summing to 1 over classes (within ``max(1e-3, C * eps)``), a ``voxel_volume`` not > 0, a
-``threshold`` outside [0, 1]. Everything runs on ``p``'s device; a few numbers per class come back to the host.
+The **case score** is the mean estimated DSC over the foreground classes (NaN left out). Everything runs on ``p``'s
+device; impossible inputs are a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -49,17 +31,14 @@ from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
 
 from .calibration import detached_plain_tensor, probability_problem
-from .image_statistics import image_statistic_names, image_statistics  # noqa: F401  (public here too)
+from .segmentation import EMPTY_CLASS_CONVENTIONS
 
 __all__ = [
     "ABSENT_PROBABILITY",
     "CASE_SCORE",
-    "EMPTY_CLASS_CONVENTIONS",
     "case_quality",
     "estimated_dice",
     "fit_volume_interval_scale",
-    "image_statistic_names",
-    "image_statistics",
     "predicted_volumes",
     "low_confidence_fraction",
     "structure_band",
@@ -71,24 +50,6 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 #: A class predicted nowhere whose largest probability ``max_v p_k(v)`` is below this is absent (module doc): unlike
 #: its expected size, that does not grow with the volume; a missed structure's core stays above it, leaks far below.
 ABSENT_PROBABILITY = 0.1
-#: What the estimated DSC of an absent class is, as ``segmentation_metrics_per_volume``'s ``empty_class``.
-EMPTY_CLASS_CONVENTIONS = ("nan", "papers")
-
-
-def _check_probability_values(prob: torch.Tensor, name: str = "prob") -> None:
-    """``prob (C, *spatial)`` must hold softmax probabilities: one ValueError line naming ``name`` otherwise (one
-    read-back of 4 numbers; nothing on ``meta``)."""
-    if prob.device.type == "meta" or not prob.numel():
-        return
-    if not prob.is_floating_point():
-        raise ValueError(f"{name} must be floating-point softmax probabilities in [0, 1], got dtype {prob.dtype}.")
-    lo, hi = torch.aminmax(prob)
-    sum_lo, sum_hi = torch.aminmax(prob.sum(dim=0, dtype=torch.float32 if prob.element_size() < 4 else prob.dtype))
-    values = torch.stack([lo.double(), hi.double(), sum_lo.double(), sum_hi.double()]).tolist()
-    tolerance = max(1e-3, prob.shape[0] * torch.finfo(prob.dtype).eps)
-    problem = probability_problem(name, *values, class_dim=0, tolerance=tolerance)
-    if problem:
-        raise ValueError(problem)
 
 
 def _check_voxel_volume(voxel_volume: Any) -> float:
@@ -109,13 +70,22 @@ def _probabilities(prob: Any) -> torch.Tensor:
         raise ValueError(f"case quality needs class probabilities (C, *spatial), got shape {tuple(prob.shape)}")
     if prob.shape[0] < 2:
         raise ValueError(f"case quality needs at least 2 classes (background + 1), got {prob.shape[0]}")
-    _check_probability_values(prob)
+    if prob.device.type == "meta" or not prob.numel():  # nothing to read back
+        return prob
+    if not prob.is_floating_point():
+        raise ValueError(f"prob must be floating-point softmax probabilities in [0, 1], got dtype {prob.dtype}.")
+    lo, hi = torch.aminmax(prob)
+    sum_lo, sum_hi = torch.aminmax(prob.sum(dim=0, dtype=torch.float32 if prob.element_size() < 4 else prob.dtype))
+    values = torch.stack([lo.double(), hi.double(), sum_lo.double(), sum_hi.double()]).tolist()  # one read-back
+    tolerance = max(1e-3, prob.shape[0] * torch.finfo(prob.dtype).eps)
+    problem = probability_problem("prob", *values, class_dim=0, tolerance=tolerance)
+    if problem:
+        raise ValueError(problem)
     return prob
 
 
 def _prediction(prob: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
-    """The label map ``(*spatial)`` of ``pred`` (label map ``(1, *spatial)`` / ``(*spatial)`` or one-hot), else the
-    argmax of ``prob``."""
+    """The label map ``(*spatial)`` of ``pred`` (a label map or one-hot), else the argmax of ``prob``."""
     if pred is None:
         return prob.argmax(0)
     pred = detached_plain_tensor(torch.as_tensor(pred)).to(prob.device)
@@ -138,13 +108,9 @@ def _class_sums(
     argmax: bool = False,
     square: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Per class ``(C,)`` float64, from a few passes over the volume and no copy of it per class: the voxels predicted
-    as the class (``count``), the sum of its probability (``expected``), its largest (``largest``), the sum of its
-    square (``square``, the volume interval's; left out with ``square`` false, the costliest pass) and of it where
-    the class is predicted (``overlap``) and, given the voxels' ``confidence``
-    (``max_c p``; equal to that probability when ``label`` is the ``argmax``), its sum (``confidence``) and, with
-    ``threshold``, the count below it (``low``) over the voxels predicted as the class. On the input's device, with
-    no read-back."""
+    """Per class ``(C,)`` float64 sums, on the input's device: voxels predicted as the class (``count``), sum,
+    largest and (``square``) sum of squares of its probability, its sum where predicted (``overlap``) and, given
+    ``confidence`` (``max_c p``), its sum (``confidence``) and count below ``threshold`` (``low``) there."""
     classes, f64 = prob.shape[0], torch.float64
     flat, labels = prob.reshape(classes, -1), label.reshape(-1).long()
 
@@ -170,9 +136,7 @@ def _class_sums(
 
 
 def estimated_dice(prob: Any, pred: Any = None, empty_class: str = EMPTY_CLASS) -> torch.Tensor:
-    """Estimated DSC of each foreground class, ``(C - 1,)`` float64 on ``prob``'s device (see the module); an absent
-    class (predicted nowhere, ``max_v p_k(v) < ABSENT_PROBABILITY``) gets NaN (``empty_class="nan"``) or 1
-    (``"papers"``).
+    """Estimated DSC of each foreground class (see the module), ``(C - 1,)`` float64 on ``prob``'s device.
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -196,9 +160,8 @@ def _dice_from(sums: dict[str, torch.Tensor], empty_class: str) -> torch.Tensor:
 def predicted_volumes(
     prob: Any, pred: Any = None, voxel_volume: float = 1.0, volume_interval_scale: float = 1.0
 ) -> dict[str, torch.Tensor]:
-    """Per foreground class, float64 ``(C - 1,)``: ``expected`` (sum of p), ``low`` / ``high`` (its interval assuming
-    independent voxels, half-width times ``volume_interval_scale``: see the module) and ``predicted`` (voxels of
-    the prediction), each times ``voxel_volume``.
+    """Per foreground class, float64 ``(C - 1,)`` times ``voxel_volume``: ``expected`` (sum of p), ``low`` / ``high``
+    (its interval, see the module) and ``predicted`` (voxels of the prediction).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -223,12 +186,10 @@ def _volumes_from(sums: dict[str, torch.Tensor], scale: float, widen: float) -> 
 
 
 def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: float = VOLUME_COVERAGE) -> float:
-    """The ``volume_interval_scale`` that makes the volume interval hold the true volume with probability
-    ``coverage`` on cases exchangeable with the given ones (split conformal; Vovk et al. 2005, Angelopoulos & Bates
-    2021): the ``ceil((n + 1) coverage)``-th smallest of ``|true - expected| / half-width`` over the n given
-    (volume, class) pairs, ``half-width = high - expected`` of intervals computed with scale 1 (the ``volume`` /
-    ``volume_high`` of :func:`case_quality`, or ``predicted_volumes``). Pairs with a zero half-width or a non-finite
-    value are left out; inf when n is too small for ``coverage``.
+    """The ``volume_interval_scale`` whose interval holds the true volume with probability ``coverage`` (split
+    conformal; Angelopoulos & Bates 2021): the ``ceil((n + 1) coverage)``-th smallest ``|true - expected| /
+    (high - expected)`` of the n pairs (intervals of scale 1); non-finite or zero-width pairs left out; inf when n is
+    too small.
 
     >>> # ratios |true - expected| / (high - expected): 1/2, 4/2, 0/3; sorted (0, 0.5, 2), the ceil(4 * 0.5) = 2nd
     >>> fit_volume_interval_scale([10.0, 20.0, 30.0], [12.0, 22.0, 33.0], [11.0, 24.0, 30.0], coverage=0.5)
@@ -249,8 +210,7 @@ def fit_volume_interval_scale(expected: Any, high: Any, true: Any, coverage: flo
 
 
 def low_confidence_fraction(prob: Any, pred: Any = None, threshold: float = LOW_CONFIDENCE) -> torch.Tensor:
-    """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN
-    where the class is predicted nowhere).
+    """Per foreground class ``(C - 1,)``: the share of its predicted voxels with ``max_c p_c < threshold`` (NaN: none).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -268,9 +228,8 @@ def _low_from(sums: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def structure_band(masks: Sequence[torch.Tensor], radius: int) -> torch.Tensor:
-    """Voxels within ``radius`` voxels (a cube, Chebyshev distance) of any voxel that is set in one of ``masks``
-    (``(*spatial)`` booleans, 2D or 3D): the region around the predicted and true structures where a user reads
-    probabilities (calibration "in a band")."""
+    """Voxels within ``radius`` voxels (Chebyshev distance) of any voxel set in one of ``masks`` (``(*spatial)``
+    booleans, 2D or 3D): where a user reads probabilities around the predicted and true structures."""
     union = masks[0].bool()
     for mask in masks[1:]:
         union = union | mask.bool()
@@ -293,20 +252,14 @@ def case_quality(
     volume_interval_scale: float = 1.0,
     confidence: Any = None,
 ) -> dict[str, Any]:
-    """A case's quality estimate as plain numbers (no label needed).
+    """A case's quality estimate as plain numbers (no label needed; see the module).
 
-    ``confidence``: ``max_c p`` of ``prob`` already taken, with ``pred`` its argmax (as ``ConfidenceAndSegmentationd``
-    makes them on the serving path): the pass over the probabilities that would take them again is saved.
-
-    ``empty_class``: the estimated DSC of an absent class, NaN (``"nan"``, left out of the case score) or 1
-    (``"papers"``), as the true DSC's convention (module docstring). ``volume_interval_scale``: the factor of the
-    volume interval's half-width (1: independent voxels, far too narrow; :func:`fit_volume_interval_scale` fits it
-    on validation cases). Impossible inputs raise a one-line ValueError.
+    ``confidence``: ``max_c p`` already taken, with ``pred`` its argmax (``ConfidenceAndSegmentationd``), saves a
+    pass. ``volume_interval_scale``: the volume interval's factor (:func:`fit_volume_interval_scale`).
 
     Returns ``{"case_score", "mean_confidence", "classes": {name: {"est_dice", "volume", "volume_low",
     "volume_high", "volume_predicted", "low_confidence_fraction"}}, "voxel_volume", "threshold",
-    "volume_interval_scale"}`` (volumes in units of ``voxel_volume``; names default to ``class_<k>``;
-    ``volume_low`` / ``volume_high``: the interval assuming independent voxels, widened by the scale).
+    "volume_interval_scale"}`` (volumes in units of ``voxel_volume``; names default to ``class_<k>``).
 
     >>> import torch
     >>> prob = torch.tensor([[0.1, 0.1, 0.8, 1.0], [0.9, 0.9, 0.2, 0.0]])  # (C, *spatial): class 1 at voxels 0, 1
@@ -315,10 +268,8 @@ def case_quality(
     (0.9, 2.0)
     """
     voxel_volume, threshold = _check_voxel_volume(voxel_volume), _check_threshold(threshold)
-    empty_class, widen = (
-        check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS),
-        _check_scale(volume_interval_scale),
-    )
+    empty_class = check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
+    widen = _check_scale(volume_interval_scale)
     prob = _probabilities(prob)
     names = list(class_names)[1:] if class_names is not None else [f"class_{k}" for k in range(1, prob.shape[0])]
     if len(names) != prob.shape[0] - 1:

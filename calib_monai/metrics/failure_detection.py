@@ -1,22 +1,16 @@
 """Failure detection at case level: does a per-case confidence (e.g. the estimated DSC) rank the failures?
 
-A case's *risk* is its loss, here ``1 - DSC``; its *confidence* is the score a user would sort by. Definitions as
-in selective classification (Geifman & El-Yaniv, NeurIPS 2017) and FD-Shifts' ``RiskCoverageStats`` (Jaeger et al.,
-ICLR 2023; Traub et al., NeurIPS 2024), which the failure-detection benchmark for segmentation uses (Zenk et al.,
-"Comparative benchmarking of failure detection methods in medical image segmentation", MedIA 2025):
+A case's *risk* is its loss (``1 - DSC``), its *confidence* the score a user sorts by. As in selective
+classification (Geifman & El-Yaniv, NeurIPS 2017) and FD-Shifts (Jaeger et al., ICLR 2023; Traub et al., NeurIPS
+2024), used for segmentation by Zenk et al. (MedIA 2025):
 
-* **risk-coverage curve**: accept the cases whose confidence is at least a threshold, for every distinct threshold
-  (highest confidence first; equal confidences enter together). Coverage = accepted / N; selective risk = mean
-  risk of the accepted cases; a last point at coverage 0 repeats the last risk.
-* **AURC**: area under that curve, trapezoids over coverage (lower is better).
-* **AUGRC**: area under the *generalized* risk (sum of the accepted cases' risks / N, 0 at coverage 0), trapezoids.
-* **random** and **oracle** AURC: a confidence that carries no information gives, in expectation, the mean risk at
-  every coverage, so its AURC is the mean risk; the oracle sorts by the true risk (ties broken by position, as
-  FD-Shifts' ``aurc_optimal`` does). ``aurc_gap_closed = (random - AURC) / (random - oracle)``: 1 for a perfect
-  ranking, 0 for a useless one, negative when worse than random.
-* **agreement** of an estimate with the true value: Spearman rank and Pearson correlations and mean absolute error.
+* **risk-coverage curve**: accept the cases with confidence at least a threshold, for every distinct threshold
+  (equal confidences enter together); coverage = accepted / N, selective risk = mean risk of the accepted;
+* **AURC** / **AUGRC**: trapezoid areas under it / under the generalized risk (accepted risks summed over N);
+* **random** AURC = the mean risk; **oracle**: sorted by the true risk; ``aurc_gap_closed = (random - AURC) /
+  (random - oracle)``.
 
-Inputs are per-case arrays (NumPy or lists); cases where either value is NaN are left out.
+Cases where either value is NaN are left out.
 """
 
 from __future__ import annotations
@@ -46,8 +40,8 @@ def _pairs(confidence: Any, risk: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def risk_coverage_curve(confidence: Any, risk: Any, generalized: bool = False) -> dict[str, np.ndarray]:
-    """``{"coverage", "risk", "threshold"}``, coverage descending from 1 to 0 (see the module). ``generalized``:
-    the accepted risk divided by all N cases instead of by the accepted ones.
+    """``{"coverage", "risk", "threshold"}``, coverage descending from 1 to 0, whose last point repeats the last risk
+    (0 when ``generalized``: the accepted risk over all N cases).
 
     >>> curve = risk_coverage_curve([0.9, 0.8, 0.3], [0.0, 1.0, 1.0])  # confidence, risk (1: a failure)
     >>> curve["coverage"].round(4).tolist(), curve["risk"].round(4).tolist()
@@ -135,15 +129,9 @@ def failure_detection_summary(confidence: Any, risk: Any) -> dict[str, float]:
     return out
 
 
-def save_risk_coverage_plot(
-    confidence: Any,
-    risk: Any,
-    path: str | Path,
-    title: str = "",
-    confidence_name: str = "estimated DSC",
-    risk_name: str = "1 - DSC",
-) -> Path:
-    """Risk-coverage curve of ``confidence`` beside the oracle and random orders, as a PNG (matplotlib)."""
+def save_risk_coverage_plot(confidence: Any, risk: Any, path: str | Path) -> Path:
+    """Risk-coverage curve of ``confidence`` (the estimated DSC, risk ``1 - DSC``) beside the oracle and random
+    orders, as a PNG (matplotlib)."""
     try:
         import matplotlib
     except ImportError as e:
@@ -161,7 +149,7 @@ def save_risk_coverage_plot(
         curve["risk"],
         drawstyle="default",
         lw=2,
-        label=f"by {confidence_name} (AURC {summary['aurc']:.3f})",
+        label=f"by estimated DSC (AURC {summary['aurc']:.3f})",
     )
     oracle = risk_coverage_curve(-np.arange(r.size, dtype=np.float64), np.sort(r))
     ax.plot(
@@ -169,11 +157,11 @@ def save_risk_coverage_plot(
     )
     ax.axhline(summary["aurc_random"], ls=":", color="black", label=f"random (AURC {summary['aurc_random']:.3f})")
     ax.set_xlabel("coverage (share of cases accepted, most confident first)")
-    ax.set_ylabel(f"selective risk (mean {risk_name} of the accepted)")
+    ax.set_ylabel("selective risk (mean 1 - DSC of the accepted)")
     ax.set_xlim(0, 1)
     ax.set_ylim(bottom=0)
     gap = summary["aurc_gap_closed"]
-    ax.set_title(title or f"{summary['cases']} cases; {gap:.0%} of the random-to-oracle gap closed", fontsize=9)
+    ax.set_title(f"{summary['cases']} cases; {gap:.0%} of the random-to-oracle gap closed", fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path = Path(path)

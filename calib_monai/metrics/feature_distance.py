@@ -1,11 +1,7 @@
-"""How far a case's network features lie from the validation cases': the shift a case score cannot see.
-
-:class:`BottleneckFeatures` (:mod:`calib_monai.metrics.network_features`) captures a 2D network's deepest encoder
-features, pooled per case. :class:`MahalanobisDistance`, fitted on reference vectors, gives a case its distance and
-(:meth:`~MahalanobisDistance.conformal_distances`) the full-conformal nonconformities the review rule ranks: Lee et
-al. (NeurIPS 2018) as applied to segmentation by González et al. (MedIA 2022), with Ledoit & Wolf's shrinkage (J.
-Multivariate Anal. 2004). Features of more than ``max_dim`` dimensions are projected on the reference's leading
-principal components (a shift outside their span is not seen).
+"""How far a case's pooled network features (:mod:`calib_monai.metrics.network_features`) lie from the reference
+cases': the shift a case score cannot see. :class:`MahalanobisDistance` (Lee et al., NeurIPS 2018; for segmentation
+González et al., MedIA 2022) with Ledoit & Wolf's shrinkage (J. Multivariate Anal. 2004), on the reference's leading
+``max_dim`` principal components.
 """
 
 from __future__ import annotations
@@ -16,13 +12,9 @@ from typing import Any
 import numpy as np
 
 from calib_monai.defaults import FEATURE_DIM
-from calib_monai.metrics.network_features import BottleneckFeatures, PooledFeatures, bottleneck_module_name
 
 __all__ = [
-    "BottleneckFeatures",
     "MahalanobisDistance",
-    "PooledFeatures",
-    "bottleneck_module_name",
     "feature_distance_from_dict",
     "ledoit_wolf_covariance",
     "ledoit_wolf_precision",
@@ -143,13 +135,9 @@ class MahalanobisDistance:
 
     def conformal_distances(self, features: Any) -> np.ndarray:
         """The distance of each of the ``n`` reference cases and of one case's ``features`` (last) from the other
-        ``n``, in the stored projection: the new case and the reference cases treated alike (full conformal; exact
-        without a stored projection, else up to the projection fitted on the reference cases alone).
-
-        With more than ``FEATURE_DIM`` dimensions the ``n + 1`` vectors are first projected on their own leading
-        ``FEATURE_DIM`` principal components (at most ``n - 1``), fitted on all ``n + 1``: the distances stay a
-        symmetric function of the ``n + 1`` vectors (exchangeable cases keep the full-conformal guarantee exactly),
-        and a new case's shift along a direction the reference cases do not span is among the directions kept."""
+        ``n`` (full conformal: the new case and the reference cases treated alike). With more than ``FEATURE_DIM``
+        dimensions the ``n + 1`` vectors are first projected on their own leading principal components, so the
+        distances stay a symmetric function of them and the new case's own directions are kept."""
         self._fitted()
         vector = np.asarray(features, dtype=np.float64).reshape(1, -1)
         if vector.shape[1] != len(self.mean) or not np.isfinite(vector).all():
@@ -175,21 +163,6 @@ class MahalanobisDistance:
             "reference": self.reference.tolist(),
         }
 
-    @classmethod
-    def from_dict(cls, record: Mapping[str, Any]) -> MahalanobisDistance:
-        """The distance :meth:`to_dict` stored; a record without one of its keys is refused in one line."""
-        missing = [k for k in ("max_dim", "mean", "components", "reference") if k not in record]
-        if missing:
-            raise ValueError(f"the stored feature distance lacks {missing}: store it with to_dict()")
-        self = cls(record["max_dim"])
-        self.mean = np.asarray(record["mean"], dtype=np.float64)
-        self.components = None if record["components"] is None else np.asarray(record["components"], dtype=np.float64)
-        self.reference = np.asarray(record["reference"], dtype=np.float64).reshape(
-            -1, len(self.mean) if self.components is None else len(self.components)
-        )
-        self._fit_reference()
-        return self
-
 
 def _distance_to(reference: np.ndarray, z: np.ndarray) -> np.ndarray:
     """The Mahalanobis distance of each row of ``z`` under the mean and Ledoit-Wolf precision of ``reference``."""
@@ -197,16 +170,26 @@ def _distance_to(reference: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 
 def _principal_scores(points: np.ndarray, dim: int) -> np.ndarray:
-    """The rows of ``points`` on their own leading ``dim`` principal components (a symmetric function of the rows:
-    permuting them permutes the scores; the components' signs do not change any distance)."""
+    """The rows of ``points`` on their own leading ``dim`` principal components (a symmetric function of the rows)."""
     centred = points - points.mean(0)
     u, s, _ = np.linalg.svd(centred, full_matrices=False)
     return u[:, :dim] * s[:dim]
 
 
 def feature_distance_from_dict(record: Mapping[str, Any]) -> MahalanobisDistance:
-    """The fitted distance stored by ``to_dict`` (e.g. in ``validated_range.json``)."""
+    """The fitted distance stored by ``to_dict`` (e.g. in ``validated_range.json``); a record without one of its keys
+    is refused in one line."""
     method = record.get("method")
     if method != MahalanobisDistance.method:
         raise ValueError(f"feature distance method {method!r} is not 'mahalanobis'; store it with to_dict()")
-    return MahalanobisDistance.from_dict(record)
+    missing = [k for k in ("max_dim", "mean", "components", "reference") if k not in record]
+    if missing:
+        raise ValueError(f"the stored feature distance lacks {missing}: store it with to_dict()")
+    distance = MahalanobisDistance(record["max_dim"])
+    distance.mean = np.asarray(record["mean"], dtype=np.float64)
+    components = record["components"]
+    distance.components = None if components is None else np.asarray(components, dtype=np.float64)
+    width = len(distance.mean) if components is None else len(distance.components)
+    distance.reference = np.asarray(record["reference"], dtype=np.float64).reshape(-1, width)
+    distance._fit_reference()
+    return distance

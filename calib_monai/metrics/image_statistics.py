@@ -1,7 +1,6 @@
-"""What the review rule's input signal measures of an image, without a label: where its intensities sit, how sharp it
-is along each axis (:func:`image_statistics`), and how it was acquired, its field of view and voxel spacing in mm
-(:func:`image_geometry`). :func:`input_statistics` is the vector the validated range stores for each validation image
-and compares a served case with (:mod:`calib_monai.review.validated_range`)."""
+"""What the review rule's input signal measures of an image, without a label: its intensities and sharpness
+(:func:`image_statistics`) and its field of view and voxel spacing (:func:`image_geometry`); together
+:func:`input_statistics`, the vector the validated range stores per image (``review/validated_range.py``)."""
 
 from __future__ import annotations
 
@@ -28,36 +27,27 @@ __all__ = [
     "statistic_group",
 ]
 
-# the least spread the rule gives a geometry statistic (log mm): images of one protocol share a spacing to the last
-# digit, and a 10% change of spacing or field of view is then one spread, not 1e15 of them
+# the least spread of a geometry statistic (log mm): images of one protocol share a spacing to the last digit
 GEOMETRY_TOLERANCE = math.log(1.1)
 _GEOMETRY_PREFIXES = ("field of view", "voxel spacing")
-# the least spread of a shading statistic (in intensity spreads): images of one synthetic ramp share a slope to the
-# sixth digit, and a drift of 1% of the spread across the image is then one spread (real images: 0.05-0.3)
+# the least spread of a shading statistic (in intensity spreads; real images: 0.05-0.3)
 SHADING_TOLERANCE = 0.01
 # image_statistics' per-axis statistics, in order
 _AXIS_KINDS = ("sharpness", "roughness", "spectrum roughness", "intensity slope", "intensity curvature")
 _SHADING_PREFIXES = ("intensity slope", "intensity curvature")
-# lines along an axis whose power spectra the spectrum roughness sums: every line of a network-sized image (ACDC's
-# 96 x 96 x 10 has 9,216 along its slice axis), an even stride of a CT-sized one (the FFTs cost grows with the lines)
+# at most this many lines per axis in the spectrum roughness, and voxels in the skewness's quantiles (torch.quantile
+# refuses more than 16M values): every one of a network-sized image, an even stride of a CT-sized one
 _SPECTRUM_LINES = 1 << 14
-# voxels the intensity skewness takes its quantiles of: every voxel of a network-sized image, an even stride of a
-# CT-sized one (torch.quantile sorts, and refuses more than 16M values)
 _QUANTILE_VOXELS = 1 << 20
 
 
 def image_statistics(image: Any) -> list[float]:
-    """Where the intensities of a (preprocessed) image ``(C, *spatial)`` sit and how sharp it is, per channel:
+    """Per channel of a (preprocessed) image ``(C, *spatial)`` (0 where undefined; :func:`image_statistic_names`):
 
-    - the mean, the standard deviation and the quantile skewness ``(q90 + q10 - 2 q50) / (q90 - q10)`` (unchanged by
-      a rescaling ``a x + b``, a > 0; a gamma or another contrast curve moves it);
-    - along each spatial axis: the sharpness (mean absolute neighbour difference over the standard deviation), the
-      roughness (mean absolute second over first difference: about 1.7 for noise, near 0 along an interpolated
-      axis), the spectrum roughness (mean absolute second difference of the log power spectrum: ghosting and
-      ringing make it jump) and the intensity slope and curvature (:func:`_shading`: a bias field's drift).
-
-    Each is 0 where undefined (a constant channel, fewer than 3 voxels or frequencies with power);
-    :func:`image_statistic_names` names them.
+    - mean, standard deviation and quantile skewness ``(q90 + q10 - 2 q50) / (q90 - q10)`` (a contrast curve moves it);
+    - per spatial axis: sharpness (mean absolute neighbour difference / std), roughness (mean absolute second / first
+      difference: about 1.7 for noise, near 0 along an interpolated axis), spectrum roughness (mean absolute second
+      difference of the log power spectrum: ghosting, ringing) and the intensity slope and curvature (:func:`_shading`).
 
     >>> import torch
     >>> image = torch.tensor([[[0.0, 2.0, 4.0, 0.0, 0.0, 0.0]] * 2])  # 2 x 6: the same row twice
@@ -89,8 +79,7 @@ def image_statistics(image: Any) -> list[float]:
 
 
 def _quantile_skewness(flat: torch.Tensor) -> torch.Tensor:
-    """Per row of ``flat`` ``(C, N)``, ``(q90 + q10 - 2 q50) / (q90 - q10)`` of at most ``_QUANTILE_VOXELS`` evenly
-    strided values (linear interpolation, as ``torch.quantile``); 0 where ``q90 == q10``."""
+    """Per row of ``flat`` ``(C, N)``, ``(q90 + q10 - 2 q50) / (q90 - q10)``; 0 where ``q90 == q10``."""
     step = math.ceil(flat.shape[1] / _QUANTILE_VOXELS)
     q10, q50, q90 = torch.quantile(flat[:, ::step], flat.new_tensor([0.1, 0.5, 0.9]), dim=1)
     width = q90 - q10
@@ -98,10 +87,9 @@ def _quantile_skewness(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _shading(image: torch.Tensor, axis: int, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per channel, the least-squares coefficients of the first two Legendre polynomials of position ``u`` in [-1, 1]
-    (``u`` and ``(3 u^2 - 1) / 2``, centred) in the mean intensity of each slab across ``axis``, over the channel's
-    ``std``: the slope and the curvature of a smooth intensity drift, which a receive coil's bias field adds and an
-    ``a x + b`` rescaling leaves alone (0 with fewer than 2, resp. 3, voxels along the axis or a constant channel).
+    """Per channel, the least-squares coefficients of ``u`` and ``(3 u^2 - 1) / 2`` (centred; ``u`` the position in
+    [-1, 1] along ``axis``) in the slabs' mean intensity, over ``std``: the slope and curvature of a bias field's
+    drift (0 with fewer than 2, resp. 3, voxels or a constant channel).
 
     >>> profile = torch.tensor([[[0.0, 0.0, 3.0]]])  # mean 1, std sqrt(2); u = -1, 0, 1
     >>> # slope (1 + 0 + 2) / 2; the centred curvature basis is 1/2, -1, 1/2: (-1/2 + 1 + 1) / (3/2) = 1
@@ -125,9 +113,8 @@ def _shading(image: torch.Tensor, axis: int, std: torch.Tensor) -> tuple[torch.T
 
 
 def _spectrum_roughness(image: torch.Tensor, axis: int) -> torch.Tensor:
-    """Per channel, the mean absolute second difference of the log power spectrum along ``axis`` (the power of each
-    frequency summed over the lines along it, at most ``_SPECTRUM_LINES`` of them, evenly strided in the other axes),
-    over the frequencies that have power; 0 with fewer than 3 of them."""
+    """Per channel, the mean absolute second difference of the log power spectrum along ``axis`` (summed over the
+    lines along it), over the frequencies with power; 0 with fewer than 3 of them."""
     if image.shape[axis] < 3:
         return torch.zeros(image.shape[0], dtype=image.dtype, device=image.device)
     other = [d for d in range(1, image.ndim) if d != axis]
@@ -158,11 +145,9 @@ def image_statistic_names(channels: int, spatial_dims: int) -> list[str]:
 
 
 def image_geometry(image: Any) -> list[float]:
-    """How a (preprocessed) image ``(C, *spatial)`` was acquired, per spatial axis of the preprocessed grid: the log
-    of its field of view (mm: the voxel spacing of its affine times its size, which resampling keeps) and the log of
-    the voxel spacing it was acquired with (mm: the column of its ``original_affine``, as the reader saw the file,
-    that points along the axis). NaN for each when the image carries no ``original_affine`` (an array, not a file
-    MONAI's reader loaded): its geometry is unknown, and the rule leaves it out.
+    """Per spatial axis of a (preprocessed) image ``(C, *spatial)``: the log of its field of view (mm, which
+    resampling keeps) and of the voxel spacing it was acquired with (the ``original_affine`` column along the axis).
+    NaN without ``original_affine`` (not a file MONAI's reader loaded): the rule leaves it out.
 
     >>> import torch
     >>> from monai.data import MetaTensor
@@ -233,9 +218,8 @@ def statistic_floor(name: str) -> float:
 
 
 def statistic_group(name: str) -> str:
-    """How the input signal counts the statistic named ``name``: ``"geometry"`` alone, ``"shading"`` (the intensity
-    slopes and curvatures) together with the others of its group, ``"intensity"`` together with the other intensity
-    statistics.
+    """How the input signal counts the statistic named ``name``: ``"geometry"`` alone, ``"shading"`` (slopes and
+    curvatures) and ``"intensity"`` each together with its group.
 
     >>> statistic_group("voxel spacing along axis 2"), statistic_group("channel 1 intensity slope along axis 0")
     ('geometry', 'shading')

@@ -1,9 +1,6 @@
-"""Per-case network features: the bottleneck (deepest encoder) output of a bundle's 2D network, captured by a forward
-hook while the network runs (under MONAI's ``SliceInferer`` or any inferer) and pooled per case: the global average
-over every slice (window) and position the network saw, one vector per volume. Sums and counts are kept, so the
-batches of slices of one case are pooled with their true weights. The pooled bottleneck features are the input of the
-feature-distance shift detectors of :mod:`calib_monai.metrics.feature_distance` (González et al., MedIA 2022,
-"Distance-based detection of out-of-distribution silent failures for Covid-19 lung lesion segmentation").
+"""Per-case network features: a 2D network's bottleneck output, captured by a forward hook under any inferer and
+averaged over every slice (window) and position the network saw, one vector per volume: the input of
+:mod:`calib_monai.metrics.feature_distance` (González et al., MedIA 2022).
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def bottleneck_module_name(network: torch.nn.Module) -> str:
     if isinstance(net, BasicUNetPlusPlus):
         return prefix + "conv_4_0"
     if isinstance(net, (UNet, AttentionUnet)):
-        # both nest Sequential(encoder block, SkipConnection/AttentionLayer(submodule=...), decoder) down to the
-        # bottom block, the submodule that is no such Sequential
+        # Sequential(encoder, SkipConnection/AttentionLayer(submodule=...), decoder) nested down to the bottom block
         name, module = prefix + "model", net.model
         while isinstance(module, torch.nn.Sequential) and len(module) > 1 and hasattr(module[1], "submodule"):
             name, module = f"{name}.1.submodule", module[1].submodule
@@ -75,17 +71,13 @@ class PooledFeatures:
 
 
 class BottleneckFeatures:
-    """A forward hook on ``network``'s bottleneck (or ``module_name``) summing its output over the batch and spatial
-    positions in float64 on the output's device; :meth:`pop` returns the case's mean and resets.
-
-    Use as a context manager around one case's inference (the hook is removed on exit)::
+    """A forward hook on ``network``'s bottleneck (or ``module_name``) summing its output over batch and positions in
+    float64 on its device (overlapping windows and padding count as the network saw them); :meth:`pop` returns the
+    case's mean and resets::
 
         with BottleneckFeatures(bundle.network) as features:
             prediction = bundle.predict(path)
         pooled = features.pop()  # PooledFeatures(vector (C,), slices, positions)
-
-    The mean is over everything the network was run on: under a sliding window, overlapping windows and the
-    padding of slices smaller than the window count as the network saw them (the same for validation and new cases).
     """
 
     def __init__(self, network: torch.nn.Module, module_name: str | None = None) -> None:

@@ -14,11 +14,6 @@ from scipy.stats import rankdata
 __all__ = ["sum_rank", "mean_case_rank", "friedman_rank", "rank_methods"]
 
 
-def _direction(higher_is_better: bool | Sequence[bool], num_metrics: int) -> np.ndarray:
-    flags = np.broadcast_to(np.asarray(higher_is_better, dtype=bool), (num_metrics,))
-    return np.where(flags, -1.0, 1.0)
-
-
 def rank_methods(scores: np.ndarray, higher_is_better: bool | Sequence[bool]) -> np.ndarray:
     """Ranks of methods (axis 0) for every column of ``scores (methods, metrics)``; 1 = best, ties averaged.
 
@@ -31,7 +26,8 @@ def rank_methods(scores: np.ndarray, higher_is_better: bool | Sequence[bool]) ->
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:
         raise ValueError(f"scores must be a (methods, metrics) table, got shape {scores.shape}.")
-    signed = scores * _direction(higher_is_better, scores.shape[1])[None, :]
+    flags = np.broadcast_to(np.asarray(higher_is_better, dtype=bool), (scores.shape[1],))
+    signed = scores * np.where(flags, -1.0, 1.0)[None, :]
     signed = np.where(np.isnan(signed), np.inf, signed)
     return rankdata(signed, method="average", axis=0)
 

@@ -1,13 +1,9 @@
-"""``SegmentationReportTable``: the evaluation report as a plain table, one row per volume, and its files.
+"""``SegmentationReportTable``: the evaluation report, one row per volume, and its files.
 
-Filled by the Ignite handler (``calib_monai.handlers.SegmentationReport``) or directly (:meth:`add`: the studies,
-``calib-monai calibrate-probabilities``); :meth:`write` writes, each atomically:
-
-* ``metrics.csv``: one row per volume (``SegmentationReportMetric``'s columns, then ``review_flag`` /
-  ``review_reasons`` when the volumes came with the review verdict);
-* ``summary.json``: ``settings``, ``metrics`` (mean, std and count per column), ``pooled`` (ECE / CECE / NLL / Brier
-  of all ground-truth foreground voxels) and ``case_quality`` (how well ``est_mean_dice`` predicts ``mean_dice``);
-* ``reliability.png`` and ``risk_coverage.png``.
+Filled by ``calib_monai.handlers.SegmentationReport`` or by :meth:`~SegmentationReportTable.add`; :meth:`write`
+writes atomically ``metrics.csv`` (one row per volume, then the review verdict's columns), ``summary.json``
+(``settings``, ``metrics``: mean / std / count per column, ``pooled``, ``case_quality``, ``review``),
+``reliability.png`` and ``risk_coverage.png``.
 """
 
 from __future__ import annotations
@@ -32,11 +28,7 @@ from .case_quality import CASE_SCORE
 from .failure_detection import failure_detection_summary, quality_agreement, save_risk_coverage_plot
 from .segmentation_report import SegmentationReportMetric, column_summary
 
-__all__ = ["POOLED_OVER", "REDUCTION", "SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
-
-#: What ``metrics.<column>.mean`` / ``std`` of ``summary.json`` (and the handlers' ``val_*`` / ``test_*``) reduce.
-REDUCTION = "mean over volumes"
-POOLED_OVER = "all ground-truth foreground voxels of all volumes"
+__all__ = ["SegmentationReportTable", "case_name", "served_verdict", "voxel_spacing"]
 
 
 def case_name(item: dict[str, Any], index: int) -> str:
@@ -56,8 +48,8 @@ def voxel_spacing(item: dict[str, Any]) -> list[float] | None:
 
 
 def served_verdict(quality: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What a report row shows of a case's served quality (``CaseQualityd``, ``DeliveredDiced``): its review verdict,
-    with the served case score and, when measured, the true mean DSC of the delivered segmentation (input grid)."""
+    """A case's review verdict (``CaseQualityd``) with its served case score and, when measured
+    (``DeliveredDiced``), the delivered segmentation's true mean DSC."""
     if not quality or quality.get("review") is None:
         return None
     verdict = {**quality["review"], "served_case_score": quality.get("case_score")}
@@ -67,8 +59,8 @@ def served_verdict(quality: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _review_columns(review: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``) and ``review_reasons``; the served
-    case score and the delivered segmentation's true mean DSC beside them when the verdict holds them."""
+    """``review_flag`` (``yes`` / ``no`` / empty: cannot judge, as ``quality.csv``), ``review_reasons``,
+    ``served_case_score`` and ``delivered_mean_dice`` (NaN when the verdict lacks them)."""
     flag = (review or {}).get("flag")
     reasons = (review or {}).get("reasons", ["no review verdict"] if review is None else [])
     columns: dict[str, Any] = {
@@ -93,11 +85,10 @@ class SegmentationReportTable:
     """Per-volume segmentation, calibration and case-quality metrics of an evaluation.
 
     Args:
-        label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold: the
-            metric's (:class:`~calib_monai.metrics.SegmentationReportMetric`), built from them when ``metric`` is
-            None.
+        label_names, num_bins, empty_class, regions, surface_distances: build the
+            :class:`~calib_monai.metrics.SegmentationReportMetric` when ``metric`` is None.
         metric: an existing metric whose volumes are the table (the Ignite handler's, gathered over ranks).
-        cases: the case names of ``metric``'s volumes, in order.
+        cases, reviews: the case names and review verdicts of ``metric``'s volumes, in order.
 
     Example::
 
@@ -114,8 +105,6 @@ class SegmentationReportTable:
         empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = BAND_RADIUS,
-        confidence_threshold: float = LOW_CONFIDENCE,
         metric: SegmentationReportMetric | None = None,
         cases: Sequence[str] = (),
         reviews: Sequence[Mapping[str, Any] | None] = (),
@@ -123,34 +112,14 @@ class SegmentationReportTable:
         if metric is None:
             if label_names is None:
                 raise ValueError("SegmentationReportTable needs label_names (or an existing metric)")
-            metric = SegmentationReportMetric(
-                label_names, num_bins, empty_class, regions, surface_distances, band_radius, confidence_threshold
-            )
+            metric = SegmentationReportMetric(label_names, num_bins, empty_class, regions, surface_distances)
         self.metric = metric
         self.cases: list[str] = list(cases)
-        self.reviews: list[Mapping[str, Any] | None] = list(reviews)  # the review verdict of each volume, if any
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return self.metric.columns
+        self.reviews: list[Mapping[str, Any] | None] = list(reviews) or [None] * len(self.cases)
 
     @property
     def class_names(self) -> list[str]:
         return self.metric.class_names
-
-    @property
-    def num_bins(self) -> int:
-        return self.metric.num_bins
-
-    def settings(self) -> dict[str, Any]:
-        m = self.metric
-        return {
-            "num_bins": m.num_bins,
-            "empty_class": m.empty_class,
-            "classes": m.class_names,
-            "band_radius": m.band_radius,
-            "confidence_threshold": m.confidence_threshold,
-        }
 
     def add(
         self,
@@ -163,9 +132,8 @@ class SegmentationReportTable:
         review: Mapping[str, Any] | None = None,
     ) -> dict:
         """Score one volume (``prob (C, *spatial)``, ``label (1, *spatial)``, optional prediction and spacing in mm)
-        and return its row (``case`` first; default name ``volume_<index>``). ``same_segmentation_as``: a row of
-        the same prediction (e.g. before a temperature, which keeps the argmax) whose DSC / HD95 / ASD are reused;
-        ``review``: the case's review verdict (``CaseQualityd``), written as ``review_flag`` / ``review_reasons``."""
+        and return its row (``case`` first, default ``volume_<index>``). ``same_segmentation_as``: a row of the same
+        argmax (e.g. before a temperature) whose DSC / HD95 / ASD are reused; ``review``: the case's verdict."""
         table = self.metric(
             [prob],
             [label],
@@ -175,27 +143,21 @@ class SegmentationReportTable:
         )[0]
         self.cases.append(case if case is not None else f"volume_{len(self.cases):04d}")
         self.reviews.append(review)
-        return {
-            "case": self.cases[-1],
-            **dict(zip(self.columns, table[0].tolist())),
-            **(_review_columns(review) if review else {}),
-        }
+        return self._row(self.cases[-1], table[0].tolist(), review, bool(review))
+
+    def _row(self, case: str, values: list[float], review: Mapping[str, Any] | None, reviewed: bool) -> dict:
+        return {"case": case, **dict(zip(self.metric.columns, values)), **(_review_columns(review) if reviewed else {})}
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         """One dict per volume: ``case`` then every column, as Python floats."""
-        table = self.metric.aggregate().tolist()
         reviewed = any(r is not None for r in self.reviews)
-        reviews = self.reviews if reviewed else [None] * len(self.cases)
-        return [
-            {"case": case, **dict(zip(self.columns, values)), **(_review_columns(review) if reviewed else {})}
-            for case, values, review in zip(self.cases, table, reviews)
-        ]
+        table = self.metric.aggregate().tolist()
+        return [self._row(*row, reviewed) for row in zip(self.cases, table, self.reviews)]
 
     def review_summary(self) -> dict[str, Any]:
-        """How the review flags went with the truth: volumes flagged / passed / not judged and their mean DSC (of the
-        delivered segmentation where measured, else of the evaluated grid's), and the rule's bound on the share of
-        ordinary cases flagged (``{}`` without review verdicts)."""
+        """Volumes flagged / passed / not judged and their true mean DSC (the delivered segmentation's where measured),
+        and the rule's bound (``{}`` without review verdicts)."""
         if not any(r is not None for r in self.reviews):
             return {}
         dice, out = self.values("mean_dice"), {}
@@ -214,11 +176,11 @@ class SegmentationReportTable:
 
     def values(self, column: str) -> np.ndarray:
         """One column over the volumes, float64."""
-        return self.metric.aggregate()[:, self.columns.index(column)].numpy()
+        return self.metric.aggregate()[:, self.metric.columns.index(column)].numpy()
 
     def summary(self) -> dict[str, dict[str, float]]:
         """``{column: {"mean", "std", "volumes"}}`` over the volumes (non-finite entries left out)."""
-        return dict(zip(self.columns, column_summary(self.metric.aggregate().numpy())))
+        return dict(zip(self.metric.columns, column_summary(self.metric.aggregate().numpy())))
 
     def pooled(self) -> dict[str, float]:
         """ECE / CECE / NLL / Brier of all ground-truth foreground voxels of the volumes together."""
@@ -229,14 +191,10 @@ class SegmentationReportTable:
         return self.metric.reliability_data()
 
     def case_quality(self) -> dict[str, Any]:
-        """How the label-free estimates compare with the truth, over the volumes with a finite mean DSC.
-
-        ``estimate``: Spearman / Pearson correlation, mean absolute error and bias of ``est_mean_dice`` against
-        ``mean_dice``; ``failure_detection``: AURC / AUGRC of the cases sorted by ``est_mean_dice`` with risk
-        ``1 - mean_dice``, the random and oracle AURC and the share of that gap closed
-        (:mod:`calib_monai.metrics.failure_detection`); ``volume``: per class, the mean absolute relative error of
-        the expected volume (summed probabilities) and of the prediction's volume against the true volume, and
-        the share of volumes whose 95% interval holds the true volume."""
+        """How the label-free estimates compare with the truth: ``estimate`` (``quality_agreement`` of
+        ``est_mean_dice`` with ``mean_dice``), ``failure_detection`` (``failure_detection_summary`` with risk
+        ``1 - mean_dice``) and ``volume`` (per class: mean relative error of the expected and predicted volumes, and
+        the share of true volumes inside the interval)."""
         if not len(self):
             return {}
         estimate, true = self.values(CASE_SCORE), self.values("mean_dice")
@@ -252,10 +210,7 @@ class SegmentationReportTable:
                 continue
             t = truth[present]
             rel = {kind: np.abs(self.values(f"volume_{kind}_{name}")[present] - t) / t for kind in ("prob", "pred")}
-            low, high = (
-                self.values(f"volume_prob_low_{name}")[present],
-                self.values(f"volume_prob_high_{name}")[present],
-            )
+            low, high = (self.values(f"volume_prob_{bound}_{name}")[present] for bound in ("low", "high"))
             volume[name] = {
                 "prob_relative_error": float(np.mean(rel["prob"])),
                 "pred_relative_error": float(np.mean(rel["pred"])),
@@ -285,12 +240,17 @@ class SegmentationReportTable:
         writer.writerows(rows)
         write_text_atomically(output_dir / "metrics.csv", buffer.getvalue())
         summary, pooled, quality = self.summary(), self.pooled(), self.case_quality()
+        m = self.metric
         meta = {
             "volumes": len(rows),
-            **self.settings(),
+            "num_bins": m.num_bins,
+            "empty_class": m.empty_class,
+            "classes": m.class_names,
+            "band_radius": BAND_RADIUS,
+            "confidence_threshold": LOW_CONFIDENCE,
             **(settings or {}),
-            "reduction": REDUCTION,
-            "pooled": POOLED_OVER,
+            "reduction": "mean over volumes",  # of metrics.<column>.mean / std (and the handlers' val_* / test_*)
+            "pooled": "all ground-truth foreground voxels of all volumes",
         }
         content = {"settings": meta, "metrics": summary, "pooled": pooled, "case_quality": quality}
         review = self.review_summary()

@@ -1,15 +1,8 @@
-"""Per-volume segmentation metrics through MONAI: Dice (DSC), 95% Hausdorff distance (HD95), average surface distance.
-
-``DiceMetric``, ``HausdorffDistanceMetric(percentile=95)`` and ``SurfaceDistanceMetric`` do the work; this module
-only builds one-hot inputs, passes the voxel spacing (distances in mm when it is known, in voxels otherwise) and
-applies a documented convention for classes absent from the ground truth:
-
-- ``empty_class="nan"`` (default): MONAI's ``ignore_empty`` behaviour made uniform: a class absent from the ground
-  truth gets NaN for every metric (left out of NaN-aware means);
-- ``empty_class="papers"``: the convention of the papers' evaluation (``docs/notes/metrics.md``): a class absent
-  from the ground truth gets HD95 = ASD = 0 and DSC = 1 if it is also absent from the prediction (0 if predicted).
-
-In both, a class present in the ground truth but absent from the prediction gets DSC = 0 and HD95 = ASD = inf.
+"""Per-volume DSC, HD95 and ASD of the foreground classes through MONAI's ``DiceMetric``,
+``HausdorffDistanceMetric(percentile=95)`` and ``SurfaceDistanceMetric`` (symmetric), distances in mm when the
+spacing is known. A class absent from the ground truth gets NaN (``empty_class="nan"``) or, as the papers
+(``docs/notes/metrics.md``), HD95 = ASD = 0 and DSC = 1 if also absent from the prediction, else 0 (``"papers"``).
+A class present but not predicted gets DSC = 0 and HD95 = ASD = inf.
 """
 
 from __future__ import annotations
@@ -54,27 +47,21 @@ def segmentation_metrics_per_volume(
     labels: Any,
     num_classes: int | None = None,
     spacing: float | Sequence[float] | Sequence[Sequence[float]] | None = None,
-    include_background: bool = False,
     empty_class: str = EMPTY_CLASS,
-    symmetric_surface_distance: bool = True,
     surface_distances: bool = True,
 ) -> dict[str, np.ndarray]:
-    """DSC, HD95 and ASD per volume and class.
+    """DSC, HD95 and ASD per volume and foreground class.
 
     Args:
         pred: probabilities / one-hot ``(B, C, *spatial)`` (argmax taken) or a label map ``(B, 1, *spatial)``.
         labels: label map ``(B, 1, *spatial)`` or one-hot ``(B, C, *spatial)``.
         num_classes: C including background; needed when both inputs are label maps (else read from the channels).
-        spacing: voxel size (one value, one per spatial axis, or one sequence per volume) for distances in mm;
-            None measures in voxels. Passed to MONAI's metrics as ``spacing``.
-        include_background: also score class 0.
+        spacing: voxel size (one value, one per spatial axis, or one sequence per volume); None: voxels.
         empty_class: ``"nan"`` or ``"papers"`` (see the module docstring).
-        symmetric_surface_distance: ASD averages both directions (ASSD, default) or only prediction -> ground truth.
         surface_distances: False leaves out HD95 and ASD (their distance transforms dominate the time).
 
     Returns:
-        ``{"dice", "hd95", "asd"}`` (``{"dice"}`` without surface distances): arrays ``(B, K)`` with K = C (or
-        C - 1 without background), float64.
+        ``{"dice", "hd95", "asd"}`` (``{"dice"}`` without surface distances): float64 arrays ``(B, C - 1)``.
 
     >>> import torch
     >>> pred = torch.tensor([[[0, 1, 1, 0]]])  # label maps (B, 1, *spatial): class 1 at voxels 1, 2
@@ -101,19 +88,14 @@ def segmentation_metrics_per_volume(
     kwargs = {} if spacing is None else {"spacing": spacing}
     with warnings.catch_warnings():  # MONAI warns for every empty class; the convention below handles them
         warnings.simplefilter("ignore")
-        dice = DiceMetric(include_background=include_background, reduction="none", ignore_empty=False)(p1h, y1h)
-        metrics = {"dice": dice}
+        metrics = {"dice": DiceMetric(include_background=False, reduction="none", ignore_empty=False)(p1h, y1h)}
         if surface_distances:
-            metrics["hd95"] = HausdorffDistanceMetric(
-                include_background=include_background, percentile=95, reduction="none"
-            )(p1h, y1h, **kwargs)
-            metrics["asd"] = SurfaceDistanceMetric(
-                include_background=include_background, symmetric=symmetric_surface_distance, reduction="none"
-            )(p1h, y1h, **kwargs)
-    first = 0 if include_background else 1
+            hd95 = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")
+            asd = SurfaceDistanceMetric(include_background=False, symmetric=True, reduction="none")
+            metrics.update(hd95=hd95(p1h, y1h, **kwargs), asd=asd(p1h, y1h, **kwargs))
     dims = tuple(range(2, y1h.ndim))
-    gt_absent = (y1h.sum(dim=dims) == 0)[:, first:].numpy()
-    pred_absent = (p1h.sum(dim=dims) == 0)[:, first:].numpy()
+    gt_absent = (y1h.sum(dim=dims) == 0)[:, 1:].numpy()
+    pred_absent = (p1h.sum(dim=dims) == 0)[:, 1:].numpy()
     out = {k: v.double().cpu().numpy() for k, v in metrics.items()}
     missed = ~gt_absent & pred_absent
     distances = [k for k in ("hd95", "asd") if k in out]
@@ -131,9 +113,8 @@ def segmentation_metrics_per_volume(
 
 
 def label_map_dice(prediction: torch.Tensor, label: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """The DSC of each foreground class ``1..C-1`` of a label map ``prediction`` against ``label`` (integer tensors of
-    one shape), float64 on their device, from their confusion matrix in one pass (no one-hot copies of a volume); NaN
-    for a class absent from the label, as ``segmentation_metrics_per_volume``'s ``empty_class="nan"``.
+    """The DSC of each foreground class ``1..C-1`` of a label map ``prediction`` against ``label``, float64 on their
+    device, from their confusion matrix (no one-hot copies); NaN for a class absent from the label.
 
     >>> dice = label_map_dice(torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0]), num_classes=3)
     >>> [round(v, 4) for v in dice.tolist()]  # class 1: 2 * 1 / (2 + 1); class 2 in no label: NaN

@@ -1,19 +1,12 @@
 """``SegmentationReportMetric``: the evaluation report's per-volume table as a MONAI ``CumulativeIterationMetric``.
 
-One row per volume, one column per metric (``columns``): DSC, HD95 and ASD per foreground class and their means
-(through MONAI, :func:`calib_monai.metrics.segmentation_metrics_per_volume`), the same for each region (a union of
-classes scored as one binary segmentation), ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on
-prediction-or-ground-truth foreground voxels (``*_union``), NLL and Brier on ground-truth foreground voxels; and
-what a user reads without the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC per class and its mean
-(``est_mean_dice``, the case score), ECE over all voxels (``ece_all``) and over a band of ``band_radius`` voxels
-around the predicted and true structures (``ece_band``), and per class the true volume, the volume of the prediction
-and the expected volume from the summed probabilities with its 95% interval (mL when the spacing is known, else
-voxels), and the share of predicted voxels below ``confidence_threshold``.
-
-Reductions, named as such: ``aggregate()`` is the per-volume table; ``summary_means`` the mean over volumes of each
-column (the papers' tables); ``pooled`` the ECE / CECE / NLL / Brier of all ground-truth foreground voxels of all
-volumes binned together (``pooled_ece``...: what ``calib_monai.metrics.ece`` gives on the concatenated volumes);
-``reliability_data`` the top-label reliability bins pooled the same way.
+One row per volume (``columns``): DSC, HD95, ASD per foreground class, their means and each region's (MONAI);
+ECE / CECE / TACE on ground-truth foreground voxels (the papers) and on prediction-or-ground-truth voxels
+(``*_union``); NLL, Brier; ``ml1ace`` / ``cece_all`` as their paper defines them; and what a user reads without
+the label (:mod:`calib_monai.metrics.case_quality`): the estimated DSC (``est_mean_dice``, the case score), ECE over
+all voxels (``ece_all``) and within ``BAND_RADIUS`` voxels of the structures (``ece_band``), volumes (mL when the
+spacing is known) and the share of voxels below ``LOW_CONFIDENCE`` (``low_conf_*``). ``pooled`` /
+``reliability_data`` bin all ground-truth foreground voxels of all volumes together.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ from .calibration import (
     statistics_values,
     value_from_statistics,
 )
-from .case_quality import CASE_SCORE, estimated_dice, low_confidence_fraction, predicted_volumes, structure_band
+from .case_quality import CASE_SCORE, case_quality, structure_band
 from .segmentation import EMPTY_CLASS_CONVENTIONS, segmentation_metrics_per_volume
 
 __all__ = ["ALL_VOXEL_COLUMNS", "CALIBRATION_COLUMNS", "POOLED_METRICS", "SegmentationReportMetric", "column_summary"]
@@ -56,6 +49,8 @@ QUALITY_PREFIXES = (
     "volume_prob_high",
     "low_conf",
 )
+#: ``case_quality``'s key of each ``QUALITY_PREFIXES`` column but the true volume (from the label).
+_QUALITY_KEYS = ("est_dice", "volume_predicted", "volume", "volume_low", "volume_high", "low_confidence_fraction")
 #: Metrics of the ``pooled`` section: their per-volume statistics add up (equal-width bins, sums), TACE's do not.
 POOLED_METRICS = ("ece", "cece", "nll", "brier")
 
@@ -80,24 +75,16 @@ def column_summary(table: Any) -> list[dict[str, float]]:
 class SegmentationReportMetric(CumulativeIterationMetric):
     """Per-volume segmentation and calibration metrics of an evaluation, one volume per batch item.
 
-    Each call stores, per volume, its row (``len(columns)`` float64 values) and its additive calibration statistics
-    on ground-truth foreground voxels (ECE and CECE bins, NLL and Brier sums: ``[rows (N, K), statistics (N, S)]``),
-    so ``aggregate`` gives the per-volume table and ``pooled`` / ``reliability_data`` the pooled values without
-    keeping any voxel.
-
-    Where: the calibration metrics run on ``y_pred``'s device (float64 counts and sums; see
-    :mod:`calib_monai.metrics.calibration`), the volumes are never copied to the host; DSC / HD95 / ASD go
-    through MONAI on the argmax label maps (the CPU, for the distance transforms). Only each volume's numbers (its
-    row, on the host, and its bins, kept on the device) are stored.
+    The buffer holds ``[rows (N, K), statistics (N, S)]`` on ``y_pred``'s device: each volume's row and its additive
+    ground-truth foreground calibration statistics, nothing of the voxels. Calibration runs on ``y_pred``'s device;
+    DSC / HD95 / ASD through MONAI on the argmax label maps.
 
     Args:
         label_names: ``{"0": "background", "1": ...}``: class names for the columns (channel order).
-        num_bins: bins of the calibration metrics (15 in the papers).
-        empty_class: ``"nan"`` or ``"papers"``, see :func:`calib_monai.metrics.segmentation_metrics_per_volume`.
+        num_bins: bins of the calibration metrics.
+        empty_class: ``"nan"`` or ``"papers"`` (:func:`calib_monai.metrics.segmentation_metrics_per_volume`).
         regions: unions of classes scored as one binary segmentation, e.g. BraTS' ``{"ET": [3], "TC": [1, 3]}``.
         surface_distances: False leaves out the HD95 and ASD columns (much faster).
-        band_radius: voxels around the predicted and true structures scored by ``ece_band``.
-        confidence_threshold: the confidence below which a predicted voxel counts as low confidence (``low_conf_*``).
 
     Inputs of ``__call__(y_pred, y, pred=None, spacing=None)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``
     or a list of ``(C, *spatial)``; ``y`` label maps ``(B, 1, ...)`` or one-hot, or a list; ``pred`` the
@@ -112,8 +99,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         empty_class: str = EMPTY_CLASS,
         regions: dict[str, Sequence[int]] | None = None,
         surface_distances: bool = True,
-        band_radius: int = BAND_RADIUS,
-        confidence_threshold: float = LOW_CONFIDENCE,
     ) -> None:
         super().__init__()
         check_option("empty_class", empty_class, EMPTY_CLASS_CONVENTIONS)
@@ -122,70 +107,43 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         self.empty_class = empty_class
         self.regions = {str(k): [int(c) for c in v] for k, v in (regions or {}).items()}
         self.surface_distances = bool(surface_distances)
-        self.band_radius = int(band_radius)
-        self.confidence_threshold = float(confidence_threshold)
         self._num_classes: int | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
         """The names of a row's values, in order (the ``metrics.csv`` header after ``case``)."""
-        shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
-        out: list[str] = []
-        for metric in shape:
-            out += [f"{metric}_{name}" for name in self.class_names[1:]] + [f"mean_{metric}"]
-        out += [f"{metric}_{region}" for region in self.regions for metric in shape]
+        out = self._segmentation_columns()
         out += [*CALIBRATION_COLUMNS, *(f"{c}_union" for c in CALIBRATION_COLUMNS), "nll", "brier"]
         out += list(ALL_VOXEL_COLUMNS)
         out += [f"est_dice_{name}" for name in self.class_names[1:]] + [CASE_SCORE, "ece_all", "ece_band"]
         out += [f"{prefix}_{name}" for prefix in QUALITY_PREFIXES[1:] for name in self.class_names[1:]]
         return tuple(dict.fromkeys(out))  # a region named like a class shares its column (as a dict row did)
 
-    # -- per volume ------------------------------------------------------------------------------------------------
-
     def _compute_list(self, y_pred, y=None, pred=None, spacing=None, segmentation=None):  # type: ignore[override]
-        """Lists of channel-first volumes: each with its own prediction and spacing (MONAI's version passes the same
-        keyword arguments to every item). ``segmentation``: per volume, None or a row whose DSC / HD95 / ASD columns
-        are taken as they are (the same prediction scored before, e.g. before a temperature that keeps the argmax)."""
+        """Channel-first volumes, each with its own prediction, spacing and ``segmentation`` (None or a row of the same
+        argmax scored before, e.g. before a temperature, whose DSC / HD95 / ASD columns are reused)."""
         if y is None:
             raise ValueError("SegmentationReportMetric needs labels y, got None.")
-        preds = list(pred) if isinstance(pred, (list, tuple)) else [pred] * len(y_pred)
-        spacings = list(spacing) if _per_volume(spacing, len(y_pred)) else [spacing] * len(y_pred)
-        known = list(segmentation) if segmentation is not None else [None] * len(y_pred)
+        count = len(y_pred)
+        preds = list(pred) if isinstance(pred, (list, tuple, torch.Tensor)) else [pred] * count
+        spacings = list(spacing) if _per_volume(spacing, count) else [spacing] * count
+        known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * count
         rows, stats = [], []
         for p, y_, pr, sp, kn in zip(y_pred, y, preds, spacings, known):
-            p = detached_plain_tensor(p)[None]  # a plain tensor: a MetaTensor would slow every following op
-            scored = None if pr is None else torch.as_tensor(pr)[None]
-            r, s = self._compute_tensor(p, torch.as_tensor(y_)[None], scored, [sp], kn)
-            rows.append(r)
-            stats.append(s)
-        return [torch.cat(rows), torch.cat(stats)]
-
-    def _compute_tensor(  # type: ignore[override]
-        self,
-        y_pred: torch.Tensor,
-        y: torch.Tensor | None = None,
-        pred: torch.Tensor | None = None,
-        spacing=None,
-        segmentation: dict[str, float] | None = None,
-    ) -> list[torch.Tensor]:
-        if y is None:
-            raise ValueError("SegmentationReportMetric needs labels y, got None.")
-        if y_pred.ndim < 3:
-            raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
-        batch = y_pred.shape[0]
-        spacings = list(spacing) if _per_volume(spacing, batch) else [spacing] * batch
-        known = list(segmentation) if isinstance(segmentation, (list, tuple)) else [segmentation] * batch
-        rows, stats = [], []
-        for b in range(batch):
-            prob = detached_plain_tensor(y_pred[b : b + 1])  # stays on its device: no copy of the volume
-            label = detached_plain_tensor(torch.as_tensor(y[b])).to(prob.device)
+            prob = detached_plain_tensor(torch.as_tensor(p))[None]  # a MetaTensor would slow every following op
+            label = detached_plain_tensor(torch.as_tensor(y_)).to(prob.device)
             label = (label.max(dim=0).indices[None] if label.shape[0] > 1 else label)[None]  # first class on ties
-            scored = prob if pred is None else detached_plain_tensor(torch.as_tensor(pred[b : b + 1])).to(prob.device)
-            row, stat = self._volume(prob, label, scored, spacings[b], known[b])
+            scored = prob if pr is None else detached_plain_tensor(torch.as_tensor(pr)).to(prob.device)[None]
+            row, stat = self._volume(prob, label, scored, sp, kn)
             rows.append(row)
             stats.append(stat)
-        self._num_classes = int(y_pred.shape[1])
+            self._num_classes = int(prob.shape[1])
         return [torch.stack(rows), torch.stack(stats)]
+
+    def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None, **kwargs) -> list[torch.Tensor]:  # type: ignore[override]
+        if y_pred.ndim < 3:
+            raise ValueError(f"y_pred must have shape (B, C, *spatial), got {tuple(y_pred.shape)}.")
+        return self._compute_list(list(y_pred), y, **kwargs)
 
     def _volume(
         self,
@@ -224,22 +182,13 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         p, y = prob[0], label[0, 0]
         pred_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0, 0].long()
         voxel_ml = float(np.prod(spacing)) / 1000.0 if spacing is not None else 1.0  # mm^3 -> mL
-        est = estimated_dice(p, pred_map, empty_class=self.empty_class)  # the true DSC's convention
-        volumes = predicted_volumes(p, pred_map, voxel_ml)
+        quality = case_quality(p, pred_map, voxel_ml, LOW_CONFIDENCE, self.class_names, self.empty_class)
         true = torch.bincount(y.reshape(-1).long(), minlength=p.shape[0])[1 : p.shape[0]].double() * voxel_ml
-        low = low_confidence_fraction(p, pred_map, self.confidence_threshold)
-        band = structure_band([pred_map > 0, y > 0], self.band_radius)
-        stacked = torch.stack(
-            [est, true, volumes["predicted"], volumes["expected"], volumes["low"], volumes["high"], low]
-        )
-        values = stacked.cpu().tolist()  # one read-back
-        row = {
-            f"{prefix}_{name}": values[i][k]
-            for i, prefix in enumerate(QUALITY_PREFIXES)
-            for k, name in enumerate(names)
-        }
-        finite = [v for v in values[0] if np.isfinite(v)]
-        row[CASE_SCORE] = float(np.mean(finite)) if finite else float("nan")
+        row = {f"volume_{name}": value for name, value in zip(names, true.cpu().tolist())}
+        for prefix, key in zip(QUALITY_PREFIXES[:1] + QUALITY_PREFIXES[2:], _QUALITY_KEYS):
+            row.update({f"{prefix}_{name}": quality["classes"][name][key] for name in names})
+        row[CASE_SCORE] = quality["case_score"]
+        band = structure_band([pred_map > 0, y > 0], BAND_RADIUS)
         flat_p, flat_y = p.reshape(p.shape[0], -1), y.reshape(-1)
         row["ece_all"] = calibration_errors(flat_p[None], flat_y[None], ("ece",), self.num_bins, "all")["ece"]
         inside = band.reshape(-1)
@@ -252,7 +201,7 @@ class SegmentationReportMetric(CumulativeIterationMetric):
 
     def _segmentation_columns(self) -> list[str]:
         shape = ("dice", "hd95", "asd") if self.surface_distances else ("dice",)
-        out = [f"{m}_{name}" for m in shape for name in self.class_names[1:]] + [f"mean_{m}" for m in shape]
+        out = [c for m in shape for c in [f"{m}_{name}" for name in self.class_names[1:]] + [f"mean_{m}"]]
         return out + [f"{m}_{region}" for region in self.regions for m in shape]
 
     def _segmentation_metrics(self, pred: torch.Tensor, label: torch.Tensor, spacing, num_classes: int) -> dict:
@@ -292,13 +241,9 @@ class SegmentationReportMetric(CumulativeIterationMetric):
             out.update({f"{metric}_{region}": float(values[0, 0]) for metric, values in seg.items()})
         return out
 
-    # -- reductions ------------------------------------------------------------------------------------------------
-
     def _gathered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         buffer = self.get_buffer()  # gathered over ranks in distributed runs
-        if not isinstance(buffer, list) or len(buffer) != 2:
-            return None
-        return buffer[0], buffer[1]
+        return (buffer[0], buffer[1]) if isinstance(buffer, list) and len(buffer) == 2 else None
 
     def aggregate(self) -> torch.Tensor:  # type: ignore[override]
         """The per-volume table ``(N, len(columns))``, float64 on the CPU (``(0, K)`` before any volume)."""
@@ -306,10 +251,6 @@ class SegmentationReportMetric(CumulativeIterationMetric):
         if buffers is None:
             return torch.zeros((0, len(self.columns)), dtype=torch.float64)
         return buffers[0].double().cpu()
-
-    def summary_means(self) -> dict[str, float]:
-        """``{column: mean over volumes}`` (non-finite entries left out; NaN for a column without any)."""
-        return {c: s["mean"] for c, s in zip(self.columns, column_summary(self.aggregate().numpy()))}
 
     def pooled_statistics(self) -> np.ndarray | None:
         """The additive statistics summed over volumes (on the device, then ``S`` numbers to the host)."""
@@ -320,12 +261,8 @@ class SegmentationReportMetric(CumulativeIterationMetric):
 
     def _split(self, stats: np.ndarray) -> dict[str, np.ndarray]:
         c, m = self._num_classes or 0, self.num_bins
-        sizes = {"ece": m * 3, "cece": c * m * 3, "nll": 2, "brier": 2}
-        out, start = {}, 0
-        for name in POOLED_METRICS:
-            out[name] = stats[start : start + sizes[name]]
-            start += sizes[name]
-        return out
+        sizes = [m * 3, c * m * 3, 2, 2]  # the statistics of POOLED_METRICS, in order
+        return dict(zip(POOLED_METRICS, np.split(stats, np.cumsum(sizes)[:-1])))
 
     def pooled(self) -> dict[str, float]:
         """``{"pooled_ece", "pooled_cece", "pooled_nll", "pooled_brier"}``: all ground-truth foreground voxels of all

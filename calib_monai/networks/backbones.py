@@ -1,9 +1,6 @@
-"""Segmentation backbones by name, with the configurations the papers trained.
-
-The papers train 2D networks on slices: a UNet for most tables, and in their backbone ablations an
-attention UNet, UNet++, an nnU-Net-like DynUNet (CRaC) and TransUNet. MONAI has no TransUNet; its
-transformer UNets (``unetr``: ViT encoder, ``swin_unetr``: Swin encoder) are the nearest MONAI
-equivalents and stand in for it here — results with them are not the papers' TransUNet numbers.
+"""Segmentation backbones by name, with the configurations the papers trained: a UNet for most tables, and in their
+backbone ablations an attention UNet, UNet++, an nnU-Net-like DynUNet (CRaC) and TransUNet, which MONAI lacks: its
+transformer UNets (``unetr``, ``swin_unetr``) stand in for it (results with them are not the papers' numbers).
 """
 
 from __future__ import annotations

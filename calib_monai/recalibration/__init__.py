@@ -9,7 +9,6 @@ from calib_monai.recalibration.recalibrate import recalibrate
 from calib_monai.recalibration.settings import RecalibrationSettings
 from calib_monai.recalibration.stored import (
     CALIBRATION_FILE,
-    CalibratedNetwork,
     CalibrateLogitsd,
     Uncalibrated,
     calibrate_volume,
@@ -17,7 +16,6 @@ from calib_monai.recalibration.stored import (
     case_score_offsets,
     load_calibration,
     load_calibrations,
-    save_calibration,
 )
 from calib_monai.recalibration.temperature import (
     TemperatureScaling,
@@ -30,7 +28,6 @@ from calib_monai.recalibration.temperature import (
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrateLogitsd",
-    "CalibratedNetwork",
     "LocalTemperatureScaling",
     "RecalibrationSettings",
     "TemperatureScaling",
@@ -45,7 +42,6 @@ __all__ = [
     "load_calibrations",
     "recalibrate",
     "sample_voxels",
-    "save_calibration",
     "temperature_maps",
     "temperature_scale",
 ]

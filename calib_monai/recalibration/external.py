@@ -1,32 +1,18 @@
-"""Calibrate and evaluate anyone's probabilities: saved softmax outputs of 3D segmentations and their labels in,
-the project's evaluation report before and after a fitted temperature out (``calib-monai calibrate-probabilities``).
+"""Calibrate and evaluate anyone's probabilities (``calib-monai calibrate-probabilities``): saved softmax outputs of 3D
+segmentations and their labels in, the evaluation report before and after a fitted temperature out.
 
-Input formats (``format="auto"`` picks nnU-Net when the folder holds ``.npz`` files):
+Inputs: ``"nnunet"``, nnU-Net v2's ``--save_probabilities`` output (:mod:`calib_monai.recalibration.nnunet_files`;
+region-based models refused), or ``"nifti"``, ``<case>.nii.gz`` maps ``(x, y, z, C)`` or ``(x, y, z, 1, C)`` on the
+label's grid; labels are ``<case>.nii.gz`` in the original geometry, paired by case name.
 
-* ``"nnunet"``: nnU-Net v2's ``--save_probabilities`` output (``<case>.npz``, ``<case>.pkl``, ``<case>.nii.gz`` and
-  ``dataset.json``; :mod:`calib_monai.recalibration.nnunet_files`), transposed into nibabel's ``(x, y, z)`` order.
-  Region-based (sigmoid) models are refused.
-* ``"nifti"``: ``<case>.nii.gz`` probability maps, 4D ``(x, y, z, C)`` or 5D ``(x, y, z, 1, C)``, in the label's
-  voxel grid.
+Output: ``before/`` and ``after/`` (:class:`calib_monai.metrics.SegmentationReportTable`'s files; the argmax is kept,
+so ``after/`` repeats the HD95 / ASD), ``comparison.csv`` (``metric, before, after``), ``temperature.json``
+(``{"temperature", "fitted_on", "in_sample", "voxels"}``), ``calibrated/`` (``softmax(log(p) / T)`` in the input's
+format, with ``write_calibrated``) and ``contours/`` (:mod:`calib_monai.recalibration.external_contours`).
 
-Labels are ``<case>.nii.gz`` label maps in the original geometry (e.g. nnU-Net's ``labelsTr``), paired by case name
-(:func:`calib_monai.recalibration.readers.match_cases`).
-
-Output folder (:class:`calib_monai.metrics.SegmentationReportTable`'s files, as a bundle's ``evaluating`` writes):
-``before/`` and ``after/`` (``metrics.csv``, ``summary.json``, ``reliability.png``, ``risk_coverage.png``; temperature
-scaling keeps the argmax, so ``after/`` repeats the HD95 / ASD of ``before/``), ``comparison.csv`` (``metric, before,
-after``), ``temperature.json`` (``{"temperature", "fitted_on", "in_sample", "voxels"}``) and, with
-``write_calibrated=True``, ``calibrated/`` (``softmax(log(p) / T)`` in the input's format).
-
-The temperature (:func:`calib_monai.recalibration.fit_temperature` on ``log(max(p, 1e-12))``) is fitted on a seeded
-sample of at most ``max_voxels`` voxels spread evenly over ``fit_predictions`` / ``fit_labels``, else over the
-evaluated cases (then the ``after`` numbers are in-sample, optimistic, and the log and ``summary.json`` say so). One
-volume is in memory at a time.
-
-``contours/`` (``contours=False``: none): each structure's inner and outer contour of every evaluated case with the
-guarantee of :mod:`calib_monai.review.contours`, the lambdas chosen on the calibration set cross-fitted
-(:mod:`calib_monai.recalibration.external_contours`, which describes the files); without a calibration set the
-lambdas are null and ``contours.json`` says why.
+The temperature is fitted on a seeded sample of at most ``max_voxels`` voxels spread evenly over the calibration set,
+else over the evaluated cases (the ``after`` numbers are then in-sample, and say so). One volume is in memory at a
+time.
 """
 
 from __future__ import annotations
@@ -51,12 +37,12 @@ from calib_monai.recalibration.external_contours import (
     CONTOURS_FOLDER,
     NO_FIT_SET,
     ContourWriter,
-    check_contour_options,
     choose_contours,
     unchosen_contours,
 )
 from calib_monai.recalibration.readers import detect_format, label_names_from, match_cases, read_case
 from calib_monai.recalibration.temperature import LOG_FLOOR, fit_temperature, sample_voxels, temperature_scale
+from calib_monai.review.contours import RISKS
 
 __all__ = ["calibrate_probabilities"]
 
@@ -82,8 +68,8 @@ COMPARED = (
 
 
 def _fit(cases: Sequence, max_voxels: int, seed: int) -> tuple[float, int, int]:
-    """Temperature of a seeded sample of ``max_voxels`` voxels, an equal share from each case; the count; the
-    cases' number of classes."""
+    """The temperature of a seeded sample of ``max_voxels`` voxels (an equal share from each case), their count and
+    the cases' number of classes."""
     share = max(1, math.ceil(max_voxels / len(cases)))
     logits, labels = [], []
     for i, case in enumerate(cases):
@@ -163,8 +149,7 @@ def calibrate_probabilities(
         ``{"temperature", "in_sample", "cases", "output_dir", "comparison", "contours"}`` (``contours``: per
         structure with lambdas, how many of the counted cases each contour held; None with contours=False).
     """
-    _check_arguments(num_bins=num_bins, max_voxels=max_voxels, seed=seed, empty_class=empty_class)
-    check_contour_options(contours, contour_alpha, contour_epsilon, contour_risk)
+    _check_arguments(num_bins, max_voxels, seed, empty_class, contours, contour_alpha, contour_epsilon, contour_risk)
     surface_distances = as_bool(surface_distances, "surface_distances")  # the command line's "false": a string
     write_calibrated = as_bool(write_calibrated, "write_calibrated")
     ignore_extra_labels = as_bool(ignore_extra_labels, "ignore_extra_labels")
@@ -207,22 +192,15 @@ def calibrate_probabilities(
             margins = choose_contours(fit_cases, fit_one, listed, **options, seed=seed, device=device, **fit_info)
         writer = ContourWriter(margins, listed, output_dir / CONTOURS_FOLDER)
 
-    before = after = None
+    before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
+    after = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
     for case in cases:
         volume = read_case(case)
-        if before is None and volume.probabilities.shape[0] != fit_classes:  # a temperature of another model's maps
+        if volume.probabilities.shape[0] != fit_classes:  # a temperature of another model's maps
             raise ValueError(
                 f"the fit set {fit_predictions} has {fit_classes} classes but the evaluated set {predictions} has "
                 f"{volume.probabilities.shape[0]} (case {case.name}): give --fit_predictions of the same model and "
                 "classes as the predictions"
-            )
-        if before is None:
-            before = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
-            after = SegmentationReportTable(names, num_bins, empty_class, surface_distances=surface_distances)
-        if volume.probabilities.shape[0] != len(before.class_names):
-            raise ValueError(
-                f"case {case.name} has {volume.probabilities.shape[0]} classes, expected "
-                f"{len(before.class_names)} ({before.class_names})"
             )
         affine = torch.as_tensor(volume.affine, dtype=torch.float64)
         spacing = [float(v) for v in torch.linalg.norm(affine[:3, :3], dim=0)]  # mm, for HD95 / ASD and volumes
@@ -295,8 +273,8 @@ def _write_comparison(path: Path, before, after) -> dict[str, dict[str, float]]:
     return table
 
 
-def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any) -> None:
-    """The command's numbers before any file is read: one line naming the argument, its value and the fix."""
+def _check_arguments(num_bins, max_voxels, seed, empty_class, contours, contour_alpha, contour_epsilon, contour_risk):
+    """The command's options before any file is read: one line naming the option, its value and the fix."""
     for name, value, low, example in (
         ("num_bins", num_bins, 1, NUM_BINS),
         ("max_voxels", max_voxels, 1, MAX_VOXELS),
@@ -309,3 +287,16 @@ def _check_arguments(num_bins: Any, max_voxels: Any, seed: Any, empty_class: Any
                 f"--{name} {value!r} is not valid: it must be a whole number >= {low}; pass e.g. --{name} {example}"
             ) from None
     check_option("--empty_class", empty_class, ("nan", "papers"))
+    if not isinstance(contours, bool):
+        raise ValueError(f"--contours {contours!r} is not valid: pass --contours=False to leave them out, or nothing")
+    for name, value, example in (
+        ("contour_alpha", contour_alpha, CONTOUR_ALPHA),
+        ("contour_epsilon", contour_epsilon, CONTOUR_EPSILON),
+    ):
+        try:
+            check_number(name, value, 0, 1, low_open=True, high_open=True)
+        except ValueError:
+            raise ValueError(
+                f"--{name} {value!r} is not valid: it must be a number in (0, 1); pass e.g. --{name} {example}"
+            ) from None
+    check_option("--contour_risk", contour_risk, RISKS)

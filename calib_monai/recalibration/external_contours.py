@@ -1,19 +1,12 @@
-"""The contours of ``calib-monai calibrate-probabilities`` (:mod:`calib_monai.recalibration.external`): each
-structure's inner and outer contour of every evaluated case, with the guarantee of :mod:`calib_monai.review.contours`.
+"""The contours of ``calib-monai calibrate-probabilities``: each structure's inner and outer contour of every evaluated
+case, with the guarantee of :mod:`calib_monai.review.contours`.
 
-The lambdas are chosen on the calibration set (``fit_predictions`` / ``fit_labels``) by the library's
-:meth:`~calib_monai.review.contours.ContourMargins.from_validation`, each fit case its own subject, on
-temperature-scaled probabilities cross-fitted as the bundles' ``calibrate`` does: the fit cases in 2 seeded folds
-(:func:`~calib_monai.recalibration.splits.split_volumes`), each fold's requirements measured with the temperature
-fitted on the other fold. The evaluated cases are scaled by the temperature fitted on all fit cases (the one
-``temperature.json`` holds), so the guarantee is cross-conformal, as approximate as the bundles'. Without a
-calibration set the lambdas are null and say why: chosen on the judged cases they would vouch for nothing.
-
-Written under ``<output_dir>/contours/``: ``<case>_inner.nii.gz`` and ``<case>_outer.nii.gz`` as ``inferring`` writes
-them (uint8, one volume per foreground class on the 4th axis in label order, 3D for a single structure; a structure
-without lambdas gets an empty volume) in the label file's geometry, only when a structure has lambdas;
-``contours.json`` (:meth:`~calib_monai.review.contours.ContourMargins.record`, with the temperature, the folds and
-what the lambdas were chosen on in ``info``); ``contours.csv``, one row per case and structure (:data:`COLUMNS`).
+The lambdas are chosen on the calibration set, each fit case its own subject, cross-fitted as the bundles'
+``calibrate`` does (2 seeded folds, each scored with the temperature fitted on the other); the evaluated cases are
+scaled by the temperature of all fit cases: cross-conformal, approximate. Without a calibration set the lambdas are
+null and say why. Written under ``<output_dir>/contours/``: ``<case>_inner.nii.gz`` / ``<case>_outer.nii.gz`` as
+``inferring`` writes them, in the label file's geometry (when a structure has lambdas), ``contours.json``
+(:meth:`~calib_monai.review.contours.ContourMargins.record`) and ``contours.csv`` (:data:`COLUMNS`).
 """
 
 from __future__ import annotations
@@ -30,7 +23,6 @@ import numpy as np
 import torch
 
 from calib_monai.atomic import save_atomically, write_json_atomically, write_text_atomically
-from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import CONTOUR_ALPHA, CONTOUR_EPSILON, CONTOUR_RISK, CROSSFIT_FOLDS
 from calib_monai.geometry import reorient, reorientation
 from calib_monai.recalibration.readers import CaseFiles, Volume, read_case
@@ -38,14 +30,13 @@ from calib_monai.recalibration.splits import split_volumes
 from calib_monai.recalibration.temperature import temperature_scale
 from calib_monai.review.contours import (
     CONTOURS_FILE,
-    RISKS,
     ContourMargins,
     contour_losses,
     contour_masks,
     volume_requirements,
 )
 
-__all__ = ["COLUMNS", "CONTOURS_FOLDER", "ContourWriter", "check_contour_options", "choose_contours"]
+__all__ = ["COLUMNS", "CONTOURS_FOLDER", "ContourWriter", "choose_contours"]
 
 logger = logging.getLogger("calib_monai")
 CONTOURS_FOLDER = "contours"
@@ -70,23 +61,6 @@ NO_FIT_SET = (
 )
 
 
-def check_contour_options(contours: Any, alpha: Any, epsilon: Any, risk: Any) -> None:
-    """The contour options before any file is read: one line naming the option, its value and the fix."""
-    if not isinstance(contours, bool):
-        raise ValueError(f"--contours {contours!r} is not valid: pass --contours=False to leave them out, or nothing")
-    for name, value, example in (
-        ("contour_alpha", alpha, CONTOUR_ALPHA),
-        ("contour_epsilon", epsilon, CONTOUR_EPSILON),
-    ):
-        try:
-            check_number(name, value, 0, 1, low_open=True, high_open=True)
-        except ValueError:
-            raise ValueError(
-                f"--{name} {value!r} is not valid: it must be a number in (0, 1); pass e.g. --{name} {example}"
-            ) from None
-    check_option("--contour_risk", risk, RISKS)
-
-
 def choose_contours(
     fit_cases: Sequence[CaseFiles],
     fit_temperature: Callable[[Sequence[CaseFiles]], float],
@@ -98,10 +72,9 @@ def choose_contours(
     device: str = "cpu",
     **info: Any,
 ) -> ContourMargins:
-    """The lambdas of each foreground class, chosen on ``fit_cases`` cross-fitted in 2 folds (each fold's
-    temperature from ``fit_temperature(cases)``, its requirements measured on the other fold's cases, read one at a
-    time); ``class_names``: every class's, background first; ``info`` goes to the record. One fit case cannot be
-    cross-fitted: no requirement, null lambdas."""
+    """The lambdas of each foreground class, chosen on ``fit_cases`` cross-fitted in 2 folds (each fold's temperature
+    from ``fit_temperature(cases)``); ``class_names``: background first; ``info`` goes to the record. One fit case
+    cannot be cross-fitted: null lambdas."""
     names = list(class_names)
     volumes: list[dict[str, Any]] = []
     subjects: list[str] = []
@@ -146,8 +119,8 @@ def unchosen_contours(
 
 
 class ContourWriter:
-    """Writes the contours of each evaluated case (:meth:`add`, one volume at a time) to ``folder`` and, at
-    :meth:`finish`, ``contours.csv``, ``contours.json`` and the coverage per structure in the log."""
+    """Writes each evaluated case's contours (:meth:`add`) to ``folder``, then (:meth:`finish`) ``contours.csv``,
+    ``contours.json`` and the coverage in the log."""
 
     def __init__(self, margins: ContourMargins, class_names: Sequence[str], folder: Path) -> None:
         self.margins, self.folder = margins, Path(folder)
@@ -157,8 +130,7 @@ class ContourWriter:
         self.rows: list[dict[str, Any]] = []
 
     def add(self, case: CaseFiles, volume: Volume, prob: torch.Tensor) -> None:
-        """The contours of one case from its calibrated probabilities ``prob`` ``(C, x, y, z)`` (the arrays' frame,
-        ``volume.affine``): the two files (when a structure has lambdas) and its rows."""
+        """The contour files and rows of one case from its calibrated probabilities ``prob`` ``(C, x, y, z)``."""
         voxel_ml = float(abs(np.linalg.det(volume.affine[:3, :3]))) / 1000.0
         pred = prob.argmax(0).cpu().numpy()
         if self.vouched:
@@ -189,8 +161,8 @@ class ContourWriter:
         save_atomically(image, self.folder / f"{case.name}_{kind}.nii.gz", write=lambda i, tmp: nib.save(i, tmp))
 
     def coverage(self) -> dict[str, dict[str, Any]]:
-        """Per structure with lambdas: the counted cases, how many of them each contour held, and the mean missed
-        and outside fractions."""
+        """Per structure with lambdas: the counted cases, how many each contour held, the mean missed and outside
+        fractions."""
         out = {}
         for name in self.vouched:
             rows = [r for r in self.rows if r["structure"] == name and r["counted"]]

@@ -1,21 +1,12 @@
-"""Fitting a recalibration and measuring the validated range as plain functions (the bundles' ``calibrate`` step,
+"""Fitting a recalibration and measuring the validated range (the bundles' ``calibrate`` step,
 :class:`calib_monai.handlers.RecalibrationFitter`, calls them on the validation volumes).
 
-The range's volumes are scored by a recalibration they did not fit. Two ways (:func:`split_volumes`):
-
-* cross-fitting (``crossfit``, the default): the validation subjects are split (seeded) into ``folds`` folds and each
-  fold is scored by the fit on the others, so all ``n`` volumes are in the range; the served recalibration is fitted
-  on all of them. The fold recalibrations are stored too, and a served case is also scored by each
-  (:func:`~calib_monai.recalibration.stored.case_score_offsets`), so the case is compared with volume ``i`` as the
-  fold that scored ``i`` scores both: cross-conformal (Vovk, Ann. Math. Artif. Intell. 2015, "Cross-conformal
-  predictors"; Barber et al., Ann. Statist. 2021, "Predictive inference with the jackknife+"). The whole validation
-  set sets the review threshold, at the cost of the exact finite-sample guarantee.
-* a plain split (``crossfit=False``): ``fit_share`` of the volumes fit the served recalibration, the others measure
-  the range with it: exactly exchangeable with a served case, on fewer volumes.
-
-Local temperature scaling also holds out a share of its fitting slices for early stopping. Every number written is
-named for what it was measured on: ``range_volumes_*`` (each volume by the fit that did not see it),
-``heldout_slices_*`` (the early-stopping slices) and ``in_sample_*`` (what the served recalibration was fitted on).
+The range's volumes are scored by a recalibration they did not fit (:func:`split_volumes`): with cross-fitting each
+fold by the fit on the others, all volumes in the range, the served recalibration fitted on all and a served case
+also scored by each fold (cross-conformal: Vovk, Ann. Math. Artif. Intell. 2015; Barber et al., Ann. Statist. 2021,
+jackknife+; approximate); with a plain split the held-out volumes, exactly exchangeable with a served case. Numbers
+are named for what they were measured on: ``range_volumes_*``, ``heldout_slices_*`` (local temperature scaling's
+early stopping) and ``in_sample_*``.
 """
 
 from __future__ import annotations
@@ -136,17 +127,14 @@ def _before_after(stats: dict, prefix: str, before: torch.Tensor, after: torch.T
 def fit_recalibration(
     volumes: Sequence[ValidationVolume], indices: Sequence[int], settings: RecalibrationSettings, spatial_dim: int = 2
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Fit ``settings.method`` (``"temperature"`` or ``"local_temperature"``, for the classes of the volumes' logits
-    and the channels of their images) on the ``indices`` volumes; returns the module and its statistics: where it
-    was fitted, the in-sample NLL / ECE before and after, and local temperature scaling's held-out slices before and
-    after (with early stopping)."""
+    """Fit ``settings.method`` on the ``indices`` volumes; returns the module and its statistics (where it was
+    fitted, the in-sample NLL / ECE before and after, local temperature scaling's held-out slices before and after)."""
     fit = [volumes[i] for i in indices]
     stats: dict[str, Any] = {"volumes": len(fit)}
     method, voxels, seed, steps = settings.method, settings.voxels, settings.seed, settings.steps
     if method == "temperature":
         logits, labels = calibration_voxels(((v.logits, v.label) for v in fit), voxels, settings.max_voxels, seed)
-        check_voxels(logits, labels)
-        module: nn.Module = TemperatureScaling().fit(logits, labels)
+        module: nn.Module = TemperatureScaling().fit(logits, labels)  # checks the voxels (fit_temperature)
         with torch.no_grad():
             calibrated = module(logits)
         where = "ground-truth foreground" if voxels == "foreground" else "all voxels"
@@ -174,10 +162,9 @@ def fit_recalibration(
 def cross_fit(
     volumes: Sequence[ValidationVolume], split: Split, settings: RecalibrationSettings, spatial_dim: int = 2
 ) -> tuple[nn.Module, dict[str, Any], list[tuple[nn.Module, list[int]]]]:
-    """The served recalibration (fitted on ``split.fit``), its statistics, and the scorers of the range: ``(module,
-    scored volumes)`` per fold (cross-fitting: the two half-fits; a plain split: the served module on the range),
-    each fitted by :func:`fit_recalibration` with ``settings``. The statistics add the range volumes' NLL / ECE
-    before and after, each volume calibrated by the fit that did not see it (none when in-sample)."""
+    """The served recalibration (fitted on ``split.fit``), its statistics (with the range volumes' NLL / ECE, each by
+    the fit that did not see it), and the range's scorers: ``(module, scored volumes)`` per fold (a plain split: the
+    served module on the range)."""
     module, stats = fit_recalibration(volumes, split.fit, settings, spatial_dim)
     stats = {"split": split.record(volumes), **stats}
     if split.crossfit:
@@ -204,9 +191,8 @@ def cross_fit(
 
 
 def range_features(features: Sequence[np.ndarray | None]) -> tuple[dict[str, Any] | None, str]:
-    """The :class:`~calib_monai.metrics.feature_distance.MahalanobisDistance` of the range volumes' pooled features,
-    stored whole (no projection: the rule projects the validation and new case's vectors together), as
-    ``(to_dict(), "")``, or ``(None, why not)``: a volume without features, NaN features, fewer than 3 volumes."""
+    """``(to_dict(), "")`` of the :class:`~calib_monai.metrics.feature_distance.MahalanobisDistance` of the range
+    volumes' pooled features (no projection), or ``(None, why not)``."""
     if not features or any(f is None for f in features):
         missing = sum(f is None for f in features)
         return None, f"{missing} of {len(features)} validation volumes have no network features"
@@ -222,10 +208,9 @@ def volume_interval_fit(
     truths: Sequence[tuple[torch.Tensor, float]],
     coverage: float = VOLUME_COVERAGE,
 ) -> tuple[float | None, dict[str, Any]]:
-    """The factor that makes the volume interval of :func:`case_quality` hold each structure's true volume with
-    probability ``coverage`` (:func:`fit_volume_interval_scale` over the scored volumes' (volume, class) pairs), and
-    its record; None when the pairs are too few for ``coverage`` (the interval stays that of independent voxels).
-    ``truths``: each scored volume's ``(label, voxel volume in mL)`` on the grid its quality was scored on."""
+    """The factor that makes :func:`case_quality`'s volume interval hold each structure's true volume with probability
+    ``coverage`` (:func:`fit_volume_interval_scale`; None when the pairs are too few), and its record. ``truths``:
+    each scored volume's ``(label, voxel volume in mL)``."""
     expected, high, true = [], [], []
     for quality, (label, voxel_ml) in zip(qualities, truths):
         for c, name in enumerate(quality["classes"], start=1):  # the foreground classes, in class order
@@ -241,19 +226,16 @@ def volume_interval_fit(
 
 
 def score_minus_truth(quality: Mapping[str, Any], prob: torch.Tensor, label: torch.Tensor) -> float:
-    """A scored volume's case score minus the true mean DSC of the segmentation it delivers (the argmax of ``prob``
-    ``(C, *spatial)`` against ``label``, as ``evaluating``'s ``DeliveredDiced``: a structure absent from the label
-    left out); NaN when either is undefined."""
+    """A scored volume's case score minus the true mean DSC of its segmentation (the argmax of ``prob``
+    ``(C, *spatial)``, as ``DeliveredDiced``); NaN when either is undefined."""
     truth = float(label_map_dice(prob.argmax(0), label, prob.shape[0]).nanmean())
     score = quality.get("case_score")
     return float(score) - truth if score is not None and math.isfinite(score) else math.nan
 
 
 def case_score_error(values: Sequence[float]) -> dict[str, Any]:
-    """The scored volumes' :func:`score_minus_truth` summed up, ``{"volumes", "mean", "median", "mean_absolute",
-    "lowest", "highest", "values"}`` (NaN left out): how far a case score was from the truth on cases like the
-    served ones. The served score subtracts their mean (:class:`~calib_monai.review.anchor.CaseScoreAnchor`;
-    ``docs/results/level``)."""
+    """The scored volumes' :func:`score_minus_truth` summed up (NaN left out); the served score subtracts their mean
+    (:class:`~calib_monai.review.anchor.CaseScoreAnchor`)."""
     finite = np.array([float(v) for v in values if math.isfinite(v)])
     per_volume = [round(float(v), 6) if math.isfinite(v) else None for v in values]  # the served lower bound's
     if not finite.size:
@@ -283,15 +265,11 @@ def measure_validated_range(
     on_scored: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
     **info: Any,
 ) -> ValidatedRange:
-    """The validated range of the scored volumes (in volume order), each scored with its fold's recalibration (as
-    inference scores a case: :func:`cross_fit`'s scorers); ``review``: ``alpha``, ``volume_factor``,
-    ``input_check``, ``feature_check``, ``score_check``; ``features``: each volume's pooled network features (None:
-    none);
-    ``reference_inputs``: the image statistics of training images, the input signal's fixed reference (None: the
-    validation images measure each other); ``reference_features``: the training images' pooled features, the
-    feature signal's fixed reference (None: the validation cases measure each other); ``on_scored(i, prob, label)``:
-    called with each scored volume's cross-fitted probabilities and label on the network grid (the contours'
-    margins are chosen on them, :mod:`calib_monai.review.contours`)."""
+    """The validated range of the scored volumes, each scored with its fold's recalibration (:func:`cross_fit`'s
+    scorers); ``review``: the rule's settings; ``features``: each volume's pooled network features (None: none);
+    ``reference_inputs`` / ``reference_features``: the training images' statistics and features, the fixed
+    references (None: the validation volumes measure each other); ``on_scored(i, prob, label)``: called with each
+    scored volume's probabilities and label (the contours are chosen on them)."""
     scorer_of = {i: module for module, scored in scorers for i in scored}
     fold_of = {i: j for j, (_, scored) in enumerate(scorers) for i in scored}
     chosen = sorted(scorer_of)

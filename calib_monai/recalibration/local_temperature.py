@@ -1,9 +1,7 @@
 """Local temperature scaling (Ding Z. et al., Local Temperature Scaling for Probability Calibration, ICCV 2021).
 
-``softmax(z / T(x))`` with a per-pixel temperature ``T(x) = softplus(CNN([z, image])) + 0.05`` predicted from the
-logits and the image, fitted on held-out slices by NLL, with early stopping on a held-out share of them. This is a
-small version of the paper's network (two 3x3 convolutions on 2D slices, like the segmentation network); ``T(x) > 0``
-keeps the argmax. :func:`temperature_maps` runs several fits (the served one and its cross-fitted folds) as one network.
+``softmax(z / T(x))`` with a per-pixel ``T(x) = softplus(CNN([z, image])) + 0.05`` fitted by NLL on 2D slices (a
+small version of the paper's network: two 3x3 convolutions); ``T(x) > 0`` keeps the argmax.
 """
 
 from __future__ import annotations
@@ -70,14 +68,10 @@ class LocalTemperatureScaling(nn.Module):
         held_out: tuple | None = None,
         eval_every: int = 10,
     ) -> LocalTemperatureScaling:
-        """Adam on the NLL of ``steps`` batches of random slices: ``logits (S, C, H, W)``, ``images (S, C_in, H,
-        W)``, ``labels (S, H, W)``, or lists of such groups of slices whose in-plane sizes differ (a batch is drawn
-        from one group, chosen in proportion to its slices); seeded (initialisation and batches).
-
-        With ``held_out`` (the same three, slices not fitted on) the held-out NLL over all their voxels is measured
-        before the fit and every ``eval_every`` steps, and the parameters with the lowest one are kept (early
-        stopping, as the authors' code keeps the best validation epoch); ``history`` then holds
-        ``heldout_nll_before``, ``heldout_nll_after`` and ``best_step`` (0: the start was best)."""
+        """Adam on the NLL of ``steps`` seeded batches of slices: ``logits (S, C, H, W)``, ``images (S, C_in, H, W)``,
+        ``labels (S, H, W)``, or lists of such groups of different in-plane sizes (a batch from one group).
+        With ``held_out`` (the same three) the parameters with the lowest held-out NLL, measured every ``eval_every``
+        steps, are kept (early stopping); ``history``: ``heldout_nll_before``, ``heldout_nll_after``, ``best_step``."""
         groups = _groups(logits, images, labels)
         held = _groups(*held_out) if held_out is not None else []
         torch.manual_seed(seed)
@@ -122,13 +116,9 @@ class LocalTemperatureScaling(nn.Module):
 def temperature_maps(
     modules: Sequence[LocalTemperatureScaling], logits: torch.Tensor, image: torch.Tensor | None
 ) -> torch.Tensor:
-    """``(N, K, H, W)``: the temperature map of each of ``K`` modules of one shape (the served fit and its
-    cross-fitted folds) for the same ``logits (N, C, H, W)`` and ``image (N, C_in, H, W)``, in one pass.
-
-    Their first convolutions read the same input: one convolution with their ``K * hidden`` filters, then each
-    module's second and last convolution as grouped ones (``groups=K``): the same sums as ``K`` separate
-    ``temperature_map`` calls (equal up to float rounding), in channels-last memory, where the CPU's convolutions
-    are fastest, a few slices at a time (``docs/results/benchmarks/full_size.md``)."""
+    """``(N, K, H, W)``: the temperature maps of ``K`` modules of one shape (the served fit and its folds) for the
+    same ``logits (N, C, H, W)`` and ``image (N, C_in, H, W)`` in one pass: their first convolutions stacked, the
+    others grouped (``groups=K``), channels-last, a few slices at a time."""
     if image is None:
         raise ValueError("local temperature scaling needs the image next to the logits")
     shapes = {(m.num_classes, m.in_channels, m.hidden) for m in modules}

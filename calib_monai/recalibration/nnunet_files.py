@@ -1,17 +1,8 @@
-"""What nnU-Net writes beside a ``<case>.npz`` says about its geometry and its case; checked against the array.
-
-nnU-Net v2's ``export_prediction_from_logits`` (MIC-DKFZ/nnUNet, ``nnunetv2/inference/export_prediction.py``) writes,
-per case, ``<case>.npz`` (``probabilities``, ``(C, z, y, x)``), ``<case>.pkl`` (the properties dict of the image
-reader and the preprocessing) and ``<case>.nii.gz`` (the segmentation, the argmax of the probabilities, in the
-image's own geometry); ``plans.json`` is copied to the folder. What the ``.pkl`` holds:
-
-* the geometry: ``sitk_stuff`` (``SimpleITKIO``: spacing, origin, direction, ITK's LPS world) or ``nibabel_stuff``
-  (``NibabelIO``: ``original_affine``; ``NibabelIOWithReorient``: also ``reoriented_affine``);
-* ``shape_before_cropping`` and ``bbox_used_for_cropping``, in the planner's transposed axis order
-  (``transpose_forward``): ``label_manager.revert_cropping_on_probabilities`` fills every voxel outside the box with
-  background probability 1 before the array is transposed back (``transpose_backward``) and saved;
-* no file name (v1's ``list_of_data_files`` / ``seg_file`` are gone), so a ``.pkl`` of another case of the same
-  geometry is recognised by its box only: foreground probabilities outside it.
+"""What nnU-Net v2 writes beside a ``<case>.npz`` (``nnunetv2/inference/export_prediction.py``), checked against the
+array: ``<case>.pkl`` holds the image's geometry (``sitk_stuff``, or ``nibabel_stuff``'s ``original_affine`` /
+``reoriented_affine``) and ``shape_before_cropping`` / ``bbox_used_for_cropping`` in the planner's transposed axis
+order (outside the box the probabilities are background 1); ``<case>.nii.gz`` is their argmax in the image's geometry.
+The ``.pkl`` names no file, so another case's ``.pkl`` is recognised by its shape or box only.
 """
 
 from __future__ import annotations
@@ -34,8 +25,7 @@ ARGMAX_AGREEMENT = 0.999  # the segmentation is the argmax of the probabilities 
 
 
 def read_properties(pkl: Path) -> dict[str, Any]:
-    """nnU-Net's properties dict from ``<case>.pkl`` (nnU-Net's own, trusted output); ``{}`` when there is none; a
-    ValueError naming the file when it does not load as a dict."""
+    """nnU-Net's properties dict from ``<case>.pkl`` (nnU-Net's own, trusted output); ``{}`` when there is none."""
     if not pkl.is_file():
         return {}
     try:
@@ -76,10 +66,9 @@ def _transpose_backward(folder: Path) -> tuple[int, ...] | None:
 
 
 def check_properties(npz: Path, stored: np.ndarray, properties: dict, case: str) -> None:
-    """The ``.pkl`` against the ``.npz`` ``stored`` (``(C, z, y, x)``): a ValueError naming both files when its
-    ``shape_before_cropping`` is not the array's shape (in any axis order, or ``plans.json``'s ``transpose_backward``
-    when the folder has it), when the array holds foreground probability outside its ``bbox_used_for_cropping``
-    (the ``.pkl`` of another case), or when an nnU-Net v1 ``.pkl`` names the files of another case."""
+    """A ValueError naming both files when the ``.pkl`` is not the one of the ``.npz`` ``stored`` ``(C, z, y, x)``:
+    another shape (in ``plans.json``'s ``transpose_backward``, else any axis order), foreground outside its crop box,
+    or (nnU-Net v1) other files named."""
     pkl = npz.with_suffix(".pkl")
     files = [str(properties.get("seg_file") or ""), *map(str, properties.get("list_of_data_files") or [])]
     names = [Path(f).name for f in files if f]
@@ -132,10 +121,8 @@ def _geometry_lacking(pkl: Path, properties: dict) -> str:
 
 
 def segmentation_affine(npz: Path, stored: np.ndarray, properties: dict | None = None) -> np.ndarray:
-    """Without the geometry in a ``.pkl`` (``properties``: what it holds, if anything): the affine of the
-    probabilities from the segmentation nnU-Net wrote beside them (``<case>.nii.gz``, the argmax in the image's
-    geometry, as stored or reoriented to RAS by ``NibabelIOWithReorient``); a ValueError when there is none or it is
-    not their argmax."""
+    """The affine of the probabilities from the segmentation beside them (``<case>.nii.gz``, as stored or reoriented
+    to RAS by ``NibabelIOWithReorient``) when the ``.pkl`` has no geometry; a ValueError when it is not their argmax."""
     segmentation = npz.with_name(npz.name[: -len(".npz")] + ".nii.gz")
     lacking = _geometry_lacking(npz.with_suffix(".pkl"), properties or {})
     missing = (

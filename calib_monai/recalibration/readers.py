@@ -1,8 +1,5 @@
-"""Readers and writers of saved probabilities for :mod:`calib_monai.recalibration.external` (formats described there).
-
-Every reader gives a :class:`Volume` in nibabel's voxel order: probabilities ``(C, x, y, z)``, the label ``(x, y, z)``
-and the label image's affine, so that metrics, spacing and the written calibrated files all use one frame.
-"""
+"""Readers and writers of saved probabilities for :mod:`calib_monai.recalibration.external` (formats described there),
+in the label's voxel order: probabilities ``(C, x, y, z)``, label ``(x, y, z)`` and the label image's affine."""
 
 from __future__ import annotations
 
@@ -84,18 +81,13 @@ _SAVE_PROBABILITIES = (
 )
 
 
-def _segmentations_only(niftis: dict[str, Path]) -> bool:
-    """True when the NIfTI files are 3D label maps (e.g. nnU-Net's segmentations), not 4D/5D probability maps."""
-    return len(nib.load(str(next(iter(niftis.values())))).shape) == 3
-
-
 def detect_format(predictions: Path) -> str:
     """``"nnunet"`` when the folder holds ``.npz`` files, ``"nifti"`` when it holds NIfTI probability maps only; a
     folder of nnU-Net segmentations without probabilities says how to get them."""
     if _files(predictions, (".npz",)):
         return "nnunet"
     niftis = _files(predictions, _NIFTI)
-    if niftis and _segmentations_only(niftis):
+    if niftis and len(nib.load(str(next(iter(niftis.values())))).shape) == 3:  # label maps, not probabilities
         raise FileNotFoundError(
             f"{predictions} holds segmentations ({len(niftis)} <case>.nii.gz label maps) but no "
             f"probabilities (<case>.npz): {_SAVE_PROBABILITIES}"
@@ -111,10 +103,8 @@ def _listing(names: list[str], limit: int = 20) -> str:
 
 
 def match_cases(predictions: Path, labels: Path, fmt: str, ignore_extra_labels: bool = True) -> list[CaseFiles]:
-    """Pair ``<case>.npz`` (nnU-Net) or ``<case>.nii.gz`` (NIfTI) predictions with ``labels/<case>.nii.gz`` by name;
-    a prediction ``<case>_0000`` also matches the label ``<case>``. Unpaired predictions raise a ``ValueError`` naming
-    them; labels without a prediction are left out with a log line (the usual layout: nnU-Net's ``labelsTr`` against
-    the predictions of a subset), or raise with ``ignore_extra_labels=False``."""
+    """Pair ``<case>.npz`` or ``<case>.nii.gz`` predictions (also ``<case>_0000``) with ``labels/<case>.nii.gz``;
+    unpaired predictions raise, labels without a prediction are left out (raise with ``ignore_extra_labels=False``)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or 'auto', got {fmt!r}")
     preds = _files(predictions, (".npz",) if fmt == "nnunet" else _NIFTI)
@@ -168,8 +158,7 @@ def label_names_from(predictions: Path, num_classes: int) -> dict[str, str]:
 
 
 def _check_nifti_affine(path: Path, what: str) -> None:
-    """A ValueError naming ``path`` when the NIfTI has no usable affine (``geometry.nifti_affine_problem``): its
-    voxels would be compared in a guessed orientation or size."""
+    """Without a usable affine the voxels would be compared in a guessed orientation or size."""
     problem = nifti_affine_problem(path)
     if problem:
         raise ValueError(f"{what} {path} has no usable affine: {problem}; {AFFINE_FIX}")
@@ -226,13 +215,10 @@ def _mismatch(case: CaseFiles, stored: tuple, expected: tuple, layout: str, caus
 
 
 def _onto_label_grid(
-    case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray | None, label: np.ndarray, label_affine: np.ndarray
+    case: CaseFiles, probabilities: np.ndarray, affine: np.ndarray, label: np.ndarray, label_affine: np.ndarray
 ) -> tuple[np.ndarray | None, Any]:
-    """``probabilities (C, x, y, z)`` stored in the label's voxel order, and the transform back to their own; None
-    (unchanged) when the grids have other shapes (the caller explains those). Grids apart in position, voxel size or
-    axes (:func:`calib_monai.geometry.grid_mismatch`) raise a ``ValueError`` naming both files."""
-    if affine is None:
-        return probabilities, None
+    """``probabilities (C, x, y, z)`` in the label's voxel order and the transform back; None when the shapes
+    differ (the caller explains them); a ValueError when they lie apart (:func:`calib_monai.geometry.grid_mismatch`)."""
     problem = grid_mismatch(label_affine, label.shape, affine, probabilities.shape[1:])
     if problem is not None and problem.kind == "shape":
         return None, None
@@ -330,8 +316,8 @@ def read_case(case: CaseFiles) -> Volume:
 
 
 def write_calibrated(case: CaseFiles, volume: Volume, probabilities: np.ndarray, folder: Path) -> Path:
-    """Write ``probabilities (C, x, y, z)`` as the input was written: nnU-Net's ``.npz`` (``(C, z, y, x)``, with the
-    ``.pkl`` and segmentation copied, the argmax being unchanged) or a NIfTI map with the input's header."""
+    """Write ``probabilities (C, x, y, z)`` in the input's format: nnU-Net's ``.npz`` (with its ``.pkl`` and
+    segmentation copied: the argmax is unchanged) or a NIfTI map with the input's header."""
     stem = _stem(case.probabilities)
     probabilities = reorient(probabilities, volume.stored_order, channel_axis=0)  # in the input's own voxel order
     if case.format == "nnunet":

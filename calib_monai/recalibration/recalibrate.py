@@ -40,9 +40,8 @@ def recalibrate(
     references: tuple | Callable[[], tuple] = (None, None),
     features_left_out: str = "",
 ) -> tuple[nn.Module, dict[str, Any], ValidatedRange | None]:
-    """Fit the recalibration of ``weights`` on ``volumes`` and publish it at ``output_path`` (with, given
-    ``validated_range_path``, the validated range scored on them); returns ``(module, fit statistics, range or
-    None)``.
+    """Fit the recalibration of ``weights`` on ``volumes`` and publish it at ``output_path`` (with the validated range
+    at ``validated_range_path``); returns ``(module, fit statistics, range or None)``.
 
     Args:
         settings: what to fit, which volumes fit and which measure (cross-fitting and its folds, or the split), the
@@ -74,7 +73,11 @@ def recalibrate(
     calibration = {"method": settings.method}
     if settings.method == "temperature":
         calibration["temperature"] = float(module.temperature)
-    contours = ContourCollector(volumes, settings.contours["epsilon"], class_names)
+    required: dict[int, dict] = {}  # each scored volume's contour requirements, as it is scored
+
+    def on_scored(i: int, prob, label) -> None:
+        required[i] = volume_requirements(prob, label, settings.contours["epsilon"], class_names)
+
     validated = measure_validated_range(
         scorers,
         volumes,
@@ -84,7 +87,7 @@ def recalibrate(
         spatial_dim,
         features,
         *references,
-        on_scored=contours,
+        on_scored=on_scored,
         calibration=calibration,
         fitted_on=stats["fitted_on"],
     )
@@ -92,7 +95,7 @@ def recalibrate(
         validated.info["features_left_out"] = features_left_out or "no network features were collected"
     validated.info["flag_bar"] = signal_bar(validated)
     folds = [scorer for scorer, _ in scorers] if split_of.crossfit else []  # they score a served case too
-    margins = contours.margins(settings.contours, validated.scored_on, validated.info["split"])
+    margins = _contour_margins(volumes, required, settings.contours, validated)
     publish_calibration(  # calibration, its range, contours and models/manifest.json: one set (bundle.manifest)
         module, output_path, weights, validated, validated_range_path, settings=record, fold_modules=folds,
         contours=margins, **stats,
@@ -104,27 +107,16 @@ def recalibrate(
     return module, stats, validated
 
 
-class ContourCollector:
-    """Each scored validation volume's contour requirements (:func:`~calib_monai.review.contours.volume_requirements`),
-    collected as :func:`measure_validated_range` scores it (its ``on_scored``), then the margins chosen on them."""
-
-    def __init__(
-        self, volumes: Sequence[ValidationVolume], epsilon: float, class_names: Sequence[str] | None = None
-    ) -> None:
-        self.volumes, self.epsilon, self.class_names = volumes, epsilon, class_names
-        self.required: dict[int, dict] = {}
-
-    def __call__(self, i: int, prob, label) -> None:
-        self.required[i] = volume_requirements(prob, label, self.epsilon, self.class_names)
-
-    def margins(self, contours: dict[str, Any], scored_on: str, split: dict) -> ContourMargins:
-        chosen = sorted(self.required)
-        subjects = [self.volumes[i].subject for i in chosen]
-        subjects = subject_names(subjects) if any(subjects) else [f"volume {i}" for i in chosen]
-        return ContourMargins.from_validation(
-            [self.required[i] for i in chosen], subjects, **contours, scored_on=scored_on, scored_volumes=len(chosen),
-            crossfit=bool(split.get("crossfit")),
-        )  # fmt: skip
+def _contour_margins(
+    volumes: Sequence[ValidationVolume], required: dict[int, dict], contours: dict[str, Any], validated: ValidatedRange
+) -> ContourMargins:
+    chosen = sorted(required)
+    subjects = [volumes[i].subject for i in chosen]
+    subjects = subject_names(subjects) if any(subjects) else [f"volume {i}" for i in chosen]
+    return ContourMargins.from_validation(
+        [required[i] for i in chosen], subjects, **contours, scored_on=validated.scored_on, scored_volumes=len(chosen),
+        crossfit=bool(validated.info["split"].get("crossfit")),
+    )  # fmt: skip
 
 
 def _log_contours(margins: ContourMargins) -> None:
@@ -173,9 +165,8 @@ def _log_range(validated: ValidatedRange, crossfit: bool, path: str | os.PathLik
 
 
 def exact_scheme_hint(validated: ValidatedRange, split: float = CALIBRATION_SPLIT) -> str:
-    """What a cross-fitted range's bound is and how to make it exact: a held-out split (``calibration_crossfit
-    false``) scores the range and a case with one fit, and its range must still reach ``k >= 1`` at the rule's
-    alpha; the fewest validation subjects for that with ``split`` of them fitting (as ``split_volumes`` splits)."""
+    """What a cross-fitted range's bound is and how to make it exact: a held-out split, with the fewest validation
+    subjects whose range still reaches ``k >= 1`` at the rule's alpha."""
     needed, total = validated.volumes_needed, 2
     while len(split_volumes(total, split).range) < needed:  # the range split_volumes leaves
         total += 1

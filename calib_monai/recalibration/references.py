@@ -1,7 +1,6 @@
 """The fixed references of the review rule's input and feature signals: the statistics and pooled bottleneck features
-of training images through the served chain, fitted once before any validation or served case is seen, so that the
-validation volumes and a served case are measured by one function and stay exchangeable
-(:mod:`calib_monai.review.validated_range`). Up to ``max_images`` training images, evenly spaced."""
+of training images through the served chain, fitted before any validation or served case is seen, so both are
+measured by one function and stay exchangeable."""
 
 from __future__ import annotations
 
@@ -56,12 +55,10 @@ def fixed_references(
     max_dim: int = FEATURE_DIM,
     input_names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The input and feature signals' fixed references from training images: ``{"input_reference": {"mean", "std",
-    "images", "precision", "shading_precision"}, "feature_reference": {"distance": the Mahalanobis distance fitted
-    on their pooled features (on ``max_dim`` principal components), "validation": the validation cases' distances
-    under it, "images"}}`` (each None without training images; ``"why"`` when the features could not be fitted; no
-    ``"precision"`` (``"shading_precision"``) when an intensity (shading) statistic is not finite or there is none:
-    ``input_names`` tell the groups apart, :func:`~calib_monai.metrics.image_statistics.statistic_group`)."""
+    """``{"input_reference": {"mean", "std", "images", "precision", "shading_precision"}, "feature_reference":
+    {"distance": the Mahalanobis distance of the training features (``max_dim`` components), "validation": the
+    validation cases' distances, "images"}}`` (None without training images; ``"why"`` when the features cannot be
+    fitted; a precision only when its group's statistics, told apart by ``input_names``, are finite)."""
     out: dict[str, Any] = {"input_reference": None, "feature_reference": None}
     if inputs is not None and len(inputs) >= 2:
         stats = np.asarray(inputs, dtype=np.float64)
@@ -85,9 +82,8 @@ def fixed_references(
 def group_precision(stats: np.ndarray, names: Sequence[str], group: str = "intensity") -> np.ndarray | None:
     """The precision (pseudo-inverse of the Ledoit-Wolf covariance) of the training images' statistics of one
     :func:`~calib_monai.metrics.image_statistics.statistic_group` (``"intensity"``: all columns when unnamed), each
-    standardised by its spread (at least its :func:`statistic_floor`); None when one of them is not finite or the
-    group has none. The input signal's joint distances: a gamma moves the mean, the spread and the skewness together,
-    a bias field the slopes and curvatures along the axes, each by less than a single statistic's threshold."""
+    standardised by its spread (at least its :func:`statistic_floor`); None when one is not finite or there is none.
+    Joint distances catch a gamma or a bias field that moves several statistics each by less than its threshold."""
     if names:
         columns = [i for i, name in enumerate(names) if statistic_group(name) == group]
     else:

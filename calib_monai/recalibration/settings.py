@@ -1,10 +1,5 @@
-"""The calibrate step's settings as one typed object, checked once when it is made.
-
-``configs/calibrate.json`` builds it (``calibration_settings``, ``_target_``
-``calib_monai.recalibration.RecalibrationSettings``) from its keys (``calibration_method``, ``calibration_folds``,
-``review_alpha``, ...), hands it to :class:`calib_monai.handlers.RecalibrationFitter`, and
-:func:`calib_monai.recalibration.recalibrate` reads it. A value out of range is one line naming the key as the user
-sets it, the value and the fix, before any validation volume is read.
+"""The calibrate step's settings (``configs/calibrate.json``'s ``calibration_settings``) as one typed object, checked
+once when it is made: a value out of range is one line naming the key as the user sets it, the value and the fix.
 
 >>> RecalibrationSettings(method="temperature").review["alpha"]
 0.05

@@ -1,6 +1,5 @@
-"""Which validation volumes fit the recalibration and which measure the validated range (:func:`split_volumes`),
-by subject: the volumes of one patient stay on one side. :mod:`calib_monai.recalibration.fitting` states the two
-ways (2-fold cross-fitting, a plain split) and fits them."""
+"""Which validation volumes fit the recalibration and which measure the validated range, by subject: the volumes of
+one patient stay on one side."""
 
 from __future__ import annotations
 
@@ -67,13 +66,10 @@ def split_volumes(
     subjects: Sequence[str] = (),
     folds: int = CROSSFIT_FOLDS,
 ) -> Split:
-    """A seeded split of ``n`` validation volumes, by subject: the volumes of one ``subjects[i]`` (a patient's
-    frames) stay on one side, so none is scored by a fit that saw its twin (``()``: each volume its own subject).
-    ``crossfit``: the ``m`` subjects in ``folds`` groups of near-equal size (more folds than subjects: an error
-    naming both), each group scored by the recalibration fitted on the others; all ``n`` in the range and the served
-    recalibration fitted on all (2 folds: halves A of ``ceil(m / 2)`` subjects and B). Else ``round(fit_share * m)``
-    subjects (at least 1, at most ``m - 1``) fit, the others measure the range. One subject does both
-    (``in_sample``: a warning says so); ``fit_share`` 0 fits nothing apart (every volume does both)."""
+    """A seeded split of ``n`` validation volumes by subject (``subjects``; ``()``: each volume its own). ``crossfit``:
+    the ``m`` subjects in ``folds`` near-equal groups, each scored by the fit on the others, all ``n`` in the range.
+    Else ``round(fit_share * m)`` subjects (1 to ``m - 1``) fit and the others measure the range. One subject, or
+    ``fit_share`` 0, does both (``in_sample``)."""
     if n < 1:
         raise ValueError("the calibrate step saw no validation volume: check the data set's validation split")
     if not 0 <= float(fit_share) < 1:

@@ -1,18 +1,12 @@
-"""A fitted calibration stored next to a bundle's weights, and applied wherever the bundle's logits become
-probabilities: ``evaluate`` and ``inference`` (the :class:`CalibrateLogitsd` transform before the softmax), the
-exported ``segmentation_confidence`` modules and MONAI Label (through ``inference.json``).
+"""A fitted calibration stored next to a bundle's weights and applied where its logits become probabilities
+(:class:`CalibrateLogitsd` in ``evaluate`` and ``inference``, the exported ``segmentation_confidence`` modules).
 
-``<models>/calibration.pt`` holds the method, the module's ``state_dict``, what it was fitted on and the SHA-256 of
-the ``model.pt`` it was fitted for (with cross-fitting also each fold's ``state_dict``, ``fold_state_dicts``: the
-recalibrations that scored the validated range, so a served case is also scored by them, ``case_score_offsets``);
-a calibration is never applied to other weights (a retrained bundle must be calibrated again).
-``<models>/calibration.json`` repeats the same facts for people to read.
-
-``calibrate`` publishes them with the validated range as one set (:func:`publish_calibration`, through
-``calib_monai.bundle.manifest``: ``<models>/manifest.json`` last), and every reader here checks the set against the
-manifest: a calibration deleted, replaced or left half-published is an error naming the files, never a silent
-fallback to raw probabilities. ``calibration_path`` ``none`` (``--calibration_path none``) asks for the network's own
-probabilities: nothing is applied, and the validated range (measured on recalibrated ones) neither.
+``<models>/calibration.pt`` holds the method, the ``state_dict`` (with cross-fitting also ``fold_state_dicts``), what
+it was fitted on and the SHA-256 of the ``model.pt`` it was fitted for: it is never applied to other weights.
+``calibration.json`` repeats it for people. ``calibrate`` publishes it with the validated range as one set
+(``calib_monai.bundle.manifest``), and every reader checks the set: a calibration deleted, replaced or half-published
+is an error naming the files, never a silent fallback. ``calibration_path`` ``none`` asks for the network's own
+probabilities (and no validated range).
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ import torch
 from monai.transforms import MapTransform
 from torch import nn
 
-from calib_monai.atomic import save_atomically, write_json_atomically
 from calib_monai.bundle.manifest import (
     NOT_APPLICABLE,
     ArtifactSet,
@@ -52,7 +45,6 @@ from .temperature import TemperatureScaling
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrateLogitsd",
-    "CalibratedNetwork",
     "NOT_APPLICABLE",
     "Uncalibrated",
     "calibrate_volume",
@@ -62,7 +54,6 @@ __all__ = [
     "load_calibration",
     "load_calibrations",
     "publish_calibration",
-    "save_calibration",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,26 +75,14 @@ def _method(module: nn.Module) -> str:
     raise TypeError(f"can store {list(METHODS)} modules, got {type(module).__name__}")
 
 
-def _record(module: nn.Module, weights: str | os.PathLike, weights_sha: str | None = None, **info: Any) -> dict:
-    sha = weights_sha or file_sha256(weights)
-    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": sha}
+def _record(module: nn.Module, weights: str | os.PathLike, weights_sha: str, **info: Any) -> dict:
+    record = {"method": _method(module), "weights": str(Path(weights).name), "weights_sha256": weights_sha}
     record.update(info)
     if isinstance(module, TemperatureScaling):
         record["temperature"] = float(module.temperature)
     else:
         record.update(num_classes=module.num_classes, in_channels=module.in_channels, hidden=module.hidden)
     return record
-
-
-def save_calibration(module: nn.Module, path: str | os.PathLike, weights: str | os.PathLike, **info: Any) -> Path:
-    """Write ``module`` (fitted for the network weights file ``weights``) to ``path`` atomically, and the readable
-    ``calibration.json`` beside it; ``info`` (fit statistics: voxels, NLL and ECE before and after...) goes in both.
-    Two files, no manifest: a bundle's ``calibrate`` publishes with :func:`publish_calibration` instead."""
-    path = Path(path)
-    record = _record(module, weights, **info)
-    save_atomically({**record, "state_dict": module.state_dict()}, path)
-    write_json_atomically(path.with_suffix(".json"), record)
-    return path
 
 
 def publish_calibration(
@@ -117,20 +96,12 @@ def publish_calibration(
     contours: Any = None,
     **info: Any,
 ) -> Path:
-    """Publish ``module`` (``path``: ``<models>/calibration.pt``, and its ``calibration.json``) and, when given, the
-    ``validated_range`` measured with it (a :class:`~calib_monai.review.ValidatedRange`, at ``range_path``,
-    default ``<models>/validated_range.json``) as one set of ``weights``: the files under temporary names, then
-    renamed, ``<models>/manifest.json`` last (:func:`calib_monai.bundle.manifest.publish_artifacts`). A range of
-    an earlier run that this one does not replace leaves the set. ``settings``: what made them (the calibrate
-    step's method, voxels, seed, review rule); ``info``: the fit statistics, as :func:`save_calibration`.
-
-    The set is published for the weights this process loaded (``loaded_sha256``: the bytes the recalibration was
-    fitted on), and refused (:class:`~calib_monai.bundle.manifest.WeightsChangedError`) when ``weights`` holds
-    others by now; the range records the SHA-256 of the recalibration it was measured with, so the files name each
-    other even without the manifest. ``fold_modules``: the cross-fitted recalibrations (of ``module``'s class) that
-    scored the range, in the order of its ``score_folds``; stored in ``calibration.pt`` as ``fold_state_dicts``.
-    ``contours``: the :class:`~calib_monai.review.ContourMargins` chosen on the same scored volumes, published
-    beside the range as ``contours.json``."""
+    """Publish ``module`` at ``path`` (``<models>/calibration.pt`` and ``calibration.json``) with, when given, the
+    ``validated_range`` (at ``range_path``, default ``validated_range.json``) and ``contours`` (``contours.json``)
+    as one set of the weights this process loaded (:func:`calib_monai.bundle.manifest.publish_artifacts`:
+    ``manifest.json`` last; refused when ``weights`` holds others by now). ``settings``: what made them;
+    ``fold_modules``: the cross-fitted recalibrations that scored the range, in its ``score_folds`` order;
+    ``info``: the fit statistics (voxels, NLL and ECE before and after...)."""
     path = Path(path)
     weights_sha = loaded_sha256(weights) or file_sha256(weights)
     record = _record(module, weights, weights_sha, **info)
@@ -165,22 +136,16 @@ def calibration_set(path: str | os.PathLike, weights: str | os.PathLike | None =
 
 
 def load_calibration(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> nn.Module | None:
-    """The calibration module stored at ``path``, or None when there is none (or ``path`` is ``none``).
-
-    A ``calibration.pt`` is read as a member of its folder's set (:func:`calibration_set`): when the folder's
-    ``manifest.json`` lists other files than are there (deleted, replaced, from another run, half-published), an
-    ``ArtifactSetError`` names them and the fix. Without a manifest (a folder written before it existed), with
-    ``weights`` (the network's weights file), a calibration fitted for other weights is not applied: a warning says
-    so and None is returned."""
+    """The calibration module stored at ``path`` (a ``calibration.pt`` is checked with its folder's set), or None when
+    there is none, ``path`` is ``none``, or (without a manifest) it was fitted for other ``weights``: a warning."""
     return load_calibrations(path, weights)[0]
 
 
 def load_calibrations(
     path: str | os.PathLike, weights: str | os.PathLike | None = None
 ) -> tuple[nn.Module | None, list[nn.Module]]:
-    """:func:`load_calibration`'s module and the cross-fitted recalibrations stored with it (``fold_state_dicts``),
-    in the order of the validated range's ``score_folds``; [] when one recalibration scored the range and serves (a
-    plain split), or when none is applied."""
+    """:func:`load_calibration`'s module and its cross-fitted recalibrations (``fold_state_dicts``, in
+    ``score_folds`` order; [] for a plain split or none)."""
     record = _read(path, weights)
     if record is None:
         return None, []
@@ -227,23 +192,11 @@ def _built(record: Mapping[str, Any], state_dict: Mapping[str, Any]) -> nn.Modul
     return module.eval()
 
 
-class CalibratedNetwork(nn.Module):
-    """``calibration(network(x), x)``: a network whose logits come out calibrated (same argmax)."""
-
-    def __init__(self, network: nn.Module, calibration: nn.Module) -> None:
-        super().__init__()
-        self.network, self.calibration = network, calibration
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.calibration(self.network(x), x)
-
-
 def calibrate_volumes(
     calibrations: Sequence[nn.Module], logits: torch.Tensor, image: torch.Tensor | None, spatial_dim: int = 2
 ) -> list[torch.Tensor]:
-    """A volume's logits ``(C, H, W, D)`` as each 2D calibration module recalibrates them, slice by slice along
-    ``spatial_dim`` (the slices the 2D network saw), with the image ``(C_in, H, W, D)``; 2D inputs ``(C, H, W)`` go
-    in as they are. Local temperature modules (the served fit and its cross-fitted folds) run as one network
+    """A volume's logits ``(C, H, W, D)`` (or 2D ``(C, H, W)``) as each 2D calibration module recalibrates them, slice
+    by slice along ``spatial_dim``, with the image ``(C_in, H, W, D)``; local temperature modules run as one network
     (:func:`~calib_monai.recalibration.local_temperature.temperature_maps`)."""
     flat = logits.ndim == 3
     axis = 0 if flat else spatial_dim + 1
@@ -267,11 +220,8 @@ def calibrate_volume(
 
 def case_score_offsets(served: torch.Tensor, by_fold: Sequence[torch.Tensor], pred: torch.Tensor) -> list[float]:
     """Per fold ``j``, ``t_full - t_j``: the case score (mean estimated DSC) of the served recalibration's logits
-    ``served`` minus that of fold ``j``'s recalibration of the same raw logits, ``by_fold[j]``, both on the network's
-    grid (cheap: no mapping back) with one segmentation ``pred``, the raw logits' argmax (each recalibration divides
-    them by a positive temperature). The validated range's volume ``i`` was scored by fold ``j(i)``; the review rule
-    compares it with the served score less ``t_full - t_j(i)``, the case as fold ``j(i)`` would have scored it
-    (cross-conformal)."""
+    ``served`` minus that of fold ``j``'s, ``by_fold[j]``, with one segmentation ``pred`` (the raw argmax). The review
+    rule compares a range volume scored by fold ``j`` with the served score less ``t_full - t_j`` (cross-conformal)."""
 
     def score(z: torch.Tensor) -> float:
         return float(estimated_dice(torch.softmax(z.float(), dim=0), pred).nanmean())
@@ -293,11 +243,11 @@ class CalibrateLogitsd(MapTransform):
         uncalibrated_key: where to put ``softmax`` of the logits as they came (the evaluation's "before" numbers);
             None keeps nothing.
         spatial_dim: the slice axis of the 2D network (as ``SliceInferer``).
-        source_key: where each item gets the source of its outputs (weights, recalibration and validated range,
-            SHA-256s: ``ArtifactSet.source``), for the files that record it; None with a module given.
+        source_key: where each item gets the source of its outputs (``ArtifactSet.source``: SHA-256s); None with a
+            module given.
 
-    A stored calibration with cross-fitted folds (:func:`load_calibrations`) also gives each item
-    ``data["case_score_offsets"]`` (:func:`case_score_offsets`), which ``CaseQualityd`` passes to the review rule.
+    A stored calibration with cross-fitted folds also gives each item ``data["case_score_offsets"]``
+    (:func:`case_score_offsets`) for the review rule.
     """
 
     def __init__(

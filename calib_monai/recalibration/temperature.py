@@ -49,12 +49,9 @@ def calibration_voxels(
     max_voxels: int = MAX_VOXELS,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The voxels a temperature is fitted on: logits ``(N, C)`` and labels ``(N,)`` from ``(logits (C, *spatial),
-    label (*spatial))`` volumes, at most ``max_voxels`` in all, the same share from each volume (seeded).
-
-    ``voxels="foreground"`` keeps the ground-truth foreground voxels (label > 0), where the papers' ECE is measured;
-    ``"all"`` keeps every voxel (the NLL is then dominated by easy background voxels).
-    """
+    """Logits ``(N, C)`` and labels ``(N,)`` of at most ``max_voxels`` voxels of ``(logits (C, *spatial), label
+    (*spatial))`` volumes, the same seeded share from each: ``"foreground"`` (label > 0, where the papers' ECE is
+    measured) or ``"all"`` (the NLL is then dominated by easy background voxels)."""
     check_option("calibration voxels", voxels, VOXEL_CHOICES)
     volumes = list(volumes)
     generator = torch.Generator().manual_seed(seed)
@@ -96,14 +93,9 @@ def check_voxels(logits: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> float:
-    """The temperature minimising ``NLL(softmax(logits / T), labels)``, by L-BFGS on ``log T`` (so ``T > 0``), within
-    :data:`TEMPERATURE_RANGE` (a warning says when the fit lies outside and is clipped: with voxels whose labels the
-    logits never predict the NLL falls all the way to a uniform softmax, ``T -> inf``).
-
-    Args:
-        logits: ``(N, C)`` logits (or log-probabilities) of ``N`` voxels.
-        labels: ``(N,)`` class indices in ``[0, C)``.
-    """
+    """The temperature minimising ``NLL(softmax(logits / T), labels)`` for ``logits (N, C)`` (or log-probabilities)
+    and ``labels (N,)``, by L-BFGS on ``log T``, clipped to :data:`TEMPERATURE_RANGE` with a warning (labels the
+    logits never predict drive ``T -> inf``)."""
     check_voxels(logits, labels)
     logits = logits.detach().double()
     labels = labels.detach().long().to(logits.device)
@@ -130,11 +122,8 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
 
 
 class TemperatureScaling(nn.Module):
-    """``logits / T`` for logits ``(N, C, *spatial)``; ``T`` is a buffer, so it travels in the ``state_dict``.
-
-    ``forward(logits, image=None)`` has the signature of every calibration module of this package (local temperature
-    scaling needs the image); it is TorchScript-able, so exported models carry it.
-    """
+    """``logits / T`` for logits ``(N, C, *spatial)``; ``T`` is a buffer (it travels in the ``state_dict``).
+    ``forward(logits, image=None)``: the calibration modules' signature; TorchScript-able."""
 
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()

@@ -1,24 +1,18 @@
-"""The case score's level, from labelled cases the served model did not train on: a lower bound on every served
-estimate, and its level set by the validation volumes, re-anchored once the site has labels.
+"""The case score's level from labelled cases the served model did not train on: a lower bound on every served
+estimate, its level set by the validation volumes, re-anchored once the site has labels.
 
-An error is a labelled case's served case score minus the true mean DSC of the segmentation it delivered
-(``calibrate``'s ``info.case_score_error.per_volume``, each validation volume scored by a recalibration it did not
-fit; a site label, scored by the served weights and recalibration before it was submitted).
+An error is a labelled case's served case score minus the true mean DSC of its delivered segmentation
+(``info.case_score_error.per_volume``; or a site label's).
 
-* **Lower bound** (the validation subjects alone): each of the ``m`` subjects counts with its most optimistic volume
-  (its largest error); with ``k = ceil((m + 1)(1 - alpha))`` a case of a new subject exchangeable with them has a true
-  DSC of at least ``score - e_(k)`` with probability at least ``1 - alpha`` (split conformal, one-sided; Vovk et al.
-  2005). When ``k > m`` there is no bound, and the answer says how many subjects it needs.
-* **Level** (no site labels yet): the served estimate is the score minus the validation volumes' mean error; the
-  lower bound above does not move (``docs/results/level``).
-* **Re-anchored** (``n >= SITE_LABELS_MIN`` site labels): the served estimate is the score minus the site labels'
-  mean error. Its bound: with ``n`` enough for the conformal bound above, that bound on the site errors alone (the
-  site's cases exchangeable with each other); with fewer, the validation errors' spread about their mean, shifted by
-  the site's mean error and widened by that mean's one-sided Student-t margin (it assumes the site moves the level,
-  not the spread, and says so).
+* **Lower bound**: each of the ``m`` validation subjects counts with its largest error; with
+  ``k = ceil((m + 1)(1 - alpha))`` a case of a new exchangeable subject has a true DSC of at least ``score - e_(k)``
+  with probability at least ``1 - alpha`` (split conformal, one-sided; Vovk et al. 2005); none when ``k > m``.
+* **Level** (no site labels yet): the score minus the validation volumes' mean error; the bound does not move.
+* **Re-anchored** (``n >= SITE_LABELS_MIN`` site labels): the score minus the site labels' mean error; its bound is
+  the conformal one on the site errors alone when ``n`` suffices, else the validation errors' spread about their
+  mean plus the site mean's one-sided Student-t margin (it assumes the site moves the level, not the spread).
 
-The validation volumes that are site labels (a fine-tune's held-out labels, ``info.site_volumes``) count as site
-labels, not as validation subjects.
+Validation volumes that are site labels (a fine-tune's held-out labels, ``info.site_volumes``) count as site labels.
 """
 
 from __future__ import annotations

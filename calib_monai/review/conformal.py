@@ -1,6 +1,5 @@
-"""The two steps that put the review rule's signals on one scale (:mod:`calib_monai.review.rule`): each
-case's rank among the ``n + 1`` and its robust distance beyond the others, both symmetric functions of the ``n + 1``
-so that exchangeable cases keep the full-conformal guarantee."""
+"""The review rule's ranks and robust distances of the ``n + 1`` cases, symmetric functions of the ``n + 1`` so that
+exchangeable cases keep the full-conformal guarantee (:mod:`calib_monai.review.rule`)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ __all__ = [
     "subject_maxima",
 ]
 
-#: Two nonconformities this close (relative; absolute below 1) are a tie. The same image measured twice on a GPU
-#: differs in the 12th digit (float sums in another order), which must not move its rank past a validation volume
-#: that ties with it (the served image is one of them).
+#: Two nonconformities this close (relative; absolute below 1) are a tie: the same image measured twice on a GPU
+#: differs in the 12th digit (float sums in another order), which must not move its rank.
 TIE_TOLERANCE = 1e-9
 
 
@@ -80,9 +78,8 @@ def subject_maxima(combined: np.ndarray, subject_of: np.ndarray, m: int) -> np.n
 
 
 def draw_bound(k: int, m: int, confidence: float = 0.9) -> float:
-    """The flag rate of ordinary cases that a rule flagging the ``k`` most extreme of ``m + 1`` keeps below for a
-    ``confidence`` share of validation draws: given the draw that rate is ``Beta(k, m + 1 - k)`` distributed (its mean
-    ``k / (m + 1)`` is the stated bound), so this is its ``confidence`` quantile. ``k = 1``: ``1 - (1 - c)^(1 / m)``."""
+    """The ``confidence`` quantile of ``Beta(k, m + 1 - k)``, the flag rate of ordinary cases given the validation draw
+    of a rule flagging the ``k`` most extreme of ``m + 1`` (``ValidatedRange.draw_bound``)."""
     from scipy.stats import beta  # scipy on first use: the serving path imports this module
 
     return float(beta.ppf(confidence, k, m + 1 - k))

@@ -1,7 +1,5 @@
-"""The review rule's input signal (:class:`~calib_monai.review.rule.ValidatedRange`): how far an image's
-statistics (:func:`~calib_monai.metrics.image_statistics.input_statistics`: intensities, their skewness, sharpness,
-roughness, spectrum roughness, shading, field of view and acquired spacing) lie from the training images' (the
-intensity statistics together, the shading statistics together, each geometry statistic alone) or, without them, from
+"""The review rule's input signal: how far an image's statistics
+(:func:`~calib_monai.metrics.image_statistics.input_statistics`) lie from the training images' or, without them, from
 the other validation images'."""
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from calib_monai.metrics.feature_distance import mahalanobis
-from calib_monai.metrics.image_statistics import input_statistic_names, is_geometry, statistic_floor, statistic_group
+from calib_monai.metrics.image_statistics import is_geometry, statistic_floor, statistic_group
 
 __all__ = ["InputSignal"]
 
@@ -27,8 +25,7 @@ _NO_VALIDATION_GEOMETRY = "image geometry left out: the validation images carry 
 @dataclass
 class InputSignal:
     """The validation images' statistics (``inputs``, one row each), their ``names`` and the training images'
-    ``reference`` (``{"mean", "std"}`` per statistic, or None). Built once per validated range: what does not depend
-    on the case (the rows, which columns are geometry, whether they are all known) is derived here."""
+    ``reference`` (``{"mean", "std"}`` per statistic, or None); what does not depend on the case is derived once."""
 
     inputs: Sequence[Sequence[float]]
     names: Sequence[str]
@@ -41,12 +38,6 @@ class InputSignal:
         self.named = list(self.names) if len(self.names) == width else []
         groups = [statistic_group(n) for n in self.named] or ["intensity"] * width
         self.geometry = np.array([g == "geometry" for g in groups], dtype=bool)
-        #: what a served case measures (input_statistic_names of the range's channels and axes) that these names
-        #: lack, once each ("field of view", ...): a stored range lacking one is refused when read
-        have = set(self.named)
-        missing = [n for n in _served_names(self.named) if n not in have]
-        kinds = [n.split(" along axis")[0].removeprefix("channel ").lstrip("0123456789 ") for n in missing]
-        self.missing_kinds = list(dict.fromkeys(kinds))
         self._geometry_known = bool(np.isfinite(self.rows[:, self.geometry]).all())
         intensity, shading = (np.array([g == kind for g in groups], dtype=bool) for kind in ("intensity", "shading"))
         #: the training images' precision of the standardised intensity statistics (None: none stored, as when a
@@ -83,14 +74,8 @@ class InputSignal:
         can), and a note on a part left out: a geometry the case lacks (NaN: no ``original_affine``) is left out."""
         stats, width = [float(v) for v in stats], self.rows.shape[1]
         if len(stats) != width:
-            return (
-                stats,
-                (
-                    f"cannot judge: the case has {len(stats)} image statistics and the validated range {width} "
-                    "(measured by another calib_monai version?): run calibrate again"
-                ),
-                "",
-            )
+            problem = f"cannot judge: the case has {len(stats)} image statistics and the validated range {width}"
+            return stats, f"{problem} (measured by another calib_monai version?): run calibrate again", ""
         if any(not (g or math.isfinite(v)) for v, g in zip(stats, self.geometry)):
             return stats, f"cannot judge: the image statistics {stats} are not all finite", ""
         if self.geometry.any() and not self._geometry_known:
@@ -100,12 +85,10 @@ class InputSignal:
 
     def distances(self, stats: Sequence[float]) -> tuple[np.ndarray, str]:
         """The distance of each of the ``n`` validation images and of the case (``stats``, last), in spreads
-        (standard deviations, at least each statistic's :func:`statistic_floor`) from the training images' (one fixed
-        function, so the ``n + 1`` stay exchangeable), else from the other ``n``; and what lies farthest for the
-        case. With the training images' precisions (:func:`~calib_monai.recalibration.references.group_precision`)
-        the intensity statistics count together, as a Mahalanobis distance, the shading statistics together, and each
-        geometry statistic alone, the largest of these counting; otherwise the largest single statistic over those
-        all of them have (a geometry one lacks is left out)."""
+        (standard deviations, at least :func:`statistic_floor`) from the training images' (one fixed function, so
+        the ``n + 1`` stay exchangeable), else from the other ``n``; and what lies farthest for the case. With the
+        training images' precisions the intensity statistics count together (Mahalanobis), the shading statistics
+        together and each geometry statistic alone, the largest counting; otherwise the largest single statistic."""
         points = np.vstack([self.rows, np.asarray(stats, dtype=np.float64)[None]])
         names = self.named
         floor = np.maximum([statistic_floor(n) for n in names] or [0.0] * points.shape[1], np.finfo(np.float64).eps)
@@ -119,22 +102,23 @@ class InputSignal:
                 signed[i] = (points[i] - others.mean(0)) / np.maximum(others.std(0), floor)
         z = np.abs(signed)
         measured = np.flatnonzero(np.isfinite(z).all(0))  # the statistics every image (and the reference) has
+        labels = names or [f"image statistic {i}" for i in range(points.shape[1])]
         farthest = int(measured[np.argmax(z[-1, measured])])
-        name = names[farthest] if names else f"image statistic {farthest}"
+        name = labels[farthest]
         if self.precision is not None:
             single = np.intersect1d(measured, np.flatnonzero(self.alone))
-            distance = z[:, single].max(1) if single.size else np.zeros(len(points))
+            distance, best = np.zeros(len(points)), -np.inf
             if single.size:
+                distance = z[:, single].max(1)
                 farthest = int(single[np.argmax(z[-1, single])])
-                name = names[farthest] if names else f"image statistic {farthest}"
-            best = distance[-1] if single.size else -np.inf
+                name, best = labels[farthest], distance[-1]
             for columns, precision, group in self.joint:
                 d = signed[:, columns]
                 joint = mahalanobis(d, precision)
                 if joint[-1] >= best:  # the case's distance is this group's: name its largest share
                     share = d[-1] * (precision @ d[-1])
                     farthest = int(np.flatnonzero(columns)[int(np.argmax(share))])
-                    name = f"{names[farthest] if names else f'image statistic {farthest}'} with the other {group}"
+                    name = f"{labels[farthest]} with the other {group}"
                     best = joint[-1]
                 distance = np.maximum(distance, joint)
         else:
@@ -143,12 +127,3 @@ class InputSignal:
             typical = self.reference["mean"][farthest] if self.reference else points[:-1, farthest].mean()
             name += f" {math.exp(points[-1, farthest]):.3g} mm, typically {math.exp(typical):.3g} mm"
         return distance, name
-
-
-def _served_names(names: Sequence[str]) -> list[str]:
-    """:func:`input_statistic_names` of the channels and spatial axes that ``names`` (a range's) describe; [] when
-    they are unnamed or name a statistic this version does not measure."""
-    axes = {name.rsplit("axis ", 1)[1] for name in names if " along axis " in name}
-    channels = sum(1 for name in names if name.endswith("mean intensity"))
-    served = input_statistic_names(channels, len(axes)) if channels and axes else []
-    return served if set(names) <= set(served) else []

@@ -1,6 +1,5 @@
-"""The words of a review flag: one reason per signal that flagged the case (:class:`~calib_monai.review.rule.
-ValidatedRange` ``check``), as users read them in ``<case>_quality.json``, the log, MONAI Label's answer and the
-Slicer files."""
+"""The words of a review flag (``ValidatedRange.check``): one reason per signal that flagged the case, and the rule
+and its bar in words."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The review rule of a validated range (:class:`ValidatedRange`): one full-conformal rule over one combined
-nonconformity score of the case and the validation volumes, its alpha and false-flag bound, and what it cannot
-judge. :mod:`calib_monai.review.validated_range` stores it and flags cases against it; its docstring states the
-rule and the guarantee."""
+"""The review rule of a validated range (:class:`ValidatedRange`), its false-flag bound and what it cannot judge; the
+rule and its guarantee are stated in :mod:`calib_monai.review.validated_range`."""
 
 from __future__ import annotations
 
@@ -24,14 +22,13 @@ from calib_monai.review.conformal import (
     competition_ranks,
     draw_bound,
     flag_rank,
-    standardised,
     subject_maxima,
 )
 from calib_monai.review.input_signal import InputSignal
 from calib_monai.review.reasons import NOT_VOUCHED, describe_rule, missing_scores, review_reason
 from calib_monai.review.signals import MIN_INPUT_IMAGES, score_problem, signal_values
 
-__all__ = ["MIN_INPUT_IMAGES", "ValidatedRange", "competition_ranks", "standardised", "write_measured"]
+__all__ = ["STORED_FIELDS", "ValidatedRange", "write_measured"]
 
 DRAW_CONFIDENCE = 0.9  # the share of validation draws draw_bound holds for
 
@@ -128,74 +125,36 @@ class ValidatedRange:
                 f"validated range score_folds: {len(self.score_folds)} fold indices (lowest {min(self.score_folds)}) "
                 f"for {len(self.scores)} scores: each validation volume needs its fold, from 0; run calibrate again"
             )
-        if self.subjects and len(self.subjects) != len(self.scores):
-            raise ValueError(
-                f"validated range: {len(self.subjects)} subjects for {len(self.scores)} scores: each validation "
-                "volume needs one; run calibrate again"
-            )
+        if self.subjects:
+            self._one_per_volume(len(self.subjects), "subjects")
         # the exchangeable units: each volume's subject index (volumes of one patient are not exchangeable cases)
         names = self.subjects or [str(i) for i in range(len(self.scores))]
         self.subject_of = np.unique(names, return_inverse=True)[1].reshape(-1) if names else np.zeros(0, int)
         self.inputs = [[_number(v) for v in f] for f in self.inputs]
         self.input_signal = InputSignal(self.inputs, self.input_names, self.input_reference)  # fixed: built once
-        if self.input_check and self.inputs and len(self.inputs) != len(self.scores):
-            raise ValueError(
-                f"validated range: {len(self.inputs)} image statistics (inputs) for {len(self.scores)} scores: "
-                "each validation volume needs both"
-            )
+        if self.input_check and self.inputs:
+            self._one_per_volume(len(self.inputs), "image statistics (inputs)")
         self.feature_distance = feature_distance_from_dict(self.features) if self.features else None
-        if self.feature_distance is not None and len(self.feature_distance.reference) != len(self.scores):
+        if self.feature_distance is not None:
+            self._one_per_volume(len(self.feature_distance.reference), "volumes' features")
+
+    def _one_per_volume(self, count: int, what: str) -> None:
+        if count != len(self.scores):
             raise ValueError(
-                f"validated range: features of {len(self.feature_distance.reference)} volumes for {len(self.scores)} "
-                "scores: each validation volume needs both"
+                f"validated range: {count} {what} for {len(self.scores)} scores: each validation volume needs one; run "
+                "calibrate again"
             )
 
     @classmethod
-    def from_qualities(
-        cls,
-        qualities: Sequence[Mapping[str, Any]],
-        alpha: float = REVIEW_ALPHA,
-        volume_factor: float = REVIEW_VOLUME_FACTOR,
-        inputs: Sequence[Sequence[float]] = (),
-        input_check: bool = False,
-        features: dict[str, Any] | None = None,
-        feature_check: bool = False,
-        input_names: Sequence[str] = (),
-        volume_interval_scale: float | None = None,
-        input_reference: dict[str, Any] | None = None,
-        feature_reference: dict[str, Any] | None = None,
-        subjects: Sequence[str] = (),
-        score_check: bool = REVIEW_SCORE_CHECK,
-        score_folds: Sequence[int] = (),
-        **info: Any,
-    ) -> ValidatedRange:
-        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes (and the
-        :func:`~calib_monai.metrics.image_statistics.input_statistics` of their images, their fitted feature
-        distance)."""
+    def from_qualities(cls, qualities: Sequence[Mapping[str, Any]], **settings: Any) -> ValidatedRange:
+        """From the :func:`~calib_monai.metrics.case_quality` dicts of the validation volumes; ``settings`` that name
+        a field of the range (``alpha``, ``inputs``, ``features``, ...) set it, the others go to ``info``."""
         if not qualities:
             raise ValueError("a validated range needs at least one validation volume")
         names = list(qualities[0]["classes"])
         volumes = {name: [float(q["classes"][name]["volume"]) for q in qualities] for name in names}
-        scores = [float(q["case_score"]) for q in qualities]
-        inputs = [list(map(float, f)) for f in inputs]
-        return cls(
-            scores,
-            volumes,
-            alpha,
-            volume_factor,
-            info,
-            inputs,
-            input_check,
-            features,
-            feature_check,
-            list(input_names),
-            volume_interval_scale,
-            input_reference,
-            feature_reference,
-            subjects=[str(s) for s in subjects],
-            score_check=score_check,
-            score_folds=[int(j) for j in score_folds],
-        )
+        info = {k: settings.pop(k) for k in [k for k in settings if k not in STORED_FIELDS]}
+        return cls([float(q["case_score"]) for q in qualities], volumes, info=info, **settings)
 
     # ---- the rule and its guarantee ---------------------------------------------------------------------------------
     @property
@@ -204,8 +163,7 @@ class ValidatedRange:
 
     @property
     def m(self) -> int:
-        """The number of validation subjects (patients): the exchangeable units the guarantee counts (``n`` when each
-        volume is its own subject; ACDC's two frames of a patient are one)."""
+        """The number of validation subjects (patients): the exchangeable units the guarantee counts."""
         return int(self.subject_of.max()) + 1 if self.n else 0
 
     @property
@@ -223,15 +181,12 @@ class ValidatedRange:
 
     @property
     def rank(self) -> int:
-        """``k = floor(alpha (m + 1))``: a case is flagged when its combined rank is among the ``k`` most extreme of
-        the ``m + 1`` subjects (each validation subject ranked by its most extreme volume); 0 when
-        ``m < 1 / alpha - 1`` (the rule cannot flag at this alpha)."""
+        """``k = floor(alpha (m + 1))``: the flag's rank among the ``m + 1`` subjects (0: it cannot flag)."""
         return flag_rank(self.alpha, self.m)
 
     @property
     def bound(self) -> float:
-        """The probability that a case of a new subject exchangeable with the validation subjects is flagged is at
-        most this: ``k / (m + 1)`` (plus ``2 / (m + 1)`` per class with the volume rule on)."""
+        """The false-flag bound ``k / (m + 1)`` (plus ``2 / (m + 1)`` per class with the volume rule on)."""
         bound = self.rank / (self.m + 1)
         if self.volume_factor:
             bound += 2 * len(self.volumes) / (self.m + 1)
@@ -324,10 +279,7 @@ class ValidatedRange:
         if k == 0 and not reasons:
             unknown.append(f"{self.too_few_reason}; the case is ranked {case_rank} of {self.m + 1}")
         flag = True if reasons else (None if unknown else False)
-        if flag is True:
-            reasons += unknown
-        elif flag is None:
-            reasons = unknown
+        reasons += unknown  # after a flag's reasons; alone when the case cannot be judged
         if flag is not False:
             reasons += [w for w in self.warnings if w not in reasons and not w.startswith("cannot judge at")]
         return {
@@ -367,8 +319,7 @@ class ValidatedRange:
         weights_sha256: str | None = None,
         calibration_sha256: str | None = None,
     ) -> Path:
-        """Write the range to ``path`` atomically, with the SHA-256 of ``weights`` (``weights_sha256``: of the bytes
-        it was measured with, default the file's) and of the recalibration it was measured with (None: none)."""
+        """Write the range to ``path`` (:func:`write_measured`)."""
         return write_measured(path, self.record(), weights, weights_sha256, calibration_sha256)
 
     def describe(self) -> str:

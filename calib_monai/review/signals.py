@@ -1,6 +1,5 @@
-"""The nonconformities a :class:`~calib_monai.review.rule.ValidatedRange` ranks a case by: per signal
-(case score, image statistics, network features) the ``n + 1`` values of the validation volumes and the case, and why
-a signal is left out or the case cannot be judged; which signal sets the flag's bar."""
+"""The nonconformities a :class:`~calib_monai.review.rule.ValidatedRange` ranks a case by (case score, image
+statistics, network features), why a signal is left out or the case cannot be judged, and the flag's bar."""
 
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ def signal_values(
         else:
             if rule.score_folds:  # volume i against the case as its fold j(i) scored it: s_i vs t_full - offset_j(i)
                 scores[:-1] += np.nan_to_num(np.asarray(offsets, dtype=np.float64))[rule.score_folds]
-            # a volume without a case score (a validation volume or the case) ranks below every other by it: one
-            # rule for all n + 1 keeps the combined score symmetric, so the bound k / (m + 1) holds as stated.
-            # Ranked above every other, one such validation volume would outrank every case (with k = 1 none could
-            # be flagged); removed from this signal, it would leave m - 1 subjects under the rank and bound of m.
+            # a volume without a case score (validation or the case) ranks below every other: one rule for all
+            # n + 1 keeps the combined score symmetric, so the bound k / (m + 1) holds as stated
             values["case_score"] = np.where(np.isnan(scores), -np.inf, -scores)
             if np.isnan(scores[-1]):
                 unknown.append(NO_CASE_SCORE)
@@ -104,10 +101,9 @@ def score_problem(scores: Sequence[float]) -> str:
 
 
 def signal_bar(rule: Any) -> dict[str, Any] | None:
-    """What a case must lie beyond to be flagged: the ``k``-th most extreme validation subject by the signals the
-    rule counts, each validation volume measured against the others and a typical case (each signal's validation
-    median): ``{"signal", "volume", "volumes", "subject", "z", "largest": {signal: its largest z}}``, None when it
-    cannot flag. With ``k = 1`` the signal with the heaviest validation tail sets the bar for all of them."""
+    """What a case must lie beyond to be flagged: the ``k``-th most extreme validation subject, each validation volume
+    measured against the others and a typical case (each signal's validation median): ``{"signal", "volume",
+    "volumes", "subject", "z", "largest": {signal: its largest z}}``, None when it cannot flag."""
     if rule.rank < 1:
         return None
     finite = [s for s in rule.scores if s == s]

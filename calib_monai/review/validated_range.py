@@ -1,34 +1,17 @@
 """The validated range: what the served model's case quality looked like on its validation volumes, stored next to
-its weights, and the review flag of a new case against it.
+its weights as ``<models>/validated_range.json`` (with the SHA-256 of the ``model.pt`` it was measured with: a range
+is never applied to other weights), and the review flag of a new case against it.
 
-The bundle's ``calibrate`` step scores every validation volume with a recalibration it did not fit (cross-fitting,
-:mod:`calib_monai.recalibration.fitting`) and writes ``<models>/validated_range.json``: the case scores and expected
-volumes, the image statistics, the pooled bottleneck features, the rule, its false-flag bound and the SHA-256 of the
-``model.pt`` they were measured with (a range is never applied to other weights).
-
-The rule (:class:`ValidatedRange`), one full-conformal test over one nonconformity score. For the ``n + 1`` cases
-(the ``n`` validation volumes and the new case) each signal ``j`` gives each case a nonconformity ``a_j`` (larger:
-more extreme), each measured against the other ``n``:
-
-* (``score_check``) the case score (mean estimated DSC), negated;
-* (``input_check``) the image: the distance of its statistics from the training images'
-  (:class:`~calib_monai.review.input_signal.InputSignal`);
-* (``feature_check``) the network features: the Mahalanobis distance (Ledoit-Wolf covariance) of the pooled
-  bottleneck features from the training images', or without them from the other ``n`` cases'.
-
-Each is put on one scale as a robust z-score against the other ``n`` (``z_j = (a_j - median) / (1.4826 MAD)``) and
-the combined score is ``T = max_j z_j``. The exchangeable units are the ``m`` validation **subjects** (the datalist's
-``subject``; each volume its own when absent), each represented by its most extreme volume ``max_{i in s} T_i``: the
-case is flagged when ``1 + #{s: max_{i in s} T_i >= T_case} <= k``, ``k = floor(alpha (m + 1))``. ``T`` is a
-symmetric function of the ``n + 1`` cases, so a case of a new subject exchangeable with the validation subjects is
-flagged with probability at most ``k / (m + 1) <= alpha`` (full conformal prediction, Vovk et al. 2005, "Algorithmic
-Learning in a Random World"), whatever the number of signals. Z-scores rather than the best per-signal rank, because
-ranks saturate at 1 and lose how far beyond the others a case lies. With cross-fitting the case score signal
-compares volume ``i`` with the served score shifted by the case's score under the fold that scored ``i``
-(``case_score_offsets``): cross-conformal, the exchangeability approximate. When ``m < 1 / alpha - 1`` then
-``k = 0`` and every case gets the flag ``None`` with the number of subjects needed. A signal with nothing to judge
-is left out with the reason in ``review.left_out``. With ``volume_factor`` > 0 a class's expected volume outside
-``[min / f, max * f]`` of the validation volumes' also flags, adding at most ``2 / (m + 1)`` per class to the bound.
+The rule (:class:`~calib_monai.review.rule.ValidatedRange`) is one full-conformal test. Each signal ``j`` gives each
+of the ``n + 1`` cases (the validation volumes, scored cross-fitted, and the new case) a nonconformity ``a_j``
+measured against the other ``n``: the case score negated (``score_check``), the image statistics' distance from the
+training images' (``input_check``), the Mahalanobis distance (Ledoit-Wolf) of the pooled bottleneck features
+(``feature_check``). Each is a robust z-score against the other ``n`` (``(a_j - median) / (1.4826 MAD)``) and
+``T = max_j z_j``. The exchangeable units are the ``m`` validation subjects, each by its most extreme volume: the case
+is flagged when ``1 + #{s: max_{i in s} T_i >= T_case} <= k = floor(alpha (m + 1))``, so a case of a new
+exchangeable subject is flagged with probability at most ``k / (m + 1) <= alpha`` (Vovk et al. 2005, "Algorithmic
+Learning in a Random World"); ``k = 0``: the flag is ``None``. With ``volume_factor`` > 0 an expected volume outside
+``[min / f, max * f]`` of the validation volumes' also flags.
 """
 
 from __future__ import annotations
@@ -84,7 +67,7 @@ def read_validated_range(
         return None, f"no validated range at {path}: run the bundle's calibrate step to get review flags"
     try:
         record = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
+    except ValueError as err:  # UnicodeDecodeError too
         raise ValueError(f"{path} is not valid JSON ({err}); {_FIX}") from err
     if not isinstance(record, dict):
         raise ValueError(f"{path} holds a {type(record).__name__}, not a validated range; {_FIX}")
@@ -101,22 +84,15 @@ def read_validated_range(
         )
         logger.warning(why)
         return None, why
-    fields = {k: record[k] for k in STORED_FIELDS}
     try:
-        validated = ValidatedRange(**fields)
+        validated = ValidatedRange(**{k: record[k] for k in STORED_FIELDS})
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{path}: {err}; {_FIX}") from err
-    if validated.input_signal.missing_kinds:
-        raise ValueError(
-            f"{path} lacks the image statistics {', '.join(validated.input_signal.missing_kinds)} a served case has "
-            f"(written by an older calib_monai): {_FIX}"
-        )
     return validated, ""
 
 
 def load_validated_range(path: str | os.PathLike, weights: str | os.PathLike | None = None) -> ValidatedRange | None:
-    """The range stored at ``path`` (or ``<path>/validated_range.json``), None when there is none or when it was
-    measured with other weights than ``weights`` (:func:`read_validated_range`)."""
+    """:func:`read_validated_range` without the reason: the range or None."""
     return read_validated_range(path, weights)[0]
 
 
@@ -145,27 +121,24 @@ def voxel_volume_ml(image: Any) -> float:
 
 
 class CaseQualityd(MapTransform):
-    """The case quality of the probabilities under ``keys`` (softmax, ``(C, *spatial)``; in the bundles on the
-    network's grid, whose labels the delivered segmentation carries) and its review flag, as ``data[quality_key]``
-    (a plain dict of numbers, see :func:`calib_monai.metrics.case_quality` and :func:`review_case`); a flagged case
-    gets one warning line in the log. ``inferring``, ``TrainedBundle.predict`` and ``evaluating`` run this same
-    transform.
+    """The case quality of the probabilities under ``keys`` (softmax ``(C, *spatial)``, on the network's grid) and its
+    review flag, as ``data[quality_key]`` (:func:`calib_monai.metrics.case_quality`, :func:`review_case`); a flagged
+    case gets one warning line in the log.
 
     Args:
         keys: the probabilities (after the calibration and the softmax).
         validated_range: a :class:`ValidatedRange`, a ``validated_range.json`` path (or its folder) or None.
         weights: the network's weights file, to check the stored range was measured with them.
         label_names: ``{"0": "background", ...}``: the class names of the output.
-        image_key: the preprocessed image (the input signal's statistics). The voxel volume (mL) comes from the
-            affine of the probabilities (a MetaTensor), else from the image's.
+        image_key: the preprocessed image (the input signal's statistics; its affine gives the voxel volume when the
+            probabilities carry none).
         confidence_threshold: the confidence below which a predicted voxel counts as low confidence.
-        network: the network the inferer runs (the config's ``@network``, ``TrainedBundle.network``'s instance): a
-            :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook on it pools each case's bottleneck
-            features for the range's feature signal (one case per forward batch: the bundles' batch size 1). None, a
-            TorchScript network or a network that did not run for the case: the feature signal is left out, with why.
-        segmentation_key, confidence_key: the argmax and max of the probabilities, when ``ConfidenceAndSegmentationd``
-            took them of these probabilities just before (the serving path; it says so in ``<confidence_key>_of``),
-            in their dtype: used, not taken again.
+        network: the network the inferer runs (``@network``): a
+            :class:`~calib_monai.metrics.network_features.BottleneckFeatures` hook pools each case's features for the
+            feature signal (one case per forward batch). None, TorchScript or a network that did not run for the case:
+            the feature signal is left out, with why.
+        segmentation_key, confidence_key: the argmax and max that ``ConfidenceAndSegmentationd`` took of these
+            probabilities just before (``<confidence_key>_of`` says so): used, not taken again.
     """
 
     def __init__(
@@ -198,8 +171,8 @@ class CaseQualityd(MapTransform):
         self.class_names = [str(label_names[k]) for k in sorted(label_names, key=int)] if label_names else None
         self.quality_key, self.image_key = quality_key, image_key
         self.confidence_threshold = float(confidence_threshold)
-        fitted = validated_range.volume_interval_scale if validated_range is not None else None
-        self._volume_interval_scale = fitted or 1.0  # None: the interval of independent voxels, named as such
+        # None (not fitted): the interval of independent voxels, named as such
+        self._volume_interval_scale = getattr(validated_range, "volume_interval_scale", None) or 1.0
         if validated_range is not None and validated_range.warnings:
             logger.warning("validated range: " + "; ".join(validated_range.warnings))
 
@@ -258,12 +231,10 @@ class CaseQualityd(MapTransform):
 
 
 class DeliveredDiced(MapTransform):
-    """The true DSC of the delivered segmentation, beside the served case score: the label map under ``keys``
-    (``(1, *spatial)``, on the input grid as ``inferring`` delivers it; probabilities ``(C, *spatial)``: their
-    argmax) against the label as read (``label_key``), per
-    foreground class (as MONAI's ``compute_dice``; a class absent from the label: NaN, left out of the mean, as
-    ``segmentation_metrics_per_volume``'s default ``empty_class="nan"``), into ``data[quality_key]["delivered"]``:
-    ``{"mean_dice", "dice": {name: value}}``. ``evaluating`` runs it after :class:`CaseQualityd`."""
+    """The true DSC of the delivered segmentation per foreground class, beside the served case score: the label map
+    under ``keys`` (``(1, *spatial)`` on the input grid; probabilities ``(C, *spatial)``: their argmax) against the
+    label as read (``label_key``; a class absent from it: NaN, left out of the mean), into
+    ``data[quality_key]["delivered"]``: ``{"mean_dice", "dice": {name: value}}``."""
 
     def __init__(
         self, keys, label_key: str = "input_label", quality_key: str = "quality", label_names: Mapping | None = None

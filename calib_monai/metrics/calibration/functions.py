@@ -1,35 +1,13 @@
-"""Calibration metrics of segmentation networks: ECE, CECE, TACE, ACE, mL1-ACE, NLL and Brier score, and the data of
-a reliability diagram.
+"""Calibration metrics of segmentation networks: ECE, CECE, TACE, ACE, mL1-ACE, NLL, Brier, reliability diagrams.
 
-All of them take softmax probabilities ``probs (B, C, *spatial)`` (or ``(C, *spatial)``) and integer labels
-``(B, 1, *spatial)``, ``(B, *spatial)`` or ``(*spatial)``, and are computed over the voxels chosen by ``foreground``:
+Inputs: softmax probabilities ``probs (B, C, *spatial)`` or ``(C, *spatial)`` and integer labels ``(B, 1, *spatial)``,
+``(B, *spatial)`` or ``(*spatial)``, torch (computed on their device) or NumPy. ``foreground`` selects the voxels:
+``"gt"`` (label != 0: NACL, MbLS, CRaC after SVLS), ``"union"`` (label or argmax != 0) or ``"all"``. Bin k is
+``(e_k, e_{k+1}]``, ``e_k = k / M`` in the probabilities' dtype, as MONAI's ``calibration_binning``.
 
-- ``"gt"``: ground-truth foreground (label != 0), as in NACL (Murugesan et al., MedIA 2024, Sec. 4), MbLS
-  (Murugesan et al., 2023) and CRaC (MICCAI 2024), following Islam & Glocker (SVLS, IPMI 2021);
-- ``"union"``: voxels that are foreground in the prediction (argmax != 0) or in the ground truth;
-- ``"all"``: every voxel.
-
-Torch tensors are computed on their device, NumPy arrays (and lists) as CPU tensors (``torch.from_numpy``, no copy
-of a contiguous array): the voxels are selected and checked (``inputs.py``), binned (``statistics.py``: float64 counts
-and sums, equal to a float64 brute force in the tests), and only per-bin statistics reach the host. One bin rule
-(``equal_width_bin``): bin k is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype, so a
-float32 value equal to float32(k / M) goes to the lower bin, as in MONAI's ``calibration_binning``.
-
-The functions ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``, ``brier`` and ``calibration_errors`` are
-pooled over all volumes given: the selected voxels of every volume are binned together, which is not the mean over
-volumes of the papers' tables (``segmentation_calibration(..., reduction="mean")``, ``SegmentationCalibrationMetric``).
-
-Metrics whose paper fixes the voxels, classes and bins are *named* (``METRIC_DEFINITIONS``) and default to that
-definition, per volume: ``ml1ace`` (Barfoot et al.: every voxel, background excluded, 20 bins, mean over volumes),
-``cece_all`` (classwise ECE over every voxel, background excluded, 20 bins: MONAI's ``CalibrationErrorMetric``) and
-``ml1ace_gt`` (mL1-ACE on the ground-truth foreground, background included, comparable with NACL / CRaC's
-foreground metrics). In ``calibration_errors`` (several metrics of one voxel selection) the names are the formulas:
-``"ml1ace"`` there is mL1-ACE on the voxels its ``foreground`` selects. On ground-truth foreground voxels with the
-background class included (``ml1ace_gt``) a calibrated model scores far from 0: the background probability of a
-foreground voxel sits in low bins without any background label, and every non-empty bin weighs the same.
-
-A volume without selected voxels gets NaN (with a ``UserWarning``) and is left out of ``"mean"``. Probabilities that
-are not softmax outputs (logits) raise a ``ValueError`` saying so.
+``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace_gt``, ``nll``, ``brier`` and ``calibration_errors`` pool the voxels of
+all volumes; ``segmentation_calibration(..., reduction="mean")`` is the papers' mean over volumes. ``ml1ace`` and
+``cece_all`` follow ``METRIC_DEFINITIONS``. A volume without selected voxels is NaN (``UserWarning``); logits raise.
 """
 
 from __future__ import annotations
@@ -62,9 +40,6 @@ __all__ = [
     "tace",
 ]
 
-# The probabilities of the examples below: 2 classes, 4 voxels, labels [1, 0, 0, 0] (confidences 0.8 right, 0.8
-# wrong, 0.7 and 0.9 right).
-
 
 def calibration_statistics(
     probs: Any,
@@ -75,9 +50,8 @@ def calibration_statistics(
     include_background: bool = True,
     threshold: float = TACE_THRESHOLD,
 ) -> dict[str, torch.Tensor]:
-    """``{name: float64 statistics}`` of the selected voxels of all volumes binned together, on ``probs``' device:
-    ECE ``(M, 3)``, CECE / mL1-ACE ``(C, M, 3)`` (count, sum of probabilities, hits per bin), NLL / Brier ``[count,
-    sum]``, TACE / ACE ``[value]`` (see ``statistics.selected_statistics``); ``value_from_statistics`` reads them.
+    """``{name: float64 statistics}`` of the selected voxels of all volumes binned together, on ``probs``' device
+    (``statistics.selected_statistics``); ``value_from_statistics`` reads them.
 
     >>> stats = calibration_statistics([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]], [1, 0, 0, 0], ["ece"], 5, "all")
     >>> stats["ece"][3:].tolist()  # bins (0.6, 0.8] and (0.8, 1]: count, sum of confidences, number correct
@@ -101,16 +75,9 @@ def calibration_errors(
     include_background: bool = True,
     threshold: float = TACE_THRESHOLD,
 ) -> dict[str, float]:
-    """Several calibration metrics of the same voxels at once, pooled over all volumes given: ``{name: value}``.
-
-    Equal to calling ``ece``, ``cece``, ``tace``, ``ace``, ``ml1ace``, ``nll`` and ``brier`` one by one (same
-    definitions, same arguments), but the inputs are checked and the voxels selected once, and CECE, mL1-ACE, TACE and
-    ACE share one histogram of the class probabilities.
-
-    Args:
-        probs, labels, num_bins, foreground, include_background, threshold: as in ``segmentation_calibration``
-            (``include_background`` for CECE / TACE / ACE / mL1-ACE, ``threshold`` for TACE).
-        metrics: names among ``CALIBRATION_METRICS``, in the order of the returned dict.
+    """``{name: value}`` of several metrics (``CALIBRATION_METRICS``) of the same voxels, pooled over all volumes:
+    the functions' values, with the voxels selected once and one histogram shared (arguments as
+    ``segmentation_calibration``).
 
     >>> values = calibration_errors([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]], [1, 0, 0, 0], ("ece", "brier"),
     ...                             num_bins=10, foreground="all")
@@ -133,24 +100,14 @@ def segmentation_calibration(
 ) -> float | np.ndarray:
     """One calibration metric over a batch of volumes, reduced over volumes.
 
-    ``num_bins``, ``foreground`` and ``include_background`` left None take the metric's definition
-    (``metric_definition``): ``"ml1ace"`` / ``"cece_all"`` every voxel, background excluded, 20 bins; ``"ml1ace_gt"``
-    and the others the ground-truth foreground, background included, ``NUM_BINS`` bins.
-
     Args:
-        probs: softmax probabilities ``(B, C, *spatial)`` or ``(C, *spatial)``: a torch tensor (computed on its
-            device) or a NumPy array (a CPU tensor).
-        labels: integer labels ``(B, 1, *spatial)``, ``(B, *spatial)`` or ``(*spatial)``.
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"``, ``"brier"``,
-            ``"cece_all"`` or ``"ml1ace_gt"``.
-        num_bins: number of bins M (equal-width for ECE / CECE / mL1-ACE, equal-mass for TACE / ACE). The papers use
-            15 (the mL1-ACE paper 20).
-        foreground: ``"gt"`` (the foreground papers), ``"union"`` or ``"all"``: which voxels are scored.
-        reduction: ``"mean"`` (unweighted mean of the per-volume values, NaN volumes left out: the papers),
-            ``"pooled"`` (all selected voxels binned together) or ``"none"`` (NumPy array of per-volume values).
-        include_background: CECE / TACE / ACE / mL1-ACE average over classes 0..C-1 when True (as the authors' code
-            does on foreground voxels), over 1..C-1 when False.
-        threshold: TACE only: class probabilities ``<= threshold`` are left out (Nixon et al. use 1e-3).
+        metric_name: one of ``CALIBRATION_METRICS`` or ``METRIC_DEFINITIONS``.
+        num_bins, foreground, include_background: None takes the metric's definition (``metric_definition``). Bins
+            are equal-width for ECE / CECE / mL1-ACE, equal-mass for TACE / ACE; ``include_background`` False
+            averages CECE / TACE / ACE / mL1-ACE over classes 1..C-1.
+        reduction: ``"mean"`` (of the per-volume values, NaN volumes left out: the papers), ``"pooled"`` (all
+            selected voxels binned together) or ``"none"`` (NumPy array of per-volume values).
+        threshold: TACE only: class probabilities ``<= threshold`` are left out (Nixon et al.).
 
     >>> probs = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]])
     >>> batch_p, batch_y = np.stack([probs, probs]), np.array([[1, 0, 0, 0]] * 2)  # two equal volumes
@@ -195,8 +152,7 @@ def cece(
     """Classwise ECE (Kull et al., NeurIPS 2019; NACL Eq. 11), pooled over all volumes given.
 
     ``CECE = 1/K sum_k sum_b |B_kb| / N * |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``, equal-width bins of ``p_k``.
-    ``include_background=True`` (default) keeps class 0. The classes are all C channels, and a voxel with
-    ``p_k == 0`` falls in the first bin.
+    A voxel with ``p_k == 0`` falls in the first bin.
 
     >>> probs, labels = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]), np.array([1, 0, 0, 0])
     >>> # class 1: 2/4 * |0.5 - 0.8| + 1/4 * |0 - 0.3| + 1/4 * |0 - 0.1| = 0.25; class 0 likewise
@@ -217,10 +173,8 @@ def tace(
     """Thresholded adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over all volumes given.
 
     ``TACE = 1/K sum_k sum_r |B_kr| / N_k * |mean_{B_kr} [y == k] - mean_{B_kr} p_k|`` over the N_k voxels with
-    ``p_k > threshold``, in R equal-mass bins (bin r holds the sorted positions
-    ``[floor(r N_k / R), floor((r+1) N_k / R))``, so ``|B_kr| / N_k = 1 / R`` when R divides N_k: Nixon's
-    ``1/(KR) sum_k sum_r |acc - conf|``). Voxels are ordered by (p_k, label), so ties cannot make the result depend
-    on voxel order. Classes without any voxel above the threshold are left out of the mean.
+    ``p_k > threshold``, in R equal-mass bins (sorted positions ``[floor(r N_k / R), floor((r+1) N_k / R))``),
+    voxels ordered by (p_k, label). Classes without a voxel above the threshold are left out of the mean.
 
     >>> probs, labels = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]), np.array([1, 0, 0, 0])
     >>> # class 1 sorted: (0.1, 0.3 | 0.8, 0.8), 2 bins: 1/2 * |0 - 0.2| + 1/2 * |0.5 - 0.8| = 0.25; class 0 likewise
@@ -234,8 +188,7 @@ def ace(
     probs: Any, labels: Any, num_bins: int = NUM_BINS, foreground: str = "gt", include_background: bool = True
 ) -> float:
     """Adaptive calibration error (Nixon et al., CVPR-W 2019), pooled over all volumes given: TACE without the
-    threshold (every p_k is binned). Not netcal's ``ACE`` (the "average calibration error", an unweighted mean over
-    equal-width bins).
+    threshold. Not netcal's ``ACE`` (an unweighted mean over equal-width bins).
 
     >>> probs, labels = np.array([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]), np.array([1, 0, 0, 0])
     >>> round(ace(probs, labels, num_bins=2, foreground="all"), 4)  # no probability below 1e-3: TACE's value
@@ -272,35 +225,24 @@ def ml1ace(
     include_background: bool = False,
     reduction: str = "mean",
 ) -> float | np.ndarray:
-    """Marginal L1 average calibration error, mL1-ACE (Barfoot et al., "Average Calibration Losses for Reliable
-    Uncertainty in Medical Image Segmentation", arXiv:2506.03942): by default the paper's definition, per volume over
-    every voxel, background class excluded, 20 bins, then the mean over volumes.
+    """Marginal L1 average calibration error, mL1-ACE (Barfoot et al., arXiv:2506.03942): by default per volume over
+    every voxel, background excluded, 20 bins, then the mean over volumes.
 
-    ``mL1-ACE = 1/K sum_k 1/|B_k+| sum_{b in B_k+} |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``: the bins of CECE, but
-    every non-empty bin ``B_k+`` weighted equally instead of by its share of the voxels (MONAI's
-    ``CalibrationErrorMetric(calibration_reduction="average")``). It is the quantity that
-    :class:`~calib_monai.losses.HardL1ACELoss` optimises. Every class 1..C-1 (0..C-1 with ``include_background``) is
-    scored, also one absent from the labels (its frequency is 0 in every bin).
+    ``mL1-ACE = 1/K sum_k 1/|B_k+| sum_{b in B_k+} |mean_{B_kb} [y == k] - mean_{B_kb} p_k|``: CECE's bins, every
+    non-empty bin weighted equally (MONAI's ``CalibrationErrorMetric(calibration_reduction="average")``).
 
     >>> probs, labels = np.array([[[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]]), np.array([[1, 0, 0, 0]])
     >>> # class 1 (background excluded), bins of 0.8 (2 voxels, frequency 1/2), 0.3 and 0.1 (frequency 0):
     >>> round(ml1ace(probs, labels, num_bins=10), 4)  # (|0.5 - 0.8| + |0 - 0.3| + |0 - 0.1|) / 3
     0.2333
-
-    Args:
-        probs, labels: as ``segmentation_calibration``.
-        num_bins, foreground, include_background: the paper's 20, ``"all"``, False by default; ``foreground="gt"``,
-            ``include_background=True`` and ``reduction="pooled"`` is ``ml1ace_gt``.
-        reduction: ``"mean"`` (per volume, then the mean), ``"pooled"`` or ``"none"``.
     """
     num_bins, foreground = check_positive_int("num_bins", num_bins), check_foreground(foreground)
     return segmentation_calibration(probs, labels, "ml1ace", num_bins, foreground, reduction, include_background)
 
 
 def ml1ace_gt(probs: Any, labels: Any, num_bins: int = NUM_BINS, include_background: bool = True) -> float:
-    """mL1-ACE of the ground-truth foreground voxels (label != 0), background class included, pooled over all volumes
-    given, comparable with the foreground metrics of NACL / CRaC. Not the paper's metric: on these voxels the
-    background class contributes bins with no background label, so it is far from 0 for a calibrated model.
+    """mL1-ACE of the ground-truth foreground voxels, background included, pooled over all volumes (comparable with
+    NACL / CRaC). Not the paper's metric: far from 0 for a calibrated model (background bins without labels).
 
     >>> probs, labels = np.array([[[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]]), np.array([[1, 0, 0, 0]])
     >>> round(ml1ace_gt(probs, labels, num_bins=10), 4)  # voxel 0 only: class 0 |0 - 0.2|, class 1 |1 - 0.8|
@@ -312,9 +254,8 @@ def ml1ace_gt(probs: Any, labels: Any, num_bins: int = NUM_BINS, include_backgro
 def cece_all(
     probs: Any, labels: Any, num_bins: int = L1ACE_NUM_BINS, include_background: bool = False, reduction: str = "mean"
 ) -> float | np.ndarray:
-    """Classwise ECE over every voxel, per volume, background excluded, 20 bins, then the mean over volumes: the
-    "ECE" of the papers that score every voxel (MONAI's ``CalibrationErrorMetric`` with its default
-    ``calibration_reduction="expected"``, as the mL1-ACE authors' evaluation reports it beside mL1-ACE).
+    """Classwise ECE over every voxel, per volume, background excluded, 20 bins, then the mean over volumes (MONAI's
+    ``CalibrationErrorMetric``, as the mL1-ACE authors report it).
 
     >>> probs, labels = np.array([[[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]]), np.array([[1, 0, 0, 0]])
     >>> round(cece_all(probs, labels, num_bins=10), 4)  # class 1: 2/4 * 0.3 + 1/4 * 0.3 + 1/4 * 0.1
@@ -329,11 +270,8 @@ def reliability_diagram_data(
 ) -> dict[str, np.ndarray]:
     """Per-bin statistics of a reliability diagram (Niculescu-Mizil & Caruana, ICML 2005), pooled over volumes.
 
-    Top-label (``classwise=False``): bins of ``max_k p_k``, accuracy = fraction with ``argmax == y``; the ECE is
-    ``sum(count * |accuracy - confidence|) / sum(count)``. Classwise: one row per class k, bins of ``p_k``,
-    accuracy = fraction labelled k (the CECE's bins). Bins as in ``ece``. ``monai.metrics.calibration_binning``
-    computes the classwise rows on every voxel with float32 counts; this function selects voxels first and counts
-    in float64 (the tests check both agree).
+    Top-label: bins of ``max_k p_k``, accuracy = fraction with ``argmax == y`` (ECE's bins). ``classwise``: one row
+    per class k, bins of ``p_k``, accuracy = fraction labelled k (CECE's bins).
 
     Returns:
         dict with ``"edges"`` ``(M + 1,)``, ``"confidence"`` and ``"accuracy"`` (NaN for empty bins) and ``"count"``

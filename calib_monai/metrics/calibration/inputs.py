@@ -1,11 +1,7 @@
-"""The inputs of the calibration metrics: options, metric definitions, shapes, dtypes, value ranges, the voxel
-selection and its messages.
+"""The inputs of the calibration metrics: options, metric definitions, the checks and the voxel selection.
 
-One path: NumPy arrays and lists become CPU tensors (``as_tensors``: ``torch.from_numpy``, no copy of a contiguous
-array), then ``prepare_tensors`` / ``select_voxels`` work on the tensors' device, nothing copied to the host but a
-handful of reduced numbers. They bring the inputs to ``probs (B, C, N)`` and ``labels (B, N)``, ``N`` the voxels of
-one volume, and check the probabilities and labels of the selected voxels only: that is what is scored, and it keeps
-the cost proportional to the foreground (a volume with nothing selected is checked whole).
+NumPy arrays become CPU tensors without a copy (``as_tensors``); ``prepare_tensors`` / ``select_voxels`` work on the
+tensors' device and check only the selected voxels (what is scored; a volume with nothing selected is checked whole).
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ _SELECTION_TEXT = {"gt": "label != 0", "union": "label != 0 or argmax != 0", "al
 
 
 def detached_plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """``x`` out of the autograd graph and as a plain ``torch.Tensor`` (a ``MetaTensor``'s ``__torch_function__``
-    would slow every following op); no copy. The losses' ``plain_tensor`` keeps the graph instead."""
+    """``x`` out of the autograd graph as a plain ``torch.Tensor`` (a ``MetaTensor`` slows every op), no copy."""
     x = x.detach()
     return x.as_tensor() if hasattr(x, "as_tensor") else x
 
@@ -71,21 +66,13 @@ def check_metric(metric_name: Any, threshold: Any, named: bool = False) -> str:
     return str(metric_name)
 
 
-#: Metrics defined with their voxels, classes and bins: ``name: (formula, foreground, include_background, num_bins)``.
+#: Metrics defined with their voxels, classes and bins: ``name: (formula, foreground, include_background, num_bins)``:
+#: mL1-ACE as Barfoot et al. (arXiv:2506.03942), on the ground-truth foreground, and the classwise ECE over every voxel
+#: (MONAI's ``CalibrationErrorMetric``).
 METRIC_DEFINITIONS = {
-    "ml1ace": (
-        "ml1ace",
-        "all",
-        False,
-        L1ACE_NUM_BINS,
-    ),  # Barfoot et al. (arXiv:2506.03942): per volume over every voxel
-    "ml1ace_gt": ("ml1ace", "gt", True, NUM_BINS),  # ground-truth foreground, background included
-    "cece_all": (
-        "cece",
-        "all",
-        False,
-        L1ACE_NUM_BINS,
-    ),  # classwise ECE over every voxel (MONAI's CalibrationErrorMetric)
+    "ml1ace": ("ml1ace", "all", False, L1ACE_NUM_BINS),
+    "ml1ace_gt": ("ml1ace", "gt", True, NUM_BINS),
+    "cece_all": ("cece", "all", False, L1ACE_NUM_BINS),
 }
 #: Names that say their voxels: another ``foreground`` contradicts them.
 _FIXED_VOXELS = ("ml1ace_gt", "cece_all")
@@ -109,10 +96,6 @@ def metric_definition(
     return formula, num_bins, foreground, own_background if include_background is None else bool(include_background)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# messages
-
-
 def probability_problem(
     name: str,
     lo: float,
@@ -123,10 +106,7 @@ def probability_problem(
     tolerance: float = _SUM_TOLERANCE,
 ) -> str | None:
     """The error message for probabilities with extremes ``[lo, hi]`` and class sums in ``[sum_lo, sum_hi]``, or None
-    (sums within ``tolerance`` of 1 pass).
-
-    The usual mistake is passing logits (or per-class sigmoids): the message says so and names the fix.
-    """
+    (sums within ``tolerance`` of 1 pass); logits, the usual mistake, are named with the fix."""
     fix = (
         f"it looks like logits: apply torch.softmax(x, dim={class_dim}) (NumPy: scipy.special.softmax(x, "
         f"axis={class_dim})) to the network output first"
@@ -195,8 +175,7 @@ def _check_label_range(ylo: int, yhi: int, num_classes: int) -> None:
 
 
 def _numpy_tensor(x: Any, name: str) -> torch.Tensor:
-    """A CPU tensor sharing the memory of a NumPy array (a list: a new array); a copy only for a non-contiguous array
-    or a dtype torch computes poorly (wide unsigned integers, non-native byte order)."""
+    """A CPU tensor sharing a NumPy array's memory (a copy when not contiguous, wide unsigned or byte-swapped)."""
     a = np.asarray(x)
     if a.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a numeric array (probabilities or integer labels), got dtype {a.dtype}.")
@@ -213,17 +192,9 @@ def as_tensors(probs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
     return _numpy_tensor(probs, "probs"), labels
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# torch path (on the tensors' device)
-
-
 def prepare_tensors(probs: torch.Tensor, labels: Any, name: str = "probs") -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Views ``probs (B, C, N)`` and ``labels (B, N)`` on ``probs``' device, and the class dimension of the caller's
-    layout (for messages). Labels keep their dtype (converted once selected).
-
-    Accepted layouts: ``probs (B, C, *spatial)`` with ``labels (B, 1, *spatial)`` or ``(B, *spatial)``, and ``probs
-    (C, *spatial)`` with ``labels (*spatial)``. When ``labels`` has one dimension less than ``probs`` and both
-    readings fit (only possible when ``B == C``), the batched reading ``(B, *spatial)`` is used."""
+    """Views ``probs (B, C, N)`` and ``labels (B, N)`` (their own dtype) on ``probs``' device, and the class dimension
+    of the caller's layout (for messages). ``labels (B, *spatial)`` is read batched where ``(*spatial)`` also fits."""
     p = detached_plain_tensor(probs)
     y = detached_plain_tensor(labels) if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
     y = y.to(p.device)  # no-op when already there
@@ -241,8 +212,8 @@ def select_voxels(
     p: torch.Tensor, y: torch.Tensor, foreground: str, name: str = "probs", class_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Voxels of one volume the calibration metrics score, on ``p``'s device: ``(C, N)``, ``(N,)`` -> ``(C, n)``
-    float, ``(n,)`` integer labels in their own dtype (no int64 copy of the labels; bool as uint8, integral floats
-    as int64). The checks reduce on the device and bring 6 numbers to the host (one synchronisation)."""
+    float, ``(n,)`` integer labels (their own dtype; bool as uint8, integral floats as int64), checked with one
+    read-back of 6 numbers."""
     if foreground == "all":
         p_sel, y_sel = p, y
     else:

@@ -1,5 +1,4 @@
-"""``SegmentationCalibrationMetric``: ECE / CECE / TACE / ACE / mL1-ACE / NLL / Brier as a MONAI
-``CumulativeIterationMetric``."""
+"""``SegmentationCalibrationMetric``: the calibration metrics as a MONAI ``CumulativeIterationMetric``."""
 
 from __future__ import annotations
 
@@ -27,50 +26,23 @@ __all__ = ["SegmentationCalibrationMetric"]
 class SegmentationCalibrationMetric(CumulativeIterationMetric):
     """Calibration error of segmentation outputs, accumulated volume by volume (one batch item = one volume).
 
-    Each call stores, per volume, its metric value and its statistics (per-bin counts and sums for ECE / CECE /
-    mL1-ACE, count and sum for NLL / Brier; see ``calib_monai.metrics.calibration_statistics``), so that ``aggregate``
-    can return any of
+    Each call stores, per volume, its value and its additive statistics (``calibration_statistics``), so that
+    ``aggregate`` returns ``"mean"`` (of the per-volume values, NaN volumes left out: NACL, MbLS, CRaC), ``"pooled"``
+    (all selected voxels binned together; not TACE / ACE, whose equal-mass bins are not additive) or ``"none"``.
 
-    - ``"mean"`` (default): unweighted mean of the per-volume values, volumes without selected voxels (NaN) left out,
-      as the papers report (NACL, MbLS, CRaC);
-    - ``"pooled"``: the metric of all selected voxels of all volumes binned together (ECE, CECE, mL1-ACE, NLL, Brier
-      only: equal-mass bins of TACE / ACE depend on all voxels at once and are not additive);
-    - ``"none"``: the per-volume values, shape ``(num_volumes,)``.
-
-    The functions ``ece``, ``cece``... of :mod:`calib_monai.metrics` *pool* the voxels of all volumes they are given
-    (``"pooled"`` here); this class and the bundles' ``val_ece``/``test_ece`` average per volume (``"mean"``).
-
-    Relation to MONAI's ``monai.metrics.CalibrationErrorMetric`` (MONAI 1.6): MONAI's metric is a classwise ECE over
-    *all* voxels of each volume, averaged over channels and volumes. It equals ``metric_name="cece"``,
-    ``foreground="all"``, ``reduction="mean"`` here (``include_background`` alike) up to MONAI's float32
-    accumulation and bin edges: ours are ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the probabilities' dtype
-    (``equal_width_bin``), MONAI's are float32 ``k (1 + eps) / M``; both put a float32 value
-    equal to float32(k / M) in the lower bin (MONAI's ``small_left_edge`` case, ``tests/test_metrics_vs_monai.py``).
-    With ``calibration_reduction="average"`` (every non-empty bin weighted equally) MONAI's metric equals
-    ``metric_name="ml1ace"`` with the same settings. Where they differ: MONAI has no top-label ECE (our ``"ece"``, the
-    papers' ECE), no voxel selection (our default
-    ``foreground="gt"``), no equal-mass bins (TACE/ACE) and no pooling over volumes.
+    MONAI's ``CalibrationErrorMetric`` equals ``metric_name="cece", foreground="all"`` here (``"ml1ace"`` with
+    ``calibration_reduction="average"``) up to its float32 accumulation (``tests/test_metrics_vs_monai.py``); it has
+    no top-label ECE, voxel selection, equal-mass bins nor pooling.
 
     Args:
-        metric_name: ``"ece"``, ``"cece"``, ``"tace"``, ``"ace"``, ``"ml1ace"``, ``"nll"``, ``"brier"``,
-            ``"cece_all"`` or ``"ml1ace_gt"`` (``calib_monai.metrics.METRIC_DEFINITIONS``).
-        num_bins, foreground, include_background: None (default) takes the metric's definition
-            (``calib_monai.metrics.metric_definition``): ``"ml1ace"`` and ``"cece_all"`` 20 bins over every voxel
-            (``"all"``), background excluded (Barfoot et al.); the others 15 bins over the ground-truth foreground
-            (``"gt"``, label != 0), background included (NACL / MbLS / CRaC). ``foreground`` may also be ``"union"``
-            (label or prediction foreground).
+        metric_name: one of ``CALIBRATION_METRICS`` or ``METRIC_DEFINITIONS``.
+        num_bins, foreground, include_background: None takes the metric's definition (``metric_definition``).
         reduction: ``"mean"``, ``"pooled"`` or ``"none"``.
-        threshold: TACE: probabilities ``<= threshold`` are left out (1e-3, Nixon et al. 2019).
+        threshold: TACE: probabilities ``<= threshold`` are left out (Nixon et al. 2019).
 
     Inputs of ``__call__(y_pred, y)``: ``y_pred`` softmax probabilities ``(B, C, *spatial)``; ``y`` integer labels
-    ``(B, 1, *spatial)`` or one-hot ``(B, C, *spatial)`` (C > 1), or lists of channel-first tensors.
-    The buffer holds ``[values (N, 1), statistics (N, S)]`` (float64, on ``y_pred``'s device); ``IgniteMetricHandler``
-    saves it as metric details.
-
-    Where: everything is computed on ``y_pred``'s device (``statistics.py``: float64 counts and sums); the
-    volumes are never copied to the host, only each volume's per-bin statistics (``S`` numbers) and its value.
-    Probabilities that are not softmax outputs raise ``ValueError`` (naming ``y_pred``); a volume without selected
-    voxels gets NaN with a ``UserWarning`` and is left out of ``"mean"``.
+    ``(B, 1, *spatial)`` or one-hot, or lists of channel-first tensors. The buffer, on ``y_pred``'s device, holds
+    ``[values (N, 1), statistics (N, S)]`` float64; only the statistics reach the host.
 
     >>> import torch
     >>> probs = torch.tensor([[0.2, 0.2, 0.7, 0.9], [0.8, 0.8, 0.3, 0.1]]).reshape(1, 2, 2, 2)  # (B, C, H, W)

@@ -14,11 +14,8 @@ __all__ = ["plot_reliability", "save_reliability_diagram"]
 def save_reliability_diagram(
     data: dict[str, np.ndarray], path: str | Path, title: str | None = None, ece_label: str = "ECE"
 ) -> Path:
-    """Write a top-label reliability diagram (accuracy bars per bin, the diagonal, ECE in the legend) as PNG.
-
-    ``data`` is the output of ``reliability_diagram_data(..., classwise=False)``. matplotlib is imported here with
-    the Agg backend (install the ``plots`` extra); the figure is closed after saving.
-    """
+    """Write :func:`plot_reliability` of ``reliability_diagram_data(..., classwise=False)`` as PNG (matplotlib, the
+    ``plots`` extra, with the Agg backend)."""
     try:
         import matplotlib
 
@@ -26,9 +23,6 @@ def save_reliability_diagram(
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("save_reliability_diagram needs matplotlib: pip install 'calib-monai[plots]'.") from e
-    if np.ndim(data["count"]) != 1:  # before a figure is opened
-        shape = np.shape(data["count"])
-        raise ValueError(f"data must be top-label reliability data with 1-D bins, got count shape {shape}.")
     fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
     plot_reliability(ax, data, title, ece_label)
     path = Path(path)

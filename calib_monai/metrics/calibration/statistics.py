@@ -1,21 +1,16 @@
-"""Calibration statistics of selected voxels in torch, on the voxels' device: the one implementation of ECE, CECE,
+"""Calibration statistics of selected voxels in torch, on their device: the one implementation of ECE, CECE,
 mL1-ACE, TACE, ACE, NLL and the Brier score.
 
-``selected_statistics`` takes the selected voxels ``p (C, n)`` (float32 / float64 probabilities, checked) and their
-labels ``y (n,)`` of one or more volumes, binned together, and returns float64 statistics on their device: counts and
-sums per bin (additive over volumes), TACE / ACE as their value (equal-mass bins are not additive).
-``value_from_statistics`` turns them into a metric value. Counts and sums are float64, so the values do not drift
-however many voxels are pooled, and the tests hold them equal to a float64 brute force.
+``selected_statistics`` returns float64 statistics (equal to a float64 brute force however many voxels are pooled):
+counts and sums per bin, additive over volumes, and TACE / ACE as their value (equal-mass bins are not additive);
+``value_from_statistics`` turns them into a value.
 
-- ECE: the top-label confidence (the first class on ties) in its equal-width bin; per bin: count, sum of
-  confidences, number correct.
-- CECE, mL1-ACE, TACE, ACE share one fine histogram of every class probability: the bucket of a value is the top bits
-  of its bit pattern (1,024 buckets per octave, in order of the value; fine where probabilities crowd). Per bucket:
-  count, sum, hits ``[y == k]``. CECE sums the buckets of each equal-width bin; TACE needs the values sorted by
-  ``(p_k, [y == k])`` up to its R + 1 equal-mass edges, which the cumulative bucket counts place in a bucket. Only
-  the few buckets an edge cuts (a bin edge for CECE, a rank edge or the threshold for TACE) are refined: their values
-  are gathered and sorted, nothing else is.
-- NLL, Brier: float64 sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
+- ECE: per equal-width bin of the top-label confidence: count, sum of confidences, number correct.
+- CECE, mL1-ACE, TACE, ACE share one histogram of every class probability, bucketed by the top bits of its bit
+  pattern (1,024 buckets per octave, in value order): count, sum, hits ``[y == k]`` per bucket. CECE sums the
+  buckets of each bin; TACE's equal-mass edges (sorted by ``(p_k, [y == k])``) fall in buckets found from the
+  cumulative counts. Only the buckets an edge or the threshold cuts are refined (their values sorted).
+- NLL, Brier: sums of ``-log max(p_y, 1e-12)`` and ``sum_k p_k^2 - 2 p_y + 1``.
 """
 
 from __future__ import annotations
@@ -72,11 +67,9 @@ def _edges(num_bins: int, dtype: torch.dtype, device: torch.device) -> tuple[tor
 def equal_width_bin(values: torch.Tensor, num_bins: int) -> torch.Tensor:
     """int64 index of the equal-width bin of each value in ``[0, 1]``: the one bin rule of every calibration metric.
 
-    Bin ``k`` is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the values' own dtype, and 0 goes to bin 0. A
-    float32 value equal to float32(k / M) lies on an edge and goes to the lower bin, as in MONAI's
-    ``calibration_binning`` and the authors' code (``conf > lo and conf <= hi`` in float32); float32(0.2) is above
-    0.2, so edges at k / M as real numbers would put it in the upper bin. Computed as ``ceil(v * M) - 1`` in the
-    values' dtype (off by at most one), then moved to the neighbouring bin where the rounded edges say so.
+    Bin ``k`` is ``(e_k, e_{k+1}]`` with ``e_k = k / M`` rounded to the values' dtype (0 in bin 0): float32(k / M)
+    goes to the lower bin, as MONAI's ``calibration_binning`` and the authors' code. ``ceil(v * M) - 1``, then
+    corrected by one where the rounded edges say so.
 
     >>> equal_width_bin(torch.tensor([0.0, 0.2, 0.21, 1.0]), 5).tolist()
     [0, 0, 1, 4]
@@ -123,14 +116,9 @@ def _bucket_of(values: torch.Tensor, size: int, base: int) -> torch.Tensor:
 
 
 def _threshold(threshold: float, dtype: torch.dtype) -> torch.Tensor:
-    """The largest ``dtype`` value not above ``threshold``: ``v > result`` is ``v > threshold`` as real numbers (a
-    plain ``v > 1e-3`` compares float32 values with float32(1e-3) > 1e-3, dropping v = float32(1e-3))."""
+    """The largest ``dtype`` value not above ``threshold``: ``v > result`` is ``v > threshold`` as real numbers."""
     t = torch.tensor(threshold, dtype=dtype, device="cpu")
     return torch.nextafter(t, t.new_tensor(-1.0)) if float(t) > threshold else t
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# accumulation
 
 
 def _chunks(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -184,10 +172,6 @@ def _refine(chunks: list, marked: torch.Tensor, size: int, base: int) -> tuple[t
     return tuple(torch.cat(t) for t in zip(*found))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# equal-mass bins (TACE, ACE)
-
-
 def _cumulative(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x.cumsum(1), (1, 0))
 
@@ -218,8 +202,8 @@ def _adaptive_marks(count: torch.Tensor, num_bins: int, partial: int | None) -> 
 
 
 def _adaptive_error(grid: torch.Tensor, refined: tuple, num_bins: int, partial: int | None, t: Any) -> torch.Tensor:
-    """Equal-mass calibration error of the classes of ``grid (3, K, size)`` (refined values: their position among
-    them), from the cumulative bucket statistics and the sorted values of the buckets an edge cuts."""
+    """Equal-mass calibration error of the classes of ``grid (3, K, size)``, from the cumulative bucket statistics
+    and the sorted ``refined`` values of the buckets an edge cuts."""
     count, total_v, total_t = grid.clone()
     cls, bucket, value, hit = refined
     k_all, size, dev = count.shape[0], count.shape[1], count.device
@@ -256,10 +240,6 @@ def _adaptive_error(grid: torch.Tensor, refined: tuple, num_bins: int, partial: 
     return torch.where(present, errors, 0.0).sum().div(present.sum()).reshape(1)  # NaN when no class has a value
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# statistics and values
-
-
 def selected_statistics(
     parts: Sequence[tuple[torch.Tensor, torch.Tensor]],
     names: Sequence[str],
@@ -267,10 +247,10 @@ def selected_statistics(
     include_background: bool = True,
     threshold: float = TACE_THRESHOLD,
 ) -> dict[str, torch.Tensor]:
-    """``{name: float64 statistics}`` of the selected voxels of ``parts`` (``[(p (C, n), y (n,))]``, checked), binned
-    together, on their device: ECE ``(M, 3)`` and CECE / mL1-ACE ``(C, M, 3)`` (count, sum of probabilities, hits per
-    bin), NLL / Brier ``[count, sum]`` (all additive over volumes: zeros without voxels), TACE / ACE ``[value]`` (NaN
-    without voxels). ``include_background`` and ``threshold`` are TACE's / ACE's (CECE keeps every class's bins)."""
+    """``{name: float64 statistics}`` of the checked voxels of ``parts`` (``[(p (C, n), y (n,))]``) binned together:
+    ECE ``(M, 3)``, CECE / mL1-ACE ``(C, M, 3)`` (count, sum of probabilities, hits per bin), NLL / Brier ``[count,
+    sum]`` (zeros without voxels), TACE / ACE ``[value]`` (NaN without voxels; ``include_background`` and
+    ``threshold`` are theirs)."""
     p0 = parts[0][0]
     c, dev, m = p0.shape[0], p0.device, int(num_bins)
     chunks = _chunks(parts)
@@ -326,14 +306,9 @@ def selected_statistics(
 def value_from_statistics(
     stats: Any, metric_name: str, num_bins: int = NUM_BINS, include_background: bool = True
 ) -> float:
-    """A metric's value from its (possibly summed) statistics of ``selected_statistics``; NaN without voxels.
-
-    - ECE (Guo et al., ICML 2017; NACL Eq. 10): ``sum_b |B_b| / N * |acc_b - conf_b|``,
-      ``= sum_b |hits_b - sum conf_b| / N``.
-    - CECE (Kull et al., NeurIPS 2019; NACL Eq. 11): ``1/K sum_k sum_b |B_kb| / N * |acc_kb - conf_kb|``. Eq. 11 has
-      no 1/K; the authors' code (``ClasswiseECELoss``) averages over classes, and so do we.
-    - mL1-ACE (Barfoot et al., arXiv:2506.03942): ``1/K sum_k 1/|{b: B_kb != {}}| sum_{b: B_kb != {}}
-      |acc_kb - conf_kb|``, the bins of CECE, every non-empty bin weighted equally.
+    """A metric's value from its (possibly summed) statistics of ``selected_statistics``; NaN without voxels. The
+    formulas are the functions' (``ece``, ``cece``, ``ml1ace``); ECE is ``sum_b |hits_b - sum conf_b| / N``, and
+    CECE averages over classes as the authors' ``ClasswiseECELoss`` (NACL Eq. 11 has no 1/K).
 
     >>> value_from_statistics(torch.tensor([[0, 0, 0], [2, 1.6, 1], [2, 1.6, 2]]), "ece", num_bins=3)
     0.25

@@ -8,6 +8,7 @@ score against the true mean DSC the study recorded."""
 
 import csv
 import gzip
+import itertools
 import json
 import sys
 import time
@@ -18,9 +19,27 @@ import torch
 
 sys.path.insert(0, ".")  # the repository root: studies/ is not installed
 from calib_monai.metrics import failure_detection_summary, quality_agreement  # noqa: E402
-from calib_monai.metrics.agreement import flip_agreement  # noqa: E402
 from studies.quality import _serving_bundle  # noqa: E402
 from studies.study import StudySetup  # noqa: E402
+
+
+def flip_agreement(probs, image: torch.Tensor, flips=((), (0,), (1,), (0, 1))) -> float:
+    """Test-time augmentation's agreement (Wang et al., Neurocomputing 2019): the segmentations (argmax) of ``probs``
+    on ``image`` and its in-plane flips, each flipped back; per foreground class the mean pairwise DSC (pairs where
+    both maps lack the class left out), then the mean over classes with a value."""
+    labels = []
+    for flip in flips:
+        dims = [a + 1 for a in flip]
+        out = probs(torch.flip(image, dims) if dims else image)
+        labels.append((torch.flip(out, dims) if dims else out).argmax(0).reshape(-1).long())
+    c = out.shape[0]
+    dice = []
+    for a, b in itertools.combinations(labels, 2):
+        confusion = torch.bincount(a * c + b, minlength=c * c).reshape(c, c).double()
+        total = confusion.sum(0) + confusion.sum(1)
+        dice.append(torch.where(total > 0, 2 * confusion.diagonal() / total.clamp_min(1), torch.nan)[1:])
+    return float(torch.stack(dice).nanmean(0).nanmean())
+
 
 method, seed = sys.argv[1], int(sys.argv[2])
 setup = StudySetup(
@@ -48,7 +67,7 @@ start = time.perf_counter()
 for row in rows:
     image = torch.as_tensor(bundle.preprocess(images[row["case"]])["image"])
     with torch.no_grad():
-        agreement.append(flip_agreement(lambda x: bundle.inferer(x[None], bundle.network)[0], image).mean_dice)
+        agreement.append(flip_agreement(lambda x: bundle.inferer(x[None], bundle.network)[0], image))
     estimate.append(float(row["est_mean_dice"]))
     dice.append(float(row["mean_dice"]))
 print(f"{method} seed {seed}: {len(rows)} volumes, {(time.perf_counter() - start) / len(rows):.2f} s per volume")
