@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -34,7 +33,7 @@ from .outputs import (
     write_concurrently,
 )
 from .runtime import as_bool
-from .weights import WeightsFileError, load_network_weights, read_weights_file
+from .weights import WeightsFileError, load_network_weights, read_weights_file, torchscript_allowed
 
 __all__ = ["WEIGHT_FILES", "TorchScriptNetwork", "TrainedBundle", "bundle_config_paths", "read_bundle_config"]
 
@@ -206,10 +205,7 @@ class TrainedBundle:
                 "model.pt state_dict or a model.ts)"
             )
         if weights.suffix == ".ts":
-            with warnings.catch_warnings():  # model.ts is the bundle format, deprecated TorchScript or not
-                warnings.filterwarnings(
-                    "ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning
-                )
+            with torchscript_allowed():
                 try:
                     network = TorchScriptNetwork(torch.jit.load(str(weights), map_location="cpu"))
                 except Exception as err:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ __all__ = [
     "WeightsFileError",
     "load_network_weights",
     "loaded_sha256",
+    "torchscript_allowed",
     "read_weights_file",
     "unwrap_network",
     "weights_state_dict",
@@ -25,6 +28,15 @@ RETRAIN = (
     "train the bundle again (python -m monai.bundle run training --config_file <bundle>/configs/train.json), or "
     "copy the model.pt of the run you want to use again"
 )
+
+
+@contextlib.contextmanager
+def torchscript_allowed():
+    """Ignore torch's warnings on ``torch.jit`` calls inside: ``model.ts`` is the format MONAI bundles ship, and the
+    warning (once per scripted submodule) speaks to torch's developers, not to the user exporting or serving."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+        yield
 
 
 class WeightsFileError(ValueError):

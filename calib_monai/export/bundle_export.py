@@ -5,12 +5,10 @@ TorchScript ``segmentation_confidence.ts`` and ``torch.export`` ``segmentation_c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch
 
 from calib_monai.atomic import ensure_folder
 from calib_monai.bundle import TrainedBundle
+from calib_monai.bundle.weights import torchscript_allowed
 from calib_monai.checks import check_number
 from calib_monai.recalibration.stored import CALIBRATION_FILE, load_calibration
 
@@ -26,15 +25,6 @@ from .wrapper import SegmentationWithConfidence
 __all__ = ["export_bundle"]
 
 logger = logging.getLogger("calib_monai")
-
-
-@contextlib.contextmanager
-def _torchscript_allowed():
-    """Silence torch's ``torch.jit`` deprecation warnings here only: ``model.ts`` is still the format MONAI bundles
-    ship, and the warning (once per scripted submodule) is aimed at developers, not at the user exporting."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
-        yield
 
 
 def _trained_bundle(bundle_dir, checkpoint, config_file: str, net_id: str, key_in_ckpt: str) -> TrainedBundle:
@@ -72,7 +62,7 @@ def _example_shape(parser, example_shape: Sequence[int] | None) -> tuple[int, ..
 
 def _script_or_trace(network: torch.nn.Module, example_slices: torch.Tensor) -> tuple[torch.nn.Module, bool]:
     """The network as TorchScript: scripted when it can be (shape-generic), else traced (e.g. SwinUNETR)."""
-    with _torchscript_allowed():
+    with torchscript_allowed():
         try:
             return torch.jit.script(network), False
         except Exception as e:  # torch raises many types for unsupported Python; tracing is the fallback
@@ -99,7 +89,7 @@ def _torch_export(wrapper: torch.nn.Module, example: torch.Tensor, in_plane_mult
     return torch.export.export(wrapper, (example,), dynamic_shapes={"x": dynamic}), "B, D"
 
 
-@_torchscript_allowed()
+@torchscript_allowed()
 def export_bundle(
     bundle_dir: str | os.PathLike,
     output_dir: str | os.PathLike | None = None,
