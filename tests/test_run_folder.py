@@ -259,8 +259,7 @@ def test_a_failed_write_leaves_no_file_under_its_final_name(tmp_path):
 def test_a_cases_files_are_written_side_by_side_and_one_failure_lets_the_others_finish(tmp_path):
     from functools import partial
 
-    from calib_monai.atomic import write_durably
-    from calib_monai.bundle.outputs import write_concurrently
+    from calib_monai.atomic import write_concurrently, write_durably
 
     def text(i, tmp):
         with open(tmp, "w") as f:

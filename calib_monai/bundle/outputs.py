@@ -9,8 +9,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +30,6 @@ __all__ = [
     "SOURCE_META",
     "check_output_folder",
     "source_descrip",
-    "write_concurrently",
     "output_case",
     "output_path",
     "output_paths",
@@ -51,16 +49,6 @@ QUALITY_TABLE = "quality.csv"  # one row per case of the folder
 SOURCE_META = "calib_monai_source"  # the meta data key of an output image's source (written to the header)
 SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibration", "validated_range_sha256": "range"}
-
-
-def write_concurrently(writes: Sequence[Callable[[], Any]]) -> list:
-    """Run ``writes`` (a file each) in threads; their results in order, and the first error once all have ended.
-    Why: a case's files are written side by side (zlib, most of the time, releases the GIL)."""
-    if len(writes) < 2:
-        return [write() for write in writes]
-    with ThreadPoolExecutor(max_workers=len(writes), thread_name_prefix="calib_monai_write") as pool:
-        futures = [pool.submit(write) for write in writes]
-    return [future.result() for future in futures]
 
 
 def _write_text(path: str | os.PathLike, text: str) -> Path:

@@ -20,6 +20,8 @@ from monai.data import MetaTensor, decollate_batch, list_data_collate
 from monai.transforms import Compose, SaveImaged
 from monai.utils import get_equivalent_dtype
 
+from calib_monai.atomic import write_concurrently
+
 from .manifest import ArtifactSet, is_raw_request, read_artifact_set
 from .outputs import (
     CONTOUR_POSTFIXES,
@@ -30,7 +32,6 @@ from .outputs import (
     output_case,
     output_path,
     write_case_quality,
-    write_concurrently,
 )
 from .runtime import as_bool
 from .weights import WeightsFileError, load_network_weights, read_weights_file, torchscript_allowed

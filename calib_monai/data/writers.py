@@ -13,14 +13,13 @@ from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
 from monai.transforms import MapTransform, SaveImaged
 
-from calib_monai.atomic import write_durably
+from calib_monai.atomic import write_concurrently, write_durably
 from calib_monai.bundle.outputs import (
     CONTOUR_POSTFIXES,
     OUTPUT_POSTFIXES,
     SOURCE_META,
     OutputWriter,
     source_descrip,
-    write_concurrently,
 )
 
 __all__ = ["GridNibabelWriter", "SaveImagesd", "case_name_formatter"]
