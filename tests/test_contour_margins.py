@@ -213,6 +213,8 @@ def test_the_served_contours_and_their_volumes():
     assert liver["inner_ml"] == 0 and liver["lambda_out"] == 0.3 and contours["alpha"] == 0.1
     assert d["contour_outer"].shape == (2, 4, 4, 1) and int(d["contour_outer"][1].sum()) == 0  # kidney: none
     assert contours["vouched"] is False and "too few" in contours["reason"]  # a structure without lambdas
+    kidney = contours["classes"]["kidney"]  # no lambdas: no contour, so no contour volume (not 0 mL)
+    assert kidney["inner_ml"] is None and kidney["outer_ml"] is None and kidney["predicted_ml"] == 0
 
 
 def test_the_segmentation_taken_just_before_serves_as_the_argmax():

@@ -99,10 +99,11 @@ class ContourMarginsd(MapTransform):
         classes = {}
         for c, name in enumerate(names, start=1):
             entry = margins.classes.get(name, {})
+            chosen = entry.get("lambda_in") is not None and entry.get("lambda_out") is not None  # else no contour
             classes[name] = {
-                "inner_ml": float(inner[c - 1].sum()) * voxel_ml,
+                "inner_ml": float(inner[c - 1].sum()) * voxel_ml if chosen else None,
                 "predicted_ml": float((pred == c).sum()) * voxel_ml,
-                "outer_ml": float(outer[c - 1].sum()) * voxel_ml,
+                "outer_ml": float(outer[c - 1].sum()) * voxel_ml if chosen else None,
                 "lambda_in": entry.get("lambda_in"),
                 "lambda_out": entry.get("lambda_out"),
                 "validation_subjects": entry.get("subjects", 0),
