@@ -231,12 +231,16 @@ def test_still_serving_after_bad_requests(server, tmp_path):
     status, _, body = _infer(server, "nacl_flare", server["images"]["case"], output="image")
     assert status == 200, body[:2000]
     np.testing.assert_array_equal(np.asarray(_nifti(body, tmp_path / "s.nii.gz").dataobj), _reference(server)[0])
+
     # served files are removed: the other map is never written, the sent one is removed by a MONAI Label background
     # task after the response (uploads of failed requests: test_failed_requests_leave_no_file_behind)
+    def served_files():  # the answers lie in <tmp>/calib_monai_results, out of the client's way
+        return [path for path in (server["root"] / "tmp").rglob("calib_monai_*") if path.is_file()]
+
     deadline = time.monotonic() + 10
-    while list((server["root"] / "tmp").glob("calib_monai_*")) and time.monotonic() < deadline:
+    while served_files() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not list((server["root"] / "tmp").glob("calib_monai_*"))
+    assert not served_files()
 
 
 @needs_label_env
@@ -269,6 +273,15 @@ def test_requests_without_an_image_or_with_bad_params_get_a_4xx_with_a_message(s
     assert code == 400, body[:2000]
     assert "json" in kind and message in json.loads(body)["detail"]
     assert set(tmp.iterdir()) - before == set()
+
+
+@needs_label_env
+@pytest.mark.parametrize("threshold", [1.5, 0, "high"])
+def test_a_bad_uncertainty_threshold_is_a_422_naming_it(server, threshold):
+    params = {"uncertainty_threshold": threshold}
+    code, kind, body = _post(f"{server['url']}/infer/nacl_flare_review", server["images"]["case"], params)
+    assert code == 422, body[:2000]
+    assert "json" in kind and "uncertainty_threshold must be a number in (0, 1]" in json.loads(body)["detail"]
 
 
 @needs_label_env

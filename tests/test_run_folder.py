@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -287,6 +289,11 @@ def test_monai_label_serving_checks_the_set_and_keeps_the_one_it_serves(bundle):
     served.bundle.parser.update(INFER)
     first = served.predict(str(images[0]))
     assert first.source["weights_sha256"] == file_sha256(models / "model.pt")
+    # MONAI Label's client downloads an answer to <tempdir>/<its name>: the server's file must lie elsewhere, or on
+    # one machine the server's clean-up deletes the client's copy
+    answer = Path(served.save(first, "segmentation"))
+    assert answer.is_file() and answer.parent.resolve() != Path(tempfile.gettempdir()).resolve()
+    answer.unlink()
     assert first.source["calibration_sha256"] == file_sha256(models / "calibration.pt")
     # the calibration replaced under the running server: the set it loaded goes on serving, not a mix
     record = json.loads((models / "calibration.json").read_text())

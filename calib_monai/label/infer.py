@@ -19,7 +19,7 @@ from monailabel.interfaces.tasks.infer_v2 import InferTask, InferType
 
 from calib_monai.defaults import CONTOUR_ALPHA
 from calib_monai.label.margins import margins_label_names
-from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, ServedBundle, review_label_names
+from calib_monai.label.serving import CONFIDENCE_THRESHOLDS, InputError, ServedBundle, review_label_names
 from calib_monai.review.contours import read_contour_margins
 
 __all__ = ["TASKS", "BundleTask"]
@@ -101,9 +101,17 @@ class BundleTask(InferTask):
 
     @staticmethod
     def _threshold(request: dict[str, Any]) -> float:
-        value = float(request.get("uncertainty_threshold", UNCERTAINTY_THRESHOLD))
-        if not 0 < value <= 1:
-            raise ValueError(f"uncertainty_threshold must be in (0, 1], got {value}")
+        given = request.get("uncertainty_threshold", UNCERTAINTY_THRESHOLD)
+        try:
+            value = float(given)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not 0 < value <= 1:  # a 422 with this line, not MONAI Label's bare 500
+            raise InputError(
+                f"uncertainty_threshold must be a number in (0, 1], got {given!r}: set it in the task's options "
+                f"(default {UNCERTAINTY_THRESHOLD})",
+                status=422,
+            )
         return value
 
 

@@ -51,6 +51,8 @@ logger = logging.getLogger("calib_monai.label")
 CONFIDENCE_THRESHOLDS = (0.5, LOW_CONFIDENCE)  # the review map's thresholds a client may ask for
 #: The folder, in the datastore's, of each served bundle's site monitor: ``<studies>/calib_monai_site/<bundle>/``.
 SITE_FOLDER = "calib_monai_site"
+#: The folder, in the temporary one, of the result files the server answers with (each removed once sent).
+RESULTS_FOLDER = "calib_monai_results"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
 
@@ -148,7 +150,10 @@ class ServedBundle:
     def __init__(
         self, bundle_dir: str | os.PathLike, device: str | None = None, site_dir: str | os.PathLike | None = None
     ):
-        self._output_dir = tempfile.gettempdir()  # names unique per request: a folder of ours would outlive the server
+        # not the temporary folder itself: MONAI Label's client downloads a result to <tempdir>/<its file name>, so
+        # on the server's machine (Slicer beside it) the client's copy would be this file, deleted after the answer
+        self._output_dir = os.path.join(tempfile.gettempdir(), RESULTS_FOLDER)
+        os.makedirs(self._output_dir, exist_ok=True)
         self._device = device
         self.site_dir = os.fspath(site_dir) if site_dir else ""  # "": no site monitor
         self.bundle_dir = Path(bundle_dir)
@@ -316,7 +321,7 @@ class ServedBundle:
 
     def save(self, served: Served, key: str, threshold: float = LOW_CONFIDENCE) -> str:
         """Write ``served.<key>`` ("segmentation", "confidence") or its ``"review"``/``"margins"`` map as ``inferring``
-        does, under a name of its own in the temporary folder; the caller owns (and removes) it."""
+        does, under a name of its own in ``<tempdir>/calib_monai_results``; the caller owns (and removes) it."""
         case = f"calib_monai_{self.name}_{uuid.uuid4().hex}"  # unique per request: two tasks never share a file
         if key in ("review", "margins"):
             value, writer = self.label_map(served, key, threshold), "segmentation"
