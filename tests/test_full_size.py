@@ -185,3 +185,51 @@ def test_other_spatial_steps_fall_back_to_invertd():
     out = ToInputGridd("seg", chain, nearest=True)({"image": image, "seg": labels})["seg"]
     assert out.shape == (1, 12, 11, 6) and out.dtype == torch.uint8
     assert int(out.sum()) == 8 * 7 * 4  # the crop's voxels, zeros around
+
+
+def _network_grid_outputs(chain, g):
+    image = chain(
+        {
+            "image": MetaTensor(
+                torch.rand(1, 37, 29, 5, generator=g),
+                affine=torch.diag(torch.tensor([1.4, 1.4, 8.0, 1.0], dtype=torch.float64)),
+            )
+        }
+    )["image"]
+    spatial, meta = image.shape[1:], dict(image.meta)
+    labels = {
+        key: MetaTensor(torch.randint(0, n, (c, *spatial), generator=g).to(torch.uint8), meta=dict(meta))
+        for key, n, c in (("seg", 4, 1), ("inner", 2, 3), ("outer", 2, 3))
+    }
+    labels["outer"].meta["case_name"] = "only_outer_has_it"
+    return {"image": image, "conf": MetaTensor(torch.rand(1, *spatial, generator=g), meta=meta), **labels}
+
+
+@pytest.mark.parametrize("path", ["invertd", "axis_by_axis"])
+def test_keys_that_cross_together_are_each_what_they_would_be_alone(path):
+    """The segmentation and the contour masks (uint8, nearest) cross as one tensor of their channels, the confidence
+    (float, linear) apart: each key equals MONAI's ``Invertd`` of it alone (a resize, as ACDC's, takes that path), or
+    axis by axis, mapping it alone. Each keeps its dtype, its channels and its own meta data."""
+    from monai.transforms import Orientationd, Resized
+
+    from calib_monai.data import ToInputGridd
+
+    if path == "invertd":
+        chain = Compose(
+            [Orientationd("image", axcodes="RAS"), Resized("image", spatial_size=(16, 16, -1), mode="area")]
+        )
+    else:
+        chain = _reoriented_and_resampled()[0]
+    item = _network_grid_outputs(chain, torch.Generator().manual_seed(3))
+    keys, nearest = ("seg", "conf", "inner", "outer"), (True, False, True, True)
+    together = ToInputGridd(keys, chain, nearest=nearest)(dict(item))
+    for key, near in zip(keys, nearest):
+        if path == "invertd":
+            alone = Invertd(key, transform=chain, orig_keys="image", nearest_interp=near)(dict(item))[key]
+        else:
+            alone = ToInputGridd(key, chain, nearest=near)(dict(item))[key]
+        assert together[key].dtype == item[key].dtype and together[key].shape[0] == item[key].shape[0]
+        assert together[key].shape[1:] == (37, 29, 5)
+        np.testing.assert_array_equal(together[key].numpy(), alone.to(item[key].dtype).numpy())
+        np.testing.assert_allclose(together[key].affine.numpy(), alone.affine.numpy(), atol=1e-6)
+    assert together["outer"].meta["case_name"] == "only_outer_has_it" and "case_name" not in together["inner"].meta
