@@ -8,6 +8,7 @@ from collections.abc import Hashable, Mapping
 from functools import partial
 
 import numpy as np
+import torch
 from monai.data import MetaTensor
 from monai.data.folder_layout import default_name_formatter
 from monai.data.image_writer import NibabelWriter
@@ -34,6 +35,20 @@ def case_name_formatter(metadict: dict, saver) -> dict:
     return default_name_formatter(metadict, saver)
 
 
+def in_file_order(data) -> np.ndarray:
+    """``data`` (channel-last, a tensor or array) as an array nibabel writes with one copy at most: as it is when it
+    is C- or Fortran-ordered (one channel), else Fortran-ordered, the order NIfTI stores voxels in. MONAI's writer
+    makes a channel-last view of several channels C-ordered, and nibabel then copies it again, voxel by voxel; here
+    that is one copy, in torch, which leaves the GIL to the case's other writers."""
+    if isinstance(data, torch.Tensor):
+        plain = (data.as_tensor() if isinstance(data, MetaTensor) else data).detach().cpu()
+        if plain.is_contiguous():
+            return plain.numpy()
+        return plain.permute(*reversed(range(plain.ndim))).contiguous().numpy().T
+    data = np.asarray(data)
+    return data if data.flags.c_contiguous else np.asfortranarray(data)
+
+
 class GridNibabelWriter(NibabelWriter):
     """``NibabelWriter`` that writes the data as it is on its grid when no resampling is asked for (``SaveImaged``
     with ``resample=False``): MONAI's writer resamples anyway (an identity), and that fails for 2D images such as
@@ -51,14 +66,16 @@ class GridNibabelWriter(NibabelWriter):
     def write(self, filename, verbose: bool = False, **obj_kwargs):
         import nibabel as nib
         from monai.data.utils import to_affine_nd
-        from monai.utils import convert_data_type
+        from monai.utils import convert_data_type, get_equivalent_dtype
 
-        self.data_obj = self.create_backend_obj(
-            self.data_obj, affine=self.affine, dtype=self.output_dtype, **obj_kwargs
-        )
         if self.affine is None:
             self.affine = np.eye(4)
         affine = to_affine_nd(r=3, affine=convert_data_type(self.affine, np.ndarray)[0])
+        data = in_file_order(self.data_obj)
+        if self.output_dtype is not None:
+            data = data.astype(get_equivalent_dtype(self.output_dtype, np.ndarray), copy=False)  # keeps the order
+        kwargs = {k: obj_kwargs[k] for k in ("header", "extra", "file_map") if k in obj_kwargs}  # as MONAI's
+        self.data_obj = nib.Nifti1Image(data, affine, **kwargs)
         self.data_obj.set_sform(affine, code=1)
         self.data_obj.set_qform(affine, code=1)
         if getattr(self, "descrip", ""):
