@@ -37,6 +37,7 @@ from studies.calibrated import calibrated_study
 from studies.comparison import main_comparison
 from studies.crac_study import CRAC_VARIANTS, crac_ablation_study
 from studies.margin_figures import margin_figures as margin_figures_study
+from studies.margin_summary import rescore_margins
 from studies.margins import margins_study
 from studies.quality import quality_study
 from studies.robustness import data_fraction_study, noise_study
@@ -208,6 +209,12 @@ def margins(
     )
 
 
+def margin_summary(dataset: str, results_dir: str = "", alpha: float = CONTOUR_ALPHA) -> str:
+    """The contour study's summary and README verdicts made again from its ``per_case.csv.gz`` in ``<results_dir>``
+    (default ``docs/results/margins/<dataset>``; serves nothing), the README's header kept."""
+    return rescore_margins(results_dir or f"docs/results/margins/{dataset}", alpha)
+
+
 def _margin_runs(dataset: str, results_dir: str, work_dir: str, methods, seeds) -> dict[str, Any]:
     """The contour study's folders (their defaults) and runs, a single method or seed given on the command line
     made a list."""
@@ -270,6 +277,7 @@ COMMANDS = {
     "site_tables": site_tables,
     "margins": margins,
     "margin_figures": margin_figures,
+    "margin_summary": margin_summary,
     "posthoc": posthoc,
     "logit_epochs": logit_epochs,
 }

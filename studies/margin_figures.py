@@ -32,7 +32,8 @@ from calib_monai.recalibration import CalibrateLogitsd
 from calib_monai.review.conformal import flag_rank
 from calib_monai.review.contours import volume_requirements
 from studies.figures import contour_slices, coverage_curves
-from studies.margins import binomial_interval, case_name, run_label_mapping, served_settings
+from studies.margin_summary import binomial_interval
+from studies.margins import case_name, run_label_mapping, served_settings
 from studies.quality import read_label
 from studies.runs import RECORD
 from studies.study import write_csv

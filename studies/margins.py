@@ -23,34 +23,22 @@ from typing import Any
 
 import nibabel as nib
 import numpy as np
-from scipy.stats import beta
 
 from calib_monai.bundle import locate_bundle, read_bundle_config
 from calib_monai.review.contours import contour_losses
 from calib_monai.review.morphological import choose_margin, morphological_contours, morphological_requirements
+from studies.margin_summary import EXCESS_TARGET, report_lines
 from studies.quality import label_mapping, read_label, shifted_items
 from studies.runs import RECORD, RunSpec
-from studies.study import write_csv, write_table
+from studies.study import write_csv
 
 __all__ = [
-    "binomial_interval",
     "case_name",
     "margins_study",
     "run_label_mapping",
     "served_settings",
     "structure_row",
-    "summary_rows",
 ]
-
-EXCESS_TARGET = 0.3  # the outer contour's excess volume at least 30% below the morphological margin's (issue 49)
-
-
-def binomial_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Clopper-Pearson interval of a share ``k / n``."""
-    tail = (1 - confidence) / 2
-    low = float(beta.ppf(tail, k, n - k + 1)) if k > 0 else 0.0
-    high = float(beta.ppf(1 - tail, k + 1, n - k)) if k < n else 1.0
-    return low, high
 
 
 def structure_row(
@@ -68,48 +56,6 @@ def structure_row(
         "missing_ml": float((truth & ~inner).sum()) * voxel_ml,
         "true_ml": int(truth.sum()) * voxel_ml,
     }
-
-
-def summary_rows(records: Sequence[Mapping[str, Any]], alpha: float) -> list[dict[str, Any]]:
-    """Per method, seed, epsilon, condition and structure: the contours' and the morphological margin's coverage
-    (``k/n`` with the 95% binomial interval) against ``1 - alpha``, their mean excess and missing volumes, and
-    whether each target holds (coverage: ``1 - alpha`` inside or below the interval; excess: the contours' at least
-    30% below the margin's)."""
-    keys = ("method", "seed", "epsilon", "condition", "structure")
-    groups: dict[tuple, list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    out = []
-    for key, rows in groups.items():
-        n, first = len(rows), rows[0]
-        row: dict[str, Any] = dict(zip(keys, key))
-        row.update(n=n, m=first["m"], lambda_out=first["lambda_out"], lambda_in=first["lambda_in"])
-        row.update(d_out=first["d_out"], d_in=first["d_in"])
-        covered = True
-        for name, column in (
-            ("outer", "outer_holds"),
-            ("inner", "inner_inside"),
-            ("morph_outer", "morph_outer_holds"),
-            ("morph_inner", "morph_inner_inside"),
-        ):
-            k = int(sum(bool(r[column]) for r in rows))
-            low, high = binomial_interval(k, n)
-            row[f"{name}_covered"] = f"{k}/{n}"
-            row[f"{name}_ci"] = f"{low:.2f}-{high:.2f}"
-            if name in ("outer", "inner"):
-                covered &= high >= 1 - alpha
-        excess = float(np.mean([r["excess_ml"] for r in rows]))
-        morph_excess = float(np.mean([r["morph_excess_ml"] for r in rows]))
-        row["flagged"] = int(sum(bool(r["flagged"]) for r in rows))  # served as "not vouched for"
-        row["true_ml"] = float(np.mean([r["true_ml"] for r in rows]))
-        row["excess_ml"], row["morph_excess_ml"] = excess, morph_excess
-        row["missing_ml"] = float(np.mean([r["missing_ml"] for r in rows]))
-        row["morph_missing_ml"] = float(np.mean([r["morph_missing_ml"] for r in rows]))
-        row["excess_reduction"] = 1 - excess / morph_excess if morph_excess > 0 else float("nan")
-        row["coverage_target"] = "yes" if covered else "NO"
-        row["excess_target"] = "yes" if row["excess_reduction"] >= EXCESS_TARGET else "NO"
-        out.append(row)
-    return out
 
 
 def _load(path: Path) -> np.ndarray:
@@ -278,8 +224,6 @@ def margins_study(
                     records += _records(served, items, names, mapping, contours, margins, key)
                 runs.append(f"{run} (budget {json.dumps(record['overrides'])}; epsilon {eps}: {work})")
     write_csv(out / "per_case.csv.gz", records)
-    summary = summary_rows(records, alpha)
-    table = write_table(summary, out / "summary", "Contours against the morphological margin")
     readme = [
         "# Contours with a per-case guarantee against the morphological margin (issue 49)",
         "",
@@ -308,30 +252,7 @@ def margins_study(
         "truth (mL per case); true_ml: the mean true volume; flagged: test cases the review flag served as outside",
         'what validation measured (their contours "not vouched for"; counted in the coverage all the same).',
         "",
-        "## Where the targets hold",
-        "",
-        *_verdicts(summary),
-        "",
-        table,
-        "Per case and structure: `per_case.csv.gz`.",
+        *report_lines(out, records, alpha),
     ]
     (out / "README.md").write_text("\n".join(readme) + "\n")
     return str(out)
-
-
-def _verdicts(summary: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per method, epsilon and condition: for how many (seed, structure) rows each target holds, in words."""
-    groups: dict[tuple, list[Mapping[str, Any]]] = {}
-    for row in summary:
-        groups.setdefault((row["method"], row["epsilon"], row["condition"]), []).append(row)
-    lines = []
-    for (method, eps, condition), rows in groups.items():
-        cov = sum(r["coverage_target"] == "yes" for r in rows)
-        exc = sum(r["excess_target"] == "yes" for r in rows)
-        reduction = ", ".join(f"{r['excess_reduction']:+.0%}" for r in rows)
-        lines.append(
-            f"- {method}, epsilon {eps}, {condition}: coverage target holds for {cov} of {len(rows)} (seed, "
-            f"structure); excess target (>= {EXCESS_TARGET:.0%} less than the morphological margin) for {exc} of "
-            f"{len(rows)} (reduction {reduction})"
-        )
-    return lines

@@ -1,10 +1,12 @@
-"""The contour study's arithmetic (studies/margins.py) on hand-made masks: the per-case guarantee's counts, the excess
-and missing volumes, the binomial interval and the targets."""
+"""The contour study's arithmetic (studies/margins.py, studies/margin_summary.py) on hand-made masks: the per-case
+guarantee's counts, the excess and missing volumes, the binomial interval, the range a valid rule gives and the
+targets."""
 
 import numpy as np
 import pytest
 
-from studies.margins import binomial_interval, structure_row, summary_rows
+from studies.margin_summary import binomial_interval, guarantee_range, rescore_margins, summary_rows
+from studies.margins import structure_row
 
 
 def _truth():
@@ -63,6 +65,7 @@ def test_summary_rows_coverage_and_excess():
     assert row["flagged"] == 1 and row["morph_inner_covered"] == "1/3" and row["outer_ci"] == "0.09-0.99"
     assert row["excess_ml"] == 2.0 and row["morph_excess_ml"] == 4.0 and row["excess_reduction"] == 0.5
     assert row["coverage_target"] == "yes" and row["excess_target"] == "yes"  # 0.9 inside 0.09-0.99; 50% >= 30%
+    assert row["guarantee_low"] == f"{guarantee_range(3, 25, 0.1)[0]}/3" and row["within_guarantee"] == "yes"
     records[2]["excess_ml"] = 9.0  # mean 4.0: no reduction
     (row,) = summary_rows(records, alpha=0.1)
     assert row["excess_reduction"] == 0.0 and row["excess_target"] == "NO"
@@ -91,3 +94,46 @@ def test_coverage_at_alpha_from_stored_requirements():
     assert (got["lambda_out"], got["lambda_in"]) == (0.2, 0.98)
     assert (got["outer"], got["inner"]) == (1, 1)
     assert coverage_at(contours, tests, 0.05) == {"LV": None}
+
+
+def _conformal_runs(n: int, m: int, alpha: float, runs: int = 40000) -> np.ndarray:
+    """The count of ``n`` test cases a valid rule holds for, in each of ``runs`` simulated runs: ``m`` validation and
+    ``n`` test requirements exchangeable (uniform), the lambda the ``floor(alpha (m + 1))``-th largest of the m."""
+    rng = np.random.default_rng(0)
+    validation = np.sort(rng.random((runs, m)), axis=1)
+    lam = validation[:, m - int(np.floor(alpha * (m + 1)))]
+    return (rng.random((runs, n)) <= lam[:, None]).sum(1)
+
+
+@pytest.mark.parametrize("m", [10, 25])
+def test_guarantee_range_is_what_the_conformal_rule_gives_in_simulation(m):
+    n, alpha = 40, 0.1
+    counts = _conformal_runs(n, m, alpha)
+    low, below = guarantee_range(n, m, alpha)
+    assert np.mean(counts < low) <= 0.025 + 0.003 and np.mean(counts <= low) > 0.025 - 0.003  # its 2.5% quantile
+    fails = [x for x in range(n + 1) if binomial_interval(x, n)[1] < 1 - alpha]  # x <= 31 at n = 40
+    assert max(fails) == 31 and np.mean(counts <= 31) == pytest.approx(below, abs=0.006)
+    assert np.mean(counts) / n >= 1 - alpha  # marginally valid: (m + 1 - floor(alpha (m + 1))) / (m + 1)
+    assert (m, round(below, 2)) in ((10, 0.11), (25, 0.04))  # one run in nine at m = 10
+    assert guarantee_range(n, 8, alpha) == (0, pytest.approx(float("nan"), nan_ok=True))  # no lambda at m = 8
+
+
+def test_rescore_keeps_the_header_and_makes_the_verdicts_again(tmp_path):
+    from studies.study import write_csv
+
+    key = {"method": "nacl", "seed": 1, "epsilon": 0.1, "condition": "test", "structure": "LV", "m": 10}
+    margin = {"lambda_out": 0.2, "lambda_in": 0.8, "d_out": 3, "d_in": 1, "true_ml": 5.0, "morph_excess_ml": 4.0}
+    volumes = {"excess_ml": 1.0, "missing_ml": 1.0, "morph_missing_ml": 2.0, "flagged": False}
+    holds = {"outer_holds": True, "morph_outer_holds": True, "morph_inner_inside": True}
+    records = [{**key, **margin, **volumes, **holds, "case": f"c{i}", "inner_inside": i >= 9} for i in range(40)]
+    write_csv(tmp_path / "per_case.csv.gz", records)  # 31 of 40 inner: below the binomial interval, within m = 10's
+    (tmp_path / "README.md").write_text("# Title\n\nCommand: `x`\n\n## Where the targets hold\n\nold\n")
+    rescore_margins(tmp_path, alpha=0.1)
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# Title\n\nCommand: `x`\n\n## Where the targets hold\n") and "\nold\n" not in text
+    assert "coverage target holds for 0 of 1 (seed, structure), within the guarantee for 1;" in text
+    assert "excess target (>= 30% less than the morphological margin) for 1 of 1 (reduction +75%)" in text
+    assert "| nacl | 1 | 0.1000 | test | LV | 40 | 10 |" in text and "31/40" in text
+    (tmp_path / "README.md").write_text("# no report\n")
+    with pytest.raises(ValueError, match="has no '## Where the targets hold' section"):
+        rescore_margins(tmp_path, alpha=0.1)
