@@ -82,6 +82,26 @@ def test_an_nnunet_map_stored_las_without_its_pkl_takes_the_geometry_of_its_segm
         calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out2"))
 
 
+def test_an_nnunet_map_whose_pkl_swaps_its_axes_is_refused_not_scored_as_stored(tmp_path):
+    """The array's shape matches the label's only as stored: its ``.pkl`` says x and y are swapped, so (7, 6, 5)
+    voxels lie as (6, 7, 5) in RAS order. It was scored voxel against voxel as stored, without a word."""
+    import pickle
+
+    label = _asymmetric_label()
+    _save_label(tmp_path / "labels", "case", label)
+    _save_nnunet(tmp_path / "preds", "case", _peaked(label, 3))
+    pkl = tmp_path / "preds" / "case.pkl"
+    properties = pickle.loads(pkl.read_bytes())
+    properties["sitk_stuff"]["direction"] = (0, -1.0, 0, -1.0, 0, 0, 0, 0, 1.0)  # x and y swapped
+    pkl.write_bytes(pickle.dumps(properties))
+    with pytest.raises(ValueError) as err:
+        calibrate_probabilities(str(tmp_path / "preds"), str(tmp_path / "labels"), str(tmp_path / "out"))
+    message = str(err.value)
+    assert f"the probabilities {tmp_path / 'preds' / 'case.npz'} have shape (3, 5, 6, 7)" in message
+    assert "orders the axes otherwise than the label's" in message and "check that the .pkl belongs" in message
+    assert not (tmp_path / "out" / "before").exists()
+
+
 @pytest.mark.parametrize("fmt", ["nifti", "nnunet"])
 def test_a_label_40_mm_off_its_prediction_is_an_error_naming_both_files(tmp_path, fmt):
     label = _asymmetric_label()

@@ -253,29 +253,32 @@ def _read_nnunet(case: CaseFiles) -> Volume:
         if on_grid is not None and on_grid.shape[1:] == label.shape:
             probabilities = np.ascontiguousarray(on_grid.astype(np.float32))
             return Volume(_check(probabilities, label, case), label, affine, stored_order=back)
-    if stored.ndim != 4 or stored.shape[1:][::-1] != label.shape:
-        spatial = tuple(stored.shape[1:])
-        if spatial == label.shape:
-            cause = (
-                "the array is in (x, y, z) order already, not nnU-Net's (z, y, x): was the .npz written by "
-                "something other than nnU-Net's export? Use the NIfTI format for (x, y, z) maps"
+    spatial = tuple(stored.shape[1:])
+    if stored.ndim == 4 and spatial[::-1] == label.shape:  # its geometry said the shapes differ in RAS order
+        cause = (
+            "its geometry (the .pkl, else the segmentation beside it) orders the axes otherwise than the label's, "
+            "so the shapes match only as stored and each voxel would be scored against another: check that the "
+            ".pkl belongs to this .npz and the label to the image nnU-Net segmented"
+        )
+    elif spatial == label.shape:
+        cause = (
+            "the array is in (x, y, z) order already, not nnU-Net's (z, y, x): was the .npz written by "
+            "something other than nnU-Net's export? Use the NIfTI format for (x, y, z) maps"
+        )
+    elif sorted(spatial) == sorted(label.shape):
+        cause = "the same sizes in another axis order: the probabilities' axes are permuted"
+    else:
+        before = properties.get("shape_before_cropping")
+        cause = (
+            "different grids: nnU-Net writes probabilities in the original image geometry"
+            + (
+                f" (its .pkl: shape_before_cropping {tuple(before)}, in nnU-Net's transposed order)"
+                if before is not None
+                else ""
             )
-        elif sorted(spatial) == sorted(label.shape):
-            cause = "the same sizes in another axis order: the probabilities' axes are permuted"
-        else:
-            before = properties.get("shape_before_cropping")
-            cause = (
-                "different grids: nnU-Net writes probabilities in the original image geometry"
-                + (
-                    f" (its .pkl: shape_before_cropping {tuple(before)}, in nnU-Net's transposed order)"
-                    if before is not None
-                    else ""
-                )
-                + "; are the labels resampled or cropped (e.g. from nnUNet_preprocessed), or for another image?"
-            )
-        raise _mismatch(case, tuple(stored.shape), label.shape, "(C, z, y, x) as nnU-Net saves it", cause)
-    probabilities = np.ascontiguousarray(stored.astype(np.float32).transpose(0, 3, 2, 1))
-    return Volume(_check(probabilities, label, case), label, affine)
+            + "; are the labels resampled or cropped (e.g. from nnUNet_preprocessed), or for another image?"
+        )
+    raise _mismatch(case, tuple(stored.shape), label.shape, "(C, z, y, x) as nnU-Net saves it", cause)
 
 
 def _read_nifti(case: CaseFiles) -> Volume:
