@@ -69,6 +69,8 @@ def inference_config(name: str, method: Method, dataset: Dataset) -> dict[str, A
                     "network": "@network",
                     "map_location": "@device",
                 },
+                # one line at the end: how many cases, where, how many flagged (the evaluator ends without a word)
+                {"_target_": "calib_monai.handlers.InferenceSummary", "output_dir": "@output_dir"},
             ],
             "evaluator": {
                 "_target_": "SupervisedEvaluator",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def test_calibrate_stores_the_validation_case_scores(calibrated):
     assert load_validated_range(models, models / "datalist.json") is None
 
 
-def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
+def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path, caplog):
     root, overrides = calibrated
     images = sorted((root / "phantoms").rglob("imagesTr/*.nii.gz"))[:2]
     settings = {"roi_size": overrides["roi_size"], "data#spacing": overrides["data#spacing"]}
@@ -118,10 +119,21 @@ def test_inferring_writes_quality_beside_the_images(calibrated, tmp_path):
         **settings,
     )
     workflow.initialize()
-    workflow.run()
+    with caplog.at_level(logging.INFO, logger="calib_monai"):
+        workflow.run()
     with open(tmp_path / "quality.csv") as f:
         rows = {r["case"]: r for r in csv.DictReader(f)}
     cases = {p.name[: -len(".nii.gz")] for p in images[0].parent.glob("*.nii.gz")}
+    # the run's last line: what it wrote, where, and the flags its files hold
+    flags = [json.loads((tmp_path / f"{c}_quality.json").read_text())["review"]["flag"] for c in cases]
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith(
+            f"wrote {len(cases)} cases to {tmp_path}: the review flagged {flags.count(True)} and could not judge "
+            f"{flags.count(None)} (quality.csv)"
+        )
+    )
     assert set(rows) == cases and {"case_score", "review", "est_dice_liver", "volume_ml_kidney"} <= set(
         rows[next(iter(cases))]
     )

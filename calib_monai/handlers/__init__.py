@@ -11,5 +11,5 @@ from .recalibration import RecalibrationFitter
 from .report import SegmentationReport, SegmentationReportMetricHandler, SegmentationReportSaver
 from .rng import capture_rng_state, restore_rng_state
 from .selection import ModelSelection, select_epoch
-from .summary import EpochSummary
+from .summary import EpochSummary, InferenceSummary
 from .weights import NetworkWeightsLoader

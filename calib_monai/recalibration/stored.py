@@ -274,8 +274,10 @@ class CalibrateLogitsd(MapTransform):
         self.calibration = calibration
         self.image_key, self.uncalibrated_key, self.spatial_dim = image_key, uncalibrated_key, spatial_dim
         self.source_key = source_key
-        if calibration is not None:
-            logger.info(f"logits calibrated with {calibration}")
+        if calibration is not None:  # one line: a module's repr lists its layers
+            detail = calibration.extra_repr() if isinstance(calibration, nn.Module) else ""
+            name = type(calibration).__name__ + (f"({detail})" if detail and "\n" not in detail else "")
+            logger.info(f"logits calibrated with {name}")
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
