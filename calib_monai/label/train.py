@@ -6,6 +6,7 @@ nothing, and the server serves the new files from its next request on.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from typing import Any
 
 from monailabel.interfaces.datastore import Datastore
@@ -17,7 +18,8 @@ from calib_monai.label.serving import ServedBundle
 __all__ = ["BundleTrainer"]
 
 logger = logging.getLogger("calib_monai.label")
-DEFAULTS = {"epochs": 5, "lr": 1e-4, "validation_fraction": 0.2, "seed": 0}  # scalars: Slicer's options table
+# the scalars of FineTune, with its defaults: Slicer's options table of the train task
+DEFAULTS = {f.name: f.default for f in fields(FineTune) if f.name in ("epochs", "lr", "validation_fraction", "seed")}
 
 
 class BundleTrainer(TrainTask):
