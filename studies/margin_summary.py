@@ -104,14 +104,15 @@ def report_lines(out: Path, records: Sequence[Mapping[str, Any]], alpha: float) 
     ``summary.csv`` and ``summary.md``)."""
     summary = summary_rows(records, alpha)
     table = write_table(summary, out / "summary", "Contours against the morphological margin")
-    chance = [f"{guarantee_range(r['n'], r['m'], alpha)[1]:.1%} of runs at m = {r['m']}, n = {r['n']}" for r in summary]
+    sizes = dict.fromkeys((r["n"], r["m"]) for r in summary)  # each (n, m) once
+    chance = [f"{guarantee_range(n, m, alpha)[1]:.1%} of runs at m = {m}, n = {n}" for n, m in sizes]
     return [
         REPORT,
         "",
         "Within the guarantee: both counts at least `guarantee_low`, the fewest of n cases that a rule holding exactly",
         "gives, with 97.5% probability, with m validation subjects. Each run's lambdas come from one draw of m",
         "subjects, and the binomial interval leaves that draw's noise out: a rule that holds exactly falls below the",
-        f"binomial interval in {', '.join(dict.fromkeys(chance))}.",
+        f"binomial interval in {', '.join(chance)}.",
         "",
         *_verdicts(summary),
         "",

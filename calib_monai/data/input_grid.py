@@ -128,6 +128,8 @@ class ToInputGridd(MapTransform):
         d = dict(data)
         image = d[self.orig_key]
         axes = axis_map(image) if isinstance(image, MetaTensor) else None
+        if axes is not None:
+            shape, affine = input_shape(image), torch.as_tensor(_input_affine(image.applied_operations[0]))
         groups: dict[tuple[bool, torch.dtype], list[Hashable]] = {}
         for key, nearest in self.key_iterator(d, self.nearest):
             groups.setdefault((bool(nearest), d[key].dtype), []).append(key)
@@ -140,7 +142,6 @@ class ToInputGridd(MapTransform):
                 mapped, grid = inverted[self._STACKED], inverted[self._STACKED].meta
                 mapped = mapped.as_tensor().to(stacked.dtype)
             else:
-                shape, affine = input_shape(image), torch.as_tensor(_input_affine(image.applied_operations[0]))
                 mapped, grid = map_axis_by_axis(stacked, axes, shape, nearest), {"affine": affine}
             for key, part in zip(keys, mapped.split([p.shape[0] for p in plain])):
                 given = d[key].meta if isinstance(d[key], MetaTensor) else image.meta
