@@ -368,6 +368,9 @@ def test_upload_checks_name_the_problem(tmp_path):
     four = tmp_path / "four4.nii.gz"
     nib.save(nib.Nifti1Image(np.zeros((8, 8, 3, 4), np.float32), np.eye(4)), str(four))
     served.check_upload(str(four))
+    with pytest.raises(InputError, match="no such image in the datastore") as err:
+        served.check_upload("")  # what MONAI Label's datastore gives for an id it does not hold
+    assert err.value.status == 404
 
 
 def test_margins_label_map_by_hand():

@@ -218,6 +218,12 @@ class ServedBundle:
 
     def check_upload(self, path: str) -> None:
         """Reject an upload that is not a readable image of the bundle's dimensionality (``InputError``)."""
+        if not str(path):  # MONAI Label's datastore gives "" for an image id it does not hold
+            raise InputError(
+                "no such image in the datastore: name one of its images (GET /datastore/?output=all lists them), "
+                "or upload the file",
+                status=404,
+            )
         path = Path(path)
         if not path.is_file() or path.stat().st_size == 0:
             raise InputError(f"the uploaded image is empty or missing ({path.name})")
