@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -61,14 +62,18 @@ class NotAFolderError(WriteError, NotADirectoryError):
     """A file stands where a folder is needed: bad input (``calib-monai`` exit code 2)."""
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 def temporary_beside(path: str | os.PathLike) -> Path:
     """An empty file beside ``path`` (its suffixes kept: writers choose the format by extension), with the
     permissions a plain ``open`` gives (mkstemp's 0o600 would make every output private)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + "".join(path.suffixes))
     os.close(fd)
-    mask = os.umask(0o022)
-    os.umask(mask)
+    with _UMASK_LOCK:  # reading the umask sets it: a case's files are written in threads
+        mask = os.umask(0o022)
+        os.umask(mask)
     os.chmod(tmp, 0o666 & ~mask)
     return Path(tmp)
 
