@@ -9,7 +9,8 @@ import torch
 from monai.data import CacheDataset
 from torch.utils.data import Dataset
 
-from calib_monai.data.transforms import plain_tensor, unwrap_case_error
+from calib_monai.data.transforms import unwrap_case_error
+from calib_monai.tensors import plain_tensor
 
 __all__ = ["SliceDataset", "cached_volumes"]
 

@@ -22,6 +22,7 @@ from monai.transforms import (
 from monai.transforms.croppad.array import Crop
 
 from calib_monai.geometry import AFFINE_FIX, GEOMETRY_TOLERANCE, GridMismatch, grid_mismatch, nifti_affine_problem
+from calib_monai.tensors import plain_tensor
 
 __all__ = [
     "CaseDataError",
@@ -34,14 +35,8 @@ __all__ = [
     "case_filename",
     "check_image_values",
     "intensity_scaling",
-    "plain_tensor",
     "unwrap_case_error",
 ]
-
-
-def plain_tensor(x) -> torch.Tensor:
-    """The tensor without MetaTensor tracking (no meta data, none of its per-operation overhead)."""
-    return x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)
 
 
 class CaseDataError(ValueError):

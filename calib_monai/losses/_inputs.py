@@ -9,14 +9,9 @@ import torch
 from torch.nn.modules.loss import _Loss
 
 from calib_monai.checks import check_option
+from calib_monai.tensors import plain_tensor
 
-__all__ = ["PerVoxelLoss", "plain_tensor", "prepare_inputs", "value_checks_due"]
-
-
-def plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """View a tensor subclass (e.g. MONAI's ``MetaTensor``) as a plain ``torch.Tensor``: no copy, autograd kept
-    (MetaTensor's per-operation metadata bookkeeping would slow every loss op)."""
-    return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
+__all__ = ["PerVoxelLoss", "prepare_inputs", "value_checks_due"]
 
 
 def value_checks_due(owner: object | None, device: torch.device) -> bool:

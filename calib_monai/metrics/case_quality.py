@@ -29,8 +29,9 @@ import torch.nn.functional as F
 
 from calib_monai.checks import check_number, check_option
 from calib_monai.defaults import EMPTY_CLASS, LOW_CONFIDENCE, VOLUME_COVERAGE
+from calib_monai.tensors import detached_plain_tensor
 
-from .calibration import detached_plain_tensor, probability_problem
+from .calibration import probability_problem
 from .segmentation import EMPTY_CLASS_CONVENTIONS
 
 __all__ = [

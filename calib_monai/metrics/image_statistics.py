@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .calibration import detached_plain_tensor
+from calib_monai.tensors import detached_plain_tensor
 
 __all__ = [
     "GEOMETRY_TOLERANCE",

@@ -20,11 +20,11 @@ from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option, check_positive_int
 from calib_monai.defaults import BAND_RADIUS, EMPTY_CLASS, L1ACE_NUM_BINS, LOW_CONFIDENCE, NUM_BINS
+from calib_monai.tensors import detached_plain_tensor
 
 from .calibration import (
     calibration_errors,
     calibration_statistics,
-    detached_plain_tensor,
     statistics_values,
     value_from_statistics,
 )

@@ -21,7 +21,6 @@ from .inputs import (
     CALIBRATION_METRICS,
     METRIC_DEFINITIONS,
     POOLABLE_METRICS,
-    detached_plain_tensor,
     metric_definition,
     probability_problem,
 )

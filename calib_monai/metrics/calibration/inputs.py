@@ -14,6 +14,7 @@ import torch
 
 from calib_monai.checks import PROBABILITY_ROUNDING, check_number, check_option, check_positive_int
 from calib_monai.defaults import L1ACE_NUM_BINS, NUM_BINS
+from calib_monai.tensors import detached_plain_tensor
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -24,7 +25,6 @@ __all__ = [
     "as_tensors",
     "check_foreground",
     "check_metric",
-    "detached_plain_tensor",
     "metric_definition",
     "prepare_tensors",
     "probability_problem",
@@ -43,12 +43,6 @@ FOREGROUND_MODES = ("gt", "union", "all")
 # Tolerance of the check that the class probabilities of a voxel sum to one (float16 / float32 softmax outputs).
 _SUM_TOLERANCE = 1e-2
 _SELECTION_TEXT = {"gt": "label != 0", "union": "label != 0 or argmax != 0", "all": "every voxel"}
-
-
-def detached_plain_tensor(x: torch.Tensor) -> torch.Tensor:
-    """``x`` out of the autograd graph as a plain ``torch.Tensor`` (a ``MetaTensor`` slows every op), no copy."""
-    x = x.detach()
-    return x.as_tensor() if hasattr(x, "as_tensor") else x
 
 
 def check_foreground(foreground: Any) -> str:

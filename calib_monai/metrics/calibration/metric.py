@@ -9,12 +9,12 @@ from monai.metrics import CumulativeIterationMetric
 
 from calib_monai.checks import check_option
 from calib_monai.defaults import TACE_THRESHOLD
+from calib_monai.tensors import detached_plain_tensor
 
 from .inputs import (
     POOLABLE_METRICS,
     REDUCTIONS,
     check_metric,
-    detached_plain_tensor,
     metric_definition,
     selected_voxels,
 )
