@@ -62,9 +62,9 @@ class L1ACELoss(_Loss):
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits, labels = prepare_inputs(input, target, owner=self)
         if not self.lambda_ace:
-            return self.segmentation(logits, labels)
+            return self.segmentation.of_prepared(logits, labels)
         term = self.lambda_ace * self._calibration_term(logits, labels)
-        return term if self.segmentation is None else self.segmentation(logits, labels) + term
+        return term if self.segmentation is None else self.segmentation.of_prepared(logits, labels) + term
 
     def calibration_term(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The mL1-ACE term alone, unweighted (what ``forward`` multiplies by ``lambda_ace``): a scalar in the autograd

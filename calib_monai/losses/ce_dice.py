@@ -65,5 +65,8 @@ class CEDiceLoss(_Loss):
         )
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits, labels = prepare_inputs(input, target, owner=self)
+        return self.of_prepared(*prepare_inputs(input, target, owner=self))
+
+    def of_prepared(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of inputs ``prepare_inputs`` already checked (a loss that contains this one checks them once)."""
         return self.dice_ce(logits, labels.unsqueeze(1))
