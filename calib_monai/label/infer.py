@@ -72,9 +72,9 @@ class BundleTask(InferTask):
         return self.served.weights is not None
 
     def __call__(self, request: dict[str, Any]) -> tuple[str, dict]:
-        start = time.time()
+        start, threshold = time.time(), self._threshold(request)  # a bad setting is answered before inferring
         result = self.served.predict(request["image"])
-        output = self.served.save(result, self.keep, self._threshold(request))
+        output = self.served.save(result, self.keep, threshold)
         info = {
             "model": self.served.name,
             # every label, in value order: Slicer names the segments by position
@@ -91,7 +91,7 @@ class BundleTask(InferTask):
         if self.keep == "confidence":
             info["confidence"] = dict(zip(("min", "mean", "max"), result.confidence_range))
         if self.keep == "review":
-            info["uncertainty_threshold"] = self._threshold(request)
+            info["uncertainty_threshold"] = threshold
             info["uncertain_fraction"] = {
                 name: _below(result, entry["label"], info["uncertainty_threshold"])
                 for name, entry in result.summary.items()
