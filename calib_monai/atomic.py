@@ -31,6 +31,7 @@ __all__ = [
     "write_error",
     "write_json_atomically",
     "write_text_atomically",
+    "write_text_durably",
 ]
 
 _CAUSES = {
@@ -242,6 +243,11 @@ def write_concurrently(writes: Sequence[Callable[[], Any]]) -> list:
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
     """``text`` to ``path``, atomically."""
     return save_atomically(text, path, write=lambda t, tmp: Path(tmp).write_text(t))
+
+
+def write_text_durably(path: str | os.PathLike, text: str) -> Path:
+    """``text`` to ``path`` as :func:`write_durably` writes: complete or absent after a power cut."""
+    return write_durably(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomically(path: str | os.PathLike, data: Any, indent: int = 2) -> Path:

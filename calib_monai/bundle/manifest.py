@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from calib_monai.atomic import fsync, naming_write_failures, temporary_beside, write_durably
+from calib_monai.atomic import fsync, naming_write_failures, temporary_beside, write_text_durably
 
 from .records import record_disagreements, short_sha
 
@@ -183,7 +183,7 @@ def publish_artifacts(
         "artifacts": entries,
     }
     text = json.dumps(manifest, indent=2) + "\n"
-    path = write_durably(folder / MANIFEST_FILE, lambda tmp: Path(tmp).write_text(text))
+    path = write_text_durably(folder / MANIFEST_FILE, text)
     fsync(folder, folder=True)
     for name in CALIBRATION_SET:  # a file of the previous set that left it: no reader may pair it with the new one
         if name not in entries and name in previous.get("artifacts", {}) and (folder / name).exists():

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from calib_monai.atomic import write_durably
+from calib_monai.atomic import write_text_durably
 
 from .records import short_sha
 
@@ -49,10 +49,6 @@ QUALITY_TABLE = "quality.csv"  # one row per case of the folder
 SOURCE_META = "calib_monai_source"  # the meta data key of an output image's source (written to the header)
 SOURCE_KEY = "calib_monai_source"  # the item key of the outputs' source (CalibrateLogitsd -> the output writers)
 SOURCE_COLUMNS = {"weights_sha256": "weights", "calibration_sha256": "calibration", "validated_range_sha256": "range"}
-
-
-def _write_text(path: str | os.PathLike, text: str) -> Path:
-    return write_durably(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def source_descrip(source: Mapping[str, Any] | None) -> str:
@@ -184,7 +180,7 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     folder.mkdir(parents=True, exist_ok=True)
     check_output_folder(folder, quality.get("source"))
     path = quality_path(folder, case)
-    _write_text(path, json.dumps({"case": case, **quality}, indent=2, default=str) + "\n")
+    write_text_durably(path, json.dumps({"case": case, **quality}, indent=2, default=str) + "\n")
     table = folder / QUALITY_TABLE
     rows = []
     if table.is_file():
@@ -195,5 +191,5 @@ def write_case_quality(output_dir: str | os.PathLike, case: str, quality: Mappin
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _write_text(table, buffer.getvalue())
+    write_text_durably(table, buffer.getvalue())
     return path

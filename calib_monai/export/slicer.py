@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from calib_monai.atomic import ensure_folder, write_durably
+from calib_monai.atomic import ensure_folder, write_durably, write_text_durably
 from calib_monai.bundle import TrainedBundle, output_paths, quality_path
 from calib_monai.checks import check_number
 from calib_monai.defaults import LOW_CONFIDENCE
@@ -272,7 +272,7 @@ def write_slicer_files(
     if quality is not None:
         written = quality_path(output_dir, case)
         text = json.dumps({"case": case, **quality}, indent=2) + "\n"
-        write_durably(written, lambda tmp: Path(tmp).write_text(text))
+        write_text_durably(written, text)
     return SlicerFiles(segmentation=seg_path, confidence=conf_path, quality=written)
 
 
