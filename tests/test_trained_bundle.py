@@ -16,6 +16,7 @@ import pytest
 import torch
 from monai.bundle import ConfigWorkflow
 
+from calib_monai.atomic import NotAFolderError
 from calib_monai.bundle import OutputFiles, TrainedBundle, output_paths
 from conftest import REPO_ROOT
 
@@ -103,6 +104,10 @@ def test_predict_equals_the_inferring_run_and_writes_its_files(trained, tmp_path
     assert bundle.write(confidence=confidence, output_dir=tmp_path, case="other") == OutputFiles(
         None, tmp_path / "other_conf.nii.gz"
     )
+    # a file where the folder should be: the package's one line, before MONAI's writers ("no suitable writer")
+    (tmp_path / "blocked").write_text("")
+    with pytest.raises(NotAFolderError, match=r"blocked is a file, not a folder: pass a folder"):
+        bundle.write(segmentation, output_dir=tmp_path / "blocked")
 
 
 def test_every_weights_layout_predicts_the_same(trained, tmp_path):

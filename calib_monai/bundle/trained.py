@@ -7,10 +7,9 @@ range that does not belong with them is an ``ArtifactSetError`` naming the files
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from monai.data import MetaTensor, decollate_batch, list_data_collate
 from monai.transforms import Compose, SaveImaged
 from monai.utils import get_equivalent_dtype
 
-from calib_monai.atomic import write_concurrently
+from calib_monai.atomic import ensure_folder, write_concurrently
 
 from .manifest import ArtifactSet, is_raw_request, read_artifact_set
 from .outputs import (
@@ -333,11 +332,11 @@ class TrainedBundle:
             meta = value.meta if isinstance(value, MetaTensor) else {}
             path = output_path(folder, case or output_case(meta), key, ext=saver.output_ext)
             # SaveImage appends the extension
-            writes.append(functools.partial(saver, value, filename=str(path)[: -len(saver.output_ext)]))
+            writes.append(partial(saver, value, filename=str(path)[: -len(saver.output_ext)]))
             written[CONTOUR_POSTFIXES.get(key, key)] = path
-        if writes:
-            folder.mkdir(parents=True, exist_ok=True)
-            write_concurrently(writes)
+        if writes:  # before MONAI's writers: a file in the folder's way is one line, not "no suitable writer"
+            ensure_folder(folder)
+        write_concurrently(writes)
         if quality is not None:
             given = [v for v in images.values() if isinstance(v, MetaTensor)]
             name = case or (output_case(given[0].meta) if given else None)
